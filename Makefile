@@ -1,0 +1,41 @@
+# wirereduce — the two commands: `make demo` (the main job) and `make test`.
+# Both create .venv and install what they need; nothing needs root except Icarus (optional).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+WR     := $(VENV)/bin/wirereduce
+JOBS   ?= 2
+
+.PHONY: help demo test test-fast verilog lint clean distclean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,demo]'
+	touch $@
+
+demo: $(STAMP)  ## Verilog of one node, then a 4-node simulated ring allreduces real CNN gradients, checked bit for bit
+	$(WR) demo --nodes 4
+
+verilog: $(STAMP)  ## write build/verilog/wirereduce_node.v (10G: 64 bit, MTU 1500)
+	$(WR) verilog -o build/verilog/wirereduce_node.v
+
+test: $(STAMP)  ## the whole test suite: block tests, then cocotb system tests on Verilator (and Icarus if installed)
+	$(PY) -m pytest -n $(JOBS) -ra
+
+test-fast: $(STAMP)  ## block tests only (no Verilog simulation)
+	$(PY) -m pytest -n $(JOBS) -ra -m "not cocotb"
+
+lint: $(STAMP)  ## ruff
+	$(VENV)/bin/ruff check .
+
+clean:  ## remove build outputs
+	rm -rf build sim_build
+
+distclean: clean  ## also remove the virtualenv
+	rm -rf $(VENV)

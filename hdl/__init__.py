@@ -1,0 +1,1 @@
+"""Amaranth gateware: fp32 adder lanes, frame gates, the reduce pipeline and the node."""

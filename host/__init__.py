@@ -1,0 +1,1 @@
+"""Host side: the sans-IO allreduce protocol core and its transports."""

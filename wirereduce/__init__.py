@@ -1,0 +1,1 @@
+"""wirereduce: in-network allreduce gateware (Amaranth), simulation and host driver."""

@@ -1,0 +1,210 @@
+"""The wirereduce wire protocol, defined once for gateware, golden model, driver, tests and docs.
+
+A wirereduce frame is the payload of an Ethernet II frame with EtherType :data:`ETHERTYPE`
+(0x88B5, IEEE 802 local experimental, SPEC.md "Wire protocol"). It starts with one fixed
+16-byte header (:data:`HEADER_FIELDS`) followed by the element payload.
+
+Byte order: every multi-byte field, and every fp32 element, is **little-endian**. That makes
+the header a plain bit-slice of a beat (byte 0 of a frame is bits 0..7 of the first beat), so
+the gateware reads it with a :class:`amaranth.lib.data.StructLayout` and no byte swapping, and a
+fp32 payload is the bytes of a little-endian ``numpy.float32`` array.
+
+Inside a node, ports carry the frame *without* the 14-byte Ethernet header: the Ethernet
+framing is added and stripped at the link (see ``docs/protocol.md``); the link model charges
+its bytes all the same.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+__all__ = [
+    "ETHERTYPE", "VERSION", "HEADER_BYTES", "ETH_HEADER_BYTES", "ETH_OVERHEAD_BYTES",
+    "ETH_MIN_PAYLOAD_BYTES", "STATS_COUNTERS", "Opcode", "DType", "Codec", "Header",
+    "HEADER_FIELDS", "header_layout", "max_elements", "wire_bytes", "ProtocolError",
+]
+
+#: EtherType of wirereduce frames (IEEE 802 local experimental EtherType 1).
+ETHERTYPE = 0x88B5
+#: Protocol version this code speaks.
+VERSION = 1
+#: Bytes of the wirereduce header.
+HEADER_BYTES = 16
+#: Bytes of the Ethernet II header (destination, source, EtherType), IEEE 802.3 clause 3.
+ETH_HEADER_BYTES = 14
+#: Bytes a frame costs on the wire beyond its Ethernet header and payload: preamble + SFD (8),
+#: FCS (4) and the minimum inter-frame gap (12), IEEE 802.3 clauses 3 and 4.
+ETH_OVERHEAD_BYTES = 24
+#: Minimum Ethernet payload; shorter frames are padded (IEEE 802.3 clause 3.2.7).
+ETH_MIN_PAYLOAD_BYTES = 46
+
+
+class ProtocolError(ValueError):
+    """A frame or header that does not follow this protocol."""
+
+
+class Opcode(enum.IntEnum):
+    """What a frame is for (header field ``opcode``)."""
+
+    #: Partial sum travelling the reduce direction of a schedule.
+    REDUCE = 1
+    #: Finished sum travelling the broadcast direction.
+    BROADCAST = 2
+    #: Host → node: one chunk of the host's local gradient.
+    HOST_PUSH = 3
+    #: Node → host: one chunk of the finished sum.
+    HOST_RESULT = 4
+    #: Host → node: start a collective. ``collective`` is its id, ``src`` the node's rank,
+    #: ``hop`` the number of nodes, ``seq`` the number of chunks. Answered with STATS.
+    CONTROL = 5
+    #: Host → node: ask for the status and drop counters. Answered with STATS.
+    STATS_REQUEST = 6
+    #: Node → host: status and counters, payload :data:`STATS_COUNTERS` as little-endian u32.
+    STATS = 7
+
+
+class DType(enum.IntEnum):
+    """Element type of the payload (header field ``dtype``)."""
+
+    FP32 = 1
+
+
+class Codec(enum.IntEnum):
+    """Payload encoding (header field ``codec``); ``eb_k`` is the error-bound exponent."""
+
+    NONE = 0
+    INCEPTIONN_V1 = 1
+
+
+#: The header, in wire order: (name, bits). Sums to ``HEADER_BYTES * 8``.
+HEADER_FIELDS: tuple[tuple[str, int], ...] = (
+    ("version", 8),     # VERSION
+    ("opcode", 8),      # Opcode
+    ("dtype", 8),       # DType
+    ("codec", 8),       # Codec
+    ("eb_k", 8),        # error bound 2**-eb_k when codec != NONE
+    ("src", 8),         # rank of the node (or host) that sent this frame
+    ("hop", 8),         # hops travelled by a REDUCE/BROADCAST frame; node count in CONTROL
+    ("flags", 8),       # reserved, 0
+    ("collective", 16), # collective id, set by CONTROL; frames of another id are dropped
+    ("count", 16),      # elements in this frame's payload
+    ("seq", 32),        # chunk sequence number within the collective; chunk total in CONTROL
+)
+assert sum(b for _, b in HEADER_FIELDS) == HEADER_BYTES * 8
+
+_STRUCT = struct.Struct("<" + "".join({8: "B", 16: "H", 32: "I"}[b] for _, b in HEADER_FIELDS))
+
+#: Counters carried by a STATS frame, in order, each a little-endian u32.
+STATS_COUNTERS: tuple[str, ...] = (
+    "collective",        # current collective id
+    "rank",              # current rank
+    "nodes",             # current node count
+    "chunks",            # chunks in the current collective
+    "reduce_frames",     # REDUCE frames accepted from the ring
+    "broadcast_frames",  # BROADCAST frames accepted from the ring
+    "push_frames",       # HOST_PUSH frames accepted from the host
+    "result_frames",     # HOST_RESULT frames sent to the host
+    "drop_version",      # frames dropped: wrong protocol version
+    "drop_opcode",       # frames dropped: opcode unknown or not valid on that port/rank
+    "drop_collective",   # frames dropped: collective id is not the current one
+    "drop_seq",          # frames dropped: sequence number out of order
+    "drop_count",        # frames dropped: element count too large or not matching the local chunk
+    "drop_short",        # frames dropped: shorter than the header
+)
+
+
+def header_layout():
+    """Return the header as an :class:`amaranth.lib.data.StructLayout` (128 bits).
+
+    Field order and widths are :data:`HEADER_FIELDS`; bit 0 is bit 0 of byte 0 of the frame.
+    """
+    from amaranth.lib import data
+
+    return data.StructLayout({name: bits for name, bits in HEADER_FIELDS})
+
+
+@dataclass(frozen=True)
+class Header:
+    """One wirereduce header. ``pack()`` gives its 16 wire bytes; ``unpack()`` reads them."""
+
+    opcode: int
+    collective: int = 0
+    seq: int = 0
+    count: int = 0
+    src: int = 0
+    hop: int = 0
+    dtype: int = DType.FP32
+    codec: int = Codec.NONE
+    eb_k: int = 0
+    flags: int = 0
+    version: int = VERSION
+
+    def pack(self) -> bytes:
+        """The 16 header bytes. Raises :class:`ProtocolError` if a field does not fit."""
+        values = []
+        for name, bits in HEADER_FIELDS:
+            v = int(getattr(self, name))
+            if not 0 <= v < (1 << bits):
+                raise ProtocolError(f"header field {name}={v} does not fit in {bits} bits")
+            values.append(v)
+        return _STRUCT.pack(*values)
+
+    @classmethod
+    def unpack(cls, frame: bytes) -> Header:
+        """Read the header from the first 16 bytes of ``frame``.
+
+        Raises :class:`ProtocolError` if ``frame`` is shorter than the header.
+        """
+        if len(frame) < HEADER_BYTES:
+            raise ProtocolError(f"frame of {len(frame)} bytes is shorter than the {HEADER_BYTES}-byte header")
+        values = _STRUCT.unpack_from(frame)
+        return cls(**{name: v for (name, _), v in zip(HEADER_FIELDS, values)})
+
+    def to_int(self) -> int:
+        """The header as one little-endian integer, as the gateware's StructLayout sees it."""
+        return int.from_bytes(self.pack(), "little")
+
+    def replace(self, **changes) -> Header:
+        return replace(self, **changes)
+
+    def __repr__(self) -> str:
+        parts = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name == "opcode":
+                try:
+                    v = Opcode(v).name
+                except ValueError:
+                    pass
+            parts.append(f"{f.name}={v}")
+        return f"Header({', '.join(parts)})"
+
+
+def frame(header: Header, payload: bytes | np.ndarray = b"") -> bytes:
+    """Header followed by ``payload`` (fp32 arrays are written little-endian)."""
+    if isinstance(payload, np.ndarray):
+        payload = np.ascontiguousarray(payload, dtype="<f4").tobytes()
+    return header.pack() + bytes(payload)
+
+
+def max_elements(mtu: int) -> int:
+    """fp32 elements that fit in one frame of Ethernet payload ``mtu`` bytes (1500, 9000, ...).
+
+    Raises :class:`ProtocolError` if the MTU cannot hold the header and one element.
+    """
+    n = (mtu - HEADER_BYTES) // 4
+    if n < 1:
+        raise ProtocolError(f"MTU {mtu} cannot carry the {HEADER_BYTES}-byte header and one element")
+    return n
+
+
+def wire_bytes(frame_bytes: int) -> int:
+    """Bytes of wire time one wirereduce frame of ``frame_bytes`` (header + payload) costs.
+
+    Adds the Ethernet header, pads to the minimum payload and adds preamble, SFD, FCS and IFG.
+    """
+    return ETH_HEADER_BYTES + max(frame_bytes, ETH_MIN_PAYLOAD_BYTES) + ETH_OVERHEAD_BYTES
