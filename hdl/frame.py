@@ -14,7 +14,8 @@ from amaranth.lib.wiring import In, Out
 
 from wirereduce.protocol import HEADER_BYTES, header_layout
 
-__all__ = ["beat_layout", "tagged_layout", "gated_layout", "check_width", "header_beats", "FrameGate", "Fork", "FrameArbiter"]
+__all__ = ["beat_layout", "tagged_layout", "gated_layout", "check_width", "header_beats",
+           "FrameGate", "Fork", "FrameArbiter"]
 
 
 def check_width(width: int) -> int:

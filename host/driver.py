@@ -252,8 +252,9 @@ class Cluster:
         async def collect(s: NodeSession):
             while not s.done:
                 data = await self.transport.recv(s.rank)
+                before = len(s.unexpected)
                 s.receive(data)
-                if self.on_chunk is not None and not s.unexpected:
+                if self.on_chunk is not None and len(s.unexpected) == before:
                     self.on_chunk(s.rank, Header.unpack(data).seq)
 
         await self.transport.gather([push(s) for s in sessions] + [collect(s) for s in sessions])

@@ -12,7 +12,7 @@ import os
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles
+from cocotb.triggers import ClockCycles, Timer
 from cocotb.utils import get_sim_time
 from wirereduce.host.cocotb_transport import CocotbTransport
 from wirereduce.host.driver import Cluster
@@ -29,11 +29,16 @@ async def run_jobs(dut):
     period_ps = round(1e6 / spec["clock_mhz"])
     inputs = np.load(spec["inputs"])
 
-    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
     dut.rst.value = 1
+    # Drive every host input to a known value: Icarus is 4-state, and undriven (Z) bus inputs
+    # would otherwise reach the frame gates' header logic as X.
     for k in range(nodes):
-        getattr(dut, f"host{k}_rx_tvalid").value = 0
+        for name in ("tvalid", "tdata", "tkeep", "tlast"):
+            getattr(dut, f"host{k}_rx_{name}").value = 0
         getattr(dut, f"host{k}_tx_tready").value = 0
+    # The first clock edge comes after reset and the inputs are set, so no register samples X.
+    await Timer(period_ps, "ps")
+    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
     await ClockCycles(dut.clk, 4)
     dut.rst.value = 0
     await ClockCycles(dut.clk, 2)

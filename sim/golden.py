@@ -36,7 +36,7 @@ def check_inputs(arrays: Sequence[np.ndarray], nodes: int | None = None) -> list
         On a wrong count of arrays, an array that is not float32, not 1-D, empty, or of another
         length than the first. Every message names the offending node.
     """
-    arrays = list(arrays)
+    arrays = [np.asarray(a) for a in arrays]
     if nodes is not None and len(arrays) != nodes:
         raise ValueError(f"expected {nodes} arrays (one per node), got {len(arrays)}")
     if len(arrays) < 2:
@@ -44,7 +44,7 @@ def check_inputs(arrays: Sequence[np.ndarray], nodes: int | None = None) -> list
     out = []
     for k, a in enumerate(arrays):
         a = np.asarray(a)
-        if a.dtype != np.float32:
+        if a.dtype.kind != "f" or a.dtype.itemsize != 4:  # float32 in either byte order
             raise ValueError(f"node{k}: dtype is {a.dtype}, but the allreduce sums float32 "
                              f"(convert with a.astype(np.float32) if that is what you mean)")
         if a.ndim != 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import asdict, dataclass
@@ -121,6 +122,21 @@ class SimSetup:
         return f"n{self.nodes}_w{self.width}_mtu{self.mtu}_s{self.slots}_l{self.link_latency}_{self.simulator}"
 
 
+_DUMP_REG = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+)\s+= 0;$", re.M)
+
+
+def _kick_comb_blocks(text: str) -> str:
+    """Make Icarus 11 evaluate every ``always @*`` block once at start-up.
+
+    Yosys's Verilog makes each combinational block read a register initialised to 0, counting
+    on that initialisation to trigger the block at time 0; Icarus 11 initialises it before the
+    blocks wait, so blocks whose inputs never change keep X outputs. Toggling the register at
+    1 ps triggers them all.
+    """
+    return _DUMP_REG.sub(lambda m: f"{m.group(1)}reg {m.group(2)} = 0;\n{m.group(1)}initial #1 {m.group(2)} = 1;",
+                         text)
+
+
 def _build(setup: SimSetup, build_root: Path, waves: bool) -> tuple[object, Path]:
     from cocotb_tools.runner import get_runner
     from wirereduce.sim.network import network_verilog
@@ -131,6 +147,8 @@ def _build(setup: SimSetup, build_root: Path, waves: bool) -> tuple[object, Path
         raise SimulationError("Icarus Verilog was asked for but `iverilog` is not on PATH: "
                               "`apt-get install iverilog`, or use --simulator verilator")
     text = network_verilog(setup.nodes, setup.node_config, setup.link_latency)
+    if setup.simulator == "icarus":
+        text = _kick_comb_blocks(text)
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
     build_dir = build_root / f"{setup.tag()}{'_waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)

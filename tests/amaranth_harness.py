@@ -64,3 +64,29 @@ def simulate(dut, testbenches, vcd: str | None = None):
             sim.run()
     else:
         sim.run()
+
+
+async def stream_send(ctx, port, data: bytes, width: int):
+    """Send one frame on an Amaranth stream interface ``port`` (beat_layout payload)."""
+    for word, keep, last in to_beats(data, width):
+        ctx.set(port.payload.data, word)
+        ctx.set(port.payload.keep, keep)
+        ctx.set(port.payload.last, last)
+        ctx.set(port.valid, 1)
+        await ctx.tick().until(port.ready)
+    ctx.set(port.valid, 0)
+
+
+async def stream_recv(ctx, port, width: int, max_cycles=5000) -> bytes:
+    """Receive one frame from an Amaranth stream interface ``port``."""
+    out = b""
+    ctx.set(port.ready, 1)
+    for _ in range(max_cycles):
+        _, _, valid, word, keep, last = await ctx.tick().sample(
+            port.valid, port.payload.data, port.payload.keep, port.payload.last)
+        if valid:
+            out += int(word).to_bytes(width // 8, "little")[:bin(keep).count("1")]
+            if last:
+                ctx.set(port.ready, 0)
+                return out
+    raise TimeoutError(f"no frame for {max_cycles} cycles")

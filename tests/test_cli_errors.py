@@ -1,0 +1,175 @@
+"""The command line's user errors: exit status 2, one clear message, nothing built or simulated."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from wirereduce.cli import main
+
+F32 = np.float32
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch):
+    """A scratch directory that is also the working directory, so stray default paths land here."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def _good(nodes=2, n=10, seed=0):
+    rng = np.random.default_rng(seed)
+    return {f"node{k}": rng.standard_normal(n).astype(F32) for k in range(nodes)}
+
+
+def _sim(work, inp, nodes=2, *extra):
+    return main(["sim", "allreduce", "--nodes", str(nodes), "--input", str(inp),
+                 "--output", str(work / "out.npz"), "--build-dir", str(work / "b"), *extra])
+
+
+def _assert_user_error(code, capsys, work, *needles):
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("wirereduce: error: ")
+    assert len(err.strip().splitlines()) == 1, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    # nothing was built, simulated or written
+    assert not (work / "b").exists()
+    assert not (work / "out.npz").exists()
+    assert not (work / "build").exists()
+    return err
+
+
+def test_missing_file(work, capsys):
+    code = _sim(work, work / "nope.npz")
+    _assert_user_error(code, capsys, work, "nope.npz", "does not exist")
+
+
+def test_not_an_npz(work, capsys):
+    bad = work / "bad.npz"
+    bad.write_text("this is not a zip archive\n")
+    code = _sim(work, bad)
+    _assert_user_error(code, capsys, work, "bad.npz", "cannot read")
+
+
+def test_npz_lacking_node1(work, capsys):
+    inp = _npz(work / "in.npz", node0=np.ones(4, F32), nodeX=np.ones(4, F32))
+    code = _sim(work, inp)
+    _assert_user_error(code, capsys, work, "node1", "--nodes 2", "nodeX")
+
+
+def test_npz_lacking_several(work, capsys):
+    inp = _npz(work / "in.npz", **_good(nodes=2))
+    code = _sim(work, inp, 4)
+    _assert_user_error(code, capsys, work, "node2, node3")
+
+
+def test_float64_arrays(work, capsys):
+    arrays = _good(nodes=3)
+    arrays["node1"] = arrays["node1"].astype(np.float64)
+    inp = _npz(work / "in.npz", **arrays)
+    code = _sim(work, inp, 3)
+    _assert_user_error(code, capsys, work, "node1", "float64", "float32")
+
+
+def test_unequal_lengths(work, capsys):
+    arrays = _good(nodes=3, n=10)
+    arrays["node2"] = arrays["node2"][:9]
+    inp = _npz(work / "in.npz", **arrays)
+    code = _sim(work, inp, 3)
+    _assert_user_error(code, capsys, work, "node2", "length 9", "10")
+
+
+def test_empty_arrays(work, capsys):
+    inp = _npz(work / "in.npz", node0=np.zeros(0, F32), node1=np.zeros(0, F32))
+    code = _sim(work, inp)
+    _assert_user_error(code, capsys, work, "node0", "empty")
+
+
+def test_two_dimensional(work, capsys):
+    arrays = _good(nodes=2, n=6)
+    arrays["node1"] = arrays["node1"].reshape(2, 3)
+    inp = _npz(work / "in.npz", **arrays)
+    code = _sim(work, inp)
+    _assert_user_error(code, capsys, work, "node1", "1-D")
+
+
+@pytest.mark.parametrize("nodes", [1, 0, -3])
+def test_too_few_nodes(work, capsys, nodes):
+    inp = _npz(work / "in.npz", **_good(nodes=2))
+    code = _sim(work, inp, nodes)
+    _assert_user_error(code, capsys, work, "--nodes", "at least 2")
+
+
+def test_sim_bad_width(work, capsys):
+    inp = _npz(work / "in.npz", **_good(nodes=2))
+    code = _sim(work, inp, 2, "--width", "48")
+    _assert_user_error(code, capsys, work, "width", "48")
+
+
+def test_sim_bad_slots(work, capsys):
+    inp = _npz(work / "in.npz", **_good(nodes=2))
+    code = _sim(work, inp, 2, "--slots", "3")
+    _assert_user_error(code, capsys, work, "slots")
+
+
+def test_verilog_bad_width(work, capsys):
+    out = work / "v" / "x.v"
+    code = main(["verilog", "--width", "48", "-o", str(out)])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("wirereduce: error: ") and "width" in err and "48" in err
+    assert not out.exists()
+
+
+def test_verilog_bad_mtu(work, capsys):
+    code = main(["verilog", "--mtu", "10", "-o", str(work / "x.v")])
+    _, err = capsys.readouterr()
+    assert code == 2 and "mtu" in err
+    assert not (work / "x.v").exists()
+
+
+def test_verilog_writes_file(work, capsys):
+    out = work / "tmp" / "x.v"
+    code = main(["verilog", "-o", str(out)])
+    printed, _ = capsys.readouterr()
+    assert code == 0
+    assert out.exists()
+    assert "module wirereduce_node" in out.read_text()
+    assert str(out) in printed
+
+
+@pytest.mark.parametrize("argv", [
+    ["--help"],
+    ["verilog", "--help"],
+    ["sim", "--help"],
+    ["sim", "allreduce", "--help"],
+    ["demo", "--help"],
+])
+def test_help_exits_zero(argv, work, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+    out, _ = capsys.readouterr()
+    assert "usage:" in out
+    assert not (work / "build").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["sim"],
+    ["sim", "allreduce", "--input", "x.npz", "--output", "y.npz"],  # --nodes is required
+    ["verilog", "--width", "wide"],
+])
+def test_usage_errors_exit_two(argv, work, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    _, err = capsys.readouterr()
+    assert "usage:" in err

@@ -1,0 +1,422 @@
+"""Tests of wirereduce.host.driver: chunk planning, the sans-IO session and Cluster over a fake transport."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from wirereduce.host.driver import Cluster, DriverError, NodeSession, parse_stats, plan_chunks
+from wirereduce.sim.golden import ring_allreduce
+
+from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Header, Opcode, ProtocolError, max_elements
+
+F32 = np.float32
+FIXED = settings(derandomize=True, database=None, max_examples=200, deadline=None)
+
+
+def _bits(x) -> np.ndarray:
+    return np.asarray(x, dtype=F32).view(np.uint32)
+
+
+def _mixed(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Normals of many magnitudes with subnormals, signed zeros, infinities and NaNs sprinkled in."""
+    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-20, 20, n)).astype(F32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3e-42, 3.4e38], dtype=F32)
+    pick = rng.random(n) < 0.2
+    a[pick] = rng.choice(special, pick.sum())
+    return a
+
+
+def _stats_frame(values: dict[str, int], **hdr) -> bytes:
+    """A STATS frame as a node sends it: header, then STATS_COUNTERS as little-endian u32."""
+    h = Header(opcode=Opcode.STATS, count=len(STATS_COUNTERS), **hdr)
+    return h.pack() + struct.pack(f"<{len(STATS_COUNTERS)}I", *(values.get(k, 0) for k in STATS_COUNTERS))
+
+
+def _result_frame(collective: int, seq: int, values: np.ndarray, *, count: int | None = None,
+                  opcode: int = Opcode.HOST_RESULT, src: int = 0) -> bytes:
+    h = Header(opcode=opcode, collective=collective, seq=seq, src=src,
+               count=values.size if count is None else count)
+    return h.pack() + np.asarray(values, dtype="<f4").tobytes()
+
+
+# --- plan_chunks ---------------------------------------------------------------------------------
+
+def test_plan_chunks_exact_tiling():
+    assert plan_chunks(12, 4) == [(0, 4), (4, 4), (8, 4)]
+    assert plan_chunks(371, 371) == [(0, 371)]
+
+
+def test_plan_chunks_last_shorter():
+    assert plan_chunks(10, 4) == [(0, 4), (4, 4), (8, 2)]
+    assert plan_chunks(3, 371) == [(0, 3)]
+    assert plan_chunks(1, 1) == [(0, 1)]
+
+
+@FIXED
+@given(st.integers(1, 5000), st.integers(1, 600))
+def test_plan_chunks_covers_in_order(n, epf):
+    chunks = plan_chunks(n, epf)
+    assert len(chunks) == -(-n // epf)
+    pos = 0
+    for k, (off, cnt) in enumerate(chunks):
+        assert off == pos and 1 <= cnt <= epf
+        if k < len(chunks) - 1:
+            assert cnt == epf
+        pos += cnt
+    assert pos == n
+
+
+@pytest.mark.parametrize("n,epf", [(0, 4), (-1, 4), (5, 0), (5, -3)])
+def test_plan_chunks_errors(n, epf):
+    with pytest.raises(ValueError):
+        plan_chunks(n, epf)
+
+
+# --- parse_stats ---------------------------------------------------------------------------------
+
+def test_parse_stats_round_trip():
+    values = {name: (k * 2654435761 + 17) % (1 << 32) for k, name in enumerate(STATS_COUNTERS)}
+    got = parse_stats(_stats_frame(values, collective=7, src=2, hop=4, seq=9))
+    assert got == values
+    assert list(got) == list(STATS_COUNTERS)
+
+
+def test_parse_stats_errors():
+    ok = _stats_frame({})
+    with pytest.raises(ProtocolError, match="expected"):
+        parse_stats(ok[:-1])
+    with pytest.raises(ProtocolError, match="not a STATS"):
+        parse_stats(Header(opcode=Opcode.HOST_RESULT).pack() + ok[HEADER_BYTES:])
+    with pytest.raises(ProtocolError):
+        parse_stats(ok[:HEADER_BYTES - 1])
+
+
+# --- NodeSession -------------------------------------------------------------------------------
+
+def _session(n=23, epf=5, rank=1, nodes=3, collective=42, seed=0) -> NodeSession:
+    rng = np.random.default_rng(seed)
+    return NodeSession(rank, nodes, collective, _mixed(rng, n), epf)
+
+
+def test_session_construction_errors():
+    x = np.ones(4, F32)
+    with pytest.raises(ValueError, match="rank"):
+        NodeSession(3, 3, 1, x, 2)
+    with pytest.raises(ValueError, match="rank"):
+        NodeSession(-1, 3, 1, x, 2)
+    with pytest.raises(ValueError, match="16 bits"):
+        NodeSession(0, 3, 1 << 16, x, 2)
+    with pytest.raises(ValueError):
+        NodeSession(0, 3, 1, x, 0)
+
+
+def test_control_frame_fields():
+    s = _session(n=23, epf=5, rank=2, nodes=4, collective=0xBEEF)
+    raw = s.control_frame()
+    assert len(raw) == HEADER_BYTES
+    h = Header.unpack(raw)
+    assert h.opcode == Opcode.CONTROL and h.version == VERSION
+    assert h.collective == 0xBEEF
+    assert h.src == 2            # the node's rank
+    assert h.hop == 4            # the ring size
+    assert h.seq == -(-23 // 5)  # the chunk total
+    assert h.count == 0
+
+
+def test_push_frames_reassemble():
+    s = _session(n=23, epf=5, rank=1, collective=42)
+    frames = list(s.push_frames())
+    assert len(frames) == len(s.chunks) == 5
+    payload = b""
+    for k, f in enumerate(frames):
+        h = Header.unpack(f)
+        assert h.opcode == Opcode.HOST_PUSH and h.collective == 42 and h.src == 1 and h.seq == k
+        assert h.count == (5 if k < 4 else 3)
+        assert len(f) == HEADER_BYTES + 4 * h.count
+        payload += f[HEADER_BYTES:]
+    np.testing.assert_array_equal(np.frombuffer(payload, dtype="<f4").view(np.uint32), _bits(s.data))
+
+
+def test_push_frames_fit_mtu():
+    rng = np.random.default_rng(1)
+    s = NodeSession(0, 2, 1, _mixed(rng, 1000), max_elements(1500))
+    assert all(len(f) <= 1500 for f in s.push_frames())
+    assert len(list(s.push_frames())) == -(-1000 // max_elements(1500))
+
+
+def test_receive_reassembles_out_of_order():
+    s = _session(n=23, epf=5, collective=42)
+    rng = np.random.default_rng(3)
+    want = _mixed(rng, 23)
+    order = rng.permutation(len(s.chunks))
+    for i, seq in enumerate(order):
+        assert not s.done
+        off, n = s.chunks[seq]
+        s.receive(_result_frame(42, int(seq), want[off:off + n]))
+        assert s.missing == sorted(int(k) for k in order[i + 1:])
+    assert s.done and s.missing == [] and s.unexpected == []
+    np.testing.assert_array_equal(_bits(s.result), _bits(want))
+
+
+def test_receive_ignores_foreign_frames():
+    s = _session(n=10, epf=5, collective=42)
+    chunk = np.ones(5, F32)
+    foreign = [
+        _result_frame(43, 0, chunk),                         # another collective
+        _result_frame(42, 0, chunk, opcode=Opcode.BROADCAST),  # another opcode
+        _result_frame(42, 0, chunk, opcode=Opcode.HOST_PUSH),
+        _stats_frame({"collective": 42}, collective=42),     # a STATS frame
+        _result_frame(42, 2, chunk),                         # a chunk beyond the collective
+    ]
+    for f in foreign:
+        s.receive(f)
+    assert [h.opcode for h in s.unexpected] == [Opcode.HOST_RESULT, Opcode.BROADCAST, Opcode.HOST_PUSH,
+                                                Opcode.STATS, Opcode.HOST_RESULT]
+    assert s.missing == [0, 1] and not s.done
+    assert not s.result.any()
+
+
+def test_receive_duplicate_chunk_raises():
+    s = _session(n=10, epf=5, collective=42)
+    f = _result_frame(42, 1, np.arange(5, dtype=F32))
+    s.receive(f)
+    with pytest.raises(DriverError, match="twice"):
+        s.receive(f)
+
+
+@pytest.mark.parametrize("count,elements", [(4, 4), (5, 4), (4, 5), (6, 6)])
+def test_receive_length_mismatch_raises(count, elements):
+    s = _session(n=10, epf=5, collective=42)  # chunk 0 has 5 elements
+    with pytest.raises(DriverError, match="chunk 0"):
+        s.receive(_result_frame(42, 0, np.ones(elements, F32), count=count))
+    assert s.missing == [0, 1]
+
+
+def test_receive_short_frame_raises_protocol_error():
+    s = _session()
+    with pytest.raises(ProtocolError):
+        s.receive(b"\x01\x04")
+
+
+def test_check_ack():
+    s = _session(n=23, epf=5, rank=1, nodes=3, collective=42)
+    good = {"collective": 42, "rank": 1, "nodes": 3, "chunks": 5, "push_frames": 0}
+    assert s.check_ack(_stats_frame(good))["chunks"] == 5
+    for key, bad in (("collective", 41), ("rank", 0), ("nodes", 4), ("chunks", 4)):
+        with pytest.raises(DriverError, match="CONTROL"):
+            s.check_ack(_stats_frame({**good, key: bad}))
+    with pytest.raises(ProtocolError):
+        s.check_ack(_result_frame(42, 0, np.ones(14, F32)))
+
+
+# --- Cluster over a fake transport -------------------------------------------------------------
+
+class FakeTransport:
+    """N software "nodes" behind host ports: enough of a node to drive Cluster.
+
+    CONTROL is answered with STATS echoing the configuration; HOST_PUSH chunks are collected;
+    once every node has pushed chunk ``s``, the float32 sum in rank order is sent to every node
+    as HOST_RESULT chunk ``s``. ``sent`` records every frame the driver sent.
+    """
+
+    def __init__(self, nodes: int, *, reverse_results=False, noise=False, bad_ack_rank=None,
+                 lose=None, timeout=2.0):
+        self.nodes = nodes
+        self.sent: list[tuple[int, bytes]] = []
+        self.inbox = [asyncio.Queue() for _ in range(nodes)]
+        self.config = [None] * nodes  # (collective, rank, nodes, chunks)
+        self.counters = [dict.fromkeys(STATS_COUNTERS, 0) for _ in range(nodes)]
+        self.pushed: dict[int, dict[int, np.ndarray]] = {}
+        self.held: list[tuple[int, bytes]] = []
+        self.reverse_results = reverse_results  # deliver results last chunk first, at the end
+        self.noise = noise                      # a frame of another collective before each result
+        self.bad_ack_rank = bad_ack_rank        # this node reports a wrong rank in its STATS
+        self.lose = lose                        # (node, seq): this result is never delivered
+        self.timeout = timeout
+
+    def _stats(self, node: int) -> bytes:
+        c = self.counters[node]
+        coll, rank, nodes, chunks = self.config[node] or (0, 0, 0, 0)
+        c.update(collective=coll, rank=rank, nodes=nodes, chunks=chunks)
+        if node == self.bad_ack_rank:
+            c["rank"] = rank + 1
+        return _stats_frame(c, collective=coll, src=rank, hop=nodes, seq=chunks)
+
+    def _deliver(self, node: int, data: bytes) -> None:
+        self.inbox[node].put_nowait(data)
+
+    async def send(self, node: int, data: bytes) -> None:
+        self.sent.append((node, bytes(data)))
+        await asyncio.sleep(0)  # let the other coroutines run, as a real port would
+        h = Header.unpack(data)
+        if h.opcode == Opcode.CONTROL:
+            self.config[node] = (h.collective, h.src, h.hop, h.seq)
+            self.pushed = {}
+            self._deliver(node, self._stats(node))
+        elif h.opcode == Opcode.STATS_REQUEST:
+            self._deliver(node, self._stats(node))
+        elif h.opcode == Opcode.HOST_PUSH:
+            coll, rank, nodes, chunks = self.config[node]
+            assert h.collective == coll and h.seq < chunks and h.src == rank
+            assert len(data) == HEADER_BYTES + 4 * h.count
+            self.counters[node]["push_frames"] += 1
+            got = self.pushed.setdefault(h.seq, {})
+            assert rank not in got
+            got[rank] = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES).astype(F32)
+            if len(got) == self.nodes:
+                self._finish(h.seq, coll, chunks)
+        else:  # pragma: no cover - the driver sends nothing else
+            raise AssertionError(f"unexpected frame from the driver: {h!r}")
+
+    def _finish(self, seq: int, coll: int, chunks: int) -> None:
+        parts = self.pushed.pop(seq)
+        acc = parts[0].copy()
+        with np.errstate(all="ignore"):
+            for r in range(1, self.nodes):  # rank order
+                acc = (acc + parts[r]).astype(F32)
+        for node in range(self.nodes):
+            if self.lose == (node, seq):
+                continue
+            rank = self.config[node][1]
+            f = _result_frame(coll, seq, acc, src=rank)
+            if self.noise:
+                self._deliver(node, _result_frame((coll + 1) & 0xFFFF, seq, acc))
+            if self.reverse_results:
+                self.held.append((node, f))
+            else:
+                self._deliver(node, f)
+        if self.reverse_results and seq == chunks - 1:
+            for node, f in reversed(self.held):
+                self._deliver(node, f)
+            self.held = []
+
+    async def recv(self, node: int) -> bytes:
+        try:
+            return await asyncio.wait_for(self.inbox[node].get(), self.timeout)
+        except asyncio.TimeoutError as e:  # not the builtin TimeoutError before Python 3.11
+            raise TimeoutError(f"node {node} sent its host nothing for {self.timeout} s") from e
+
+    async def gather(self, coros: Sequence[Awaitable]) -> list:
+        return list(await asyncio.gather(*coros))
+
+
+def _arrays(nodes: int, n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [_mixed(rng, n) for _ in range(nodes)]
+
+
+def _assert_same_bits(got, want):
+    got, want = np.asarray(got, F32), np.asarray(want, F32)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(_bits(got)[ok], _bits(want)[ok])
+
+
+@pytest.mark.parametrize("nodes,n,mtu,kw", [
+    (2, 1, 1500, {}),
+    (3, 1000, 1500, {}),
+    (4, 50, HEADER_BYTES + 4 * 7, {}),                       # 8 chunks, the last one shorter
+    (4, 56, HEADER_BYTES + 4 * 7, {"reverse_results": True}),  # results arrive out of order
+    (5, 333, 400, {"noise": True}),                          # foreign frames interleaved
+    (3, 5000, 9000, {}),
+])
+def test_cluster_allreduce_matches_golden(nodes, n, mtu, kw):
+    arrays = _arrays(nodes, n, seed=nodes * 1000 + n)
+    t = FakeTransport(nodes, **kw)
+    cluster = Cluster(t, mtu=mtu)
+    results = asyncio.run(cluster.allreduce(arrays))
+    want = ring_allreduce(arrays)
+    assert len(results) == nodes
+    for r in results:
+        assert r.dtype == F32 and r.shape == (n,)
+        _assert_same_bits(r, want)
+    # the driver sent, per node: one CONTROL first, then every chunk in order
+    chunks = -(-n // max_elements(mtu))
+    for node in range(nodes):
+        hdrs = [Header.unpack(d) for k, d in t.sent if k == node]
+        assert hdrs[0].opcode == Opcode.CONTROL and hdrs[0].src == node and hdrs[0].hop == nodes
+        assert [h.opcode for h in hdrs[1:]] == [Opcode.HOST_PUSH] * chunks
+        assert [h.seq for h in hdrs[1:]] == list(range(chunks))
+    # every CONTROL was sent before any HOST_PUSH, so no node sees chunks of an unknown collective
+    ops = [Header.unpack(d).opcode for _, d in t.sent]
+    assert ops[:nodes] == [Opcode.CONTROL] * nodes
+
+
+def test_cluster_collective_ids_advance_and_wrap():
+    arrays = _arrays(2, 10, seed=1)
+    t = FakeTransport(2)
+    cluster = Cluster(t)
+
+    async def run_many():
+        await cluster.allreduce(arrays)
+        await cluster.allreduce(arrays)
+        cluster._next_collective = 0xFFFF
+        await cluster.allreduce(arrays)
+        await cluster.allreduce(arrays)
+
+    asyncio.run(run_many())
+    ids = [Header.unpack(d).collective for k, d in t.sent if k == 0 and Header.unpack(d).opcode == Opcode.CONTROL]
+    assert ids == [1, 2, 0xFFFF, 1]
+
+
+def test_cluster_on_chunk_progress():
+    calls = []
+    t = FakeTransport(3)
+    cluster = Cluster(t, mtu=HEADER_BYTES + 4 * 4, on_chunk=lambda node, seq: calls.append((node, seq)))
+    asyncio.run(cluster.allreduce(_arrays(3, 10, seed=2)))
+    assert sorted(calls) == [(node, seq) for node in range(3) for seq in range(3)]
+
+
+def test_cluster_on_chunk_progress_with_foreign_frames():
+    calls = []
+    t = FakeTransport(3, noise=True)
+    cluster = Cluster(t, mtu=HEADER_BYTES + 4 * 4, on_chunk=lambda node, seq: calls.append((node, seq)))
+    asyncio.run(cluster.allreduce(_arrays(3, 10, seed=2)))
+    assert sorted(calls) == [(node, seq) for node in range(3) for seq in range(3)]
+
+
+def test_cluster_stats():
+    t = FakeTransport(2)
+    cluster = Cluster(t)
+    asyncio.run(cluster.allreduce(_arrays(2, 400, seed=3)))
+    stats = asyncio.run(cluster.stats(1))
+    assert stats["rank"] == 1 and stats["nodes"] == 2 and stats["chunks"] == 2 and stats["push_frames"] == 2
+    assert Header.unpack(t.sent[-1][1]).opcode == Opcode.STATS_REQUEST
+
+
+def test_cluster_bad_ack_raises():
+    t = FakeTransport(3, bad_ack_rank=2)
+    with pytest.raises(DriverError, match="node 2"):
+        asyncio.run(Cluster(t).allreduce(_arrays(3, 10, seed=4)))
+    assert not any(Header.unpack(d).opcode == Opcode.HOST_PUSH for _, d in t.sent)
+
+
+def test_cluster_lost_result_times_out():
+    t = FakeTransport(2, lose=(1, 0), timeout=0.05)
+    with pytest.raises(TimeoutError):
+        asyncio.run(Cluster(t).allreduce(_arrays(2, 10, seed=5)))
+
+
+def _bad_inputs():
+    good = _arrays(3, 8, seed=6)
+    return {
+        "float64": [good[0], good[1].astype(np.float64), good[2]],
+        "unequal": [good[0], good[1][:7], good[2]],
+        "empty": [good[0], good[1], np.zeros(0, F32)],
+        "2-D": [good[0], good[1].reshape(2, 4), good[2]],
+        "wrong count": good[:2],
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_inputs()))
+def test_cluster_bad_inputs_send_nothing(case):
+    t = FakeTransport(3)
+    with pytest.raises(ValueError):
+        asyncio.run(Cluster(t).allreduce(_bad_inputs()[case]))
+    assert t.sent == []
