@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import cocotb
 import numpy as np
@@ -69,7 +70,9 @@ async def run_jobs(dut):
                 bar = tqdm(total=chunks * nodes, unit="chunk", desc=f"allreduce {n} elements x {nodes} nodes",
                            leave=True)
             start = now_cycles()
+            wall = time.perf_counter()
             results = await cluster.allreduce(arrays)
+            wall = time.perf_counter() - wall
             cycles = now_cycles() - start
             if bar is not None:
                 bar.close()
@@ -77,7 +80,7 @@ async def run_jobs(dut):
             for k, r in enumerate(results):
                 outputs[f"job{j}_node{k}"] = r
             records.append({"op": op, "cycles": cycles, "elements": int(n), "bytes": int(n) * 4,
-                            "frames": frames, "frame_header_bytes": HEADER_BYTES})
+                            "frames": frames, "frame_header_bytes": HEADER_BYTES, "wall_s": wall})
         elif op == "send":
             await transport.send(job["node"], bytes.fromhex(job["frame"]))
             records.append({"op": op, "node": job["node"]})

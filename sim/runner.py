@@ -244,12 +244,19 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
         "timeout_cycles": timeout_cycles,
     }))
     env = {"WIREREDUCE_JOBS": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    results_xml = runner.test(
-        test_module="wirereduce.sim.cocotb_allreduce", hdl_toplevel="wirereduce_net",
-        build_dir=build_dir, test_dir=run_dir, extra_env=env, waves=waves,
-        results_xml=str(run_dir / "results.xml"), log_file=run_dir / "sim.log",
-        timescale=("1ps", "1ps"),
-    )
+    if progress:  # the progress bar goes to the terminal; keep cocotb's own log to warnings
+        env["COCOTB_LOG_LEVEL"] = "WARNING"
+    results_xml = run_dir / "results.xml"
+    results_xml.unlink(missing_ok=True)
+    try:
+        runner.test(
+            test_module="wirereduce.sim.cocotb_allreduce", hdl_toplevel="wirereduce_net",
+            build_dir=build_dir, test_dir=run_dir, extra_env=env, waves=waves,
+            results_xml=str(results_xml), log_file=None if progress else run_dir / "sim.log",
+            timescale=("1ps", "1ps"),
+        )
+    except SystemExit:  # cocotb's runner exits when a test fails; the results file says which
+        pass
     from cocotb_tools.check_results import get_results
 
     wave = None

@@ -108,8 +108,8 @@ def report(rec, setup, wall: float, arrays, results) -> dict:
     print(f"nodes={setup.nodes} elements={rec['elements']} bytes={rec['bytes']} frames={rec['frames']} "
           f"width={setup.width} mtu={setup.mtu} simulator={setup.simulator}")
     print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
-    print(f"simulation speed={rec['cycles'] / wall:,.0f} simulated cycles per wall-clock second "
-          f"(incl. build; {wall:.1f} s)")
+    print(f"simulation speed={rec['cycles'] / rec['wall_s']:,.0f} simulated cycles per wall-clock second "
+          f"({setup.simulator}; {wall:.1f} s wall in all, build included)")
     for k, b in enumerate(bad):
         print(f"node{k}: {'bit-exact' if b == 0 else f'{b} elements differ'} vs the golden ring allreduce")
     return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
