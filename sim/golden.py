@@ -43,7 +43,6 @@ def check_inputs(arrays: Sequence[np.ndarray], nodes: int | None = None) -> list
         raise ValueError(f"an allreduce needs at least 2 nodes, got {len(arrays)} array(s)")
     out = []
     for k, a in enumerate(arrays):
-        a = np.asarray(a)
         if a.dtype.kind != "f" or a.dtype.itemsize != 4:  # float32 in either byte order
             raise ValueError(f"node{k}: dtype is {a.dtype}, but the allreduce sums float32 "
                              f"(convert with a.astype(np.float32) if that is what you mean)")
@@ -52,7 +51,7 @@ def check_inputs(arrays: Sequence[np.ndarray], nodes: int | None = None) -> list
         if a.size == 0:
             raise ValueError(f"node{k}: the array is empty; there is nothing to allreduce")
         if a.size != arrays[0].size:
-            raise ValueError(f"node{k}: length {a.size} differs from node0's {np.asarray(arrays[0]).size}; "
+            raise ValueError(f"node{k}: length {a.size} differs from node0's {arrays[0].size}; "
                              f"every node must contribute the same number of elements")
         out.append(np.ascontiguousarray(a, dtype="<f4"))
     return out

@@ -29,29 +29,20 @@ class HostPorts:
         return getattr(self.dut, f"host{k}_{d}_t{s}")
 
     async def send(self, ctx, k, data: bytes):
-        for word, keep, last in to_beats(data, self.width):
-            ctx.set(self.port(k, "rx", "data"), word)
-            ctx.set(self.port(k, "rx", "keep"), keep)
-            ctx.set(self.port(k, "rx", "last"), last)
-            ctx.set(self.port(k, "rx", "valid"), 1)
-            await ctx.tick().until(self.port(k, "rx", "ready"))
-        ctx.set(self.port(k, "rx", "valid"), 0)
+        p = lambda s: self.port(k, "rx", s)  # noqa: E731
+        await send_beats(ctx, p("valid"), p("ready"), p("data"), p("keep"), p("last"), data, self.width)
 
     async def recv(self, ctx, k, max_cycles=20000) -> bytes:
-        out = b""
-        for _ in range(max_cycles):
-            ready = 1 if self.rng is None else int(self.rng.random() < self.ready_prob)
-            ctx.set(self.port(k, "tx", "ready"), ready)
-            _, _, valid, word, keep, last = await ctx.tick().sample(
-                self.port(k, "tx", "valid"), self.port(k, "tx", "data"),
-                self.port(k, "tx", "keep"), self.port(k, "tx", "last"))
-            if valid and ready:
-                nb = bin(keep).count("1")
-                out += int(word).to_bytes(self.width // 8, "little")[:nb]
-                if last:
-                    ctx.set(self.port(k, "tx", "ready"), 0)
-                    return out
-        raise TimeoutError(f"node {k} sent nothing for {max_cycles} cycles")
+        p = lambda s: self.port(k, "tx", s)  # noqa: E731
+
+        def ready():
+            return 1 if self.rng is None else int(self.rng.random() < self.ready_prob)
+
+        try:
+            return await recv_beats(ctx, p("valid"), p("ready"), p("data"), p("keep"), p("last"),
+                                    self.width, max_cycles, ready)
+        except TimeoutError as e:
+            raise TimeoutError(f"node {k}: {e}") from None
 
 
 def simulate(dut, testbenches, vcd: str | None = None):
@@ -66,27 +57,39 @@ def simulate(dut, testbenches, vcd: str | None = None):
         sim.run()
 
 
-async def stream_send(ctx, port, data: bytes, width: int):
+async def send_beats(ctx, valid, ready, data, keep, last, frame: bytes, width: int):
+    """Send one frame on the given stream signals, waiting for ``ready`` on each beat."""
+    for word, k, lst in to_beats(frame, width):
+        ctx.set(data, word)
+        ctx.set(keep, k)
+        ctx.set(last, lst)
+        ctx.set(valid, 1)
+        await ctx.tick().until(ready)
+    ctx.set(valid, 0)
+
+
+async def recv_beats(ctx, valid, ready, data, keep, last, width: int, max_cycles=5000, ready_fn=None) -> bytes:
+    """Receive one frame from the given stream signals; ``ready_fn()`` picks ``ready`` each cycle."""
+    out = b""
+    for _ in range(max_cycles):
+        r = 1 if ready_fn is None else ready_fn()
+        ctx.set(ready, r)
+        _, _, v, word, kp, lst = await ctx.tick().sample(valid, data, keep, last)
+        if v and r:
+            out += int(word).to_bytes(width // 8, "little")[:bin(kp).count("1")]
+            if lst:
+                ctx.set(ready, 0)
+                return out
+    raise TimeoutError(f"no frame for {max_cycles} cycles")
+
+
+async def stream_send(ctx, port, frame: bytes, width: int):
     """Send one frame on an Amaranth stream interface ``port`` (beat_layout payload)."""
-    for word, keep, last in to_beats(data, width):
-        ctx.set(port.payload.data, word)
-        ctx.set(port.payload.keep, keep)
-        ctx.set(port.payload.last, last)
-        ctx.set(port.valid, 1)
-        await ctx.tick().until(port.ready)
-    ctx.set(port.valid, 0)
+    p = port.payload
+    await send_beats(ctx, port.valid, port.ready, p.data, p.keep, p.last, frame, width)
 
 
 async def stream_recv(ctx, port, width: int, max_cycles=5000) -> bytes:
     """Receive one frame from an Amaranth stream interface ``port``."""
-    out = b""
-    ctx.set(port.ready, 1)
-    for _ in range(max_cycles):
-        _, _, valid, word, keep, last = await ctx.tick().sample(
-            port.valid, port.payload.data, port.payload.keep, port.payload.last)
-        if valid:
-            out += int(word).to_bytes(width // 8, "little")[:bin(keep).count("1")]
-            if last:
-                ctx.set(port.ready, 0)
-                return out
-    raise TimeoutError(f"no frame for {max_cycles} cycles")
+    p = port.payload
+    return await recv_beats(ctx, port.valid, port.ready, p.data, p.keep, p.last, width, max_cycles)
