@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 WR     := $(VENV)/bin/wirereduce
 JOBS   ?= 2
 
-.PHONY: help demo test test-fast verilog lint clean distclean
+.PHONY: help demo test test-fast verilog bench lint clean distclean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -16,7 +16,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,demo]'
+	$(PY) -m pip install --quiet -e '.[dev,demo,bench]'
 	touch $@
 
 demo: $(STAMP)  ## Verilog of one node, then a 4-node simulated ring allreduces real CNN gradients, checked bit for bit
@@ -29,7 +29,10 @@ test: $(STAMP)  ## the whole test suite: block tests, then cocotb system tests o
 	$(PY) -m pytest -n $(JOBS) -ra
 
 test-fast: $(STAMP)  ## block tests only (no Verilog simulation)
-	$(PY) -m pytest -n $(JOBS) -ra -m "not cocotb"
+	$(PY) -m pytest -n $(JOBS) -ra -m "not cocotb and not verilator"
+
+bench: $(STAMP)  ## allreduce algbw vs bounds (2/4/8 nodes, 8K-16M, MTU 1500/9000, 10G/100G), hop latency, sim speed -> bench/results/; QUICK=1 for a subset
+	$(WR) bench $(if $(QUICK),--quick,)
 
 lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .

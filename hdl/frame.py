@@ -72,7 +72,10 @@ class FrameGate(wiring.Component):
     ``o``, so nothing downstream ever sees part of it: SPEC.md "bad input loses nothing".
 
     The header is parsed as beats arrive and queued, so frames pass back to back at one beat
-    per cycle; the gate adds ``header_beats(width) + 1`` cycles of latency.
+    per cycle. The first beat of a frame accepted on ``i`` at one clock edge is valid on ``o``
+    for the edge ``header_beats(width)`` cycles later (2 at 64 bit, 1 at ≥ 128 bit), if the
+    parent accepts it at once; ``tests/test_wirespeed.py`` and
+    :func:`wirereduce.sim.latency.hop_latency` measure it.
 
     Parameters
     ----------

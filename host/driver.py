@@ -130,6 +130,22 @@ class NodeSession:
             raise DriverError(f"node {self.rank} did not take the CONTROL frame: has {got}, sent {want}")
         return stats
 
+    @staticmethod
+    def results_needed(seq: int, window: int | None) -> int:
+        """Results a host must have received before it may push chunk ``seq`` with a ``window``.
+
+        The window is the host-side flow control for links without back-pressure (a real NIC):
+        at most ``window`` chunks are pushed ahead of the results received, so with
+        ``window`` ≤ the node's buffer slots a push always finds its slot free (a result for
+        chunk ``s`` means every node has read chunk ``s`` from its buffer). ``None`` or 0: no
+        window (rely on the host port's back-pressure).
+        """
+        return max(0, seq - window + 1) if window else 0
+
+    @property
+    def results_received(self) -> int:
+        return int(self.received.sum())
+
     def push_frames(self):
         """HOST_PUSH frames of this node's chunks, in sequence order."""
         for seq, (off, n) in enumerate(self.chunks):
@@ -185,6 +201,9 @@ class Transport(Protocol):
     async def gather(self, coros: Sequence[Awaitable]) -> list:
         """Run coroutines concurrently and return their results in order."""
 
+    async def idle(self, cycles: int = 1) -> None:
+        """Let time pass (and other coroutines run): used while a push waits for its window."""
+
 
 class Cluster:
     """Runs allreduces over a :class:`Transport`, one :class:`NodeSession` per node.
@@ -196,10 +215,22 @@ class Cluster:
         Frame size limit in bytes (header + payload) the nodes were built for.
     on_chunk : callable, optional
         Called as ``on_chunk(node, seq)`` for every result chunk received (progress bars).
+    window : int, optional
+        Chunks a host may push ahead of the results it has received
+        (:meth:`NodeSession.results_needed`); set it to the nodes' buffer ``slots`` on a link
+        without back-pressure. ``None`` (default): rely on the transport's back-pressure.
+
+    Raises
+    ------
+    ValueError
+        If ``window`` is not None or an int ≥ 1.
     """
 
     def __init__(self, transport: Transport, mtu: int = 1500,
-                 on_chunk: Callable[[int, int], None] | None = None):
+                 on_chunk: Callable[[int, int], None] | None = None, window: int | None = None):
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            raise ValueError(f"window must be None or an int ≥ 1 chunks, not {window!r}")
+        self.window = window
         self.transport = transport
         self.nodes = transport.nodes
         self.elements_per_frame = max_elements(mtu)
@@ -246,7 +277,9 @@ class Cluster:
         await self.transport.gather([start(s) for s in sessions])
 
         async def push(s: NodeSession):
-            for f in s.push_frames():
+            for seq, f in enumerate(s.push_frames()):
+                while s.results_received < s.results_needed(seq, self.window):
+                    await self.transport.idle(1)
                 await self.transport.send(s.rank, f)
 
         async def collect(s: NodeSession):

@@ -54,7 +54,8 @@ async def run_jobs(dut):
         def on_chunk(node, seq):
             bar.update(1)
 
-    cluster = Cluster(transport, mtu=setup["mtu"], on_chunk=on_chunk)
+    # The window a user sets on a link without back-pressure: the nodes' buffer slots.
+    cluster = Cluster(transport, mtu=setup["mtu"], on_chunk=on_chunk, window=setup["slots"])
 
     def now_cycles() -> int:
         return round(get_sim_time("ps") / period_ps)

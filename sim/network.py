@@ -11,6 +11,8 @@ for it, so a stalled receiver back-pressures without loss.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from amaranth import Module, Mux, Signal
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -19,7 +21,35 @@ from wirereduce.hdl.node import Node, NodeConfig
 
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
-__all__ = ["LinkModel", "Network", "network_verilog"]
+__all__ = ["LinkModel", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "line_bytes_per_cycle",
+           "LINE_RATE_GBPS"]
+
+
+def clock_mhz(width: int) -> float:
+    """Design clock for a datapath width: 156.25 MHz at 64 bit (10G MAC/PCS clock), 322.265625 MHz
+    at 512 bit (the UltraScale+ CMAC's 100G user clock), scaled by width otherwise."""
+    return {64: 156.25, 512: 322.265625}.get(width, 156.25 * width / 64)
+
+
+#: Ethernet line rate, Gbit/s, of the link each standard datapath width serves: 10GbE, 100GbE.
+LINE_RATE_GBPS = {64: 10.0, 512: 100.0}
+
+
+def line_rate_gbps(width: int) -> float:
+    """Ethernet line rate a datapath width serves: 10 Gbit/s at 64 bit, 100 Gbit/s at 512 bit
+    (:data:`LINE_RATE_GBPS`), otherwise the width's raw beat rate at :func:`clock_mhz`."""
+    return LINE_RATE_GBPS.get(width, width * clock_mhz(width) / 1000)
+
+
+def line_bytes_per_cycle(width: int) -> Fraction:
+    """Wire bytes per clock cycle at :func:`line_rate_gbps` and :func:`clock_mhz`, exactly.
+
+    64 bit: 10 Gbit/s / 156.25 MHz = 8 bytes a cycle (every beat full); 512 bit:
+    100 Gbit/s / 322.265625 MHz = 1280/33 ≈ 38.79 bytes a cycle, so a 64-byte beat stream is
+    paced to about 61 % of the cycles.
+    """
+    rate = Fraction(line_rate_gbps(width)).limit_denominator(1 << 20) * 1000 / 8
+    return rate / Fraction(clock_mhz(width)).limit_denominator(1 << 20)
 
 
 class LinkModel(wiring.Component):
@@ -33,22 +63,24 @@ class LinkModel(wiring.Component):
         of which the 100G wire uses what ``line_bytes_per_cycle`` says).
     latency : int
         Cycles from a beat entering to it leaving (cable + PHY), ≥ 1.
-    line_bytes_per_cycle : int, optional
-        Wire bytes per clock cycle; defaults to ``width // 8``.
+    rate : int or fractions.Fraction, optional
+        Wire bytes per clock cycle (exact; 1280/33 for 100G at 322.265625 MHz); defaults to
+        ``width // 8``. Bytes are counted in units of ``1 / rate.denominator``, so a fractional
+        rate is kept exactly over any number of frames (no drift).
 
     Raises
     ------
     ValueError
-        If ``latency`` < 1 or ``line_bytes_per_cycle`` is not in 1 … width/8.
+        If ``latency`` < 1 or ``rate`` is not in 1 … width/8.
     """
 
-    def __init__(self, width: int, latency: int = 4, line_bytes_per_cycle: int | None = None):
+    def __init__(self, width: int, latency: int = 4, rate: int | Fraction | None = None):
         check_width(width)
         if not isinstance(latency, int) or latency < 1:
             raise ValueError(f"link latency must be an int ≥ 1 cycle, not {latency!r}")
-        rate = width // 8 if line_bytes_per_cycle is None else line_bytes_per_cycle
+        rate = Fraction(width // 8 if rate is None else rate)
         if not 1 <= rate <= width // 8:
-            raise ValueError(f"line_bytes_per_cycle must be 1 … {width // 8}, not {rate}")
+            raise ValueError(f"the link rate must be 1 … {width // 8} bytes a cycle, not {rate}")
         self._width = width
         self._latency = latency
         self._rate = rate
@@ -59,14 +91,15 @@ class LinkModel(wiring.Component):
         m = Module()
         w = self._width
         lay = beat_layout(w)
-        rate = self._rate
+        # Wire time in units of 1/den byte: a beat of n bytes costs n*den units, a cycle drains num.
+        num, den = self._rate.numerator, self._rate.denominator
         depth = 2 * self._latency + 8  # enough credits to keep the wire busy across the delay
 
         m.submodules.rx = rx = fifo.SyncFIFOBuffered(width=lay.size, depth=depth)
 
         # Bytes still to be serialised on the wire; a beat may start while at most one cycle's
         # worth is left, and any remainder carries into the next beat (deficit idle count).
-        busy = Signal(16)
+        busy = Signal(range((2 * 65536 + 2 * w) * den))
         frame_bytes = Signal(16)
         credits = Signal(range(depth + 1), init=depth)
         beat = self.i.payload
@@ -77,18 +110,18 @@ class LinkModel(wiring.Component):
         pad = Signal(16)
         with m.If(total < ETH_MIN_PAYLOAD_BYTES):
             m.d.comb += pad.eq(ETH_MIN_PAYLOAD_BYTES - total)
-        cost = Signal(17)
-        m.d.comb += cost.eq(nbytes + beat.last * (tail + pad))
+        cost = Signal(range((w // 8 + tail + ETH_MIN_PAYLOAD_BYTES + 1) * den))
+        m.d.comb += cost.eq((nbytes + Mux(beat.last, tail + pad, 0)) * den)
 
         send = Signal()
         m.d.comb += [
-            self.i.ready.eq((busy <= rate) & (credits != 0)),
+            self.i.ready.eq((busy <= num) & (credits != 0)),
             send.eq(self.i.valid & self.i.ready),
         ]
-        drain = Signal(17)
+        drain = Signal(len(busy) + 1)
         m.d.comb += drain.eq(busy + Mux(send, cost, 0))
-        with m.If(drain > rate):
-            m.d.sync += busy.eq(drain - rate)
+        with m.If(drain > num):
+            m.d.sync += busy.eq(drain - num)
         with m.Else():
             m.d.sync += busy.eq(0)
         with m.If(send):
@@ -129,6 +162,12 @@ class Network(wiring.Component):
     config : NodeConfig
     link_latency : int
         Cycles of delay of every link.
+    host_links : bool
+        Put a :class:`LinkModel` at the line rate between each host port and its node too (the
+        host's own 10G/100G link), so a host can push no faster than a real NIC. Default True.
+
+    Every link runs at :func:`line_bytes_per_cycle` of the width: 10 Gbit/s at 64 bit,
+    100 Gbit/s at 512 bit.
 
     Raises
     ------
@@ -136,12 +175,14 @@ class Network(wiring.Component):
         If ``nodes`` is outside 2 … 255.
     """
 
-    def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4):
+    def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
+                 host_links: bool = True):
         if not isinstance(nodes, int) or not 2 <= nodes <= 255:
             raise ValueError(f"a ring needs 2 … 255 nodes, not {nodes!r}")
         self.nodes = nodes
         self.config = config if config is not None else NodeConfig()
         self.link_latency = link_latency
+        self.host_links = host_links
         w = self.config.width
         members = {}
         for k in range(nodes):
@@ -158,10 +199,17 @@ class Network(wiring.Component):
         m = Module()
         n = self.nodes
         w = self.config.width
+        rate = line_bytes_per_cycle(w)
         ring = [Node(self.config) for _ in range(n)]
         for k, node in enumerate(ring):
             m.submodules[f"node{k}"] = node
             rx, tx = node.host_rx, node.host_tx
+            if self.host_links:
+                m.submodules[f"link_host{k}_rx"] = rx_link = LinkModel(w, self.link_latency, rate)
+                m.submodules[f"link_host{k}_tx"] = tx_link = LinkModel(w, self.link_latency, rate)
+                wiring.connect(m, rx_link.o, node.host_rx)
+                wiring.connect(m, node.host_tx, tx_link.i)
+                rx, tx = rx_link.i, tx_link.o
             g = lambda s, k=k: getattr(self, f"host{k}_{s}")  # noqa: E731
             m.d.comb += [
                 rx.payload.data.eq(g("rx_tdata")), rx.payload.keep.eq(g("rx_tkeep")),
@@ -173,8 +221,8 @@ class Network(wiring.Component):
             ]
         for k in range(n):
             nxt = (k + 1) % n
-            cw = LinkModel(w, self.link_latency)
-            ccw = LinkModel(w, self.link_latency)
+            cw = LinkModel(w, self.link_latency, rate)
+            ccw = LinkModel(w, self.link_latency, rate)
             m.submodules[f"link_cw{k}_{nxt}"] = cw
             m.submodules[f"link_ccw{nxt}_{k}"] = ccw
             wiring.connect(m, ring[k].cw_out, cw.i)
@@ -184,9 +232,10 @@ class Network(wiring.Component):
         return m
 
 
-def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4) -> str:
+def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
+                    host_links: bool = True) -> str:
     """Verilog text of a :class:`Network` with top module ``wirereduce_net``."""
     from amaranth.back import verilog
 
-    top = Network(nodes, config, link_latency)
+    top = Network(nodes, config, link_latency, host_links)
     return verilog.convert(top, name="wirereduce_net", emit_src=False)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 from wirereduce.hdl.node import NodeConfig
+from wirereduce.sim.network import clock_mhz
 
 __all__ = ["SimSetup", "SimulationError", "available_simulators", "default_simulator", "run_jobs",
            "clock_mhz"]
@@ -39,12 +40,6 @@ class SimulationError(RuntimeError):
     def __init__(self, message: str, waves: Path | None = None):
         super().__init__(message + (f"\nwaveform: {waves}" if waves else ""))
         self.waves = waves
-
-
-def clock_mhz(width: int) -> float:
-    """Design clock for a datapath width: 156.25 MHz at 64 bit (10G), 322.265625 MHz at 512 bit
-    (100G CMAC user clock), scaled by width otherwise."""
-    return {64: 156.25, 512: 322.265625}.get(width, 156.25 * width / 64)
 
 
 def _verilator_root() -> Path | None:

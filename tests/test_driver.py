@@ -226,8 +226,10 @@ class FakeTransport:
     """
 
     def __init__(self, nodes: int, *, reverse_results=False, noise=False, bad_ack_rank=None,
-                 lose=None, timeout=2.0):
+                 lose=None, timeout=2.0, window=None):
         self.nodes = nodes
+        self.window = window                    # check: no push more than `window` ahead of results
+        self.results_out = [0] * nodes
         self.sent: list[tuple[int, bytes]] = []
         self.inbox = [asyncio.Queue() for _ in range(nodes)]
         self.config = [None] * nodes  # (collective, rank, nodes, chunks)
@@ -251,6 +253,10 @@ class FakeTransport:
     def _deliver(self, node: int, data: bytes) -> None:
         self.inbox[node].put_nowait(data)
 
+    def _deliver_result(self, node: int, data: bytes) -> None:
+        self.results_out[node] += 1
+        self._deliver(node, data)
+
     async def send(self, node: int, data: bytes) -> None:
         self.sent.append((node, bytes(data)))
         await asyncio.sleep(0)  # let the other coroutines run, as a real port would
@@ -266,6 +272,9 @@ class FakeTransport:
             assert h.collective == coll and h.seq < chunks and h.src == rank
             assert len(data) == HEADER_BYTES + 4 * h.count
             self.counters[node]["push_frames"] += 1
+            if self.window is not None:
+                assert h.seq < self.results_out[node] + self.window, (
+                    f"node {node} pushed chunk {h.seq} with only {self.results_out[node]} results back")
             got = self.pushed.setdefault(h.seq, {})
             assert rank not in got
             got[rank] = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES).astype(F32)
@@ -285,6 +294,9 @@ class FakeTransport:
                 continue
             rank = self.config[node][1]
             f = _result_frame(coll, seq, acc, src=rank)
+            if self.window is not None:  # results take a while to come back, as on a real ring
+                asyncio.get_running_loop().call_later(0.002, self._deliver_result, node, f)
+                continue
             if self.noise:
                 self._deliver(node, _result_frame((coll + 1) & 0xFFFF, seq, acc))
             if self.reverse_results:
@@ -304,6 +316,9 @@ class FakeTransport:
 
     async def gather(self, coros: Sequence[Awaitable]) -> list:
         return list(await asyncio.gather(*coros))
+
+    async def idle(self, cycles: int = 1) -> None:
+        await asyncio.sleep(0)
 
 
 def _arrays(nodes: int, n: int, seed: int) -> list[np.ndarray]:
@@ -420,3 +435,27 @@ def test_cluster_bad_inputs_send_nothing(case):
     with pytest.raises(ValueError):
         asyncio.run(Cluster(t).allreduce(_bad_inputs()[case]))
     assert t.sent == []
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_cluster_window_limits_pushes_ahead_of_results(window):
+    """With a window, no host pushes more than ``window`` chunks ahead of its results (the fake
+    node asserts it on every push), and the sum is still the golden one."""
+    nodes, mtu = 3, HEADER_BYTES + 4 * 5
+    arrays = _arrays(nodes, 61, seed=window)
+    t = FakeTransport(nodes, window=window)
+    got = asyncio.run(Cluster(t, mtu=mtu, window=window).allreduce(arrays))
+    for g in got:
+        _assert_same_bits(g, ring_allreduce(arrays))
+
+
+@pytest.mark.parametrize("window", [0, -1, 2.5, True])
+def test_cluster_rejects_bad_window(window):
+    with pytest.raises(ValueError, match="window"):
+        Cluster(FakeTransport(2), window=window)
+
+
+def test_results_needed_rule():
+    rule = NodeSession.results_needed
+    assert [rule(s, 3) for s in range(6)] == [0, 0, 0, 1, 2, 3]
+    assert [rule(s, None) for s in range(3)] == [0, 0, 0] == [rule(s, 0) for s in range(3)]

