@@ -173,3 +173,10 @@ def test_usage_errors_exit_two(argv, work, capsys):
     assert exc.value.code == 2
     _, err = capsys.readouterr()
     assert "usage:" in err
+
+
+@pytest.mark.parametrize("extra", [["--simulator", "icarus"], ["--waves"]])
+def test_fast_engine_rejects_cocotb_only_options(work, capsys, extra):
+    inp = _npz(work / "in.npz", **_good())
+    code = _sim(work, inp, 2, "--engine", "fast", *extra)
+    _assert_user_error(code, capsys, work, "--engine fast")
