@@ -484,12 +484,8 @@ class Descrambler(wiring.Component):
 # 64b/66b decoder (49.2.11) and receive state diagram (49.2.13.3)
 # ------------------------------------------------------------------------------------------------
 
-class _RxState(enum.Enum, shape=3):
-    INIT = 0
-    C = 1
-    D = 2
-    T = 3
-    E = 4
+# The receive state diagram has the same five states as the transmit one.
+_RxState = _TxState
 
 
 class Decoder(wiring.Component):

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import operator
 import os
 import sys
 import time
@@ -49,6 +48,7 @@ import numpy as np
 from wirereduce.sim import codec as C
 from wirereduce.sim import gradients as G
 from wirereduce.sim.golden import ring_allreduce
+from wirereduce.sim.gradients import _check_int
 
 __all__ = [
     "DEFAULT_KS",
@@ -79,16 +79,6 @@ DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 _CODE_BYTES = np.array(C.CODE_BYTES, dtype=np.int64)
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _check_k_or_none(k: Any) -> int | None:
