@@ -251,6 +251,34 @@ class _TxState(enum.Enum, shape=3):
     E = 4
 
 
+def _next_state(m, state, kind, nxt, t_ok=1):
+    """Drive ``nxt`` from ``state`` and the block ``kind`` by the transmit/receive state diagrams
+    (figures 49-16 and 49-17), which share their transitions: from D, data stays in D and a
+    terminate goes to T; from E, a control block, data or a terminate leave it; from INIT, C and
+    T, a control block goes to C and a start to D; anything else goes to E. ``t_ok`` is the
+    receive side's look-ahead: a terminate goes to T only if the next block is a start or a
+    control block (always 1 on the transmit side)."""
+    term = (kind == _Kind.T) & t_ok
+    with m.Switch(state):
+        with m.Case(_TxState.D, _TxState.E):
+            with m.If((state == _TxState.E) & (kind == _Kind.C)):
+                m.d.comb += nxt.eq(_TxState.C)
+            with m.Elif(kind == _Kind.D):
+                m.d.comb += nxt.eq(_TxState.D)
+            with m.Elif(term):
+                m.d.comb += nxt.eq(_TxState.T)
+            with m.Else():
+                m.d.comb += nxt.eq(_TxState.E)
+        with m.Default():  # INIT, C, T
+            with m.Switch(kind):
+                with m.Case(_Kind.C):
+                    m.d.comb += nxt.eq(_TxState.C)
+                with m.Case(_Kind.S):
+                    m.d.comb += nxt.eq(_TxState.D)
+                with m.Default():
+                    m.d.comb += nxt.eq(_TxState.E)
+
+
 class Encoder(wiring.Component):
     """64b/66b encoder with the transmit state diagram, one XGMII column to one block.
 
@@ -335,33 +363,7 @@ class Encoder(wiring.Component):
         # Transmit state diagram.
         state = Signal(_TxState, init=_TxState.INIT)
         nxt = Signal(_TxState)
-        with m.Switch(state):
-            with m.Case(_TxState.D):
-                with m.Switch(kind):
-                    with m.Case(_Kind.D):
-                        m.d.comb += nxt.eq(_TxState.D)
-                    with m.Case(_Kind.T):
-                        m.d.comb += nxt.eq(_TxState.T)
-                    with m.Default():
-                        m.d.comb += nxt.eq(_TxState.E)
-            with m.Case(_TxState.E):
-                with m.Switch(kind):
-                    with m.Case(_Kind.C):
-                        m.d.comb += nxt.eq(_TxState.C)
-                    with m.Case(_Kind.D):
-                        m.d.comb += nxt.eq(_TxState.D)
-                    with m.Case(_Kind.T):
-                        m.d.comb += nxt.eq(_TxState.T)
-                    with m.Default():
-                        m.d.comb += nxt.eq(_TxState.E)
-            with m.Default():  # INIT, C, T
-                with m.Switch(kind):
-                    with m.Case(_Kind.C):
-                        m.d.comb += nxt.eq(_TxState.C)
-                    with m.Case(_Kind.S):
-                        m.d.comb += nxt.eq(_TxState.D)
-                    with m.Default():
-                        m.d.comb += nxt.eq(_TxState.E)
+        _next_state(m, state, kind, nxt)
 
         o_valid = Signal(init=1)
         o_block = Signal(block_layout, init={"header": SYNC_CTRL, "payload": LBLOCK_T_PAYLOAD})
@@ -545,24 +547,7 @@ class Decoder(wiring.Component):
         state = Signal(_RxState, init=_RxState.INIT)
         nxt = Signal(_RxState)
         t_ok = (kind == _Kind.S) | (kind == _Kind.C)
-        with m.Switch(state):
-            with m.Case(_RxState.D, _RxState.E):
-                with m.If((state == _RxState.E) & (cur_kind == _Kind.C)):
-                    m.d.comb += nxt.eq(_RxState.C)
-                with m.Elif(cur_kind == _Kind.D):
-                    m.d.comb += nxt.eq(_RxState.D)
-                with m.Elif((cur_kind == _Kind.T) & t_ok):
-                    m.d.comb += nxt.eq(_RxState.T)
-                with m.Else():
-                    m.d.comb += nxt.eq(_RxState.E)
-            with m.Default():  # INIT, C, T
-                with m.Switch(cur_kind):
-                    with m.Case(_Kind.C):
-                        m.d.comb += nxt.eq(_RxState.C)
-                    with m.Case(_Kind.S):
-                        m.d.comb += nxt.eq(_RxState.D)
-                    with m.Default():
-                        m.d.comb += nxt.eq(_RxState.E)
+        _next_state(m, state, cur_kind, nxt, t_ok)
 
         step = self.i.valid & cur_valid
         m.d.sync += [self.o.valid.eq(step), self.block_error.eq(0)]

@@ -113,21 +113,14 @@ def line_rate_gbps(width: int) -> float:
 
 
 def chunk_sizes(elements: int, mtu: int) -> list[int]:
-    """Elements per chunk when ``elements`` fp32 are split into frames of MTU ``mtu``: full
-    chunks of :func:`~wirereduce.protocol.max_elements` and a shorter last one."""
+    """Elements per chunk when ``elements`` fp32 are split into frames of MTU ``mtu``: the host
+    driver's own chunking (:func:`~wirereduce.host.driver.plan_chunks`), full chunks of
+    :func:`~wirereduce.protocol.max_elements` and a shorter last one."""
+    from wirereduce.host.driver import plan_chunks
+
     if not isinstance(elements, (int, np.integer)) or elements < 1:
         raise ValueError(f"elements must be a positive int, not {elements!r}")
-    per = max_elements(mtu)
-    full, rest = divmod(int(elements), per)
-    return [per] * full + ([rest] if rest else [])
-
-
-def _wire_bytes_of(elements: int, mtu: int) -> tuple[int, int]:
-    """(payload bytes, wire bytes) of a message of ``elements`` fp32 at MTU ``mtu``."""
-    per = max_elements(mtu)
-    full, rest = divmod(int(elements), per)
-    wire = full * wire_bytes(HEADER_BYTES + 4 * per) + (wire_bytes(HEADER_BYTES + 4 * rest) if rest else 0)
-    return 4 * int(elements), wire
+    return [n for _, n in plan_chunks(int(elements), max_elements(mtu))]
 
 
 def frame_bound_gbps(elements: int, mtu: int, width: int) -> float:
@@ -139,9 +132,9 @@ def frame_bound_gbps(elements: int, mtu: int, width: int) -> float:
     across every link once, so its algbw cannot exceed this. Example: MTU 1500 at 10G, full
     frames carry 1484 payload bytes in 1538 wire bytes, 9.649 Gbit/s.
     """
-    chunk_sizes(elements, mtu)  # validates elements and MTU
-    payload, wire = _wire_bytes_of(elements, mtu)
-    return line_rate_gbps(width) * payload / wire
+    sizes = chunk_sizes(elements, mtu)
+    wire = sum(wire_bytes(HEADER_BYTES + 4 * n) for n in sizes)
+    return line_rate_gbps(width) * 4 * int(elements) / wire
 
 
 def ring_bound_gbps(nodes: int, elements: int, mtu: int, width: int) -> float:

@@ -60,7 +60,7 @@ class LinkModel(wiring.Component):
     width : int
         Datapath width in bits; the wire moves ``width // 8`` bytes per cycle (so 64 bit at
         156.25 MHz is 10 Gbit/s, 512 bit at 322.27 MHz about 165 Gbit/s of raw beat rate,
-        of which the 100G wire uses what ``line_bytes_per_cycle`` says).
+        of which a 100G wire uses what ``rate`` says: :func:`line_bytes_per_cycle`).
     latency : int
         Cycles from a beat entering to it leaving (cable + PHY), ≥ 1.
     rate : int or fractions.Fraction, optional
