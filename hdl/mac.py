@@ -130,14 +130,28 @@ def crc_update(state, data, nbytes: int):
 
     Assign the result to a :class:`Signal` before slicing it: each slice of the expression
     would otherwise be built again from the whole XOR network.
+
+    Each output bit is the XOR of the register and data bits its masks select, written as a
+    reduction over just those bits (the data masks reflected here instead of the data). The same
+    logic as ``(state & mask).xor()``, but Amaranth turns an AND with a constant into a bit-by-bit
+    concatenation, which Verilator compiles into several times more C++ (a ring of Ethernet
+    ports built 5-8 times slower).
     """
     if not FCS_ALGORITHM.reflect_input or not FCS_ALGORITHM.reflect_output:
         raise ValueError("the FCS algorithm must be bit-reflected, as Ethernet's is")
     if nbytes == 0:
         return state
     state_masks, data_masks = _crc_masks(nbytes)
-    word = data[:8 * nbytes][::-1]
-    return Cat(*((state & sm).xor() ^ (word & dm).xor() for sm, dm in zip(state_masks, data_masks)))
+    w = 8 * nbytes
+    word = data[:w]
+
+    def xor_of(value, mask, bits):
+        # Bit j of the reflected word is bit bits-1-j of the data.
+        picked = [value[j] for j in range(bits) if mask >> j & 1]
+        return Cat(*picked).xor() if picked else Const(0, 1)
+
+    return Cat(*(xor_of(state, sm, 32) ^ xor_of(word, int(f"{dm:0{w}b}"[::-1], 2), w)
+                 for sm, dm in zip(state_masks, data_masks)))
 
 
 def fcs_value(state):

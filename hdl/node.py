@@ -25,6 +25,7 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.codecport import CodecIn, CodecOut
 from wirereduce.hdl.frame import (
     Fork,
     FrameArbiter,
@@ -52,21 +53,30 @@ class NodeConfig:
         1500 or 9000 (jumbo). At least 20.
     slots : int
         Chunks of the host's gradient the local buffer holds (power of two, ≥ 1).
+    codec : bool
+        Put the INCEPTIONN-style codec (SPEC.md codec v1) at every port
+        (:mod:`wirereduce.hdl.codecport`): frames with ``codec = INCEPTIONN_V1`` are
+        decompressed as they arrive and compressed with their header's ``eb_k`` as they leave,
+        so every hop decompresses, adds and recompresses. Default False (no codec logic).
 
     Raises
     ------
     ValueError, TypeError
-        On a bad width, an MTU below 20 bytes or above 65535, or ``slots`` not a power of two.
+        On a bad width, an MTU below 20 bytes or above 65535, ``slots`` not a power of two or
+        ``codec`` not a bool.
     """
 
-    def __init__(self, width: int = 64, mtu: int = 1500, slots: int = 8):
+    def __init__(self, width: int = 64, mtu: int = 1500, slots: int = 8, codec: bool = False):
         self.width = check_width(width)
         if not isinstance(mtu, int) or not HEADER_BYTES + 4 <= mtu <= 65535:
             raise ValueError(f"mtu must be an int from {HEADER_BYTES + 4} to 65535 bytes, not {mtu!r}")
         if not isinstance(slots, int) or slots < 1 or slots & (slots - 1):
             raise ValueError(f"slots must be a power of two, not {slots!r}")
+        if not isinstance(codec, bool):
+            raise TypeError(f"codec must be True or False, not {codec!r}")
         self.mtu = mtu
         self.slots = slots
+        self.codec = codec
 
     @property
     def bytes_per_beat(self) -> int:
@@ -88,7 +98,8 @@ class NodeConfig:
         return (self.mtu - HEADER_BYTES) // 4
 
     def __repr__(self):
-        return f"NodeConfig(width={self.width}, mtu={self.mtu}, slots={self.slots})"
+        codec = ", codec=True" if self.codec else ""
+        return f"NodeConfig(width={self.width}, mtu={self.mtu}, slots={self.slots}{codec})"
 
 
 class StatusResponder(wiring.Component):
@@ -223,9 +234,30 @@ class Node(wiring.Component):
         m.submodules.host_gate = host_gate = FrameGate(w, cfg.max_beats)
         m.submodules.cw_gate = cw_gate = FrameGate(w, cfg.max_beats)
         m.submodules.ccw_gate = ccw_gate = FrameGate(w, cfg.max_beats)
-        wiring.connect(m, wiring.flipped(self.host_rx), host_gate.i)
-        wiring.connect(m, wiring.flipped(self.cw_in), cw_gate.i)
-        wiring.connect(m, wiring.flipped(self.ccw_in), ccw_gate.i)
+        # Ports: straight to the gates, or (codec nodes) through a CodecIn/CodecOut each.
+        beat = stream.Signature(beat_layout(w))
+        host_rx, cw_in, ccw_in = (wiring.flipped(p) for p in (self.host_rx, self.cw_in, self.ccw_in))
+        host_tx, cw_out, ccw_out = (wiring.flipped(p) for p in (self.host_tx, self.cw_out, self.ccw_out))
+        if cfg.codec:
+            ins = {}
+            for name in ("host_rx", "cw_in", "ccw_in"):
+                stage = m.submodules[f"codec_{name}"] = CodecIn(w, cfg.max_elements, cfg.max_beats)
+                wiring.connect(m, wiring.flipped(getattr(self, name)), stage.i)
+                m.d.comb += count("drop_codec").eq(stage.dropped)
+                ins[name] = beat.create()
+                wiring.connect(m, stage.o, wiring.flipped(ins[name]))
+            host_rx, cw_in, ccw_in = ins["host_rx"], ins["cw_in"], ins["ccw_in"]
+            outs = {}
+            for name in ("host_tx", "cw_out", "ccw_out"):
+                stage = m.submodules[f"codec_{name}"] = CodecOut(w, cfg.max_elements, cfg.max_beats)
+                wiring.connect(m, stage.o, wiring.flipped(getattr(self, name)))
+                inner = beat.create()
+                wiring.connect(m, inner, stage.i)
+                outs[name] = wiring.flipped(inner)
+            host_tx, cw_out, ccw_out = outs["host_tx"], outs["cw_out"], outs["ccw_out"]
+        wiring.connect(m, host_rx, host_gate.i)
+        wiring.connect(m, cw_in, cw_gate.i)
+        wiring.connect(m, ccw_in, ccw_gate.i)
         index_bits = len(host_gate.o.payload.index)
 
         m.submodules.pipe = pipe = ReducePipeline(w, index_bits, slots, cfg.slot_beats)
@@ -341,7 +373,7 @@ class Node(wiring.Component):
         _stream_mux_out(m, ~is_last, pipe.o, cw_tagged, fork_in)
         wiring.connect(m, fork_in, last_fork.i)
         m.d.comb += [last_fork.en_a.eq(1), last_fork.en_b.eq(1)]
-        _untag(m, cw_tagged, self.cw_out)
+        _untag(m, cw_tagged, cw_out)
 
         # --- counter-clockwise input: BROADCAST frames ------------------------------------------
         bh = ccw_gate.head
@@ -368,7 +400,7 @@ class Node(wiring.Component):
         # ccw_out: the broadcast starts at rank N-1 and is forwarded by the ranks in between.
         ccw_tagged = stream.Signature(tagged).create()
         _stream_mux(m, is_last, last_fork.a, bc_fork.a, ccw_tagged)
-        _untag(m, ccw_tagged, self.ccw_out)
+        _untag(m, ccw_tagged, ccw_out)
 
         # --- host delivery ----------------------------------------------------------------------
         result = stream.Signature(tagged).create()
@@ -383,7 +415,7 @@ class Node(wiring.Component):
         m.submodules.tx_arb = tx_arb = FrameArbiter(beat_layout(w), 2)
         wiring.connect(m, result_beats, tx_arb.i0)
         wiring.connect(m, status.o, tx_arb.i1)
-        wiring.connect(m, tx_arb.o, wiring.flipped(self.host_tx))
+        wiring.connect(m, tx_arb.o, host_tx)
 
         # --- status ---------------------------------------------------------------------------
         stats_hdr = Header(opcode=Opcode.STATS, count=len(STATS_COUNTERS))

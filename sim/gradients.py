@@ -62,6 +62,7 @@ __all__ = [
     "apply_flat_gradient",
     "evaluate",
     "shard_gradients",
+    "gradient_stream",
     "train_data_parallel",
     "main",
 ]
@@ -455,6 +456,42 @@ def shard_gradients(nodes: int = 4, steps: int = 0, seed: int = 0, batch: int = 
         run.apply_sum(_numpy_allreduce(grads), DEFAULT_LR)
     grads, _losses = run.gradients()
     return grads
+
+
+def gradient_stream(nodes: int, elements: int, seed: int = 0, batch: int = 64) -> list[np.ndarray]:
+    """``nodes`` real gradient vectors of ``elements`` float32 each, for messages larger than the model.
+
+    The demo CNN has 3,818 parameters; a bandwidth benchmark wants megabytes. This trains the
+    model data-parallel (as :func:`shard_gradients`, applying every step) and concatenates each
+    worker's gradient of step 0, 1, 2, … until ``elements`` values are collected (the last
+    step's gradient is cut short), so the message holds the gradients of consecutive training
+    steps, in order: what a worker that buckets several steps' gradients would send.
+
+    Returns
+    -------
+    list of numpy.ndarray, float32, shape (elements,)
+
+    Raises
+    ------
+    ValueError
+        If an argument is not an integer in its range.
+    RuntimeError
+        If PyTorch or scikit-learn is not installed.
+    """
+    nodes = _check_int("nodes", nodes, 1)
+    elements = _check_int("elements", elements, 1)
+    seed = _check_int("seed", seed, 0)
+    batch = _check_int("batch", batch, 1)
+    run = _DataParallel(nodes, seed, batch)
+    parts: list[list[np.ndarray]] = [[] for _ in range(nodes)]
+    have = 0
+    while have < elements:
+        grads, _losses = run.gradients()
+        for k, g in enumerate(grads):
+            parts[k].append(g)
+        have += grads[0].size
+        run.apply_sum(_numpy_allreduce(grads), DEFAULT_LR)
+    return [np.concatenate(p)[:elements].astype(np.float32) for p in parts]
 
 
 def train_data_parallel(

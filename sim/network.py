@@ -22,7 +22,7 @@ from wirereduce.hdl.node import Node, NodeConfig
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
 __all__ = ["LinkModel", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "line_bytes_per_cycle",
-           "LINE_RATE_GBPS"]
+           "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac"]
 
 
 def clock_mhz(width: int) -> float:
@@ -165,26 +165,39 @@ class Network(wiring.Component):
     host_links : bool
         Put a :class:`LinkModel` at the line rate between each host port and its node too (the
         host's own 10G/100G link), so a host can push no faster than a real NIC. Default True.
+    links : str
+        ``"model"`` (default): every link is a :class:`LinkModel`. ``"eth"`` (64 bit only): every
+        link is real 10GBASE-R, see :func:`_eth_links`; the top then also has a capture tap
+        ``tap_t{data,keep,last,valid}``: the Ethernet frames (no FCS) node 0 sends node 1 (cw).
 
-    Every link runs at :func:`line_bytes_per_cycle` of the width: 10 Gbit/s at 64 bit,
-    100 Gbit/s at 512 bit.
+    link_rate : fractions.Fraction or int, optional
+        Wire bytes per cycle of every link model; default :func:`line_bytes_per_cycle` of the
+        width: 10 Gbit/s at 64 bit, 100 Gbit/s at 512 bit. A wider datapath than its links
+        (e.g. 512 bit at 156.25 MHz behind 10G links: 8) is where compressed frames pay off.
 
     Raises
     ------
     ValueError
-        If ``nodes`` is outside 2 … 255.
+        If ``nodes`` is outside 2 … 255, ``links`` is not "model" or "eth", "eth" is asked
+        for at a width other than 64, or ``link_rate`` is not in (0, width/8].
     """
 
     def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
-                 host_links: bool = True):
+                 host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None):
         if not isinstance(nodes, int) or not 2 <= nodes <= 255:
             raise ValueError(f"a ring needs 2 … 255 nodes, not {nodes!r}")
         self.nodes = nodes
         self.config = config if config is not None else NodeConfig()
         self.link_latency = link_latency
         self.host_links = host_links
+        self.links = check_links(links, self.config.width)
         w = self.config.width
+        self.link_rate = Fraction(link_rate) if link_rate is not None else line_bytes_per_cycle(w)
+        if not 0 < self.link_rate <= w // 8:
+            raise ValueError(f"link_rate must be in (0, {w // 8}] bytes a cycle, not {link_rate!r}")
         members = {}
+        if self.links == "eth":
+            members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1)})
         for k in range(nodes):
             for d, flow_in in (("rx", True), ("tx", False)):
                 dir_in, dir_out = (In, Out) if flow_in else (Out, In)
@@ -199,8 +212,18 @@ class Network(wiring.Component):
         m = Module()
         n = self.nodes
         w = self.config.width
-        rate = line_bytes_per_cycle(w)
+        rate = self.link_rate
         ring = [Node(self.config) for _ in range(n)]
+        if self.links == "eth":
+            for k, node in enumerate(ring):
+                m.submodules[f"node{k}"] = node
+            hosts = _eth_links(m, ring, self.config.mtu, self.link_latency, self.host_links)
+            for k, (rx, tx) in enumerate(hosts):
+                self._host_wires(m, k, rx, tx)
+            tap = m.submodules["eth_cw0"]
+            m.d.comb += [self.tap_tdata.eq(tap.tx_tap.data), self.tap_tkeep.eq(tap.tx_tap.keep),
+                         self.tap_tlast.eq(tap.tx_tap.last), self.tap_tvalid.eq(tap.tx_tap_valid)]
+            return m
         for k, node in enumerate(ring):
             m.submodules[f"node{k}"] = node
             rx, tx = node.host_rx, node.host_tx
@@ -210,15 +233,7 @@ class Network(wiring.Component):
                 wiring.connect(m, rx_link.o, node.host_rx)
                 wiring.connect(m, node.host_tx, tx_link.i)
                 rx, tx = rx_link.i, tx_link.o
-            g = lambda s, k=k: getattr(self, f"host{k}_{s}")  # noqa: E731
-            m.d.comb += [
-                rx.payload.data.eq(g("rx_tdata")), rx.payload.keep.eq(g("rx_tkeep")),
-                rx.payload.last.eq(g("rx_tlast")), rx.valid.eq(g("rx_tvalid")),
-                g("rx_tready").eq(rx.ready),
-                g("tx_tdata").eq(tx.payload.data), g("tx_tkeep").eq(tx.payload.keep),
-                g("tx_tlast").eq(tx.payload.last), g("tx_tvalid").eq(tx.valid),
-                tx.ready.eq(g("tx_tready")),
-            ]
+            self._host_wires(m, k, rx, tx)
         for k in range(n):
             nxt = (k + 1) % n
             cw = LinkModel(w, self.link_latency, rate)
@@ -231,11 +246,105 @@ class Network(wiring.Component):
             wiring.connect(m, ccw.o, ring[k].ccw_in)
         return m
 
+    def _host_wires(self, m, k, rx, tx):
+        """Connect the flat ``host{k}_*`` ports to the stream ``rx`` (into the ring) and ``tx``."""
+        g = lambda s: getattr(self, f"host{k}_{s}")  # noqa: E731
+        m.d.comb += [
+            rx.payload.data.eq(g("rx_tdata")), rx.payload.keep.eq(g("rx_tkeep")),
+            rx.payload.last.eq(g("rx_tlast")), rx.valid.eq(g("rx_tvalid")),
+            g("rx_tready").eq(rx.ready),
+            g("tx_tdata").eq(tx.payload.data), g("tx_tkeep").eq(tx.payload.keep),
+            g("tx_tlast").eq(tx.payload.last), g("tx_tvalid").eq(tx.valid),
+            tx.ready.eq(g("tx_tready")),
+        ]
+
+
+#: What a :class:`Network`'s links are: link models, or real 10G Ethernet (MAC + PCS).
+LINKS = ("model", "eth")
+
+
+def check_links(links: str, width: int) -> str:
+    """Validate a ``links`` choice (:data:`LINKS`) for a datapath ``width``; returns it.
+
+    Raises
+    ------
+    ValueError
+        If ``links`` is not one of :data:`LINKS`, or is ``"eth"`` at a width other than 64
+        (the 10G MAC and PCS are 64-bit XGMII; there is no 100G MAC yet).
+    """
+    if links not in LINKS:
+        raise ValueError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
+    if links == "eth" and width != 64:
+        raise ValueError(f"links='eth' is 10G Ethernet (MAC + 10GBASE-R PCS) at a 64-bit datapath, not {width} bit")
+    return links
+
+
+def eth_mac(node: int, port: int) -> int:
+    """MAC address of port ``port`` of ``node`` in an Ethernet-linked :class:`Network`: locally
+    administered ``02:77:72:00:nn:pp``; port 0 faces node + 1 (cw), 1 node − 1, 2 the host, and
+    3 is the host's own NIC."""
+    return 0x02_77_72_00_00_00 | (node << 8) | port
+
+
+def _eth_links(m, ring, mtu, latency, host_links):
+    """Cable ``ring`` with :class:`~wirereduce.hdl.ethport.EthPort10G` (cdc=False) ports.
+
+    Node k's port ``eth_cw{k}`` (tx: ``cw_out``, rx: ``ccw_in``) faces node k+1's ``eth_ccw{k+1}``
+    (tx: ``ccw_out``, rx: ``cw_in``); each host has a NIC port ``eth_nic{k}`` facing the node's
+    ``eth_host{k}`` (tx: ``host_tx``, rx: ``host_rx``). Every cable carries one scrambled 66-bit
+    block a cycle each way, delayed ``latency`` cycles: 10.3125 Gbaud at 156.25 MHz.
+
+    Real Ethernet has no back-pressure: a receiving port whose node does not take frames fills its
+    FIFO (2 frames) and then loses frames (counted in ``stats.rx_overflow``). In the allreduce
+    schedule with the host window ≤ slots that does not happen: a node's outputs leave at the
+    rate its inputs arrive (docs/architecture.md, Flow control), and the FIFO covers the jitter.
+
+    Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
+    """
+    from wirereduce.hdl.ethport import EthPort10G
+
+    n = len(ring)
+
+    def port(name, node, idx, peer_node, peer_idx):
+        p = EthPort10G(mtu, cdc=False, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx))
+        m.submodules[name] = p
+        return p
+
+    def cable(a, b):
+        ab, ba = a.line_tx.as_value(), b.line_tx.as_value()
+        for _ in range(latency):
+            ab_r, ba_r = Signal(66), Signal(66)
+            m.d.sync += [ab_r.eq(ab), ba_r.eq(ba)]
+            ab, ba = ab_r, ba_r
+        m.d.comb += [b.line_rx.eq(ab), a.line_rx.eq(ba)]
+
+    for k in range(n):
+        nxt = (k + 1) % n
+        cw = port(f"eth_cw{k}", k, 0, nxt, 1)
+        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0)
+        wiring.connect(m, ring[k].cw_out, cw.tx)
+        wiring.connect(m, cw.rx, ring[k].ccw_in)
+        wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
+        wiring.connect(m, ccw.rx, ring[nxt].cw_in)
+        cable(cw, ccw)
+    hosts = []
+    for k, node in enumerate(ring):
+        if not host_links:
+            hosts.append((node.host_rx, node.host_tx))
+            continue
+        side = port(f"eth_host{k}", k, 2, k, 3)
+        nic = port(f"eth_nic{k}", k, 3, k, 2)
+        wiring.connect(m, node.host_tx, side.tx)
+        wiring.connect(m, side.rx, node.host_rx)
+        cable(side, nic)
+        hosts.append((nic.tx, nic.rx))
+    return hosts
+
 
 def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
-                    host_links: bool = True) -> str:
+                    host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None) -> str:
     """Verilog text of a :class:`Network` with top module ``wirereduce_net``."""
     from amaranth.back import verilog
 
-    top = Network(nodes, config, link_latency, host_links)
+    top = Network(nodes, config, link_latency, host_links, links, link_rate)
     return verilog.convert(top, name="wirereduce_net", emit_src=False)

@@ -8,7 +8,8 @@ A *job* is one thing the simulated hosts do, in order, in one simulation run:
 
 - ``{"op": "allreduce", "arrays": [a0, a1, …]}`` — an allreduce through the host driver; the
   result record holds every node's output, the simulated ``cycles`` from the first frame pushed
-  to the last result received, and the bytes moved;
+  to the last result received, and the bytes moved; ``"compression": k`` sends it compressed
+  (needs ``SimSetup(codec=True)``);
 - ``{"op": "send", "node": k, "frame": bytes}`` — send a raw frame to node k's host port;
 - ``{"op": "stats", "node": k}`` — read node k's STATS counters.
 """
@@ -99,6 +100,16 @@ class SimSetup:
     slots: int = 8
     link_latency: int = 4
     simulator: str = "verilator"
+    #: "model" (LinkModel) or "eth" (10G MAC + 10GBASE-R PCS on every link; 64 bit only).
+    links: str = "model"
+    #: Nodes built with the INCEPTIONN-style codec at their ports (``NodeConfig(codec=True)``).
+    codec: bool = False
+    #: Line rate of every link model, Gbit/s; None: the width's own (10 at 64 bit, 100 at 512).
+    link_gbps: float | None = None
+    #: Core clock, MHz; None: :func:`wirereduce.sim.network.clock_mhz` of the width. With
+    #: ``link_gbps`` it sets the links' bytes per cycle (e.g. a 512-bit core at 156.25 MHz behind
+    #: 10G links: 8 bytes a cycle, the set-up where compression pays).
+    clock_mhz: float | None = None
 
     def __post_init__(self):
         if self.simulator not in SIMULATORS:
@@ -107,14 +118,57 @@ class SimSetup:
             raise ValueError(f"nodes must be 2 … 255, not {self.nodes!r}")
         if not isinstance(self.link_latency, int) or self.link_latency < 1:
             raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
-        NodeConfig(self.width, self.mtu, self.slots)  # raises on bad node parameters
+        NodeConfig(self.width, self.mtu, self.slots, self.codec)  # raises on bad node parameters
+        from wirereduce.sim.network import check_links
+
+        check_links(self.links, self.width)  # ValueError: not model/eth, or eth at a width other than 64
+        for name in ("link_gbps", "clock_mhz"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
+                raise ValueError(f"{name} must be a positive number or None, not {v!r}")
+        if (self.link_gbps is not None or self.clock_mhz is not None) and self.links != "model":
+            raise ValueError("link_gbps and clock_mhz apply to link models (links='model') only")
+        if self.codec and self.links != "model":
+            raise ValueError("codec nodes run on link models: EthFramer trims padding by the raw fp32 "
+                             "count, which a compressed payload does not follow")
+        self.link_rate  # noqa: B018 -- raises when the links would be faster than the datapath
+
+    @property
+    def clock(self) -> float:
+        """Core clock in MHz (``clock_mhz`` or the width's default)."""
+        from wirereduce.sim.network import clock_mhz
+
+        return float(self.clock_mhz) if self.clock_mhz is not None else clock_mhz(self.width)
+
+    @property
+    def link_rate(self):
+        """Wire bytes per cycle of every link model (a Fraction), or None for the width's default.
+
+        Raises ValueError if the links would move more than ``width / 8`` bytes a cycle.
+        """
+        if self.link_gbps is None and self.clock_mhz is None:
+            return None
+        from fractions import Fraction
+
+        from wirereduce.sim.network import line_rate_gbps
+
+        gbps = self.link_gbps if self.link_gbps is not None else line_rate_gbps(self.width)
+        rate = Fraction(gbps).limit_denominator(1 << 20) * 125 / Fraction(self.clock).limit_denominator(1 << 20)
+        if not 0 < rate <= self.width // 8:
+            raise ValueError(f"{gbps:g} Gbit/s links at {self.clock:g} MHz move {float(rate):.2f} bytes a cycle; "
+                             f"a {self.width}-bit datapath carries at most {self.width // 8}")
+        return rate
 
     @property
     def node_config(self) -> NodeConfig:
-        return NodeConfig(self.width, self.mtu, self.slots)
+        return NodeConfig(self.width, self.mtu, self.slots, self.codec)
 
     def tag(self) -> str:
-        return f"n{self.nodes}_w{self.width}_mtu{self.mtu}_s{self.slots}_l{self.link_latency}_{self.simulator}"
+        eth = "_eth" if self.links == "eth" else ""
+        codec = "_codec" if self.codec else ""
+        rate = f"_r{float(self.link_rate):g}" if self.link_rate is not None else ""
+        return (f"n{self.nodes}_w{self.width}_mtu{self.mtu}_s{self.slots}_l{self.link_latency}{eth}{codec}{rate}"
+                f"_{self.simulator}")
 
 
 _DUMP_REG = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+)\s+= 0;$", re.M)
@@ -141,7 +195,8 @@ def _build(setup: SimSetup, build_root: Path, waves: bool) -> tuple[object, Path
     elif not shutil.which("iverilog"):
         raise SimulationError("Icarus Verilog was asked for but `iverilog` is not on PATH: "
                               "`apt-get install iverilog`, or use --simulator verilator")
-    text = network_verilog(setup.nodes, setup.node_config, setup.link_latency)
+    text = network_verilog(setup.nodes, setup.node_config, setup.link_latency, links=setup.links,
+                           link_rate=setup.link_rate)
     if setup.simulator == "icarus":
         text = _kick_comb_blocks(text)
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
@@ -210,7 +265,14 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
             arrs = check_inputs(job["arrays"], setup.nodes)
             for k, a in enumerate(arrs):
                 arrays[f"job{j}_node{k}"] = a
-            spec.append({"op": op})
+            compression = job.get("compression")
+            if compression is not None:
+                from wirereduce.sim.codec import check_k
+
+                check_k(compression)
+                if not setup.codec:
+                    raise ValueError(f"job {j}: compression needs nodes built with the codec: SimSetup(codec=True)")
+            spec.append({"op": op, "compression": compression})
         elif op in ("send", "stats"):
             node = job.get("node")
             if not isinstance(node, int) or not 0 <= node < setup.nodes:
@@ -235,7 +297,7 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
     spec_file = run_dir / "jobs.json"
     spec_file.write_text(json.dumps({
         "setup": asdict(setup), "jobs": spec, "inputs": str(in_npz), "outputs": str(out_npz),
-        "records": str(out_json), "clock_mhz": clock_mhz(setup.width), "progress": progress,
+        "records": str(out_json), "clock_mhz": setup.clock, "progress": progress,
         "timeout_cycles": timeout_cycles,
     }))
     env = {"WIREREDUCE_JOBS": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

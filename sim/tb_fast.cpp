@@ -19,7 +19,9 @@
 //             u32 n_received, n_received × (u32 len, u64 first_cycle, u64 last_cycle, len bytes)
 //
 // tb_config.h, written by fastsim.py next to this file, defines NODES, BYTES_PER_BEAT and PORTS
-// (one HOST(k) per node): the per-port code below is expanded once per host port.
+// (one HOST(k) per node): the per-port code below is expanded once per host port. It defines TAP
+// when the network has a capture tap (tap_t{data,keep,last,valid}, links="eth"); given a third
+// argument, the player then writes every tapped frame there: u32 len, u64 first_cycle, len bytes.
 
 #include "tb_config.h"
 #include "Vwirereduce_net.h"
@@ -155,7 +157,18 @@ void advance(Host& h, unsigned bpb, uint64_t cycle, bool rx_fire) {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 3) { fprintf(stderr, "usage: %s SCRIPT RESULT\n", argv[0]); return 2; }
+    if (argc != 3 && argc != 4) { fprintf(stderr, "usage: %s SCRIPT RESULT [TAP]\n", argv[0]); return 2; }
+    FILE* tap_out = nullptr;
+#ifdef TAP
+    std::vector<uint8_t> tap_frame;
+    uint64_t tap_first = 0;
+    if (argc == 4) {
+        tap_out = fopen(argv[3], "wb");
+        if (!tap_out) { perror(argv[3]); return 2; }
+    }
+#else
+    if (argc == 4) { fprintf(stderr, "tb: this network has no capture tap (links=\"eth\" only)\n"); return 2; }
+#endif
     FILE* in = fopen(argv[1], "rb");
     if (!in) { perror(argv[1]); return 2; }
     if (read_le<uint32_t>(in) != 0x31535257u) { fprintf(stderr, "tb: not a WRS1 script\n"); return 2; }
@@ -225,6 +238,20 @@ int main(int argc, char** argv) {
                   top->host##k##_tx_tlast, rx_fire[k]);
         PORTS
 #undef HOST
+#ifdef TAP
+        if (tap_out && top->tap_tvalid) {
+            uint8_t buf[8];
+            get_bus(top->tap_tdata, buf, 8);
+            if (tap_frame.empty()) tap_first = cycle;
+            tap_frame.insert(tap_frame.end(), buf, buf + bytes_in_keep(top->tap_tkeep));
+            if (top->tap_tlast) {
+                write_le<uint32_t>(tap_out, static_cast<uint32_t>(tap_frame.size()));
+                write_le<uint64_t>(tap_out, tap_first);
+                fwrite(tap_frame.data(), 1, tap_frame.size(), tap_out);
+                tap_frame.clear();
+            }
+        }
+#endif
         top->clk = 1;
         top->eval();
         for (uint32_t k = 0; k < nodes; ++k) advance(hosts[k], bpb, cycle, rx_fire[k]);
@@ -238,6 +265,7 @@ int main(int argc, char** argv) {
         }
     }
     top->final();
+    if (tap_out) fclose(tap_out);
 
     FILE* out = fopen(argv[2], "wb");
     if (!out) { perror(argv[2]); return 2; }

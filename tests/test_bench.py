@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from wirereduce.sim import bench
+from wirereduce.sim import bench, codec
 from wirereduce.sim.bench import BenchConfig, BenchError
 from wirereduce.sim.golden import ring_allreduce
 
@@ -98,15 +98,22 @@ def _fake_runner(efficiency=0.995, fill=200, corrupt=None):
     """A stand-in for fastsim.run_allreduce: golden results, cycles from the bound and a fill time."""
     calls = []
 
-    def run(setup, arrays, *, build_root, progress):
-        calls.append((setup, len(arrays), arrays[0].size, build_root, progress))
+    def run(setup, arrays, *, build_root, progress, compression=None):
+        calls.append((setup, len(arrays), arrays[0].size, build_root, progress, compression))
         n = arrays[0].size
-        want = ring_allreduce(arrays)
+        if compression is None:
+            want = ring_allreduce(arrays)
+        else:
+            want = codec.ring_allreduce_compressed(arrays, compression, host_compressed=True)
         results = [want.copy() for _ in arrays]
         if corrupt is not None:
             results[corrupt][n // 2] = np.nextafter(results[corrupt][n // 2], np.float32(np.inf))
         bound = bench.frame_bound_gbps(n, setup.mtu, setup.width)
-        mhz = {64: 156.25, 512: 322.265625}[setup.width]
+        mhz = {64: 156.25, 512: 322.265625}[setup.width] if setup.clock_mhz is None else setup.clock_mhz
+        if setup.link_gbps is not None:
+            bound *= setup.link_gbps / bench.line_rate_gbps(setup.width)
+        if compression is not None:  # a codec that pays off: 3/4 of its compression ratio
+            bound *= 0.75 * codec.compression_ratio(np.concatenate(arrays), compression)
         cycles = math.ceil(4 * n * 8 / (efficiency * bound) * mhz / 1e3) + fill
         return {"results": results, "cycles": cycles, "bytes": 4 * n, "elements": n,
                 "frames": len(bench.chunk_sizes(n, setup.mtu)), "sim_cycles": cycles + 50, "wall_s": 0.5,
@@ -289,10 +296,15 @@ def test_cli_runs_with_fake_engine(work, capsys, monkeypatch):
     run = _fake_runner()
     monkeypatch.setattr(bench, "_default_runner", lambda: run)
     monkeypatch.setattr(bench, "_default_latency", lambda: _fake_latency)
-    code = main(["bench", "--quick", "--sizes", "8K", "16K", "--no-progress"])
+    code = main(["bench", "--quick", "--sizes", "8K", "16K", "--no-progress", "--no-codec"])
     assert code == 0
     recs = json.loads((work / "bench" / "results" / "bench-quick.json").read_text())
-    assert sum(r["kind"] == "allreduce" for r in recs) == 6
+    assert sum(r["kind"] == "allreduce" and r["links"] == "model" for r in recs) == 6
+    # and the Ethernet-link subset of --quick: 4 nodes, 64 bit, MTU 1500, at the sizes asked for
+    eth = [r for r in recs if r["kind"] == "allreduce" and r["links"] == "eth"]
+    assert sorted((r["nodes"], r["width_bits"], r["mtu"], r["bytes"]) for r in eth) == [(4, 64, 1500, 8192),
+                                                                                        (4, 64, 1500, 16384)]
+    assert {c[0].links for c in run.calls} == {"model", "eth"}
     assert (work / "bench" / "results" / "bench-quick.png").exists()
     assert {c[3] for c in run.calls} == {"build/fastsim"} and not any(c[4] for c in run.calls)
 
@@ -309,5 +321,39 @@ def test_cli_engine_failure_is_exit_1(work, capsys, monkeypatch):
 def test_cli_wrong_result_is_exit_1(work, capsys, monkeypatch):
     monkeypatch.setattr(bench, "_default_runner", lambda: _fake_runner(corrupt=0))
     monkeypatch.setattr(bench, "_default_latency", lambda: _fake_latency)
-    assert main(["bench", "--quick", "--sizes", "8K", "--no-progress"]) == 1
+    assert main(["bench", "--quick", "--sizes", "8K", "--no-progress", "--no-codec"]) == 1
     assert "not bit-exact" in capsys.readouterr().err
+
+
+def test_codec_rows_with_fake_engine(work, capsys):
+    """Compressed rows: one uncompressed and one run per k on codec nodes with a 512-bit core at
+    156.25 MHz behind 10G links; speed-up, ratio and their quotient recorded; bit-exactness
+    checked against the golden compressed ring."""
+    pytest.importorskip("torch")
+    run = _fake_runner(fill=0)
+    records = []
+    out = bench.run_codec_rows([16 * 1024], run=run, records=records, json_path=work / "c.json", ks=(8, 12))
+    assert [r["compression"] for r in out] == [None, 8, 12] and all(r["bitexact"] for r in out)
+    setup = run.calls[0][0]
+    assert setup.codec and setup.width == 512 and setup.clock == 156.25 and setup.link_gbps == 10.0
+    assert [c[5] for c in run.calls] == [None, 8, 12]
+    for r in out[1:]:
+        assert r["ratio"] > 2 and r["speedup"] > 1
+        assert r["speedup"] == pytest.approx(out[0]["time_us"] / r["time_us"])
+        assert r["speedup_ratio"] == pytest.approx(r["speedup"] / r["ratio"])
+        assert r["clock_mhz"] == 156.25 and r["line_rate_gbps"] == 10.0
+    assert json.loads((work / "c.json").read_text())[-1]["compression"] == 12
+    assert "sp/ratio" in capsys.readouterr().out
+
+
+def test_codec_rows_wrong_result_raises(work):
+    pytest.importorskip("torch")
+    with pytest.raises(BenchError, match="not bit-exact"):
+        bench.run_codec_rows([8192], run=_fake_runner(corrupt=1), records=[], json_path=work / "c.json", ks=(8,))
+
+
+def test_codec_rows_bad_k_raises_before_running(work):
+    run = _fake_runner()
+    with pytest.raises(ValueError, match="k must be"):
+        bench.run_codec_rows([8192], run=run, records=[], json_path=work / "c.json", ks=(3,))
+    assert run.calls == []

@@ -180,3 +180,19 @@ def test_fast_engine_rejects_cocotb_only_options(work, capsys, extra):
     inp = _npz(work / "in.npz", **_good())
     code = _sim(work, inp, 2, "--engine", "fast", *extra)
     _assert_user_error(code, capsys, work, "--engine fast")
+
+
+@pytest.mark.parametrize("extra,needles", [
+    (["--compress", "3"], ["--compress", "4..24"]),
+    (["--compress", "25", "--engine", "fast"], ["--compress", "4..24"]),
+    (["--compress", "8", "--links", "eth"], ["--compress", "--links eth"]),
+])
+def test_bad_compress(work, capsys, extra, needles):
+    inp = _npz(work / "in.npz", **_good(nodes=2))
+    code = _sim(work, inp, 2, *extra)
+    _assert_user_error(code, capsys, work, *needles)
+
+
+def test_bench_codec_flags_contradict(work, capsys):
+    code = main(["bench", "--no-codec", "--codec-only", "--build-dir", str(work / "b")])
+    _assert_user_error(code, capsys, work, "--no-codec", "--codec-only")

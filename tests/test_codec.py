@@ -304,3 +304,18 @@ def test_compression_table_small_run():
         assert math.isclose(sum(r[f"tag{t}"] for t in range(4)), 1.0)
     text = C.format_table(records)
     assert "ring" in text and len(text.splitlines()) == 2 + len(records)
+
+
+def test_ring_allreduce_compressed_host_compressed():
+    """Hosts that push compressed: each x_r is quantized before it is added, i.e. the plain
+    compressed ring of the quantized inputs (elementwise definition, written out here)."""
+    rng = np.random.default_rng(3)
+    k = 9
+    arrays = [(rng.standard_normal(500) * 10.0 ** rng.integers(-5, 2, 500)).astype(np.float32) for _ in range(4)]
+    got = C.ring_allreduce_compressed(arrays, k, host_compressed=True)
+    p = C.decode(C.encode(arrays[0], k), 500, k)
+    for x in arrays[1:]:
+        xq = C.decode(C.encode(x, k), 500, k)
+        p = C.decode(C.encode(np.add(p, xq, dtype=np.float32), k), 500, k)
+    assert bit_mismatches(got, p).size == 0
+    assert bit_mismatches(got, C.ring_allreduce_compressed(arrays, k)).size > 0  # the option matters

@@ -11,9 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from wirereduce.host.driver import Cluster, DriverError, NodeSession, parse_stats, plan_chunks
+from wirereduce.sim import codec
 from wirereduce.sim.golden import ring_allreduce
 
-from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Header, Opcode, ProtocolError, max_elements
+from wirereduce.protocol import (
+    HEADER_BYTES,
+    STATS_COUNTERS,
+    VERSION,
+    Codec,
+    Header,
+    Opcode,
+    ProtocolError,
+    max_elements,
+)
 
 F32 = np.float32
 FIXED = settings(derandomize=True, database=None, max_examples=200, deadline=None)
@@ -226,8 +236,10 @@ class FakeTransport:
     """
 
     def __init__(self, nodes: int, *, reverse_results=False, noise=False, bad_ack_rank=None,
-                 lose=None, timeout=2.0, window=None):
+                 lose=None, timeout=2.0, window=None, mtu=9000):
         self.nodes = nodes
+        self.mtu = mtu
+        self.eb_k = None                        # set by a compressed push: results go back compressed
         self.window = window                    # check: no push more than `window` ahead of results
         self.results_out = [0] * nodes
         self.sent: list[tuple[int, bytes]] = []
@@ -270,14 +282,20 @@ class FakeTransport:
         elif h.opcode == Opcode.HOST_PUSH:
             coll, rank, nodes, chunks = self.config[node]
             assert h.collective == coll and h.seq < chunks and h.src == rank
-            assert len(data) == HEADER_BYTES + 4 * h.count
+            if h.codec == Codec.INCEPTIONN_V1:  # what a codec node's CodecIn does
+                assert len(data) <= self.mtu, "a compressed push does not fit the MTU"
+                self.eb_k = h.eb_k
+                values = codec.decode(data[HEADER_BYTES:], h.count, h.eb_k)
+            else:
+                assert len(data) == HEADER_BYTES + 4 * h.count
+                values = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES).astype(F32)
             self.counters[node]["push_frames"] += 1
             if self.window is not None:
                 assert h.seq < self.results_out[node] + self.window, (
                     f"node {node} pushed chunk {h.seq} with only {self.results_out[node]} results back")
             got = self.pushed.setdefault(h.seq, {})
             assert rank not in got
-            got[rank] = np.frombuffer(data, dtype="<f4", offset=HEADER_BYTES).astype(F32)
+            got[rank] = values
             if len(got) == self.nodes:
                 self._finish(h.seq, coll, chunks)
         else:  # pragma: no cover - the driver sends nothing else
@@ -286,14 +304,20 @@ class FakeTransport:
     def _finish(self, seq: int, coll: int, chunks: int) -> None:
         parts = self.pushed.pop(seq)
         acc = parts[0].copy()
-        with np.errstate(all="ignore"):
-            for r in range(1, self.nodes):  # rank order
-                acc = (acc + parts[r]).astype(F32)
+        if self.eb_k is not None:  # the compressed ring: every hop recompresses (golden model)
+            acc = codec.ring_allreduce_compressed([parts[r] for r in range(self.nodes)], self.eb_k)
+        else:
+            with np.errstate(all="ignore"):
+                for r in range(1, self.nodes):  # rank order
+                    acc = (acc + parts[r]).astype(F32)
         for node in range(self.nodes):
             if self.lose == (node, seq):
                 continue
             rank = self.config[node][1]
             f = _result_frame(coll, seq, acc, src=rank)
+            if self.eb_k is not None:
+                h = Header.unpack(f).replace(codec=Codec.INCEPTIONN_V1, eb_k=self.eb_k)
+                f = h.pack() + codec.encode(acc, self.eb_k)
             if self.window is not None:  # results take a while to come back, as on a real ring
                 asyncio.get_running_loop().call_later(0.002, self._deliver_result, node, f)
                 continue
@@ -459,3 +483,44 @@ def test_results_needed_rule():
     rule = NodeSession.results_needed
     assert [rule(s, 3) for s in range(6)] == [0, 0, 0, 1, 2, 3]
     assert [rule(s, None) for s in range(3)] == [0, 0, 0] == [rule(s, 0) for s in range(3)]
+
+
+# --- compression ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nodes,n,mtu,k", [(2, 1, 1500, 8), (4, 2000, 1500, 10), (3, 5000, 9000, 12)])
+def test_cluster_compressed_allreduce_matches_golden(nodes, n, mtu, k):
+    """Pushes go out compressed (codec header, k, at most max_elements_compressed per chunk) and the
+    compressed results decode to the golden compressed ring's sum, bit for bit."""
+    rng = np.random.default_rng(n + k)
+    arrays = [(rng.standard_normal(n) * 10.0 ** rng.integers(-6, 1, n)).astype(F32) for _ in range(nodes)]
+    arrays[0][:3] = [np.inf, -0.0, 3e-42][:min(3, n)]
+    t = FakeTransport(nodes, mtu=mtu)
+    results = asyncio.run(Cluster(t, mtu=mtu).allreduce(arrays, compression=k))
+    want = codec.ring_allreduce_compressed(arrays, k, host_compressed=True)
+    for r in results:
+        _assert_same_bits(r, want)
+    pushes = [Header.unpack(d) for _, d in t.sent if Header.unpack(d).opcode == Opcode.HOST_PUSH]
+    assert all(h.codec == Codec.INCEPTIONN_V1 and h.eb_k == k for h in pushes)
+    assert max(h.count for h in pushes) == min(n, codec.max_elements_compressed(mtu))
+    assert len(pushes) == nodes * -(-n // codec.max_elements_compressed(mtu))
+
+
+@pytest.mark.parametrize("k", [3, 25, 2.0, "8"])
+def test_cluster_bad_compression_sends_nothing(k):
+    t = FakeTransport(2)
+    with pytest.raises((ValueError, TypeError)):
+        asyncio.run(Cluster(t).allreduce(_arrays(2, 8, seed=1), compression=k))
+    assert t.sent == []
+
+
+def test_receive_compressed_result_errors():
+    s = NodeSession(0, 2, 1, np.ones(8, F32), 8, compression=10)
+    h = Header(opcode=Opcode.HOST_RESULT, collective=1, seq=0, count=8, codec=Codec.INCEPTIONN_V1, eb_k=10)
+    good = codec.encode(np.full(8, 0.5, F32), 10)
+    with pytest.raises(DriverError, match="malformed"):
+        s.receive(h.pack() + good[:-1])
+    with pytest.raises(DriverError, match="count 7"):
+        s.receive(h.replace(count=7).pack() + good)
+    s.receive(h.pack() + good)
+    assert (s.result == 0.5).all() and s.done

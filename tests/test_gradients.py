@@ -231,3 +231,17 @@ def test_import_is_cheap():
     code = "import sys, wirereduce.sim.gradients; print('torch' in sys.modules, 'sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_gradient_stream_is_consecutive_steps():
+    """gradient_stream = each worker's gradients of steps 0, 1, … concatenated, cut to length."""
+    P = 3818
+    got = G.gradient_stream(2, 2 * P + 100, seed=1)
+    assert len(got) == 2 and all(g.dtype == np.float32 and g.shape == (2 * P + 100,) for g in got)
+    for step in range(3):
+        want = G.shard_gradients(nodes=2, steps=step, seed=1)
+        for g, w in zip(got, want):
+            n = min(P, g.size - step * P)
+            assert (g[step * P:step * P + n].view(np.uint32) == w[:n].view(np.uint32)).all()
+    with pytest.raises(ValueError):
+        G.gradient_stream(2, 0)

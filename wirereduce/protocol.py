@@ -114,6 +114,7 @@ STATS_COUNTERS: tuple[str, ...] = (
     "drop_seq",          # frames dropped: sequence number out of order
     "drop_count",        # frames dropped: element count too large or not matching the local chunk
     "drop_short",        # frames dropped: shorter than the header
+    "drop_codec",        # compressed frames dropped: payload length does not match its tags (codec nodes)
 )
 
 

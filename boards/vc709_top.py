@@ -1,0 +1,208 @@
+"""The VC709 board top: one allreduce node on three SFP+ cages at 10GBASE-R.
+
+Cages (SPEC.md cage numbering, ``boards/vc709.py``):
+
+====  =================================  ==========================================
+cage  role                               node ports
+====  =================================  ==========================================
+0     host link                          ``host_rx`` ← rx, tx ← ``host_tx``
+1     ring neighbour rank − 1            ``cw_in`` ← rx, tx ← ``ccw_out``
+2     ring neighbour rank + 1            ``ccw_in`` ← rx, tx ← ``cw_out``
+3     reserved: laser off (tx_disable),  GTH channel powered down
+====  =================================  ==========================================
+
+Clock domains:
+
+- ``init``: 200 MHz system clock (IBUFDS + BUFG); the Si5324 programmer and the GTH reset sequencer.
+- ``sync``: 156.25 MHz from an MMCM on the system clock (200 MHz × 25 / 4 = 1250 MHz VCO, / 8;
+  MMCME2 VCO range 600-1440 MHz at -2, DS183); the node and the core side of each Ethernet port.
+- ``gt{n}_tx`` / ``gt{n}_rx`` for n = 0-3: 322.265625 MHz TXOUTCLK / RXOUTCLK of each GTH channel
+  (:mod:`wirereduce.hdl.gth`); the MAC and PCS of each port (:class:`~wirereduce.hdl.ethport.EthPort10G`
+  with ``cdc=True``, frames cross to ``sync`` through asynchronous FIFOs).
+
+Start-up: the CPU reset button (AV40) resets ``init`` and ``sync``. :class:`~wirereduce.hdl.i2c.Si5324Init`
+programs the Si5324 (SPEC.md: mux 0x74 channel 7, 0x75 off, Si5324 at 0x68, ICAL); its ``done`` is
+the GTH sequencer's ``refclk_ready``, so the QPLL and channels stay in reset until the reference
+clock runs (with ``refclk="sma"`` the QPLL takes the SMA clock and does not wait).
+
+LEDs (DS2 … DS9 = ``led`` 0-7): 0-2 link up of cages 0-2; 3 transceivers ready; 4 activity
+(a frame in or out on any cage, stretched to ~50 ms); 5 error (Si5324 not acknowledging, a GTH
+restart, or a high bit-error rate on a cage); 6 heartbeat of ``sync`` (~1.2 Hz); 7 Si5324 programmed.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Signal
+from amaranth.hdl import DomainRenamer
+from amaranth.lib import io, wiring
+from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+from wirereduce.hdl.gth import GthQuad10G
+from wirereduce.hdl.node import Node, NodeConfig
+
+__all__ = ["Vc709Top", "INIT_HZ", "CORE_HZ", "CAGE_ROLES"]
+
+#: Frequency of the ``init`` domain (the system clock), Hz.
+INIT_HZ = 200_000_000
+#: Frequency of the ``sync`` domain (the node), Hz: 200 MHz × 25 / 4 / 8.
+CORE_HZ = 156_250_000
+#: Cage → (node input fed by the cage's receiver, node output sent by the cage's transmitter).
+CAGE_ROLES = {0: ("host_rx", "host_tx"), 1: ("cw_in", "ccw_out"), 2: ("ccw_in", "cw_out")}
+#: The cage that is not used (laser off, channel powered down).
+RESERVED_CAGE = 3
+
+
+class Vc709Top(Elaboratable):
+    """The VC709 top (see the module docstring for cages, clocks, start-up and LEDs).
+
+    Parameters
+    ----------
+    mtu : int
+        Largest wirereduce frame in bytes (default 1500; 9000 for jumbo frames): the node's and the
+        Ethernet ports' MTU.
+    slots : int
+        Local buffer slots of the node (power of two, default 8).
+    refclk : str
+        ``"si5324"`` (default): the QPLL runs from MGTREFCLK0_113 after the Si5324 is programmed;
+        ``"sma"``: from MGTREFCLK1_113 (an external 156.25 MHz clock on J25/J26).
+
+    Attributes
+    ----------
+    node : Node
+        The allreduce node (64-bit datapath).
+    extra_constraints : str
+        XDC lines the build adds (asynchronous clock groups between the system, core and GT clocks).
+
+    Raises
+    ------
+    ValueError
+        On a bad ``mtu``/``slots`` (from :class:`~wirereduce.hdl.node.NodeConfig`) or ``refclk``.
+    """
+
+    def __init__(self, mtu: int = 1500, slots: int = 8, refclk: str = "si5324"):
+        try:
+            if refclk not in ("si5324", "sma"):
+                raise ValueError(f"refclk must be 'si5324' (on-board, programmed over I2C) or 'sma', not {refclk!r}")
+            self.config = NodeConfig(64, mtu, slots)
+        except (TypeError, ValueError):
+            self._MustUse__silence = True     # no "created but never used" warning for a rejected top
+            raise
+        self.mtu = mtu
+        self.refclk = refclk
+        self.node = Node(self.config)
+
+    @property
+    def extra_constraints(self) -> str:
+        gt = " ".join(f"gt{n}_{d}outclk" for n in range(4) for d in ("tx", "rx"))
+        groups = [
+            "-group [get_clocks clk200_0__p]",
+            "-group [get_clocks -of_objects [get_nets core_clk_mmcm]]",
+            *[f"-group [get_clocks -quiet {c}]" for c in gt.split()],
+        ]
+        # the MMCM output is a clock Vivado derives from clk200 (its own group here); the groups make
+        # every crossing between these clocks asynchronous (the crossings are FFSynchronizers, ResetSynchronizers and
+        # AsyncFIFOs, which Amaranth constrains itself)
+        return "set_clock_groups -asynchronous \\\n    " + " \\\n    ".join(groups)
+
+    def elaborate(self, platform):
+        from wirereduce.hdl.ethport import EthPort10G
+        from wirereduce.hdl.i2c import Si5324Init
+
+        m = Module()
+        m.domains += [ClockDomain("init"), ClockDomain("sync")]
+        m.domains += [ClockDomain(f"gt{n}_{d}") for n in range(4) for d in ("tx", "rx")]
+
+        # --- clocks and resets -------------------------------------------------------------
+        clk200 = platform.request("clk200", 0, dir="-")
+        clk200_ibuf = Signal()
+        m.submodules.clk200_ibufds = Instance("IBUFDS", i_I=clk200.p, i_IB=clk200.n, o_O=clk200_ibuf)
+        m.submodules.clk200_bufg = Instance("BUFG", i_I=clk200_ibuf, o_O=ClockSignal("init"))
+        reset_btn = platform.request("button_reset", 0)
+        m.submodules.init_rst = ResetSynchronizer(reset_btn.i, domain="init")
+
+        core_clk_mmcm = Signal()
+        mmcm_fb = Signal()
+        mmcm_locked = Signal()
+        m.submodules.core_mmcm = Instance(
+            "MMCME2_BASE",
+            p_BANDWIDTH="OPTIMIZED", p_CLKIN1_PERIOD=5.0, p_DIVCLK_DIVIDE=4, p_CLKFBOUT_MULT_F=25.0,
+            p_CLKOUT0_DIVIDE_F=8.0, p_CLKOUT0_DUTY_CYCLE=0.5, p_CLKOUT0_PHASE=0.0, p_STARTUP_WAIT="FALSE",
+            i_CLKIN1=clk200_ibuf, i_CLKFBIN=mmcm_fb, o_CLKFBOUT=mmcm_fb, i_RST=reset_btn.i,
+            i_PWRDWN=Const(0, 1), o_CLKOUT0=core_clk_mmcm, o_LOCKED=mmcm_locked)
+        m.submodules.core_bufg = Instance("BUFG", i_I=core_clk_mmcm, o_O=ClockSignal("sync"))
+        m.submodules.sync_rst = ResetSynchronizer(~mmcm_locked | reset_btn.i, domain="sync")
+
+        # --- Si5324 over I2C (open drain: the pin is driven low while *_oe is 1) -----------------
+        i2c = platform.request("i2c", 0, dir={"scl": "-", "sda": "-", "mux_rst_n": "-"})
+        si_pins = platform.request("si5324", 0, dir={"rst_n": "-", "int": "-"})
+        m.submodules.si5324 = si = DomainRenamer("init")(Si5324Init(INIT_HZ))
+        for name in ("scl", "sda"):
+            m.submodules[f"i2c_{name}"] = buf = io.Buffer("io", getattr(i2c, name))
+            m.d.comb += [buf.o.eq(0), buf.oe.eq(getattr(si, f"{name}_oe")), getattr(si, f"{name}_i").eq(buf.i)]
+        m.submodules.i2c_mux_rst = mux_rst = io.Buffer("o", i2c.mux_rst_n)
+        m.submodules.si5324_rst = si_rst = io.Buffer("o", si_pins.rst_n)
+        m.d.comb += [mux_rst.o.eq(si.mux_rst_n), si_rst.o.eq(si.si5324_rst_n)]
+
+        # --- transceivers ----------------------------------------------------------------------
+        sfp = {n: platform.request("sfp", n, dir={"tx": "-", "rx": "-"}) for n in range(4)}
+        sfp_refclk = platform.request("sfp_refclk", 0, dir="-")
+        sma_refclk = platform.request("sma_refclk", 0, dir="-")
+        lanes = {n: (s.tx.p, s.tx.n, s.rx.p, s.rx.n) + (("off",) if n == RESERVED_CAGE else ())
+                 for n, s in sfp.items()}
+        quad = GthQuad10G(INIT_HZ, sfp_refclk, sma_refclk, lanes=lanes, use_refclk1=self.refclk == "sma",
+                          domains=False)
+        m.submodules.gth = DomainRenamer("init")(quad)
+        m.d.comb += quad.refclk_ready.eq(Const(1, 1) if self.refclk == "sma" else si.done)
+
+        # --- node and Ethernet ports -------------------------------------------------------------
+        m.submodules.node = node = self.node
+        ports = {}
+        for n, (to_node, from_node) in CAGE_ROLES.items():
+            port = EthPort10G(self.mtu, cdc=True)
+            ports[n] = port
+            m.submodules[f"eth{n}"] = DomainRenamer({"gt_tx": f"gt{n}_tx", "gt_rx": f"gt{n}_rx"})(port)
+            ch = quad.channels[n]
+            m.d.comb += [ch.tx_data.eq(port.gt_tx_data), port.gt_rx_data.eq(ch.rx_data)]
+            wiring.connect(m, port.rx, getattr(node, to_node))
+            wiring.connect(m, getattr(node, from_node), port.tx)
+        m.d.comb += quad.channels[RESERVED_CAGE].tx_data.eq(0)
+
+        for n, s in sfp.items():
+            m.d.comb += s.tx_disable.o.eq(1 if n == RESERVED_CAGE else 0)
+
+        # --- status LEDs -------------------------------------------------------------------------
+        leds = [platform.request("led", k) for k in range(8)]
+        gt_ready = Signal()
+        si_done = Signal()
+        si_error = Signal()
+        restarted = Signal()
+        m.submodules.sync_gt_ready = FFSynchronizer(quad.channels[0].tx_ready, gt_ready)
+        m.submodules.sync_si_done = FFSynchronizer(si.done, si_done)
+        m.submodules.sync_si_error = FFSynchronizer(si.error, si_error)
+        m.submodules.sync_restarted = FFSynchronizer(quad.restarts != 0, restarted)
+
+        activity = Signal()
+        m.d.comb += activity.eq(Cat(*[(p.rx.valid & p.rx.ready) | (p.tx.valid & p.tx.ready)
+                                      for p in ports.values()]).any())
+        stretch = Signal(range(CORE_HZ // 20 + 1))   # ~50 ms
+        with m.If(activity):
+            m.d.sync += stretch.eq(CORE_HZ // 20)
+        with m.Elif(stretch != 0):
+            m.d.sync += stretch.eq(stretch - 1)
+        heartbeat = Signal(27)
+        m.d.sync += heartbeat.eq(heartbeat + 1)
+
+        hi_ber = Signal()
+        m.d.comb += hi_ber.eq(ports[0].hi_ber | ports[1].hi_ber | ports[2].hi_ber)
+        led_values = [
+            ports[0].link_up, ports[1].link_up, ports[2].link_up, gt_ready,
+            stretch != 0, si_error | restarted | hi_ber, heartbeat[-1], si_done,
+        ]
+        for led, value in zip(leds, led_values):
+            m.d.comb += led.o.eq(value)
+
+        # --- unused I/O: buttons and status inputs are placed (for the pin check), UART idles high
+        uart = platform.request("uart", 0)
+        m.d.comb += uart.tx.o.eq(1)
+        for name in "nwsec":
+            platform.request(f"button_{name}", 0)
+        return m

@@ -1,0 +1,272 @@
+"""VC709 platform, board top, ``make bitstream`` / ``wirereduce bitstream`` and ``flash`` (no Vivado needed).
+
+The pin table is re-typed from SPEC.md "VC709 facts" here, not imported from ``boards/vc709.py``.
+One board build (``make bitstream`` into a temporary directory, about 45 s) is shared by the tests of
+the generated tree.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from amaranth import Elaboratable, Instance, Module
+from amaranth.lib.io import DifferentialPort, SingleEndedPort
+from wirereduce.boards import build as board_build
+from wirereduce.boards import load
+
+from wirereduce import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --- SPEC.md "VC709 facts", re-typed: pin → IOSTANDARD (None: dedicated GT pin, no I/O standard) ---
+SYS_CLK = {"H19": "DIFF_SSTL15_DCI", "G18": "DIFF_SSTL15_DCI"}
+SFP_TABLE = [  # cage, TX p/n, RX p/n, tx_disable, los, mod_detect, tx_fault
+    (0, "AN2", "AN1", "AM8", "AM7", "Y42", "AA40", "AA42", "AA39"),
+    (1, "AP4", "AP3", "AN6", "AN5", "AB41", "Y39", "AB42", "Y38"),
+    (2, "AM4", "AM3", "AL6", "AL5", "AC38", "AD38", "AC39", "AA41"),
+    (3, "AL2", "AL1", "AJ6", "AJ5", "AC40", "AD40", "AC41", "AE38"),
+]
+SFP = {}
+for _cage, *_pins in SFP_TABLE:
+    SFP.update({p: None for p in _pins[:4]})
+    SFP.update({p: "LVCMOS18" for p in _pins[4:]})
+REFCLKS = {"AH8": None, "AH7": None, "AK8": None, "AK7": None}
+I2C_SI5324 = {"AT35": "LVCMOS18", "AU32": "LVCMOS18", "AY42": "LVCMOS18", "AT36": "LVCMOS18"}
+LEDS = {p: "LVCMOS18" for p in "AM39 AN39 AR37 AT37 AR35 AP41 AP42 AU39".split()}
+BUTTONS = {p: "LVCMOS18" for p in "AV40 AR40 AW40 AP40 AU38 AV39".split()}
+UART = {"AU36": "LVCMOS18", "AU33": "LVCMOS18"}
+PCIE = {"AB8": None, "AB7": None, "AV35": "LVCMOS18"}
+TOP_PINS = {**SYS_CLK, **SFP, **REFCLKS, **I2C_SI5324, **LEDS, **BUTTONS, **UART}
+ALL_PINS = {**TOP_PINS, **PCIE}
+
+GT_USRCLK_NS = 1e9 / (10.3125e9 / 32)   # 3.103 ns
+
+
+def parse_xdc(text: str):
+    """(pin → IOSTANDARD or None, clock name → (period ns, target)) from an Amaranth XDC."""
+    port_pin = dict((port, pin) for pin, port in
+                    re.findall(r'set_property LOC (\S+) \[get_ports "([^"]+)"\]', text))
+    port_std = dict((port, value) for value, port in
+                    re.findall(r'set_property IOSTANDARD "?([A-Z0-9_]+)"? \[get_ports "([^"]+)"\]', text))
+    pins = {pin: port_std.get(port) for port, pin in port_pin.items()}
+    clocks = {name: (float(period), target) for name, period, target in
+              re.findall(r"create_clock -name (\S+) -period (\S+) \[get_nets \"([^\"]+)\"\]", text)}
+    return pins, clocks
+
+
+def check_pins(xdc_pins, expected):
+    missing = sorted(set(expected) - set(xdc_pins))
+    assert not missing, f"pins not placed: {missing}"
+    wrong = {p: (xdc_pins[p], want) for p, want in expected.items() if xdc_pins[p] != want}
+    assert not wrong, f"IOSTANDARD (got, want): {wrong}"
+
+
+# --- the board contract and the platform alone ------------------------------------------------------
+
+def test_board_contract():
+    from amaranth.vendor import XilinxPlatform
+
+    mod = load("vc709")
+    assert mod.NAME == "vc709"
+    assert mod.PART == "xc7vx690tffg1761-2"
+    assert mod.YOSYS_FAMILY == "xc7"
+    assert issubclass(mod.Platform, XilinxPlatform)
+    assert mod.Platform()._part == mod.PART
+    with pytest.raises(ValueError, match="mtu"):
+        mod.top(mtu=10)
+    with pytest.raises(ValueError, match="refclk"):
+        mod.top(refclk="pll")
+
+
+class _EveryResource(Elaboratable):
+    """Requests every resource raw and hangs all its pins on one black box, so all get placed."""
+
+    def elaborate(self, platform):
+        m = Module()
+        ports = {}
+
+        def collect(prefix, obj):
+            if isinstance(obj, DifferentialPort):
+                ports[f"io_{prefix}_p"], ports[f"io_{prefix}_n"] = obj.p, obj.n
+            elif isinstance(obj, SingleEndedPort):
+                ports[f"io_{prefix}"] = obj.io
+            else:                                        # a PortGroup of subsignals
+                for name, sub in vars(obj).items():
+                    if not name.startswith("_"):
+                        collect(f"{prefix}_{name}", sub)
+
+        for res in platform.resources.values():
+            collect(f"{res.name}{res.number}", platform.request(res.name, res.number, dir="-"))
+        m.submodules.pins = Instance("PINS", **ports)
+        return m
+
+
+@pytest.fixture(scope="module")
+def platform_tree():
+    plan = load("vc709").Platform().build(_EveryResource(), name="pins", do_build=False)
+    return plan.files
+
+
+def test_platform_places_every_spec_pin(platform_tree):
+    pins, clocks = parse_xdc(platform_tree["pins.xdc"])
+    check_pins(pins, ALL_PINS)
+    # every clock input is constrained at its frequency
+    periods = {name: p for name, (p, _) in clocks.items()}
+    assert periods["clk200_0__p"] == pytest.approx(1e9 / 200e6)
+    assert periods["sfp_refclk_0__p"] == pytest.approx(1e9 / 156.25e6)
+    assert periods["sma_refclk_0__p"] == pytest.approx(1e9 / 156.25e6)
+    assert periods["pcie_refclk_0__p"] == pytest.approx(1e9 / 100e6)
+    text = platform_tree["pins.xdc"]
+    assert "set_property CFGBVS GND [current_design]" in text
+    assert "set_property CONFIG_VOLTAGE 1.8 [current_design]" in text
+    assert "-part xc7vx690tffg1761-2" in platform_tree["pins.tcl"]
+
+
+# --- the board top: one build through `make bitstream` without Vivado --------------------------------
+
+def _path_without_vivado():
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not (Path(d) / "vivado").exists())
+
+
+@pytest.fixture(scope="module")
+def make_tree(tmp_path_factory):
+    if shutil.which("vivado", path=_path_without_vivado()) is not None:  # pragma: no cover
+        pytest.skip("vivado is reachable; this test is about the tree-only path")
+    out = tmp_path_factory.mktemp("vc709")
+    env = {**os.environ, "PATH": _path_without_vivado()}
+    # -o: treat the venv stamp as up to date (never reinstall from inside a test)
+    r = subprocess.run(["make", "-o", ".venv/.installed", "bitstream", "BOARD=vc709", f"OUT={out}"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return out, r
+
+
+def test_make_bitstream_without_vivado_writes_tree(make_tree):
+    out, r = make_tree
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "vivado is not on PATH" in r.stdout
+    assert "stopped after writing the build tree" in r.stdout
+    for f in ("wirereduce_vc709.v", "wirereduce_vc709.xdc", "wirereduce_vc709.tcl", "build_wirereduce_vc709.sh"):
+        assert (out / f).is_file(), f
+    assert not (out / "wirereduce_vc709.bit").exists()
+
+
+def test_top_xdc_pins_and_clocks(make_tree):
+    out, _ = make_tree
+    text = (out / "wirereduce_vc709.xdc").read_text()
+    pins, clocks = parse_xdc(text)
+    check_pins(pins, TOP_PINS)
+    periods = {name: p for name, (p, _) in clocks.items()}
+    assert periods["clk200_0__p"] == pytest.approx(5.0)
+    assert periods["sfp_refclk_0__p"] == pytest.approx(6.4)
+    assert periods["sma_refclk_0__p"] == pytest.approx(6.4)
+    for n in range(4):
+        for d in ("tx", "rx"):
+            assert periods[f"gt{n}_{d}outclk"] == pytest.approx(GT_USRCLK_NS), (n, d)
+    # every clock input port of the design has a create_clock
+    constrained = {t for _, t in clocks.values()}
+    for port in ("clk200_0__p", "sfp_refclk_0__p", "sma_refclk_0__p"):
+        assert port in constrained
+    assert "set_clock_groups -asynchronous" in text
+    assert "set_property CONFIG_VOLTAGE 1.8 [current_design]" in text
+
+
+def test_top_tcl_and_verilog(make_tree):
+    out, _ = make_tree
+    tcl = (out / "wirereduce_vc709.tcl").read_text()
+    assert re.search(r"create_project .* -part xc7vx690tffg1761-2\b", tcl)
+    assert "synth_design -top wirereduce_vc709" in tcl
+    v = (out / "wirereduce_vc709.v").read_text()
+    assert len(re.findall(r"^\s*GTHE2_COMMON #\(", v, re.M)) == 1
+    channels = re.findall(r"^\s*GTHE2_CHANNEL #\(.*?\n  \);", v, re.M | re.S)
+    assert len(channels) == 4
+    # cage 3 reserved: its channel is powered down, the others run
+    assert sum(".TXPD(2'h3)" in c for c in channels) == 1
+    assert sum(".TXPD(2'h0)" in c for c in channels) == 3
+    assert "sfp_3__tx__p" in next(c for c in channels if ".TXPD(2'h3)" in c)
+    assert re.search(r"MMCME2_BASE #\(.*?\.CLKFBOUT_MULT_F\(25\.0\).*?\.DIVCLK_DIVIDE\(32'd4\)", v, re.S)
+    assert 200e6 * 25 / 4 / 8 == 156.25e6
+
+
+# --- wirereduce bitstream / flash through the CLI ---------------------------------------------------
+
+def test_bitstream_bad_mtu_is_a_user_error(capsys, tmp_path):
+    rc = cli.main(["bitstream", "--board", "vc709", "--out", str(tmp_path / "x"), "--mtu", "10"])
+    assert rc == 2
+    assert "mtu" in capsys.readouterr().err
+
+
+def _no_tools(monkeypatch, present=None):
+    present = present or {}
+    monkeypatch.setattr(board_build.shutil, "which", lambda name, *a, **k: present.get(name))
+
+
+def test_flash_without_tools_or_bitstream(monkeypatch, capsys, tmp_path):
+    _no_tools(monkeypatch)
+    rc = cli.main(["flash", "--board", "vc709", "--bitstream", str(tmp_path / "missing.bit")])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "no bitstream at" in err and "missing.bit" in err
+    assert "openFPGALoader" in err and "vivado" in err
+
+
+def test_flash_without_tools_but_with_bitstream(monkeypatch, capsys, tmp_path):
+    bit = tmp_path / "x.bit"
+    bit.write_bytes(b"\0" * 16)
+    _no_tools(monkeypatch)
+    rc = cli.main(["flash", "--board", "vc709", "--bitstream", str(bit)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "neither openFPGALoader nor vivado is on PATH" in err
+    assert "no bitstream" not in err
+
+
+def _fake_tool(tmp_path, name, rc):
+    log = tmp_path / f"{name}.args"
+    tool = tmp_path / name
+    tool.write_text(f"#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done > {log}\nexit {rc}\n")
+    tool.chmod(0o755)
+    return tool, log
+
+
+def test_flash_with_openfpgaloader(monkeypatch, capsys, tmp_path):
+    bit = tmp_path / "x.bit"
+    bit.write_bytes(b"\0" * 16)
+    tool, log = _fake_tool(tmp_path, "openFPGALoader", 0)
+    _no_tools(monkeypatch, {"openFPGALoader": str(tool)})
+    assert cli.main(["flash", "--board", "vc709", "--bitstream", str(bit)]) == 0
+    # SPEC.md: cable digilent, part xc7vx690tffg1761
+    assert log.read_text().split() == ["-c", "digilent", "--fpga-part", "xc7vx690tffg1761", str(bit)]
+
+
+def test_flash_reports_a_missing_cable(monkeypatch, capsys, tmp_path):
+    bit = tmp_path / "x.bit"
+    bit.write_bytes(b"\0" * 16)
+    tool, _ = _fake_tool(tmp_path, "openFPGALoader", 1)   # what it does when no cable answers
+    _no_tools(monkeypatch, {"openFPGALoader": str(tool)})
+    assert cli.main(["flash", "--board", "vc709", "--bitstream", str(bit)]) == 1
+    assert "cable" in capsys.readouterr().err
+
+
+def test_flash_falls_back_to_vivado(monkeypatch, capsys, tmp_path):
+    bit = tmp_path / "x.bit"
+    bit.write_bytes(b"\0" * 16)
+    tool, log = _fake_tool(tmp_path, "vivado", 0)
+    _no_tools(monkeypatch, {"vivado": str(tool)})
+    assert cli.main(["flash", "--board", "vc709", "--bitstream", str(bit)]) == 0
+    args = log.read_text().split()
+    assert args[:2] == ["-mode", "batch"]
+    tcl = Path(args[args.index("-source") + 1]).read_text()
+    assert f"set_property PROGRAM.FILE {{{bit.resolve()}}}" in tcl
+    assert "program_hw_devices" in tcl and "open_hw_target" in tcl
+
+
+def test_unknown_board_is_rejected(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["flash", "--board", "nosuchboard"])
+    assert e.value.code == 2

