@@ -583,7 +583,7 @@ CODEC_KS: tuple[int, ...] = (8, 10, 12)
 #: (the decompressor's commit buffer, the compressor's tag block), so a chunk's round trip is
 #: several frame times per hop; the window must cover it, or it, not the links, sets the pace.
 CODEC_SLOTS = 32
-CODEC_SIZES: tuple[int, ...] = (1 * MiB,)
+CODEC_SIZES: tuple[int, ...] = (1 * MiB, 4 * MiB)
 CODEC_QUICK_SIZES: tuple[int, ...] = (256 * KiB,)
 #: The issue's target for speed-up / compression ratio.
 CODEC_EFFICIENCY_TARGET = 0.9
