@@ -127,6 +127,20 @@ def _bytes_mask(keep):
     return Cat(*(k.replicate(8) for k in keep))
 
 
+
+def _check_depth(mtu, depth):
+    """``(mtu, max_beats, depth)`` of a glue FIFO: ``depth`` (default: one longest frame + 16
+    beats) rounded up to a power of two. Raises ValueError on a bad ``mtu`` or a ``depth`` that
+    does not hold one longest frame."""
+    mtu = _check_mtu(mtu)
+    max_beats = eth_frame_beats(mtu)
+    if depth is None:
+        depth = max_beats + 16
+    if not isinstance(depth, int) or depth < max_beats:
+        raise ValueError(f"depth must hold one {_H + mtu}-byte frame ({max_beats} beats of 64 bytes), "
+                         f"not {depth!r}; raise depth or lower mtu")
+    return mtu, max_beats, _pow2_at_least(depth)
+
 class CmacRxSignature(wiring.Signature):
     """The CMAC's receive AXI4-Stream, as the CMAC drives it (PG203 ``rx_axis_*``).
 
@@ -381,14 +395,7 @@ class CmacRxGlue(wiring.Component):
 
     def __init__(self, mtu: int = 9000, depth: int | None = None):
         try:
-            self.mtu = _check_mtu(mtu)
-            self.max_beats = eth_frame_beats(mtu)
-            if depth is None:
-                depth = self.max_beats + 16
-            if not isinstance(depth, int) or depth < self.max_beats:
-                raise ValueError(f"depth must hold one {_H + mtu}-byte frame ({self.max_beats} beats of 64 bytes), "
-                                 f"not {depth!r}; raise depth or lower mtu")
-            self.depth = _pow2_at_least(depth)
+            self.mtu, self.max_beats, self.depth = _check_depth(mtu, depth)
         except ValueError:
             self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
             raise
@@ -559,14 +566,7 @@ class CmacTxGlue(wiring.Component):
     def __init__(self, mtu: int = 9000, depth: int | None = None, *,
                  dst_mac: int = DEFAULT_DST_MAC, src_mac: int = DEFAULT_SRC_MAC):
         try:
-            self.mtu = _check_mtu(mtu)
-            self.max_beats = eth_frame_beats(mtu)
-            if depth is None:
-                depth = self.max_beats + 16
-            if not isinstance(depth, int) or depth < self.max_beats:
-                raise ValueError(f"depth must hold one {_H + mtu}-byte frame ({self.max_beats} beats of 64 bytes), "
-                                 f"not {depth!r}; raise depth or lower mtu")
-            self.depth = _pow2_at_least(depth)
+            self.mtu, self.max_beats, self.depth = _check_depth(mtu, depth)
             self.header = eth_header(_check_mac("dst_mac", dst_mac), _check_mac("src_mac", src_mac))
         except ValueError:
             self._MustUse__silence = True  # a failed constructor is not an unused elaboratable

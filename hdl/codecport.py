@@ -288,6 +288,28 @@ class _CodecStage(wiring.Component):
         """
         raise NotImplementedError
 
+    @staticmethod
+    def _feed(m, src, codec):
+        """Drive ``codec`` (a Compressor or Decompressor) from ``src`` (hdr beats): its payload
+        beats, ``k`` from the header; each frame's header is queued as its first beat goes in.
+        Returns the header FIFO, whose read side the transform pops as the frame leaves."""
+        m.submodules.hdrq = hdrq = fifo.SyncFIFOBuffered(width=len(src.payload.hdr.as_value()), depth=4)
+        in_frame = Signal()
+        first = ~in_frame
+        m.d.comb += [
+            codec.i.payload.data.eq(src.payload.data),
+            codec.i.payload.keep.eq(src.payload.keep),
+            codec.i.payload.last.eq(src.payload.last),
+            codec.k.eq(src.payload.hdr.eb_k),
+            codec.i.valid.eq(src.valid & (~first | hdrq.w_rdy)),
+            src.ready.eq(codec.i.ready & (~first | hdrq.w_rdy)),
+            hdrq.w_data.eq(src.payload.hdr),
+            hdrq.w_en.eq(src.valid & src.ready & first),
+        ]
+        with m.If(src.valid & src.ready):
+            m.d.sync += in_frame.eq(~src.payload.last)
+        return hdrq
+
     def elaborate(self, platform):
         m = Module()
         w = self._width
@@ -392,22 +414,8 @@ class CodecIn(_CodecStage):
     def _transform(self, m, src, dst):
         w = self._width
         m.submodules.dec = dec = Decompressor(w, self._max_elements)
-        m.submodules.hdrq = hdrq = fifo.SyncFIFOBuffered(width=len(src.payload.hdr.as_value()), depth=4)
-        in_frame = Signal()
-        first = ~in_frame
-        m.d.comb += [
-            dec.i.payload.data.eq(src.payload.data),
-            dec.i.payload.keep.eq(src.payload.keep),
-            dec.i.payload.last.eq(src.payload.last),
-            dec.n.eq(src.payload.hdr.count),
-            dec.k.eq(src.payload.hdr.eb_k),
-            dec.i.valid.eq(src.valid & (~first | hdrq.w_rdy)),
-            src.ready.eq(dec.i.ready & (~first | hdrq.w_rdy)),
-            hdrq.w_data.eq(src.payload.hdr),
-            hdrq.w_en.eq(src.valid & src.ready & first),
-        ]
-        with m.If(src.valid & src.ready):
-            m.d.sync += in_frame.eq(~src.payload.last)
+        m.d.comb += dec.n.eq(src.payload.hdr.count)
+        hdrq = self._feed(m, src, dec)
 
         # Commit buffer: the decoded values of a frame wait until its verdict (the
         # decompressor's error flag on the last beat) is known; bad frames are discarded.
@@ -473,21 +481,7 @@ class CodecOut(_CodecStage):
     def _transform(self, m, src, dst):
         w = self._width
         m.submodules.comp = comp = Compressor(w, self._max_elements)
-        m.submodules.hdrq = hdrq = fifo.SyncFIFOBuffered(width=len(src.payload.hdr.as_value()), depth=4)
-        in_frame = Signal()
-        first = ~in_frame
-        m.d.comb += [
-            comp.i.payload.data.eq(src.payload.data),
-            comp.i.payload.keep.eq(src.payload.keep),
-            comp.i.payload.last.eq(src.payload.last),
-            comp.k.eq(src.payload.hdr.eb_k),
-            comp.i.valid.eq(src.valid & (~first | hdrq.w_rdy)),
-            src.ready.eq(comp.i.ready & (~first | hdrq.w_rdy)),
-            hdrq.w_data.eq(src.payload.hdr),
-            hdrq.w_en.eq(src.valid & src.ready & first),
-        ]
-        with m.If(src.valid & src.ready):
-            m.d.sync += in_frame.eq(~src.payload.last)
+        hdrq = self._feed(m, src, comp)
         m.d.comb += [
             dst.payload.data.eq(comp.o.payload.data),
             dst.payload.keep.eq(comp.o.payload.keep),

@@ -204,6 +204,19 @@ class I2cMaster(wiring.Component):
         def wait(quarters: int):
             m.d.sync += timer.eq(quarters * q - 1)
 
+        def scl_up(low: str, rise: str, then: str):
+            """States ``low`` (SCL held low until the timer expires, then released) and ``rise``
+            (clock stretching: wait for the line, not the timer), then ``then`` with a two-quarter
+            wait: the rising SCL edge of a bit, the ACK clock, a repeated START and a STOP."""
+            with m.State(low):
+                with m.If(expired):
+                    m.d.sync += self.scl_oe.eq(0)
+                    m.next = rise
+            with m.State(rise):
+                with m.If(scl):
+                    wait(2)
+                    m.next = then
+
         with m.If(~expired):
             m.d.sync += timer.eq(timer - 1)   # the FSM's loads below take precedence
 
@@ -231,14 +244,7 @@ class I2cMaster(wiring.Component):
                             m.next = "STOP_LOW"
 
             # repeated START: SDA up while SCL is low, SCL up, t_SU;STA, then a START
-            with m.State("RS_SDA_UP"):
-                with m.If(expired):
-                    m.d.sync += self.scl_oe.eq(0)
-                    m.next = "RS_SCL_UP"
-            with m.State("RS_SCL_UP"):
-                with m.If(scl):
-                    wait(2)
-                    m.next = "RS_SETUP"
+            scl_up("RS_SDA_UP", "RS_SCL_UP", "RS_SETUP")
             with m.State("RS_SETUP"):
                 with m.If(expired):
                     m.d.sync += self.sda_oe.eq(1)
@@ -256,14 +262,7 @@ class I2cMaster(wiring.Component):
                     m.next = "IDLE"
 
             # one data bit: SDA set one quarter before SCL is released
-            with m.State("BIT_LOW"):
-                with m.If(expired):
-                    m.d.sync += self.scl_oe.eq(0)
-                    m.next = "BIT_RISE"
-            with m.State("BIT_RISE"):          # clock stretching: wait for the line, not the timer
-                with m.If(scl):
-                    wait(2)
-                    m.next = "BIT_HIGH"
+            scl_up("BIT_LOW", "BIT_RISE", "BIT_HIGH")
             with m.State("BIT_HIGH"):
                 with m.If(expired):
                     m.d.sync += self.scl_oe.eq(1)
@@ -280,14 +279,7 @@ class I2cMaster(wiring.Component):
                         m.next = "BIT_LOW"
 
             # the 9th clock: read the ACK in the middle of SCL high
-            with m.State("ACK_LOW"):
-                with m.If(expired):
-                    m.d.sync += self.scl_oe.eq(0)
-                    m.next = "ACK_RISE"
-            with m.State("ACK_RISE"):
-                with m.If(scl):
-                    wait(2)
-                    m.next = "ACK_HIGH"
+            scl_up("ACK_LOW", "ACK_RISE", "ACK_HIGH")
             with m.State("ACK_HIGH"):
                 with m.If(timer == q - 1):
                     m.d.sync += self.nack.eq(sda)
@@ -300,14 +292,7 @@ class I2cMaster(wiring.Component):
                     m.next = "IDLE"
 
             # STOP: SDA low while SCL is low, SCL up, t_SU;STO, SDA up, t_BUF
-            with m.State("STOP_LOW"):
-                with m.If(expired):
-                    m.d.sync += self.scl_oe.eq(0)
-                    m.next = "STOP_RISE"
-            with m.State("STOP_RISE"):
-                with m.If(scl):
-                    wait(2)
-                    m.next = "STOP_SETUP"
+            scl_up("STOP_LOW", "STOP_RISE", "STOP_SETUP")
             with m.State("STOP_SETUP"):
                 with m.If(expired):
                     m.d.sync += self.sda_oe.eq(0)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import cocotb
@@ -79,32 +78,12 @@ def build(build_dir: str | Path, clk_hz: int = 10_000_000, i2c_hz: int = 400_000
     ``stretch_ns`` is how long the Si5324 model stretches SCL after each byte (0: never).
     """
     from amaranth.back import verilog
-    from cocotb_tools.runner import get_runner
-    from wirereduce.sim.runner import _setup_verilator_env
+    from wirereduce.sim.runner import build_block_model
 
-    _setup_verilator_env()
-    build_dir = Path(build_dir).resolve()
-    build_dir.mkdir(parents=True, exist_ok=True)
     top = I2cTop(clk_hz, i2c_hz, reset_s=reset_s, ready_s=ready_s, retries=0)
     params = {"clk_hz": clk_hz, "i2c_hz": i2c_hz, "reset_cycles": top.init.reset_cycles,
               "ready_cycles": top.init.ready_cycles, "stretch_ns": stretch_ns}
-    src = build_dir / f"{TOP}.v"
-    src.write_text(verilog.convert(top, name=TOP, emit_src=False))
-    runner = get_runner("verilator")
-    args = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "--x-assign", "fast", "--x-initial", "fast"]
-    if waves:
-        args.append("--trace-fst")
-    # a small design: an unoptimised C++ build is quicker and the simulation is short anyway
-    makeflags = os.environ.get("MAKEFLAGS")
-    os.environ["MAKEFLAGS"] = f"{makeflags or ''} OPT_FAST=-O0 OPT_SLOW=-O0 OPT_GLOBAL=-O0".strip()
-    try:
-        runner.build(sources=[src], hdl_toplevel=TOP, build_dir=build_dir, build_args=args, waves=waves,
-                     timescale=("1ps", "1ps"), log_file=build_dir / "build.log")
-    finally:
-        if makeflags is None:
-            del os.environ["MAKEFLAGS"]
-        else:
-            os.environ["MAKEFLAGS"] = makeflags
+    runner, build_dir = build_block_model(verilog.convert(top, name=TOP, emit_src=False), TOP, build_dir, waves)
     return runner, build_dir, waves, params
 
 
@@ -115,28 +94,13 @@ def run_case(sim, case: str = "startup") -> tuple[int, Path, Path]:
     JSON result file (``writes``: [[address, [bytes]], …], ``si5324_memory``: {register: value},
     ``reset_cycles``, ``startup_cycles``: clock cycles from reset to ``done``).
     """
-    from cocotb_tools.check_results import get_results
+    from wirereduce.sim.runner import run_block_case
 
     runner, build_dir, waves, params = sim
-    run_dir = build_dir / case
-    run_dir.mkdir(exist_ok=True)
-    results = run_dir / "results.xml"
-    results.unlink(missing_ok=True)
-    result = run_dir / "result.json"
+    result = build_dir / case / "result.json"
     result.unlink(missing_ok=True)
-    log = run_dir / "sim.log"
-    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "I2C_RESULT": str(result),
-           "I2C_PARAMS": json.dumps(params)}
-    try:
-        runner.test(test_module="wirereduce.sim.cocotb_i2c", hdl_toplevel=TOP, testcase=case, build_dir=build_dir,
-                    test_dir=run_dir, extra_env=env, waves=waves, results_xml=str(results), log_file=log,
-                    timescale=("1ps", "1ps"))
-    except SystemExit:  # the runner exits when a test fails; the results file says which
-        pass
-    try:
-        _, fails = get_results(results)
-    except RuntimeError:
-        return 1, log, result
+    fails, log = run_block_case(runner, build_dir, TOP, "wirereduce.sim.cocotb_i2c", case, waves=waves,
+                                extra_env={"I2C_RESULT": str(result), "I2C_PARAMS": json.dumps(params)})
     return fails, log, result
 
 

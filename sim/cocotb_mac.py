@@ -11,10 +11,8 @@ scapy. :func:`build` makes the Verilator model once; :func:`run_case` runs one t
 
 from __future__ import annotations
 
-import os
 import random
 import struct
-import sys
 import zlib
 from pathlib import Path
 
@@ -94,30 +92,9 @@ def mac_top_verilog(max_frame: int = JUMBO_FRAME_BYTES) -> str:
 
 def build(build_dir: str | Path, max_frame: int = JUMBO_FRAME_BYTES, waves: bool = False):
     """Build the Verilator model of :class:`MacTop` in ``build_dir``; returns what :func:`run_case` needs."""
-    from cocotb_tools.runner import get_runner
-    from wirereduce.sim.runner import _setup_verilator_env
+    from wirereduce.sim.runner import build_block_model
 
-    _setup_verilator_env()
-    build_dir = Path(build_dir).resolve()
-    build_dir.mkdir(parents=True, exist_ok=True)
-    src = build_dir / f"{TOP}.v"
-    src.write_text(mac_top_verilog(max_frame))
-    runner = get_runner("verilator")
-    args = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "--x-assign", "fast", "--x-initial", "fast"]
-    if waves:
-        args.append("--trace-fst")
-    # The testbenches run a few thousand cycles: compiling the model without C++ optimisation
-    # halves the build (about 25 s instead of 45 s on two cores) and costs nothing noticeable.
-    makeflags = os.environ.get("MAKEFLAGS")
-    os.environ["MAKEFLAGS"] = f"{makeflags or ''} OPT_FAST=-O0 OPT_SLOW=-O0 OPT_GLOBAL=-O0".strip()
-    try:
-        runner.build(sources=[src], hdl_toplevel=TOP, build_dir=build_dir, build_args=args, waves=waves,
-                     timescale=("1ps", "1ps"), log_file=build_dir / "build.log")
-    finally:
-        if makeflags is None:
-            del os.environ["MAKEFLAGS"]
-        else:
-            os.environ["MAKEFLAGS"] = makeflags
+    runner, build_dir = build_block_model(mac_top_verilog(max_frame), TOP, build_dir, waves)
     return runner, build_dir, waves
 
 
@@ -126,26 +103,10 @@ def run_case(sim, case: str) -> tuple[int, Path]:
 
     Returns the number of failed tests (1 if the simulator did not report) and the log file.
     """
-    from cocotb_tools.check_results import get_results
+    from wirereduce.sim.runner import run_block_case
 
     runner, build_dir, waves = sim
-    run_dir = build_dir / case
-    run_dir.mkdir(exist_ok=True)
-    results = run_dir / "results.xml"
-    results.unlink(missing_ok=True)
-    log = run_dir / "sim.log"
-    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    try:
-        runner.test(test_module="wirereduce.sim.cocotb_mac", hdl_toplevel=TOP, testcase=case, build_dir=build_dir,
-                    test_dir=run_dir, extra_env=env, waves=waves, results_xml=str(results), log_file=log,
-                    timescale=("1ps", "1ps"))
-    except SystemExit:  # the runner exits when a test fails; the results file says which
-        pass
-    try:
-        _, fails = get_results(results)
-    except RuntimeError:
-        return 1, log
-    return fails, log
+    return run_block_case(runner, build_dir, TOP, "wirereduce.sim.cocotb_mac", case, waves=waves)
 
 
 # --- frames -------------------------------------------------------------------------------------

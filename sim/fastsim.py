@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from wirereduce.host.driver import DriverError, NodeSession
 from wirereduce.sim.codec import max_elements_compressed
-from wirereduce.sim.runner import SimSetup, SimulationError, _setup_verilator_env
+from wirereduce.sim.runner import SimSetup, SimulationError, _setup_verilator_env, check_compression
 
 from wirereduce.protocol import max_elements
 
@@ -204,12 +204,7 @@ class FastSim:
         check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
         if pcap is not None and s.links != "eth":
             raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
-        if compression is not None:
-            from wirereduce.sim.codec import check_k
-
-            check_k(compression)
-            if not s.codec:
-                raise ValueError("compression needs nodes built with the codec: SimSetup(codec=True)")
+        check_compression(s, compression)
         window = s.slots if window is None else window
         epf = max_elements(s.mtu) if compression is None else max_elements_compressed(s.mtu)
         sessions = [NodeSession(k, s.nodes, collective, a, epf, compression) for k, a in enumerate(arrays)]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import operator
 import sys
@@ -450,12 +451,17 @@ def shard_gradients(nodes: int = 4, steps: int = 0, seed: int = 0, batch: int = 
     steps = _check_int("steps", steps, 0)
     seed = _check_int("seed", seed, 0)
     batch = _check_int("batch", batch, 1)
+    return next(itertools.islice(_training_steps(nodes, seed, batch), steps, None))
+
+
+def _training_steps(nodes: int, seed: int, batch: int) -> Iterator[list[np.ndarray]]:
+    """The workers' gradients of step 0, 1, 2, …; each step is applied (numpy sum, then SGD) only
+    when the next one is asked for, so the last gradients yielded are never applied."""
     run = _DataParallel(nodes, seed, batch)
-    for _ in range(steps):
+    while True:
         grads, _losses = run.gradients()
+        yield grads
         run.apply_sum(_numpy_allreduce(grads), DEFAULT_LR)
-    grads, _losses = run.gradients()
-    return grads
 
 
 def gradient_stream(nodes: int, elements: int, seed: int = 0, batch: int = 64) -> list[np.ndarray]:
@@ -482,15 +488,14 @@ def gradient_stream(nodes: int, elements: int, seed: int = 0, batch: int = 64) -
     elements = _check_int("elements", elements, 1)
     seed = _check_int("seed", seed, 0)
     batch = _check_int("batch", batch, 1)
-    run = _DataParallel(nodes, seed, batch)
     parts: list[list[np.ndarray]] = [[] for _ in range(nodes)]
     have = 0
-    while have < elements:
-        grads, _losses = run.gradients()
+    for grads in _training_steps(nodes, seed, batch):
         for k, g in enumerate(grads):
             parts[k].append(g)
         have += grads[0].size
-        run.apply_sum(_numpy_allreduce(grads), DEFAULT_LR)
+        if have >= elements:
+            break
     return [np.concatenate(p)[:elements].astype(np.float32) for p in parts]
 
 
