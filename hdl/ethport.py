@@ -59,7 +59,7 @@ from wirereduce.hdl.pcs import (
 from wirereduce.protocol import ETH_HEADER_BYTES, ETHERTYPE, HEADER_BYTES
 
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
-           "eth_header", "max_frame_bytes", "EthFramer", "EthDeframer", "EthPort10G"]
+           "eth_header", "max_frame_bytes", "rx_drops", "EthFramer", "EthDeframer", "EthPort10G"]
 
 #: Locally administered unicast addresses (IEEE 802 U/L bit set) used when none is given.
 DEFAULT_LOCAL_MAC = 0x02_77_72_00_00_00
@@ -106,6 +106,21 @@ def eth_stats_layout() -> data.StructLayout:
     return data.StructLayout({name: 32 for name in (
         "rx_frames", "rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow",
         "rx_ethertype_drops", "rx_short_drops", "tx_frames", "tx_aborted")})
+
+
+#: The :func:`eth_stats_layout` counters of frames a port received and did not deliver.
+RX_DROP_COUNTERS = ("rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow",
+                    "rx_ethertype_drops", "rx_short_drops")
+
+
+def rx_drops(stats):
+    """Frames a port received and dropped whole, as one 32-bit wrapping value: the sum of the
+    :data:`RX_DROP_COUNTERS` of ``stats`` (an :func:`eth_stats_layout` view). A node reports it
+    in its ``link_drop_*`` STATS counters (``docs/protocol.md``)."""
+    total = stats[RX_DROP_COUNTERS[0]]
+    for name in RX_DROP_COUNTERS[1:]:
+        total = total + stats[name]
+    return total[:32]
 
 
 def _check_mac(name, v):

@@ -192,6 +192,10 @@ class Node(wiring.Component):
         Frames to the host: HOST_RESULT, STATS.
     cw_in, cw_out : reduce direction (from rank-1, to rank+1).
     ccw_in, ccw_out : broadcast direction (from rank+1, to rank-1).
+    link_drops : In(StructLayout({"host": 32, "cw": 32, "ccw": 32}))
+        Frames the Ethernet port in front of ``host_rx``, ``cw_in``, ``ccw_in`` dropped whole
+        (:func:`wirereduce.hdl.ethport.rx_drops`), reported as the ``link_drop_*`` STATS
+        counters; leave at 0 where the ports are not Ethernet.
     """
 
     def __init__(self, config: NodeConfig | None = None):
@@ -201,6 +205,7 @@ class Node(wiring.Component):
             "host_rx": In(beat), "host_tx": Out(beat),
             "cw_in": In(beat), "cw_out": Out(beat),
             "ccw_in": In(beat), "ccw_out": Out(beat),
+            "link_drops": In(data.StructLayout({"host": 32, "cw": 32, "ccw": 32})),
         })
 
     def elaborate(self, platform):
@@ -222,7 +227,8 @@ class Node(wiring.Component):
         is_last = rank == nodes - 1
 
         # Event counters (STATS_COUNTERS after the first four, which are the configuration).
-        event_names = STATS_COUNTERS[4:]
+        # (the last three, link_drop_*, are the Ethernet ports' own counters: ``link_drops``)
+        event_names = STATS_COUNTERS[4:-3]
         counters = {name: Signal(32, name=f"cnt_{name}") for name in event_names}
         incs = {name: [] for name in event_names}
 
@@ -426,7 +432,11 @@ class Node(wiring.Component):
             status.header.hop.eq(nodes),
             status.header.seq.eq(chunks),
         ]
-        values = [collective, rank, nodes, chunks] + [counters[n] for n in event_names]
+        link = self.link_drops
+        values = ([collective, rank, nodes, chunks] + [counters[n] for n in event_names]
+                  + [link.host, link.cw, link.ccw])
+        assert len(values) == len(STATS_COUNTERS) and STATS_COUNTERS[-3:] == (
+            "link_drop_host", "link_drop_cw", "link_drop_ccw")
         for k, v in enumerate(values):
             m.d.comb += status.values[k].eq(v)
         for name, flags in incs.items():

@@ -28,11 +28,85 @@ from wirereduce.protocol import (
     max_elements,
 )
 
-__all__ = ["plan_chunks", "parse_stats", "NodeSession", "Transport", "Cluster", "DriverError"]
+__all__ = ["plan_chunks", "parse_stats", "NodeSession", "Transport", "Cluster", "DriverError", "ChunksLost",
+           "loss_report"]
 
 
 class DriverError(RuntimeError):
     """The cluster did not do what the protocol promises (missing or malformed results)."""
+
+
+class ChunksLost(DriverError):
+    """The ring stopped before every host had every result: a frame was lost on the way.
+
+    Raised instead of waiting for ever. Frames are dropped whole (a bad FCS at an Ethernet port,
+    a bad header at a node), so every result a host *did* receive is complete and correct; the
+    lost chunks are not recovered (rerun the allreduce).
+
+    Attributes
+    ----------
+    missing : dict[int, list[int]]
+        Rank → sequence numbers of the result chunks that host did not receive.
+    stats : dict[int, dict[str, int] | None]
+        Rank → its STATS counters read after the stall (None where the node did not answer).
+    results : list of numpy.ndarray, float32
+        What each host received, zeros where a chunk is missing.
+    received : list of numpy.ndarray, bool, shape (chunks,)
+        Per host, which result chunks arrived.
+    chunks : list of (int, int)
+        (offset, count) in elements of every chunk.
+    """
+
+    def __init__(self, message: str, sessions, stats: dict):
+        super().__init__(message)
+        self.missing = {s.rank: s.missing for s in sessions}
+        self.stats = dict(stats)
+        self.results = [s.result for s in sessions]
+        self.received = [s.received.copy() for s in sessions]
+        self.chunks = list(sessions[0].chunks)
+
+
+#: Counters that name why a node dropped frames, with what to say about them.
+_DROP_REASONS = (
+    ("link_drop_cw", "frames from rank − 1 dropped by its Ethernet port (bad FCS, runt, code error …)"),
+    ("link_drop_ccw", "frames from rank + 1 dropped by its Ethernet port (bad FCS, runt, code error …)"),
+    ("link_drop_host", "frames from its host dropped by its Ethernet port"),
+    ("drop_seq", "frames dropped for an out-of-order sequence number (after a lost one)"),
+    ("drop_codec", "compressed frames dropped for a bad length"),
+    ("drop_count", "frames dropped for a bad element count"),
+    ("drop_short", "frames dropped as too short"),
+    ("drop_version", "frames dropped for a bad version"),
+    ("drop_opcode", "frames dropped for a bad opcode"),
+    ("drop_collective", "frames of another collective dropped"),
+)
+
+
+def loss_report(sessions, stats: dict, what: str) -> str:
+    """The message of a :class:`ChunksLost`: which chunks each host is missing, and which nodes
+    counted dropped frames (STATS ``link_drop_*`` and ``drop_*``, ``docs/protocol.md``).
+
+    ``sessions``: the :class:`NodeSession` of each host; ``stats``: rank → STATS counters or None;
+    ``what``: how the loss showed (e.g. "the ring stalled after 51,234 cycles").
+    """
+    lines = [f"{what} with results missing (frames were lost; every result received is complete):"]
+    for s in sessions:
+        if not s.done:
+            miss = s.missing
+            more = f" … ({len(miss)} in all)" if len(miss) > 8 else ""
+            lines.append(f"  node {s.rank}: {s.results_received}/{len(s.chunks)} result chunks, "
+                         f"missing {miss[:8]}{more}")
+    for rank in sorted(stats):
+        st = stats[rank]
+        if st is None:
+            lines.append(f"  node {rank}: did not answer a STATS_REQUEST")
+            continue
+        for name, why in _DROP_REASONS:
+            if st.get(name):
+                lines.append(f"  node {rank}: {st[name]} {why} [{name}]")
+    if not any(st is not None for st in stats.values()):
+        lines.append("  (no node's counters could be read)")
+    lines.append("Lost chunks are not recovered: check the links (cables, FCS error counters) and rerun.")
+    return "\n".join(lines)
 
 
 def plan_chunks(n: int, elements_per_frame: int) -> list[tuple[int, int]]:
@@ -306,8 +380,11 @@ class Cluster:
         ------
         ValueError
             On bad inputs, before any frame is sent (see :func:`wirereduce.sim.golden.check_inputs`).
+        ChunksLost
+            If results stop coming before every chunk arrived (a frame was lost): names the
+            missing chunks and the nodes' drop counters; the results received are complete.
         DriverError, TimeoutError
-            If a node does not answer or results are missing.
+            If a node does not answer its CONTROL frame or a result is malformed.
         """
         from wirereduce.sim.golden import check_inputs
 
@@ -325,19 +402,38 @@ class Cluster:
 
         await self.transport.gather([start(s) for s in sessions])
 
+        stalled = False
+
         async def push(s: NodeSession):
             for seq, f in enumerate(s.push_frames()):
                 while s.results_received < s.results_needed(seq, self.window):
+                    if stalled:
+                        return
                     await self.transport.idle(1)
+                if stalled:
+                    return
                 await self.transport.send(s.rank, f)
 
         async def collect(s: NodeSession):
-            while not s.done:
-                data = await self.transport.recv(s.rank)
+            nonlocal stalled
+            while not s.done and not stalled:
+                try:
+                    data = await self.transport.recv(s.rank)
+                except TimeoutError:
+                    stalled = True
+                    return
                 before = len(s.unexpected)
                 s.receive(data)
                 if self.on_chunk is not None and len(s.unexpected) == before:
                     self.on_chunk(s.rank, Header.unpack(data).seq)
 
         await self.transport.gather([push(s) for s in sessions] + [collect(s) for s in sessions])
+        if stalled:
+            stats = {}
+            for s in sessions:
+                try:
+                    stats[s.rank] = await self.stats(s.rank)
+                except (TimeoutError, ProtocolError):
+                    stats[s.rank] = None
+            raise ChunksLost(loss_report(sessions, stats, "a node sent no result in time"), sessions, stats)
         return [s.result for s in sessions]

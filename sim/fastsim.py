@@ -33,17 +33,34 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from wirereduce.host.driver import DriverError, NodeSession
+from wirereduce.host.driver import ChunksLost, DriverError, NodeSession, loss_report, parse_stats
 from wirereduce.sim.codec import max_elements_compressed
 from wirereduce.sim.runner import SimSetup, SimulationError, _setup_verilator_env, check_compression
 
-from wirereduce.protocol import max_elements
+from wirereduce.protocol import Header, Opcode, max_elements
 
-__all__ = ["FastSim", "FastResult", "run_allreduce", "check_options", "strip_zero_memory_init", "write_pcap"]
+__all__ = ["FastSim", "FastResult", "RingStalled", "run_allreduce", "check_options", "check_corrupt",
+           "strip_zero_memory_init", "write_pcap"]
 
 _TB = Path(__file__).with_name("tb_fast.cpp")
-_SCRIPT_MAGIC = 0x31535257  # "WRS1"
+_SCRIPT_MAGIC = 0x32535257  # "WRS2"
+_STALL_GATE = 0xFFFFFFFF    # a script frame sent only once the run stalls (tb_fast.cpp)
 _RESULT_MAGIC = 0x31525257  # "WRR1"
+
+
+class RingStalled(SimulationError, ChunksLost):
+    """The simulated ring stopped moving before every host had every result.
+
+    A :class:`~wirereduce.sim.runner.SimulationError` and a
+    :class:`~wirereduce.host.driver.ChunksLost`: after the stall the frame player sent every
+    node a STATS_REQUEST, so :attr:`stats` holds the counters that say where frames were dropped
+    (``link_drop_*`` for an Ethernet port, ``drop_*`` for a node's header checks), and
+    :attr:`results` / :attr:`received` what each host did get.
+    """
+
+    def __init__(self, message: str, sessions, stats: dict):
+        ChunksLost.__init__(self, message, sessions, stats)
+        self.waves = None
 
 
 @dataclass
@@ -159,7 +176,7 @@ class FastSim:
     def allreduce(self, arrays, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int = 200_000,
                   progress: bool = False, collective: int = 1, pcap: str | Path | None = None,
-                  compression: int | None = None) -> FastResult:
+                  compression: int | None = None, corrupt: tuple[int, int] | None = None) -> FastResult:
         """Allreduce ``arrays`` (one float32 array per node) through the simulated ring.
 
         Parameters
@@ -183,6 +200,11 @@ class FastSim:
             Push compressed with error-bound exponent ``k`` (4 … 24) and decode compressed results
             (:class:`~wirereduce.host.driver.NodeSession`); needs ``SimSetup(codec=True)``. The
             results are then ``ring_allreduce_compressed(arrays, k, host_compressed=True)``.
+        corrupt : (int, int), optional
+            Fault injection, ``links="eth"`` only: ``(node, block)`` inverts one bit of the
+            ``block``-th (1-based) 66-bit data block node ``node`` sends node ``node + 1`` on
+            the cw cable, so the frame it falls in fails its FCS at the receiving port and is
+            dropped whole. The run then ends in :class:`RingStalled`.
 
         Returns
         -------
@@ -192,8 +214,11 @@ class FastSim:
         ------
         ValueError
             On bad inputs or options, before anything runs.
+        RingStalled
+            If the ring stalls (no host port moves for ``timeout_cycles``): names the missing
+            chunks and the counters of the nodes that dropped frames.
         SimulationError
-            If the ring stalls (timeout) or the player fails.
+            If the player fails.
         DriverError
             If a result frame is malformed, duplicated or missing.
         """
@@ -205,6 +230,7 @@ class FastSim:
         if pcap is not None and s.links != "eth":
             raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
         check_compression(s, compression)
+        flip_link, flip_block = check_corrupt(corrupt, s)
         window = s.slots if window is None else window
         epf = max_elements(s.mtu) if compression is None else max_elements_compressed(s.mtu)
         sessions = [NodeSession(k, s.nodes, collective, a, epf, compression) for k, a in enumerate(arrays)]
@@ -218,16 +244,19 @@ class FastSim:
         tap = run_dir / f"tap-{tag}.bin" if pcap is not None else None
         progress_every = 1 << 16 if progress else 0
         with open(script, "wb") as f:
-            f.write(struct.pack("<5I3Q", _SCRIPT_MAGIC, s.nodes, s.width // 8,
+            f.write(struct.pack("<5I3Q2I", _SCRIPT_MAGIC, s.nodes, s.width // 8,
                                 round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6),
-                                seed & (2**64 - 1), timeout_cycles, progress_every))
+                                seed & (2**64 - 1), timeout_cycles, progress_every, flip_link, flip_block))
+            stats_request = Header(opcode=Opcode.STATS_REQUEST).pack()
             for sess in sessions:
-                f.write(struct.pack("<2I", 1 + nchunks, 1 + nchunks))
+                f.write(struct.pack("<2I", 2 + nchunks, 1 + nchunks))
                 ctl = sess.control_frame()
                 f.write(struct.pack("<3I", len(ctl), 0, 0) + ctl)
                 for i, fr in enumerate(sess.push_frames()):
                     own = 1 + sess.results_needed(i, window)  # + 1: the CONTROL answer
                     f.write(struct.pack("<3I", len(fr), own, 1) + fr)
+                # Sent only if the run stalls: the counters that say where frames were lost.
+                f.write(struct.pack("<3I", len(stats_request), _STALL_GATE, 0) + stats_request)
         try:
             wall = self._play(script, result, progress, nchunks * s.nodes, tap)
             parsed = _read_result(result, s.nodes)
@@ -241,9 +270,17 @@ class FastSim:
 
         sim_cycles, status, per_node = parsed
         if status != 0:
-            got = {sess.rank: f"{max(0, len(rec) - 1)}/{nchunks}" for sess, (_, rec) in zip(sessions, per_node)}
-            raise SimulationError(f"the ring stalled: no transfer on any host port for {timeout_cycles} cycles "
-                                  f"after {sim_cycles} cycles; result chunks received per node: {got}")
+            stall_stats = {}
+            for sess, (_sent, received) in zip(sessions, per_node):
+                stall_stats[sess.rank] = None
+                for _first, _last, data in received[1:]:
+                    if Header.unpack(data).opcode == Opcode.STATS:
+                        stall_stats[sess.rank] = parse_stats(data)
+                    else:
+                        sess.receive(data)
+            raise RingStalled(loss_report(sessions, stall_stats,
+                                          f"the ring stalled (no transfer on any host port for {timeout_cycles} "
+                                          f"cycles, after {sim_cycles} cycles)"), sessions, stall_stats)
         first_push = min(sent[1][0] for sent, _ in per_node if len(sent) > 1)
         last_result = 0
         stats = []
@@ -389,7 +426,8 @@ def run_allreduce(setup: SimSetup, arrays, *, build_root: str | Path = "build/fa
     from wirereduce.sim.golden import check_inputs
 
     check_inputs(arrays, setup.nodes)
-    check_options(**{k: v for k, v in options.items() if k not in ("pcap", "compression")})
+    check_options(**{k: v for k, v in options.items() if k not in ("pcap", "compression", "corrupt")})
+    check_corrupt(options.get("corrupt"), setup)
     if options.get("pcap") is not None and setup.links != "eth":
         raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
     key = (replace(setup, simulator="verilator"), str(Path(build_root).resolve()))
@@ -397,6 +435,30 @@ def run_allreduce(setup: SimSetup, arrays, *, build_root: str | Path = "build/fa
     if sim is None:
         sim = _CACHE[key] = FastSim(setup, build_root)
     return sim.allreduce(arrays, progress=progress, **options).as_dict()
+
+
+def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
+    """Validate :meth:`FastSim.allreduce`'s ``corrupt=(node, block)``; returns the frame player's
+    ``(flip_link, flip_block)`` (``(0, 0)``: no fault).
+
+    Raises
+    ------
+    ValueError
+        If ``corrupt`` is given on a ring without Ethernet links, ``node`` is not a rank or
+        ``block`` is not an int ≥ 1.
+    """
+    if corrupt is None:
+        return 0, 0
+    if setup.links != "eth":
+        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth'")
+    try:
+        node, block = corrupt
+    except (TypeError, ValueError):
+        raise ValueError(f"corrupt must be a (node, block) pair, not {corrupt!r}") from None
+    for name, v, lo, hi in (("node", node, 0, setup.nodes - 1), ("block", block, 1, 2**32 - 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ValueError(f"corrupt {name} must be an int from {lo} to {hi}, not {v!r}")
+    return node, block
 
 
 def check_options(window=None, rx_valid_prob=1.0, tx_ready_prob=1.0, seed=1, timeout_cycles=200_000,

@@ -168,7 +168,10 @@ class Network(wiring.Component):
     links : str
         ``"model"`` (default): every link is a :class:`LinkModel`. ``"eth"`` (64 bit only): every
         link is real 10GBASE-R, see :func:`_eth_links`; the top then also has a capture tap
-        ``tap_t{data,keep,last,valid}``: the Ethernet frames (no FCS) node 0 sends node 1 (cw).
+        ``tap_t{data,keep,last,valid}``: the Ethernet frames (no FCS) node 0 sends node 1 (cw),
+        and fault-injection inputs ``flip_link`` (8 bit) and ``flip_block`` (32 bit): one bit of
+        the ``flip_block``-th data block node ``flip_link`` sends node ``flip_link + 1`` is
+        inverted on the cable (``flip_block = 0``: never), see :func:`_eth_links`.
 
     link_rate : fractions.Fraction or int, optional
         Wire bytes per cycle of every link model; default :func:`line_bytes_per_cycle` of the
@@ -197,7 +200,8 @@ class Network(wiring.Component):
             raise ValueError(f"link_rate must be in (0, {w // 8}] bytes a cycle, not {link_rate!r}")
         members = {}
         if self.links == "eth":
-            members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1)})
+            members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1),
+                            "flip_link": In(8), "flip_block": In(32)})
         for k in range(nodes):
             for d, flow_in in (("rx", True), ("tx", False)):
                 dir_in, dir_out = (In, Out) if flow_in else (Out, In)
@@ -217,7 +221,8 @@ class Network(wiring.Component):
         if self.links == "eth":
             for k, node in enumerate(ring):
                 m.submodules[f"node{k}"] = node
-            hosts = _eth_links(m, ring, self.config.mtu, self.link_latency, self.host_links)
+            hosts = _eth_links(m, ring, self.config.mtu, self.link_latency, self.host_links,
+                               self.flip_link, self.flip_block)
             for k, (rx, tx) in enumerate(hosts):
                 self._host_wires(m, k, rx, tx)
             tap = m.submodules["eth_cw0"]
@@ -286,7 +291,7 @@ def eth_mac(node: int, port: int) -> int:
     return 0x02_77_72_00_00_00 | (node << 8) | port
 
 
-def _eth_links(m, ring, mtu, latency, host_links):
+def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     """Cable ``ring`` with :class:`~wirereduce.hdl.ethport.EthPort10G` (cdc=False) ports.
 
     Node k's port ``eth_cw{k}`` (tx: ``cw_out``, rx: ``ccw_in``) faces node k+1's ``eth_ccw{k+1}``
@@ -299,9 +304,14 @@ def _eth_links(m, ring, mtu, latency, host_links):
     schedule with the host window ≤ slots that does not happen: a node's outputs leave at the
     rate its inputs arrive (docs/architecture.md, Flow control), and the FIFO covers the jitter.
 
+    Fault injection: on the cable from node ``flip_link`` to node ``flip_link + 1`` (cw), payload
+    bit 5 of the ``flip_block``-th scrambled data block (1-based) is inverted, so the frame it
+    belongs to fails its FCS at the receiver (``flip_block = 0``: never).
+
     Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
     """
-    from wirereduce.hdl.ethport import EthPort10G
+    from wirereduce.hdl.ethport import EthPort10G, rx_drops
+    from wirereduce.hdl.pcs import SYNC_DATA
 
     n = len(ring)
 
@@ -310,8 +320,14 @@ def _eth_links(m, ring, mtu, latency, host_links):
         m.submodules[name] = p
         return p
 
-    def cable(a, b):
+    def cable(a, b, flip=None):
         ab, ba = a.line_tx.as_value(), b.line_tx.as_value()
+        if flip is not None:  # fault injection: invert payload bit 5 of the flip_block-th data block
+            data_blocks = Signal(32)
+            is_data = a.line_tx.header == SYNC_DATA
+            with m.If(is_data & flip):
+                m.d.sync += data_blocks.eq(data_blocks + 1)
+            ab = ab ^ ((is_data & flip & (data_blocks + 1 == flip_block)) << 7)
         for _ in range(latency):
             ab_r, ba_r = Signal(66), Signal(66)
             m.d.sync += [ab_r.eq(ab), ba_r.eq(ba)]
@@ -326,7 +342,8 @@ def _eth_links(m, ring, mtu, latency, host_links):
         wiring.connect(m, cw.rx, ring[k].ccw_in)
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
         wiring.connect(m, ccw.rx, ring[nxt].cw_in)
-        cable(cw, ccw)
+        m.d.comb += [ring[k].link_drops.ccw.eq(rx_drops(cw.stats)), ring[nxt].link_drops.cw.eq(rx_drops(ccw.stats))]
+        cable(cw, ccw, flip_link == k)
     hosts = []
     for k, node in enumerate(ring):
         if not host_links:
@@ -336,6 +353,7 @@ def _eth_links(m, ring, mtu, latency, host_links):
         nic = port(f"eth_nic{k}", k, 3, k, 2)
         wiring.connect(m, node.host_tx, side.tx)
         wiring.connect(m, side.rx, node.host_rx)
+        m.d.comb += node.link_drops.host.eq(rx_drops(side.stats))
         cable(side, nic)
         hosts.append((nic.tx, nic.rx))
     return hosts

@@ -7,12 +7,16 @@
 // results) stays in Python, in the host driver; this file only moves beats.
 //
 // Script (little-endian):
-//   u32 magic 'WRS1', u32 nodes, u32 bytes_per_beat, u32 rx_valid_ppm, u32 tx_ready_ppm,
-//   u64 seed, u64 timeout_cycles, u64 progress_every
+//   u32 magic 'WRS2', u32 nodes, u32 bytes_per_beat, u32 rx_valid_ppm, u32 tx_ready_ppm,
+//   u64 seed, u64 timeout_cycles, u64 progress_every, u32 flip_link, u32 flip_block
 //   per node: u32 n_frames, u32 expect_frames
 //     per frame: u32 len, u32 own_gate, u32 all_gate, len bytes
 //   A frame may put its first beat on the bus once its own host has received own_gate frames
 //   and every host has received all_gate frames (the driver's window and start barrier).
+//   own_gate = STALL_GATE marks a frame sent only if the run stalls: when no host port has moved
+//   a beat for timeout_cycles, the player sends those frames (the driver's STATS_REQUESTs) and
+//   runs until each host has received one more frame per such request, or times out again.
+//   flip_link, flip_block drive the network's fault-injection inputs (links="eth" only).
 // Result file:
 //   u32 magic 'WRR1', u64 cycles, u32 status (0 done, 1 timeout)
 //   per node: u32 n_sent, n_sent × (u64 first_cycle, u64 last_cycle),
@@ -38,6 +42,8 @@
 
 namespace {
 
+constexpr uint32_t STALL_GATE = 0xFFFFFFFFu;
+
 struct Frame {
     std::vector<uint8_t> bytes;
     uint32_t own_gate = 0, all_gate = 0;
@@ -51,6 +57,7 @@ struct Received {
 struct Host {
     std::vector<Frame> script;
     uint32_t expect = 0;
+    uint32_t on_stall = 0;  // frames sent only once the run stalls (at the end of the script)
     // transmit side (host -> node)
     size_t frame = 0, offset = 0;
     bool holding = false;  // valid is up and must stay up until the beat is taken
@@ -171,7 +178,7 @@ int main(int argc, char** argv) {
 #endif
     FILE* in = fopen(argv[1], "rb");
     if (!in) { perror(argv[1]); return 2; }
-    if (read_le<uint32_t>(in) != 0x31535257u) { fprintf(stderr, "tb: not a WRS1 script\n"); return 2; }
+    if (read_le<uint32_t>(in) != 0x32535257u) { fprintf(stderr, "tb: not a WRS2 script\n"); return 2; }
     const uint32_t nodes = read_le<uint32_t>(in);
     const uint32_t bpb = read_le<uint32_t>(in);
     const uint32_t rx_ppm = read_le<uint32_t>(in);
@@ -179,6 +186,8 @@ int main(int argc, char** argv) {
     Rng rng(read_le<uint64_t>(in));
     const uint64_t timeout = read_le<uint64_t>(in);
     const uint64_t progress_every = read_le<uint64_t>(in);
+    const uint32_t flip_link = read_le<uint32_t>(in);
+    const uint32_t flip_block = read_le<uint32_t>(in);
     if (nodes != NODES || bpb != BYTES_PER_BEAT) {
         fprintf(stderr, "tb: script is for %u nodes, %u bytes a beat; this build is %u, %u\n", nodes, bpb,
                 NODES, BYTES_PER_BEAT);
@@ -193,6 +202,7 @@ int main(int argc, char** argv) {
             uint32_t len = read_le<uint32_t>(in);
             f.own_gate = read_le<uint32_t>(in);
             f.all_gate = read_le<uint32_t>(in);
+            if (f.own_gate == STALL_GATE) ++h.on_stall;
             f.bytes.resize(len);
             if (len && fread(f.bytes.data(), 1, len, in) != len) { fprintf(stderr, "tb: script truncated\n"); return 2; }
         }
@@ -206,24 +216,52 @@ int main(int argc, char** argv) {
     top->rst = 1;
     for (int i = 0; i < 4; ++i) { top->clk = 0; top->eval(); top->clk = 1; top->eval(); }
     top->rst = 0;
+#ifdef TAP
+    top->flip_link = flip_link;
+    top->flip_block = flip_block;
+#else
+    if (flip_block) { fprintf(stderr, "tb: this network has no fault injection (links=\"eth\" only)\n"); return 2; }
+    (void)flip_link;
+#endif
 
     uint64_t cycle = 0, idle = 0;
     uint32_t status = 0;
+    bool stalled = false;
+    std::vector<size_t> stall_expect(nodes, 0);
     bool rx_fire[NODES];
     for (;;) {
         size_t least = SIZE_MAX;
         bool done = true;
-        for (auto& h : hosts) {
+        for (uint32_t k = 0; k < nodes; ++k) {
+            const Host& h = hosts[k];
             least = std::min(least, h.received.size());
-            done = done && h.received.size() >= h.expect;
+            done = done && h.received.size() >= (stalled ? stall_expect[k] : h.expect);
         }
         if (done) break;
-        if (idle > timeout) { status = 1; break; }
+        if (idle > timeout) {
+            status = 1;
+            bool any_stall_frames = false;
+            for (auto& h : hosts) any_stall_frames = any_stall_frames || h.on_stall;
+            if (stalled || !any_stall_frames) break;
+            // The run stalled: skip to the stall frames and wait for their answers.
+            stalled = true;
+            idle = 0;
+            for (uint32_t k = 0; k < nodes; ++k) stall_expect[k] = hosts[k].received.size() + hosts[k].on_stall;
+        }
+        if (stalled) {  // once a frame in flight has gone, skip what is left of the script
+            for (auto& h : hosts) {
+                size_t first_stall = h.script.size() - h.on_stall;
+                if (h.offset == 0 && !h.holding && h.frame < first_stall) h.frame = first_stall;
+            }
+        }
 #define HOST(k)                                                                                      \
     {                                                                                                \
         Host& h = hosts[k];                                                                          \
-        bool ok = h.frame < h.script.size() && h.received.size() >= h.script[h.frame].own_gate &&    \
-                  least >= h.script[h.frame].all_gate;                                               \
+        bool ok = h.frame < h.script.size() &&                                                       \
+                  (h.script[h.frame].own_gate == STALL_GATE                                          \
+                       ? stalled                                                                     \
+                       : h.received.size() >= h.script[h.frame].own_gate &&                          \
+                             least >= h.script[h.frame].all_gate);                                   \
         drive(h, rng, rx_ppm, tx_ppm, bpb, ok, top->host##k##_rx_tvalid, top->host##k##_rx_tdata,    \
               top->host##k##_rx_tkeep, top->host##k##_rx_tlast, top->host##k##_tx_tready);           \
     }

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from wirereduce.host.driver import Cluster, DriverError, NodeSession, parse_stats, plan_chunks
+from wirereduce.host.driver import ChunksLost, Cluster, DriverError, NodeSession, loss_report, parse_stats, plan_chunks
 from wirereduce.sim import codec
 from wirereduce.sim.golden import ring_allreduce
 
@@ -436,10 +436,34 @@ def test_cluster_bad_ack_raises():
     assert not any(Header.unpack(d).opcode == Opcode.HOST_PUSH for _, d in t.sent)
 
 
-def test_cluster_lost_result_times_out():
-    t = FakeTransport(2, lose=(1, 0), timeout=0.05)
-    with pytest.raises(TimeoutError):
-        asyncio.run(Cluster(t).allreduce(_arrays(2, 10, seed=5)))
+def test_cluster_lost_result_is_reported_with_counters():
+    """A result that never comes: ChunksLost names the chunk and the node's drop counters (read
+    with a STATS_REQUEST after the stall), and what did arrive is the golden sum, bit for bit."""
+    t = FakeTransport(2, lose=(1, 1), timeout=0.05)
+    t.counters[1]["link_drop_cw"] = 1  # what an Ethernet port that dropped a frame reports
+    arrays = _arrays(2, 30, seed=5)
+    with pytest.raises(ChunksLost) as info:
+        asyncio.run(Cluster(t, mtu=HEADER_BYTES + 4 * 10).allreduce(arrays))
+    err = info.value
+    assert err.missing == {0: [], 1: [1]}
+    assert "node 1: 2/3 result chunks, missing [1]" in str(err)
+    assert "node 1: 1 frames from rank − 1 dropped by its Ethernet port" in str(err)
+    assert err.stats[1]["link_drop_cw"] == 1 and err.stats[0]["link_drop_cw"] == 0
+    assert [Header.unpack(d).opcode for k, d in t.sent if k == 1][-1] == Opcode.STATS_REQUEST
+    want = ring_allreduce(arrays)
+    for rank, (res, got) in enumerate(zip(err.results, err.received)):
+        for seq, (off, n) in enumerate(err.chunks):
+            if got[seq]:
+                _assert_same_bits(res[off:off + n], want[off:off + n])
+            else:
+                assert (rank, seq) == (1, 1)
+
+
+def test_loss_report_without_counters():
+    s = NodeSession(0, 2, 1, np.zeros(5, F32), 2)
+    msg = loss_report([s], {0: None}, "the ring stalled")
+    assert "node 0: 0/3 result chunks, missing [0, 1, 2]" in msg
+    assert "node 0: did not answer a STATS_REQUEST" in msg and "no node's counters" in msg
 
 
 def _bad_inputs():

@@ -128,3 +128,53 @@ def test_real_gradients_bitexact(eth_sim):
     check_bitexact(arrays, res.results)
     # 11 frames through 6 links, each store-and-forward at the receiver: still well above 1 Gbit/s.
     assert res.cycles < 20 * 11 * 200
+
+
+def test_corrupt_needs_eth_links_and_a_valid_place(tmp_path):
+    from wirereduce.sim.fastsim import check_corrupt
+
+    with pytest.raises(ValueError, match="links='eth'"):
+        run_allreduce(SimSetup(), [np.ones(4, np.float32)] * 4, build_root=tmp_path / "none", corrupt=(1, 5))
+    assert not (tmp_path / "none").exists()  # refused before any build
+    for bad, needle in (((4, 5), "node"), ((1, 0), "block"), ((1,), "pair"), ("x", "pair"), ((1.0, 5), "node")):
+        with pytest.raises(ValueError, match=needle):
+            check_corrupt(bad, SETUP)
+    assert check_corrupt(None, SETUP) == (0, 0) and check_corrupt((3, 7), SETUP) == (3, 7)
+
+
+@pytest.mark.verilator
+def test_bit_error_on_a_cable_is_detected_and_reported(eth_sim):
+    """One bit flipped on the cable rank 1 → rank 2 in the middle of the run (block 1000: the
+    sixth of the ~190-block REDUCE frames): rank 2's port fails the frame's FCS and drops it
+    whole, so nothing of it reaches a sum. The ring stops on the missing sequence number; the
+    run ends in RingStalled, not a hang, naming the missing chunks and rank 2's counters
+    (link_drop_cw = 1, then the later frames as out of sequence), and every result a host did
+    receive is the golden sum, bit for bit."""
+    from wirereduce.host.driver import ChunksLost
+    from wirereduce.sim.fastsim import RingStalled
+
+    arrays = edge_arrays(4, N, seed=12)
+    with pytest.raises(RingStalled) as info:
+        eth_sim.allreduce(arrays, corrupt=(1, 1000), timeout_cycles=20_000)
+    err = info.value
+    assert isinstance(err, ChunksLost)
+    st = err.stats
+    assert all(st[k] is not None for k in range(4)), "every node answers its STATS_REQUEST after the stall"
+    drops = {(k, name): st[k][name] for k in range(4) for name in ("link_drop_host", "link_drop_cw", "link_drop_ccw")}
+    assert drops.pop((2, "link_drop_cw")) == 1
+    assert set(drops.values()) == {0}
+    assert st[2]["drop_seq"] >= 1  # the frames after the lost one, refused in order
+    assert "node 2: 1 frames from rank − 1 dropped by its Ethernet port" in str(err)
+    # Every host lost the same tail of chunks; what arrived is the golden sum.
+    lost = err.missing[0]
+    assert lost and lost == list(range(lost[0], 12)) and lost[0] >= 1
+    assert all(err.missing[k] == lost for k in range(4))
+    want = ring_allreduce(arrays).view(np.uint32)
+    for k in range(4):
+        for seq, (off, n) in enumerate(err.chunks):
+            if err.received[k][seq]:
+                got = err.results[k][off:off + n].view(np.uint32)
+                want_f = ring_allreduce(arrays)[off:off + n]
+                bad = (got != want[off:off + n]) & ~np.isnan(want_f)
+                assert not bad.any(), f"node {k} chunk {seq} differs"
+

@@ -115,6 +115,9 @@ STATS_COUNTERS: tuple[str, ...] = (
     "drop_count",        # frames dropped: element count too large or not matching the local chunk
     "drop_short",        # frames dropped: shorter than the header
     "drop_codec",        # compressed frames dropped: payload length does not match its tags (codec nodes)
+    "link_drop_host",    # frames the host-side Ethernet port dropped (bad FCS, runt, oversize, code error, overflow)
+    "link_drop_cw",      # frames the Ethernet port facing rank-1 (cw input) dropped, likewise
+    "link_drop_ccw",     # frames the Ethernet port facing rank+1 (ccw input) dropped, likewise
 )
 
 
