@@ -157,7 +157,7 @@ class Vc709Top(Elaboratable):
         m.submodules.node = node = self.node
         ports = {}
         for n, (to_node, from_node) in CAGE_ROLES.items():
-            port = EthPort10G(self.mtu, cdc=True)
+            port = EthPort10G(self.mtu, cdc=True, cut_through=to_node != "host_rx")  # ring ports cut-through
             ports[n] = port
             m.submodules[f"eth{n}"] = DomainRenamer({"gt_tx": f"gt{n}_tx", "gt_rx": f"gt{n}_rx"})(port)
             ch = quad.channels[n]

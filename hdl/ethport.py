@@ -9,7 +9,8 @@ and :mod:`wirereduce.hdl.pcs` between the node and the line::
 
     rx ◄─ EthDeframer ◄─ RxDropBad ◄─ MacRx ◄─ Decoder ◄─ Descrambler ◄─┬─ line_rx (cdc=False)
       (EtherType check,  (bad frames            ▲ BlockLock, BerMonitor └─ RxGearbox ◄─ gt_rx_data
-       padding trimmed)   dropped whole)
+       padding trimmed)   dropped whole;
+                          RxCutThrough: marked)
 
 Blocks
 ------
@@ -23,15 +24,18 @@ Blocks
     The whole port, single-clock for the simulated ring (``cdc=False``) or with the MAC and PCS
     in the transceiver's clock domains for a board (``cdc=True``).
 
-Store and forward on receive
-----------------------------
+Store and forward, or cut-through, on receive
+---------------------------------------------
 :class:`~wirereduce.hdl.mac.MacRx` knows whether a frame is good only at its FCS, after the last
-byte; :class:`~wirereduce.hdl.mac.RxDropBad` therefore holds each frame until it is complete and
+byte. By default :class:`~wirereduce.hdl.mac.RxDropBad` holds each frame until it is complete and
 drops bad ones (FCS, runt, oversize, code error) whole, so no beat of a bad frame ever reaches
-the node. That costs one frame of latency per receiving port (188 cycles for a 1500-byte frame),
-which is fine for the simulated ring and for correctness, but it is not the cut-through hop of
-the node itself: a ring of these ports needs a host window covering that latency to reach line
-rate (``make bench`` shows the effect next to the link-model figures).
+the node; that costs one frame time of latency per receiving port (188 cycles for a 1500-byte
+frame). With ``cut_through=True``, :class:`~wirereduce.hdl.mac.RxCutThrough` passes beats on as
+they arrive and marks a bad frame's last beat ``bad``: the node adds and forwards it at once, and
+the transmitting port sends whatever it turned into with a stomped FCS (inverted,
+:class:`~wirereduce.hdl.mac.MacTx`), so the next hop drops it or, cut-through itself, passes it
+on marked. The ring's ports are cut-through; the host-facing ports stay store and forward, so no
+bad frame is ever written into a buffer slot or delivered to a host.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from amaranth.hdl import DomainRenamer, EnableInserter
 from amaranth.lib import cdc, data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.frame import beat_layout
-from wirereduce.hdl.mac import FCS_BYTES, MacRx, MacTx, RxDropBad
+from wirereduce.hdl.mac import FCS_BYTES, MacRx, MacTx, RxCutThrough, RxDropBad
 from wirereduce.hdl.pcs import (
     IDLE_COLUMN,
     BerMonitor,
@@ -101,22 +105,31 @@ def eth_stats_layout() -> data.StructLayout:
     ``rx_overflow``: frames lost because the receive FIFO was full (a real link has no
     back-pressure); ``rx_ethertype_drops``: good frames with an EtherType other than 0x88B5;
     ``rx_short_drops``: frames too short to hold an Ethernet header and 3 bytes;
-    ``tx_frames``: frames sent; ``tx_aborted``: frames ended with /E/ (an underrun).
+    ``rx_stomped``: frames that arrived with a stomped FCS (bad before they reached this link);
+    ``tx_frames``: frames sent; ``tx_stomped``: of those, sent with a stomped FCS (a cut-through
+    frame found bad upstream); ``tx_aborted``: frames ended with /E/ (an underrun).
+
+    With ``cut_through`` a bad frame is not dropped but delivered marked ``bad``; it still counts
+    in its error counter (and not in ``rx_frames``' good frames: ``rx_frames`` counts every frame
+    delivered to the node).
     """
     return data.StructLayout({name: 32 for name in (
         "rx_frames", "rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow",
-        "rx_ethertype_drops", "rx_short_drops", "tx_frames", "tx_aborted")})
+        "rx_ethertype_drops", "rx_short_drops", "rx_stomped", "tx_frames", "tx_stomped", "tx_aborted")})
 
 
-#: The :func:`eth_stats_layout` counters of frames a port received and did not deliver.
+#: The :func:`eth_stats_layout` counters of frames that went bad on the link into a port, or that
+#: the port could not take (``rx_stomped``, frames spoilt before this link, is not one of them).
 RX_DROP_COUNTERS = ("rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow",
                     "rx_ethertype_drops", "rx_short_drops")
 
 
 def rx_drops(stats):
-    """Frames a port received and dropped whole, as one 32-bit wrapping value: the sum of the
-    :data:`RX_DROP_COUNTERS` of ``stats`` (an :func:`eth_stats_layout` view). A node reports it
-    in its ``link_drop_*`` STATS counters (``docs/protocol.md``)."""
+    """Frames that went bad on the link into a port (or found no room), as one 32-bit wrapping
+    value: the sum of the :data:`RX_DROP_COUNTERS` of ``stats`` (an :func:`eth_stats_layout`
+    view). Store and forward, the port dropped them; cut-through, it passed them on marked, to
+    be stomped. A node reports it in its ``link_drop_*`` STATS counters (``docs/protocol.md``):
+    the counter that is not 0 names the link where frames were lost."""
     total = stats[RX_DROP_COUNTERS[0]]
     for name in RX_DROP_COUNTERS[1:]:
         total = total + stats[name]
@@ -191,6 +204,7 @@ class EthFramer(wiring.Component):
         n = _nbytes(m, i.payload.keep)
         held = Signal(48)                # bytes 2 … 7 of the previous input beat (or header 8 … 13)
         tail_n = Signal(range(7))
+        tail_bad = Signal()
 
         with m.FSM():
             with m.State("HEAD"):
@@ -203,11 +217,12 @@ class EthFramer(wiring.Component):
                 m.d.comb += [o.valid.eq(i.valid), i.ready.eq(o.ready),
                              o.payload.data.eq(Cat(held, i.payload.data[:16]))]
                 with m.If(i.payload.last & (n <= 2)):
-                    m.d.comb += [o.payload.keep.eq(_keep_of(n + 6)), o.payload.last.eq(1)]
+                    m.d.comb += [o.payload.keep.eq(_keep_of(n + 6)), o.payload.last.eq(1),
+                                 o.payload.bad.eq(i.payload.bad)]
                 with m.Else():
                     m.d.comb += o.payload.keep.eq(0xFF)
                 with m.If(i.valid & i.ready):
-                    m.d.sync += [held.eq(i.payload.data[16:]), tail_n.eq(n - 2)]
+                    m.d.sync += [held.eq(i.payload.data[16:]), tail_n.eq(n - 2), tail_bad.eq(i.payload.bad)]
                     with m.If(i.payload.last):
                         with m.If(n <= 2):
                             m.next = "HEAD"
@@ -215,7 +230,7 @@ class EthFramer(wiring.Component):
                             m.next = "TAIL"
             with m.State("TAIL"):
                 m.d.comb += [o.valid.eq(1), o.payload.data.eq(held), o.payload.keep.eq(_keep_of(tail_n)),
-                             o.payload.last.eq(1)]
+                             o.payload.last.eq(1), o.payload.bad.eq(tail_bad)]
                 with m.If(o.ready):
                     m.next = "HEAD"
         return m
@@ -236,12 +251,15 @@ class EthDeframer(wiring.Component):
       uncut: their length is in their tags, so one shorter than 46 bytes keeps its padding.
 
     Output beat ``j`` is input bytes ``14 + 8j … 21 + 8j``; the two header beats are taken
-    without output, then one beat out for every beat in.
+    without output, then one beat out for every beat in. ``bad`` on an input frame's last beat
+    goes to its output frame's last beat; the last output beat of a frame cut short of its
+    padding therefore waits until the padding's last beat (the verdict) has arrived.
 
     Attributes
     ----------
     i : In(stream.Signature(beat_layout(64)))
-        Good Ethernet frames without FCS (from :class:`~wirereduce.hdl.mac.RxDropBad`).
+        Ethernet frames without FCS: good ones (from :class:`~wirereduce.hdl.mac.RxDropBad`), or
+        any with the verdict in ``bad`` (from :class:`~wirereduce.hdl.mac.RxCutThrough`).
     o : Out(stream.Signature(beat_layout(64)))
         Wirereduce frames.
     frames, ethertype_drops, short_drops : Out(32)
@@ -262,6 +280,9 @@ class EthDeframer(wiring.Component):
         n = _nbytes(m, beat.keep)
         held = Signal(16)                        # bytes 6, 7 of the previous input beat
         tail_n = Signal(range(3))
+        tail_bad = Signal()
+        pend_data = Signal(64)                   # the last output beat, waiting for the padding to end
+        pend_keep = Signal(8)
         pos = Signal(16)                         # frame bytes sent so far (8 a beat)
         codec_none = Signal()
         limit = Signal(range(HEADER_BYTES + 4 * 65535 + 1))
@@ -301,8 +322,12 @@ class EthDeframer(wiring.Component):
                     with m.Else():
                         m.next = "BODY"
             with m.State("BODY"):
-                m.d.comb += [o.valid.eq(i.valid), i.ready.eq(o.ready),
-                             o.payload.data.eq(Cat(held, beat.data[:48]))]
+                early = trim & ~beat.last        # the frame ends here, its padding follows
+                m.d.comb += [o.payload.data.eq(Cat(held, beat.data[:48])), o.payload.bad.eq(beat.bad)]
+                with m.If(early):
+                    m.d.comb += i.ready.eq(1)
+                with m.Else():
+                    m.d.comb += [o.valid.eq(i.valid), i.ready.eq(o.ready)]
                 avail = Mux(beat.last & (n <= 6), n + 2, _BEAT)
                 with m.If(trim):
                     m.d.comb += [o.payload.keep.eq(_keep_of(Mux(left < avail, left, avail))), o.payload.last.eq(1)]
@@ -311,26 +336,37 @@ class EthDeframer(wiring.Component):
                 with m.Else():
                     m.d.comb += o.payload.keep.eq(0xFF)
                 with m.If(fire_in):
-                    m.d.sync += [held.eq(beat.data[48:]), tail_n.eq(n - 6), pos.eq(pos + _BEAT)]
+                    m.d.sync += [held.eq(beat.data[48:]), tail_n.eq(n - 6), pos.eq(pos + _BEAT),
+                                 tail_bad.eq(beat.bad)]
                     with m.If(pos == 0):
                         m.d.sync += codec_none.eq(beat.data[8:16] == 0)  # frame byte 3
                     with m.If(pos == _BEAT):
                         m.d.sync += limit.eq(lim_now)
-                    with m.If(o.payload.last):
+                    with m.If(early):
+                        m.d.sync += [pend_data.eq(o.payload.data), pend_keep.eq(o.payload.keep)]
+                        m.next = "PAD"
+                    with m.Elif(o.payload.last):
                         finish()
                         m.next = "ETH0"
-                        with m.If(~beat.last):
-                            m.next = "DROP"
                     with m.Elif(beat.last):
                         m.next = "TAIL"
             with m.State("TAIL"):
                 avail = tail_n
-                m.d.comb += [o.valid.eq(1), o.payload.data.eq(held), o.payload.last.eq(1)]
+                m.d.comb += [o.valid.eq(1), o.payload.data.eq(held), o.payload.last.eq(1),
+                             o.payload.bad.eq(tail_bad)]
                 with m.If(trim):
                     m.d.comb += o.payload.keep.eq(_keep_of(Mux(left < avail, left, avail)))
                 with m.Else():
                     m.d.comb += o.payload.keep.eq(_keep_of(tail_n))
                 with m.If(o.ready):
+                    finish()
+                    m.next = "ETH0"
+            with m.State("PAD"):
+                # Padding is consumed; the held last beat leaves with the padding's last beat.
+                m.d.comb += [o.payload.data.eq(pend_data), o.payload.keep.eq(pend_keep),
+                             o.payload.last.eq(1), o.payload.bad.eq(beat.bad),
+                             o.valid.eq(i.valid & beat.last), i.ready.eq(~beat.last | o.ready)]
+                with m.If(fire_in & beat.last):
                     finish()
                     m.next = "ETH0"
             with m.State("DROP"):
@@ -385,6 +421,11 @@ class EthPort10G(wiring.Component):
     rx_frames : int
         Receive FIFO depth in frames of ``max_frame_bytes(mtu)`` (≥ 1, default 2): what the node
         may fall behind the line before frames are lost (``stats.rx_overflow``).
+    cut_through : bool
+        Deliver frames as they arrive, a bad one with ``bad`` on its last beat
+        (:class:`~wirereduce.hdl.mac.RxCutThrough`), instead of holding each until its FCS is
+        checked and dropping bad ones (:class:`~wirereduce.hdl.mac.RxDropBad`, the default).
+        Either way a frame that arrives with ``bad`` on ``tx`` leaves with a stomped FCS.
 
     Attributes
     ----------
@@ -418,7 +459,7 @@ class EthPort10G(wiring.Component):
     """
 
     def __init__(self, mtu: int, *, cdc: bool = True, local_mac: int = DEFAULT_LOCAL_MAC,
-                 peer_mac: int = DEFAULT_PEER_MAC, rx_frames: int = 2):
+                 peer_mac: int = DEFAULT_PEER_MAC, rx_frames: int = 2, cut_through: bool = False):
         try:
             if not isinstance(mtu, int) or isinstance(mtu, bool) or not 20 <= mtu <= 65535 - 18:
                 raise ValueError(f"mtu must be an int number of bytes from 20 to 65517, not {mtu!r}")
@@ -434,6 +475,7 @@ class EthPort10G(wiring.Component):
         self.local_mac = local_mac
         self.peer_mac = peer_mac
         self.rx_frames = rx_frames
+        self.cut_through = bool(cut_through)
         beat = stream.Signature(beat_layout(64))
         members = {
             "tx": In(beat), "rx": Out(beat),
@@ -467,7 +509,8 @@ class EthPort10G(wiring.Component):
         st = self.stats
         m.d.comb += [st.rx_frames.eq(deframer.frames), st.rx_ethertype_drops.eq(deframer.ethertype_drops),
                      st.rx_short_drops.eq(deframer.short_drops)]
-        drop_bad = RxDropBad(max_frame, depth=self.rx_frames * frame_beats + 16)
+        rx_depth = self.rx_frames * frame_beats + 16
+        drop_bad = RxCutThrough(max_frame, depth=rx_depth) if self.cut_through else RxDropBad(max_frame, depth=rx_depth)
         idle = xgmii_layout.const(IDLE_COLUMN).as_value()
         if not self.cdc:
             m.submodules.mac_tx = mac_tx = MacTx()
@@ -498,8 +541,10 @@ class EthPort10G(wiring.Component):
             m.d.comb += [
                 st.rx_fcs_errors.eq(mac_rx.stats.fcs_errors), st.rx_runts.eq(mac_rx.stats.runts),
                 st.rx_oversize.eq(mac_rx.stats.oversize), st.rx_code_errors.eq(mac_rx.stats.errors),
-                st.rx_overflow.eq(drop_bad.overflow),
-                st.tx_frames.eq(mac_tx.stats.frames), st.tx_aborted.eq(mac_tx.stats.aborted),
+                st.rx_overflow.eq(drop_bad.overflow), st.rx_stomped.eq(mac_rx.stats.stomped),
+                st.tx_frames.eq(mac_tx.stats.frames), st.tx_stomped.eq(mac_tx.stats.stomped),
+                st.tx_aborted.eq(mac_tx.stats.aborted),
+                mac_tx.stomp.eq(mac_tx.i.payload.bad),
             ]
             return m
 
@@ -529,6 +574,7 @@ class EthPort10G(wiring.Component):
         m.d.comb += [
             mac_tx.i.valid.eq(sending & tx_beats.r_rdy),
             mac_tx.i.payload.eq(stored),
+            mac_tx.stomp.eq(stored.bad),
             take.eq(mac_tx.i.valid & mac_tx.i.ready & tx_en),
             tx_beats.r_en.eq(take),
             tx_tokens.r_en.eq(~sending & tx_tokens.r_rdy),
@@ -573,8 +619,9 @@ class EthPort10G(wiring.Component):
         for name, domain, src in (
             ("rx_fcs_errors", "gt_rx", mac_rx.stats.fcs_errors), ("rx_runts", "gt_rx", mac_rx.stats.runts),
             ("rx_oversize", "gt_rx", mac_rx.stats.oversize), ("rx_code_errors", "gt_rx", mac_rx.stats.errors),
-            ("rx_overflow", "gt_rx", drop_bad.overflow),
-            ("tx_frames", "gt_tx", mac_tx.stats.frames), ("tx_aborted", "gt_tx", mac_tx.stats.aborted),
+            ("rx_overflow", "gt_rx", drop_bad.overflow), ("rx_stomped", "gt_rx", mac_rx.stats.stomped),
+            ("tx_frames", "gt_tx", mac_tx.stats.frames), ("tx_stomped", "gt_tx", mac_tx.stats.stomped),
+            ("tx_aborted", "gt_tx", mac_tx.stats.aborted),
         ):
             m.submodules[f"count_{name}"] = pc = _PulseCount(domain)
             m.d.comb += [pc.src.eq(src), st[name].eq(pc.count)]

@@ -3,7 +3,11 @@
 Every port of a node carries frames as a :mod:`amaranth.lib.stream` of :func:`beat_layout`
 beats. Byte ``k`` of a frame is ``data[8*(k % B) : 8*(k % B) + 8]`` of beat ``k // B``
 (``B = width // 8`` bytes a beat), as on an AXI4-Stream bus; ``keep`` marks valid bytes and is
-all ones except on the last beat of a frame.
+all ones except on the last beat of a frame. ``bad``, meaningful on the last beat only, says the
+frame turned out bad after its first beats had already been passed on (a cut-through Ethernet
+receiver found its FCS wrong, :class:`~wirereduce.hdl.ethport.EthPort10G`): every stage carries
+it to the frame's last beat out, and an Ethernet transmitter then sends the frame with a stomped
+FCS so that the next hop drops it (like the ``tuser`` error bit of an AXI4-Stream MAC).
 """
 
 from __future__ import annotations
@@ -43,21 +47,22 @@ def header_beats(width: int) -> int:
 
 
 def beat_layout(width: int) -> data.StructLayout:
-    """One beat of a ``width``-bit frame stream: ``data`` (width), ``keep`` (width/8), ``last`` (1)."""
+    """One beat of a ``width``-bit frame stream: ``data`` (width), ``keep`` (width/8), ``last`` (1),
+    ``bad`` (1, on the last beat: the frame is known bad, see the module docstring)."""
     check_width(width)
-    return data.StructLayout({"data": width, "keep": width // 8, "last": 1})
+    return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "bad": 1})
 
 
 def tagged_layout(width: int) -> data.StructLayout:
     """A beat plus ``first`` (1 on the first beat of a frame), for stages that rewrite the header."""
     check_width(width)
-    return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "first": 1})
+    return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "bad": 1, "first": 1})
 
 
 def gated_layout(width: int, index_bits: int) -> data.StructLayout:
     """A beat that passed a :class:`FrameGate`: the beat plus its frame's header and beat index."""
     return data.StructLayout({
-        "data": width, "keep": width // 8, "last": 1,
+        "data": width, "keep": width // 8, "last": 1, "bad": 1,
         "first": 1, "index": index_bits, "hdr": header_layout(),
     })
 
@@ -158,6 +163,7 @@ class FrameGate(wiring.Component):
         o = self.o.payload
         m.d.comb += [
             o.data.eq(out_beat.data), o.keep.eq(out_beat.keep), o.last.eq(out_beat.last),
+            o.bad.eq(out_beat.bad),
         ]
         with m.FSM():
             with m.State("START"):

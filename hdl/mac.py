@@ -15,6 +15,8 @@ Blocks
     frame instead of dropping it (for cut-through) and counts frames and errors.
 :class:`RxDropBad`
     Optional store-and-forward stage after :class:`MacRx` that drops bad frames whole.
+:class:`RxCutThrough`
+    The cut-through alternative: passes beats as they arrive, the verdict in ``bad`` on the last.
 
 The FCS (IEEE 802.3 clause 3.2.9) is CRC-32 as :data:`amaranth.lib.crc.catalog.CRC32_ETHERNET`
 defines it; both directions update it 8 bytes a cycle, and 0 … 8 bytes on the last column of a
@@ -34,7 +36,7 @@ __all__ = [
     "XGMII_IDLE", "XGMII_START", "XGMII_TERMINATE", "XGMII_ERROR", "PREAMBLE_BYTE", "SFD_BYTE",
     "FCS_ALGORITHM", "FCS_BYTES", "MIN_FRAME_BYTES", "MAX_FRAME_BYTES", "JUMBO_FRAME_BYTES", "IFG_BYTES",
     "XgmiiSignature", "crc_update", "fcs_value", "rx_error_layout", "rx_beat_layout", "rx_stats_layout",
-    "tx_stats_layout", "MacTx", "MacRx", "RxDropBad",
+    "tx_stats_layout", "MacTx", "MacRx", "RxDropBad", "RxCutThrough",
 ]
 
 #: XGMII control characters (IEEE 802.3 Table 46-3), sent with the lane's control flag set.
@@ -164,9 +166,12 @@ def rx_error_layout() -> data.StructLayout:
 
     ``code``: cut short by /E/ or another control character before /T/, or by a new /S/
     (clause 46.3.3); ``oversize``: longer than ``max_frame`` (clause 4.4.2 maxFrameSize);
-    ``runt``: shorter than 64 bytes (minFrameSize); ``fcs``: FCS mismatch (clause 3.4).
+    ``runt``: shorter than 64 bytes (minFrameSize); ``stomped``: the FCS is exactly the inverse of
+    the right one, i.e. a cut-through node upstream stomped it (:attr:`MacTx.stomp`) because the
+    frame went bad before it; ``fcs``: any other FCS mismatch, i.e. the frame went bad on this
+    link (clause 3.4).
     """
-    return data.StructLayout({"fcs": 1, "runt": 1, "oversize": 1, "code": 1})
+    return data.StructLayout({"fcs": 1, "runt": 1, "oversize": 1, "code": 1, "stomped": 1})
 
 
 def rx_beat_layout() -> data.StructLayout:
@@ -181,12 +186,12 @@ def rx_stats_layout() -> data.StructLayout:
     """:class:`MacRx` counters, 32 bits each, wrapping.
 
     ``frames_ok`` / ``bytes_ok``: good frames and their bytes as the client sees them
-    (destination address to end of payload, no FCS); ``fcs_errors``, ``runts``, ``oversize``:
-    bad frames by :func:`rx_error_layout`; ``errors``: frames cut short by a control character
-    (``code``) and starts with a bad preamble or SFD.
+    (destination address to end of payload, no FCS); ``fcs_errors``, ``runts``, ``oversize``,
+    ``stomped``: bad frames by :func:`rx_error_layout`; ``errors``: frames cut short by a control
+    character (``code``) and starts with a bad preamble or SFD.
     """
     return data.StructLayout({name: 32 for name in
-                              ("frames_ok", "bytes_ok", "fcs_errors", "runts", "oversize", "errors")})
+                              ("frames_ok", "bytes_ok", "fcs_errors", "runts", "oversize", "errors", "stomped")})
 
 
 def tx_stats_layout() -> data.StructLayout:
@@ -523,7 +528,14 @@ class MacRx(wiring.Component):
             m.d.comb += verdict.oversize.eq(1)
         with m.Elif(total < MIN_FRAME_BYTES):
             m.d.comb += verdict.runt.eq(1)
-        with m.Elif(crc_fin[::-1] != FCS_ALGORITHM(8).residue()):
+        with m.Elif(crc_fin[::-1] == FCS_ALGORITHM(8).residue()):
+            pass
+        with m.Elif(crc_fin[::-1] == 0):
+            # The residue of a frame whose FCS was sent inverted: with the register's start value
+            # the output XOR (as for the residue, amaranth.lib.crc.Parameters.residue) and that
+            # XOR undone by the inversion, 32 zero bits leave 0.
+            m.d.comb += verdict.stomped.eq(1)
+        with m.Else():
             m.d.comb += verdict.fcs.eq(1)
 
         # Output register; the beat after a /T/ column (j > 4) waits one cycle in pend_*.
@@ -592,6 +604,8 @@ class MacRx(wiring.Component):
                         count("runts")
                     with m.Elif(verdict.fcs):
                         count("fcs_errors")
+                    with m.Elif(verdict.stomped):
+                        count("stomped")
                     with m.Else():
                         count("frames_ok")
                         m.d.sync += stats.bytes_ok.eq(stats.bytes_ok + total - FCS_BYTES)
@@ -724,4 +738,84 @@ class RxDropBad(wiring.Component):
                 m.d.sync += left.eq(left - 1)
                 with m.If(left == 1):
                     m.d.sync += active.eq(0)
+        return m
+
+
+class RxCutThrough(wiring.Component):
+    """Cut-through receive buffer after :class:`MacRx`: beats go on as they arrive, and the
+    frame's verdict goes with its last beat as ``bad`` (:func:`~wirereduce.hdl.frame.beat_layout`).
+
+    A node behind it starts on a frame before its FCS is known; a frame found bad at the end
+    leaves marked, so whatever it turned into is sent with a stomped FCS
+    (:attr:`MacTx.stomp`) and dropped at the next hop (NTT's cut-through ring, SPEC.md system 1;
+    the stomped FCS of cut-through Ethernet switches).
+
+    The input cannot wait, so the FIFO admits a frame at its first beat only if it has room for a
+    whole ``max_frame`` frame; otherwise the frame is dropped whole (no beat of it leaves) and
+    counted in ``overflow``. An admitted frame therefore always fits, and a frame is never cut.
+    Latency: 2 cycles (the FIFO's buffered read) from a beat in to the same beat out.
+
+    Parameters
+    ----------
+    max_frame : int
+        Longest frame :class:`MacRx` passes, in bytes with FCS.
+    depth : int or None
+        FIFO depth in beats; default two ``max_frame`` frames plus 16 beats.
+
+    Attributes
+    ----------
+    i : In(stream.Signature(rx_beat_layout(), always_ready=True))
+        From :attr:`MacRx.o`.
+    o : Out(stream.Signature(beat_layout(64)))
+        Every admitted frame, ``bad`` set on the last beat of a bad one.
+    overflow : Out(32)
+        Frames dropped whole because the FIFO had no room for them (wrapping counter).
+
+    Raises
+    ------
+    ValueError
+        If ``depth`` is smaller than one ``max_frame`` frame.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME_BYTES, depth: int | None = None):
+        need = -(-max_frame // _LANES)
+        if depth is None:
+            depth = 2 * need + 16
+        if not isinstance(depth, int) or depth < need:
+            self._MustUse__silence = True
+            raise ValueError(f"depth must hold one {max_frame}-byte frame ({need} beats), not {depth!r}")
+        self.max_frame = max_frame
+        self.depth = depth
+        super().__init__({
+            "i": In(stream.Signature(rx_beat_layout(), always_ready=True)),
+            "o": Out(stream.Signature(beat_layout(64))),
+            "overflow": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        blay = beat_layout(64)
+        need = -(-self.max_frame // _LANES)
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=blay.size, depth=self.depth)
+        beat = self.i.payload
+        in_frame = Signal()
+        admit = Signal()
+        admit_now = Signal()
+        m.d.comb += admit_now.eq(Mux(in_frame, admit, beats.w_level + need <= self.depth))
+        m.d.comb += [
+            beats.w_data.eq(Cat(beat.data, beat.keep, beat.last, beat.bad & beat.last)),  # beat_layout order
+            beats.w_en.eq(self.i.valid & admit_now),
+        ]
+        with m.If(self.i.valid):
+            with m.If(beat.last):
+                m.d.sync += in_frame.eq(0)
+                with m.If(~admit_now):
+                    m.d.sync += self.overflow.eq(self.overflow + 1)
+            with m.Else():
+                m.d.sync += [in_frame.eq(1), admit.eq(admit_now)]
+        m.d.comb += [
+            self.o.valid.eq(beats.r_rdy),
+            self.o.payload.eq(beats.r_data),
+            beats.r_en.eq(self.o.ready),
+        ]
         return m

@@ -18,6 +18,16 @@ Every input goes through a :class:`~wirereduce.hdl.frame.FrameGate`: a frame who
 wrong for its port (version, opcode, collective, sequence number, element count, runt) is
 dropped whole before any beat of it reaches the adders, and counted in the STATS counters
 (:data:`wirereduce.protocol.STATS_COUNTERS`) that a STATS_REQUEST from the host reads.
+
+A frame whose last beat says ``bad`` (a cut-through Ethernet receiver found its FCS wrong after
+the node had started on it, :mod:`wirereduce.hdl.frame`) is processed like any other, and every
+frame it turns into leaves with ``bad`` on its last beat too: the Ethernet port sends it with a
+stomped FCS, the next hop drops it at its host NIC or passes it on marked, and no host ever
+receives it. The sum it carried is lost whole; no part of it is applied anywhere. The chunk is
+missing at every host (the driver reports it, :class:`~wirereduce.host.driver.ChunksLost`), the
+sequence numbers stay in step and the rest of the collective completes. A HOST_PUSH marked
+``bad`` does not fill its buffer slot (the ring then waits for that chunk, and the driver
+reports the stall).
 """
 
 from __future__ import annotations
@@ -173,7 +183,7 @@ def _untag(m, src, dst):
     m.d.comb += [
         dst.valid.eq(src.valid), src.ready.eq(dst.ready),
         dst.payload.data.eq(src.payload.data), dst.payload.keep.eq(src.payload.keep),
-        dst.payload.last.eq(src.payload.last),
+        dst.payload.last.eq(src.payload.last), dst.payload.bad.eq(src.payload.bad),
     ]
 
 
@@ -335,7 +345,7 @@ class Node(wiring.Component):
             pipe.wr_data.eq(hb_out.data),
             pipe.wr_en.eq(host_gate.o.valid & host_gate.o.ready & ~is_first),
         ]
-        written = host_gate.o.valid & host_gate.o.ready & ~is_first & hb_out.last
+        written = host_gate.o.valid & host_gate.o.ready & ~is_first & hb_out.last & ~hb_out.bad
 
         # --- clockwise input: REDUCE frames ---------------------------------------------------
         ch = cw_gate.head
@@ -396,6 +406,7 @@ class Node(wiring.Component):
             bc_fork.i.payload.data.eq(g.data),
             bc_fork.i.payload.keep.eq(g.keep),
             bc_fork.i.payload.last.eq(g.last),
+            bc_fork.i.payload.bad.eq(g.bad),
             bc_fork.i.payload.first.eq(g.first),
             bc_fork.en_a.eq(~is_first),
             bc_fork.en_b.eq(1),

@@ -131,13 +131,13 @@ class ReducePipeline(wiring.Component):
 
         # Stage 1: the buffer read completes; the adder lanes start.
         meta = data.StructLayout({
-            "valid": 1, "data": w, "keep": w // 8, "last": 1, "first": 1, "mask": lanes,
+            "valid": 1, "data": w, "keep": w // 8, "last": 1, "bad": 1, "first": 1, "mask": lanes,
         })
         s1 = Signal(meta)
         with m.If(en):
             m.d.sync += [
                 s1.valid.eq(self.i.valid), s1.data.eq(beat.data), s1.keep.eq(beat.keep),
-                s1.last.eq(beat.last), s1.first.eq(beat.first), s1.mask.eq(mask),
+                s1.last.eq(beat.last), s1.bad.eq(beat.bad), s1.first.eq(beat.first), s1.mask.eq(mask),
             ]
         m.d.comb += [adder.a.eq(s1.data), adder.b.eq(rd.data), adder.en.eq(en)]
 
@@ -167,6 +167,7 @@ class ReducePipeline(wiring.Component):
             self.o.payload.data.eq(out),
             self.o.payload.keep.eq(stage.keep),
             self.o.payload.last.eq(stage.last),
+            self.o.payload.bad.eq(stage.bad),
             self.o.payload.first.eq(stage.first),
         ]
         return m

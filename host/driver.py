@@ -68,9 +68,9 @@ class ChunksLost(DriverError):
 
 #: Counters that name why a node dropped frames, with what to say about them.
 _DROP_REASONS = (
-    ("link_drop_cw", "frames from rank − 1 dropped by its Ethernet port (bad FCS, runt, code error …)"),
-    ("link_drop_ccw", "frames from rank + 1 dropped by its Ethernet port (bad FCS, runt, code error …)"),
-    ("link_drop_host", "frames from its host dropped by its Ethernet port"),
+    ("link_drop_cw", "frames spoilt on the link from rank − 1 (bad FCS, runt, code error …)"),
+    ("link_drop_ccw", "frames spoilt on the link from rank + 1 (bad FCS, runt, code error …)"),
+    ("link_drop_host", "frames spoilt on the link from its host"),
     ("drop_seq", "frames dropped for an out-of-order sequence number (after a lost one)"),
     ("drop_codec", "compressed frames dropped for a bad length"),
     ("drop_count", "frames dropped for a bad element count"),

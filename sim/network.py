@@ -299,6 +299,10 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     ``eth_host{k}`` (tx: ``host_tx``, rx: ``host_rx``). Every cable carries one scrambled 66-bit
     block a cycle each way, delayed ``latency`` cycles: 10.3125 Gbaud at 156.25 MHz.
 
+    The ring ports are cut-through (``EthPort10G(cut_through=True)``: a frame found bad at its
+    FCS is forwarded marked and sent on with a stomped FCS); the host ports, node side and NIC
+    side, are store and forward, so a bad frame is never buffered or delivered.
+
     Real Ethernet has no back-pressure: a receiving port whose node does not take frames fills its
     FIFO (2 frames) and then loses frames (counted in ``stats.rx_overflow``). In the allreduce
     schedule with the host window ≤ slots that does not happen: a node's outputs leave at the
@@ -315,8 +319,9 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
     n = len(ring)
 
-    def port(name, node, idx, peer_node, peer_idx):
-        p = EthPort10G(mtu, cdc=False, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx))
+    def port(name, node, idx, peer_node, peer_idx, cut_through=False):
+        p = EthPort10G(mtu, cdc=False, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
+                       cut_through=cut_through)
         m.submodules[name] = p
         return p
 
@@ -336,8 +341,8 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
     for k in range(n):
         nxt = (k + 1) % n
-        cw = port(f"eth_cw{k}", k, 0, nxt, 1)
-        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0)
+        cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True)
+        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True)
         wiring.connect(m, ring[k].cw_out, cw.tx)
         wiring.connect(m, cw.rx, ring[k].ccw_in)
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)

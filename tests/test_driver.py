@@ -447,7 +447,7 @@ def test_cluster_lost_result_is_reported_with_counters():
     err = info.value
     assert err.missing == {0: [], 1: [1]}
     assert "node 1: 2/3 result chunks, missing [1]" in str(err)
-    assert "node 1: 1 frames from rank − 1 dropped by its Ethernet port" in str(err)
+    assert "node 1: 1 frames spoilt on the link from rank − 1" in str(err)
     assert err.stats[1]["link_drop_cw"] == 1 and err.stats[0]["link_drop_cw"] == 0
     assert [Header.unpack(d).opcode for k, d in t.sent if k == 1][-1] == Opcode.STATS_REQUEST
     want = ring_allreduce(arrays)

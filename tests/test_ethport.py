@@ -14,7 +14,7 @@ import pytest
 from amaranth import Cat, ClockDomain, ClockSignal, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
-from amaranth_harness import stream_recv, stream_send
+from amaranth_harness import stream_recv, stream_send, to_beats
 from test_mac import columns, fcs, on_line
 from wirereduce.hdl.ethport import EthFramer, EthPort10G, eth_header, eth_stats_layout
 from wirereduce.hdl.pcs import SYNC_DATA, Encoder, Scrambler
@@ -46,10 +46,11 @@ class Pair(wiring.Component):
     """Two cdc=False ports cabled back to back with ``delay`` cycles of wire each way; ``flip``
     inverts payload bit 5 of the ``flip_at``-th data block on the a → b wire (0: never)."""
 
-    def __init__(self, delay: int = 3):
+    def __init__(self, delay: int = 3, b_cut_through: bool = False):
         self.delay = delay
         self.a = EthPort10G(MTU, cdc=False, local_mac=0x020000000001, peer_mac=0x020000000002)
-        self.b = EthPort10G(MTU, cdc=False, local_mac=0x020000000002, peer_mac=0x020000000001)
+        self.b = EthPort10G(MTU, cdc=False, local_mac=0x020000000002, peer_mac=0x020000000001,
+                            cut_through=b_cut_through)
         super().__init__({"flip_at": wiring.In(16)})
 
     def elaborate(self, platform):
@@ -154,6 +155,73 @@ def test_bit_error_on_the_wire_drops_the_frame():
     run(dut, [tb_send, tb_recv])
     assert got == [frames[0], frames[2], frames[3]]
     assert final["rx_fcs_errors"] == 1 and final["rx_frames"] == 3 and final["valid"] == 0
+
+
+async def send_marked(ctx, port, frame: bytes, bad: int):
+    """Send one frame on a port's ``tx`` with ``bad`` on its last beat (what a node forwards)."""
+    beats = to_beats(frame, 64)
+    for word, keep, last in beats:
+        ctx.set(port.tx.payload.data, word)
+        ctx.set(port.tx.payload.keep, keep)
+        ctx.set(port.tx.payload.last, last)
+        ctx.set(port.tx.payload.bad, bad & last)
+        ctx.set(port.tx.valid, 1)
+        await ctx.tick().until(port.tx.ready)
+    ctx.set(port.tx.valid, 0)
+    ctx.set(port.tx.payload.bad, 0)
+
+
+async def recv_marked(ctx, port, max_cycles=3000) -> tuple[bytes, int]:
+    """One frame from a port's ``rx`` and the ``bad`` flag of its last beat."""
+    out = b""
+    ctx.set(port.rx.ready, 1)
+    p = port.rx.payload
+    for _ in range(max_cycles):
+        _, _, v, word, kp, lst, bad = await ctx.tick().sample(port.rx.valid, p.data, p.keep, p.last, p.bad)
+        if v:
+            out += int(word).to_bytes(8, "little")[:bin(kp).count("1")]
+            if lst:
+                ctx.set(port.rx.ready, 0)
+                return out, bad
+    raise TimeoutError(f"no frame for {max_cycles} cycles")
+
+
+def test_cut_through_marks_a_bad_frame_and_the_next_hop_gets_it_stomped():
+    """Port b is cut-through: a bit flipped on the a → b wire in the second frame comes out of b
+    with all its bytes and ``bad`` on its last beat (counted as an FCS error), the others clean.
+    Sent back from b to a as a node would forward them (``bad`` kept), the marked frame leaves b
+    with a stomped FCS (``tx_stomped``), and store-and-forward port a drops it, counted as stomped
+    (spoilt upstream) rather than as an FCS error of its own link."""
+    rng = random.Random(6)
+    frames = [wr_frame(rng, 40, seq=k) for k in range(3)] + [wr_frame(rng, 3, seq=3)]  # the last one padded
+    dut = Pair(b_cut_through=True)
+    at_b, at_a, final = [], [], {}
+
+    async def tb_send(ctx):
+        ctx.set(dut.flip_at, 24 + 10)  # a data block in the middle of the second frame
+        for f in frames:
+            await stream_send(ctx, dut.a.tx, f, 64)
+
+    async def tb_forward(ctx):
+        for _ in frames:
+            f, bad = await recv_marked(ctx, dut.b)
+            at_b.append((f, bad))
+            await send_marked(ctx, dut.b, f, bad)
+
+    async def tb_back(ctx):
+        for _ in range(3):
+            at_a.append(await stream_recv(ctx, dut.a.rx, 64, max_cycles=4000))
+        await ctx.tick().repeat(80)
+        final["a"], final["b"] = stats(ctx, dut.a), stats(ctx, dut.b)
+
+    run(dut, [tb_send, tb_forward, tb_back])
+    assert [bad for _, bad in at_b] == [0, 1, 0, 0]
+    assert [f for f, _ in at_b][::2] == frames[::2] and at_b[3][0] == frames[3]
+    assert len(at_b[1][0]) == len(frames[1]) and at_b[1][0] != frames[1]
+    assert at_a == [frames[0], frames[2], frames[3]]
+    assert final["b"]["rx_fcs_errors"] == 1 and final["b"]["rx_frames"] == 4
+    assert final["b"]["tx_stomped"] == 1 and final["b"]["tx_frames"] == 4
+    assert final["a"]["rx_stomped"] == 1 and final["a"]["rx_fcs_errors"] == 0 and final["a"]["rx_frames"] == 3
 
 
 class RawLine(wiring.Component):

@@ -143,13 +143,15 @@ def test_corrupt_needs_eth_links_and_a_valid_place(tmp_path):
 
 
 @pytest.mark.verilator
-def test_bit_error_on_a_cable_is_detected_and_reported(eth_sim):
-    """One bit flipped on the cable rank 1 → rank 2 in the middle of the run (block 1000: the
-    sixth of the ~190-block REDUCE frames): rank 2's port fails the frame's FCS and drops it
-    whole, so nothing of it reaches a sum. The ring stops on the missing sequence number; the
-    run ends in RingStalled, not a hang, naming the missing chunks and rank 2's counters
-    (link_drop_cw = 1, then the later frames as out of sequence), and every result a host did
-    receive is the golden sum, bit for bit."""
+def test_bit_error_on_a_cable_loses_one_chunk_and_is_reported(eth_sim):
+    """One bit flipped on the cable rank 1 → rank 2 in the middle of the run (block 1000: in the
+    sixth of the ~190-block REDUCE frames). Rank 2's ring port is cut-through: it passes the frame
+    on marked bad, rank 2 adds its chunk and sends the sum with a stomped FCS, rank 3 (cut-through
+    too) passes it on marked, its broadcast goes round stomped, and every host NIC drops it, so
+    no host receives any part of that chunk. The sequence numbers stay in step and the other 11
+    chunks complete; the run ends in RingStalled (not a hang) naming the one missing chunk, and
+    the STATS show where it was spoilt: rank 2's ``link_drop_cw`` is 1, every other link counter
+    0 (stomped frames are not counted). Every result that arrived is the golden sum, bit for bit."""
     from wirereduce.host.driver import ChunksLost
     from wirereduce.sim.fastsim import RingStalled
 
@@ -163,18 +165,18 @@ def test_bit_error_on_a_cable_is_detected_and_reported(eth_sim):
     drops = {(k, name): st[k][name] for k in range(4) for name in ("link_drop_host", "link_drop_cw", "link_drop_ccw")}
     assert drops.pop((2, "link_drop_cw")) == 1
     assert set(drops.values()) == {0}
-    assert st[2]["drop_seq"] >= 1  # the frames after the lost one, refused in order
-    assert "node 2: 1 frames from rank − 1 dropped by its Ethernet port" in str(err)
-    # Every host lost the same tail of chunks; what arrived is the golden sum.
+    assert all(st[k]["drop_seq"] == 0 for k in range(4)), "no frame was refused out of order"
+    assert "node 2: 1 frames spoilt on the link from rank − 1" in str(err)
+    # The same single chunk is missing at every host; what arrived is the golden sum.
     lost = err.missing[0]
-    assert lost and lost == list(range(lost[0], 12)) and lost[0] >= 1
+    assert len(lost) == 1 and 1 <= lost[0] < 11
     assert all(err.missing[k] == lost for k in range(4))
-    want = ring_allreduce(arrays).view(np.uint32)
+    assert all(st[k]["reduce_frames"] == 12 for k in range(1, 4))  # every rank > 0 took all 12, the spoilt one too
+    want_f = ring_allreduce(arrays)
+    want = want_f.view(np.uint32)
     for k in range(4):
         for seq, (off, n) in enumerate(err.chunks):
             if err.received[k][seq]:
                 got = err.results[k][off:off + n].view(np.uint32)
-                want_f = ring_allreduce(arrays)[off:off + n]
-                bad = (got != want[off:off + n]) & ~np.isnan(want_f)
+                bad = (got != want[off:off + n]) & ~np.isnan(want_f[off:off + n])
                 assert not bad.any(), f"node {k} chunk {seq} differs"
-

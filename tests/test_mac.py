@@ -22,6 +22,7 @@ from wirereduce.hdl.mac import (
     JUMBO_FRAME_BYTES,
     MacRx,
     MacTx,
+    RxCutThrough,
     RxDropBad,
     crc_update,
     fcs_value,
@@ -173,7 +174,8 @@ def collect_frames(beats) -> list[dict]:
             rec = {"data": bytes(cur)}
             if hasattr(p, "bad"):
                 rec["bad"] = int(p.bad)
-                rec["error"] = {k: int(getattr(p.error, k)) for k in ("fcs", "runt", "oversize", "code")}
+            if hasattr(p, "error"):
+                rec["error"] = {k: int(getattr(p.error, k)) for k in ("fcs", "runt", "oversize", "code", "stomped")}
             frames.append(rec)
             cur = bytearray()
     assert not cur, "a frame without its last beat"
@@ -199,7 +201,7 @@ def stats_of(ctx, view, names) -> dict[str, int]:
     return {n: ctx.get(getattr(view, n)) for n in names}
 
 
-RX_COUNTERS = ("frames_ok", "bytes_ok", "fcs_errors", "runts", "oversize", "errors")
+RX_COUNTERS = ("frames_ok", "bytes_ok", "fcs_errors", "runts", "oversize", "errors", "stomped")
 
 
 # --- CRC --------------------------------------------------------------------------------------
@@ -305,13 +307,14 @@ def test_tx_stomp_abort_underrun():
 
 # --- receive ------------------------------------------------------------------------------------
 
-def rx_run(cols, max_frame=1518, drop_bad=None, ready_fn=None):
-    """Simulate MacRx (and an RxDropBad after it if ``drop_bad`` is a dict of its parameters)."""
+def rx_run(cols, max_frame=1518, drop_bad=None, ready_fn=None, cut_through=False):
+    """Simulate MacRx (and an RxDropBad after it if ``drop_bad`` is a dict of its parameters, or
+    an RxCutThrough with those parameters if ``cut_through``)."""
     m = Module()
     m.submodules.rx = rx = MacRx(max_frame)
     out = rx.o
     if drop_bad is not None:
-        m.submodules.drop = drop = RxDropBad(max_frame, **drop_bad)
+        m.submodules.drop = drop = (RxCutThrough if cut_through else RxDropBad)(max_frame, **drop_bad)
         wiring.connect(m, rx.o, drop.i)
         out = drop.o
     result = {}
@@ -323,7 +326,7 @@ def rx_run(cols, max_frame=1518, drop_bad=None, ready_fn=None):
         result["frames"] = collect_frames(beats)
         result["stats"] = stats_of(ctx, rx.stats, RX_COUNTERS)
         if drop_bad is not None:
-            result["drop"] = stats_of(ctx, drop, ("dropped", "overflow"))
+            result["drop"] = stats_of(ctx, drop, ("overflow",) if cut_through else ("dropped", "overflow"))
 
     run(m, tb)
     return result
@@ -342,7 +345,7 @@ def test_rx_good_frames_both_lanes_min_gap():
     assert [f["data"] for f in res["frames"]] == frames
     assert all(f["bad"] == 0 for f in res["frames"])
     assert res["stats"] == {"frames_ok": len(frames), "bytes_ok": sum(map(len, frames)), "fcs_errors": 0,
-                            "runts": 0, "oversize": 0, "errors": 0}
+                            "runts": 0, "oversize": 0, "errors": 0, "stomped": 0}
 
 
 def test_rx_bad_frames():
@@ -390,7 +393,7 @@ def test_rx_bad_frames():
     n_good = sum(k == "good" for k, _ in want)
     assert res["stats"] == {
         "frames_ok": n_good, "bytes_ok": sum(len(f) for k, f in want if k == "good"),
-        "fcs_errors": 1, "runts": 2, "oversize": 1, "errors": 3,
+        "fcs_errors": 1, "runts": 2, "oversize": 1, "errors": 3, "stomped": 0,
     }
 
 
@@ -407,7 +410,8 @@ def test_rx_jumbo_limit():
 
 def test_loopback_tx_to_rx():
     """MacTx's line into MacRx (lane 0 and lane 4 starts as the DIC chooses): frames come back padded
-    and good; a stomped frame comes back as an FCS error, an aborted one as a code error."""
+    and good; a stomped frame comes back marked ``stomped`` (not an FCS error of this link), an
+    aborted one as a code error."""
     rnd = random.Random(3)
     frames = [eth(rnd.randrange(0, 300), seed=k) for k in range(20)]
     m = Module()
@@ -445,11 +449,12 @@ def test_loopback_tx_to_rx():
     got = result["frames"]
     assert [g["data"] for g in got[:20]] == [padded(f) for f in frames]
     assert not any(g["bad"] for g in got[:20])
-    assert got[20]["data"] == eth(100, 50) and got[20]["error"]["fcs"]
+    assert got[20]["data"] == eth(100, 50) and got[20]["bad"]
+    assert got[20]["error"] == {"fcs": 0, "runt": 0, "oversize": 0, "code": 0, "stomped": 1}
     assert got[21]["error"]["code"] and eth(100, 51).startswith(got[21]["data"])
     assert got[22]["data"] == padded(frames[0]) and not got[22]["bad"]
     st = result["stats"]
-    assert (st["frames_ok"], st["fcs_errors"], st["errors"]) == (21, 1, 1)
+    assert (st["frames_ok"], st["fcs_errors"], st["errors"], st["stomped"]) == (21, 0, 1, 1)
 
 
 def test_drop_bad_filters_whole_frames():
@@ -486,11 +491,63 @@ def test_drop_bad_overflow_drops_whole_frames():
     assert res["drop"]["dropped"] == 0
 
 
+def _mixed_frames(rnd, n):
+    """(line bytes, frame, kind) of ``n`` frames, good or spoilt: bad FCS, runt, cut short by /E/."""
+    out = []
+    for k in range(n):
+        f = padded(eth(rnd.randrange(0, 150), seed=k))
+        kind = rnd.choice(["good", "good", "fcs", "runt", "cut"])
+        if kind == "good":
+            out.append((on_line(f + fcs(f)), f, kind))
+        elif kind == "fcs":
+            out.append((on_line(f + bytes(b ^ 0x80 for b in fcs(f))), f, kind))
+        elif kind == "runt":
+            out.append((on_line(f[:40] + fcs(f[:40])), f[:40], kind))
+        else:
+            out.append((on_line(f + fcs(f), {30: ERROR}), f, kind))
+    return out
+
+
+def test_cut_through_marks_bad_frames_instead_of_dropping():
+    """RxCutThrough behind MacRx with a consumer that stalls at random: every frame comes out, in
+    order, good ones unmarked and whole, bad ones with ``bad`` on their last beat (an FCS error
+    with all its bytes, one cut short by /E/ with the bytes before the cut)."""
+    rnd = random.Random(12)
+    frames = _mixed_frames(rnd, 30)
+    res = rx_run(columns([line for line, _, _ in frames]), drop_bad={}, cut_through=True,
+                 ready_fn=lambda: rnd.random() < 0.8)
+    got = res["frames"]
+    assert len(got) == len(frames)
+    for g, (_, f, kind) in zip(got, frames):
+        assert g["bad"] == (kind != "good"), kind
+        if kind in ("good", "fcs", "runt"):
+            assert g["data"] == f
+        else:
+            assert f.startswith(g["data"]) and len(g["data"]) < len(f)
+    assert res["drop"] == {"overflow": 0}
+    assert res["stats"]["fcs_errors"] == sum(k == "fcs" for _, _, k in frames)
+
+
+def test_cut_through_overflow_drops_whole_frames():
+    """A stalled consumer and a 40-beat FIFO: a frame is admitted only with room for a whole
+    128-byte frame, so frames are lost whole (counted), and never cut or marked."""
+    frames = [padded(eth(60 + 8 * k, seed=k)) for k in range(8)]
+    stall = iter([0] * 300)
+    res = rx_run(columns([on_line(f + fcs(f)) for f in frames]), max_frame=128, drop_bad={"depth": 40},
+                 cut_through=True, ready_fn=lambda: next(stall, 1))
+    out = [f["data"] for f in res["frames"]]
+    assert out and all(f in frames for f in out)
+    assert not any(f["bad"] for f in res["frames"])
+    assert res["drop"]["overflow"] == len(frames) - len(out) > 0
+
+
 def test_parameters_are_checked():
     with pytest.raises(ValueError, match="max_frame"):
         MacRx(max_frame=60)
     with pytest.raises(ValueError, match="depth"):
         RxDropBad(1518, depth=100)
+    with pytest.raises(ValueError, match="depth"):
+        RxCutThrough(1518, depth=100)
 
 
 # --- cocotb: the Verilog with cocotbext-eth -------------------------------------------------------

@@ -115,9 +115,9 @@ STATS_COUNTERS: tuple[str, ...] = (
     "drop_count",        # frames dropped: element count too large or not matching the local chunk
     "drop_short",        # frames dropped: shorter than the header
     "drop_codec",        # compressed frames dropped: payload length does not match its tags (codec nodes)
-    "link_drop_host",    # frames the host-side Ethernet port dropped (bad FCS, runt, oversize, code error, overflow)
-    "link_drop_cw",      # frames the Ethernet port facing rank-1 (cw input) dropped, likewise
-    "link_drop_ccw",     # frames the Ethernet port facing rank+1 (ccw input) dropped, likewise
+    "link_drop_host",    # frames that went bad on the host's link into this node (FCS, runt, oversize, code, overflow)
+    "link_drop_cw",      # likewise on the link from rank-1 (cw input); stomped frames not counted
+    "link_drop_ccw",     # likewise on the link from rank+1 (ccw input)
 )
 
 
