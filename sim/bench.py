@@ -518,8 +518,9 @@ def run_eth_rows(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: I
 
     Each configuration (64 bit only) is built with ``SimSetup(links="eth")``: every ring and host
     link is MAC + 10GBASE-R PCS with a 66-bit block cable (``hdl/ethport.py``), so the time now
-    includes real framing, preamble, FCS, the deficit-idle-count gap, the PCS pipeline and the
-    receivers' store-and-forward bad-frame filter (one frame of latency per hop). Prints the same
+    includes real framing, preamble, FCS, the deficit-idle-count gap, the PCS pipeline, the
+    cut-through receive buffer of the ring ports and the store-and-forward bad-frame filter of the
+    host ports (one frame of latency at each end). Prints the same
     nccl-tests-style table, then each row's algbw next to the link-model row of the same size
     when one ran; appends records (``links = "eth"``) to ``records`` and ``rows`` and rewrites
     ``json_path`` after each run. Same gradients as the link-model rows (same seeds).
@@ -545,7 +546,7 @@ def run_eth_rows(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: I
     for config in configs:
         setup = setups[config]
         _out(_config_header(config).replace("\n#\n# ", f"\n# links: 10G Ethernet (MAC + 10GBASE-R PCS, "
-                                            f"store-and-forward receive), {link_latency}-cycle cables\n#\n# ", 1))
+                                            f"cut-through ring ports), {link_latency}-cycle cables\n#\n# ", 1))
         mine = []
         for size in sizes:
             elements = size // 4
