@@ -64,6 +64,10 @@ def test_pcap_needs_eth_links(tmp_path):
     (["--links", "eth", "--width", "512"], "64-bit"),
     (["--engine", "fast", "--pcap", "x.pcap"], "--pcap"),
     (["--links", "eth", "--pcap", "x.pcap"], "--pcap"),  # cocotb engine: no capture
+    (["--engine", "fast", "--corrupt", "1", "100"], "--corrupt"),  # link models: no cable
+    (["--links", "eth", "--corrupt", "1", "100"], "--corrupt"),  # cocotb engine
+    (["--engine", "fast", "--links", "eth", "--corrupt", "4", "100"], "node must be"),
+    (["--engine", "fast", "--links", "eth", "--corrupt", "1", "0"], "block must be"),
 ])
 def test_cli_links_and_pcap_errors(tmp_path, monkeypatch, capsys, extra, needle):
     from wirereduce.cli import main

@@ -101,6 +101,17 @@ def simulate_allreduce(arrays, args, progress=True):
         raise CliError(str(e)) from e
     if pcap is not None and (links != "eth" or getattr(args, "engine", "cocotb") != "fast"):
         raise CliError("--pcap captures an Ethernet link of the fast engine: it needs --engine fast --links eth")
+    corrupt = getattr(args, "corrupt", None)
+    if corrupt is not None:
+        if links != "eth" or getattr(args, "engine", "cocotb") != "fast":
+            raise CliError("--corrupt flips a bit on an Ethernet cable of the fast engine: it needs "
+                           "--engine fast --links eth")
+        from wirereduce.sim.fastsim import check_corrupt
+
+        try:
+            check_corrupt(tuple(corrupt), setup)
+        except ValueError as e:
+            raise CliError(f"--corrupt: {e}") from e
     if getattr(args, "engine", "cocotb") == "fast":
         if args.simulator == "icarus" or args.waves:
             raise CliError("--engine fast runs Verilator with a C++ frame player: it takes neither "
@@ -113,6 +124,8 @@ def simulate_allreduce(arrays, args, progress=True):
             from wirereduce.sim.fastsim import run_allreduce
 
             extra = {"pcap": pcap} if pcap is not None else {}
+            if corrupt is not None:
+                extra["corrupt"] = tuple(corrupt)
             if k is not None:
                 extra["compression"] = k
             rec = run_allreduce(setup, arrays, build_root=Path(args.build_dir) / "fast", progress=progress, **extra)
@@ -344,6 +357,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "MAC + 10GBASE-R PCS (64 bit only)")
     p.add_argument("--pcap", metavar="FILE", default=None,
                    help="write the Ethernet frames node 0 sends node 1 (cw link) to a pcap file "
+                        "(needs --engine fast --links eth)")
+    p.add_argument("--corrupt", nargs=2, type=int, metavar=("NODE", "BLOCK"), default=None,
+                   help="fault injection: flip one bit of the BLOCK-th 66-bit data block node NODE sends "
+                        "node NODE+1; the run then reports the lost chunk and the link "
                         "(needs --engine fast --links eth)")
     _add_sim_args(p)
     p.set_defaults(func=cmd_sim_allreduce)
