@@ -104,7 +104,7 @@ class Vc709Top(Elaboratable):
         return "set_clock_groups -asynchronous \\\n    " + " \\\n    ".join(groups)
 
     def elaborate(self, platform):
-        from wirereduce.hdl.ethport import EthPort10G, rx_drops
+        from wirereduce.hdl.ethport import EthPort10G
         from wirereduce.hdl.i2c import Si5324Init
 
         m = Module()
@@ -164,7 +164,7 @@ class Vc709Top(Elaboratable):
             m.d.comb += [ch.tx_data.eq(port.gt_tx_data), port.gt_rx_data.eq(ch.rx_data)]
             wiring.connect(m, port.rx, getattr(node, to_node))
             wiring.connect(m, getattr(node, from_node), port.tx)
-            m.d.comb += node.link_drops[to_node.split("_")[0]].eq(rx_drops(port.stats))
+            m.d.comb += node.port_stats[to_node.split("_")[0]].eq(port.stats)
         m.d.comb += quad.channels[RESERVED_CAGE].tx_data.eq(0)
 
         for n, s in sfp.items():

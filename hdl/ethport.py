@@ -60,7 +60,7 @@ from wirereduce.hdl.pcs import (
     xgmii_layout,
 )
 
-from wirereduce.protocol import ETH_HEADER_BYTES, ETHERTYPE, HEADER_BYTES
+from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETHERTYPE, HEADER_BYTES
 
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
            "eth_header", "max_frame_bytes", "rx_drops", "EthFramer", "EthDeframer", "EthPort10G"]
@@ -113,9 +113,7 @@ def eth_stats_layout() -> data.StructLayout:
     in its error counter (and not in ``rx_frames``' good frames: ``rx_frames`` counts every frame
     delivered to the node).
     """
-    return data.StructLayout({name: 32 for name in (
-        "rx_frames", "rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow",
-        "rx_ethertype_drops", "rx_short_drops", "rx_stomped", "tx_frames", "tx_stomped", "tx_aborted")})
+    return data.StructLayout({name: 32 for name in ETH_PORT_COUNTERS})
 
 
 #: The :func:`eth_stats_layout` counters of frames that went bad on the link into a port, or that

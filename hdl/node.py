@@ -36,6 +36,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.codecport import CodecIn, CodecOut
+from wirereduce.hdl.ethport import eth_stats_layout, rx_drops
 from wirereduce.hdl.frame import (
     Fork,
     FrameArbiter,
@@ -46,7 +47,16 @@ from wirereduce.hdl.frame import (
 )
 from wirereduce.hdl.reduce import ReducePipeline, reduce_input_layout
 
-from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Header, Opcode, header_layout
+from wirereduce.protocol import (
+    ETH_PORT_COUNTERS,
+    ETH_PORTS,
+    HEADER_BYTES,
+    STATS_COUNTERS,
+    VERSION,
+    Header,
+    Opcode,
+    header_layout,
+)
 
 __all__ = ["Node", "NodeConfig"]
 
@@ -202,10 +212,11 @@ class Node(wiring.Component):
         Frames to the host: HOST_RESULT, STATS.
     cw_in, cw_out : reduce direction (from rank-1, to rank+1).
     ccw_in, ccw_out : broadcast direction (from rank+1, to rank-1).
-    link_drops : In(StructLayout({"host": 32, "cw": 32, "ccw": 32}))
-        Frames the Ethernet port in front of ``host_rx``, ``cw_in``, ``ccw_in`` dropped whole
-        (:func:`wirereduce.hdl.ethport.rx_drops`), reported as the ``link_drop_*`` STATS
-        counters; leave at 0 where the ports are not Ethernet.
+    port_stats : In(StructLayout({"host": eth_stats_layout(), "cw": …, "ccw": …}))
+        The counters of the Ethernet port in front of ``host_rx``/``host_tx``, ``cw_in``/
+        ``ccw_out`` and ``ccw_in``/``cw_out`` (:attr:`wirereduce.hdl.ethport.EthPort10G.stats`):
+        reported in STATS as ``{port}_{counter}``, and summed into ``link_drop_{port}``
+        (:func:`wirereduce.hdl.ethport.rx_drops`); leave at 0 where the ports are not Ethernet.
     """
 
     def __init__(self, config: NodeConfig | None = None):
@@ -215,7 +226,7 @@ class Node(wiring.Component):
             "host_rx": In(beat), "host_tx": Out(beat),
             "cw_in": In(beat), "cw_out": Out(beat),
             "ccw_in": In(beat), "ccw_out": Out(beat),
-            "link_drops": In(data.StructLayout({"host": 32, "cw": 32, "ccw": 32})),
+            "port_stats": In(data.StructLayout({port: eth_stats_layout() for port in ETH_PORTS})),
         })
 
     def elaborate(self, platform):
@@ -237,8 +248,8 @@ class Node(wiring.Component):
         is_last = rank == nodes - 1
 
         # Event counters (STATS_COUNTERS after the first four, which are the configuration).
-        # (the last three, link_drop_*, are the Ethernet ports' own counters: ``link_drops``)
-        event_names = STATS_COUNTERS[4:-3]
+        # (then link_drop_* and the Ethernet ports' own counters, from ``port_stats``)
+        event_names = STATS_COUNTERS[4:STATS_COUNTERS.index("link_drop_host")]
         counters = {name: Signal(32, name=f"cnt_{name}") for name in event_names}
         incs = {name: [] for name in event_names}
 
@@ -443,11 +454,11 @@ class Node(wiring.Component):
             status.header.hop.eq(nodes),
             status.header.seq.eq(chunks),
         ]
-        link = self.link_drops
+        ps = self.port_stats
         values = ([collective, rank, nodes, chunks] + [counters[n] for n in event_names]
-                  + [link.host, link.cw, link.ccw])
-        assert len(values) == len(STATS_COUNTERS) and STATS_COUNTERS[-3:] == (
-            "link_drop_host", "link_drop_cw", "link_drop_ccw")
+                  + [rx_drops(ps[port]) for port in ETH_PORTS]
+                  + [ps[port][name] for port in ETH_PORTS for name in ETH_PORT_COUNTERS])
+        assert len(values) == len(STATS_COUNTERS)
         for k, v in enumerate(values):
             m.d.comb += status.values[k].eq(v)
         for name, flags in incs.items():

@@ -314,7 +314,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
     Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
     """
-    from wirereduce.hdl.ethport import EthPort10G, rx_drops
+    from wirereduce.hdl.ethport import EthPort10G
     from wirereduce.hdl.pcs import SYNC_DATA
 
     n = len(ring)
@@ -347,7 +347,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
         wiring.connect(m, cw.rx, ring[k].ccw_in)
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
         wiring.connect(m, ccw.rx, ring[nxt].cw_in)
-        m.d.comb += [ring[k].link_drops.ccw.eq(rx_drops(cw.stats)), ring[nxt].link_drops.cw.eq(rx_drops(ccw.stats))]
+        m.d.comb += [ring[k].port_stats.ccw.eq(cw.stats), ring[nxt].port_stats.cw.eq(ccw.stats)]
         cable(cw, ccw, flip_link == k)
     hosts = []
     for k, node in enumerate(ring):
@@ -358,7 +358,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
         nic = port(f"eth_nic{k}", k, 3, k, 2)
         wiring.connect(m, node.host_tx, side.tx)
         wiring.connect(m, side.rx, node.host_rx)
-        m.d.comb += node.link_drops.host.eq(rx_drops(side.stats))
+        m.d.comb += node.port_stats.host.eq(side.stats)
         cable(side, nic)
         hosts.append((nic.tx, nic.rx))
     return hosts

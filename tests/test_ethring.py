@@ -171,6 +171,14 @@ def test_bit_error_on_a_cable_loses_one_chunk_and_is_reported(eth_sim):
     assert set(drops.values()) == {0}
     assert all(st[k]["drop_seq"] == 0 for k in range(4)), "no frame was refused out of order"
     assert "node 2: 1 frames spoilt on the link from rank − 1" in str(err)
+    # The ports' own MAC counters, read through the same STATS frames: the FCS error at rank 2,
+    # its stomped copies on the way on (REDUCE to rank 3, the BROADCAST back to ranks 2, 1, 0),
+    # and every node's host port sending its host that chunk stomped, to be dropped by the NIC.
+    assert st[2]["cw_rx_fcs_errors"] == 1 and st[2]["ccw_tx_stomped"] == 1
+    assert st[3]["cw_rx_stomped"] == 1 and st[3]["cw_tx_stomped"] == 1
+    assert [st[k]["ccw_rx_stomped"] for k in range(3)] == [1, 1, 1]
+    assert [st[k]["host_tx_stomped"] for k in range(4)] == [1, 1, 1, 1]
+    assert sum(st[k][f"{p}_rx_fcs_errors"] for k in range(4) for p in ("host", "cw", "ccw")) == 1
     # The same single chunk is missing at every host; what arrived is the golden sum.
     lost = err.missing[0]
     assert len(lost) == 1 and 1 <= lost[0] < 11

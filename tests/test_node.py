@@ -41,11 +41,13 @@ def run_ring(nodes: int, arrays, mtu=1500, ready_prob=1.0, seed=0):
     hp = HostPorts(dut, 64, np.random.default_rng(seed), ready_prob)
     sessions = [NodeSession(k, nodes, 7, a, max_elements(mtu)) for k, a in enumerate(arrays)]
     stats = {}
+    acked = set()  # ranks whose CONTROL answer has arrived: the collector reads the port after that
 
     def pusher(s):
         async def tb(ctx):
             await hp.send(ctx, s.rank, s.control_frame())
             s.check_ack(await hp.recv(ctx, s.rank))
+            acked.add(s.rank)
             await ctx.tick().repeat(10)  # every node configured before the first chunk moves
             for f in s.push_frames():
                 await hp.send(ctx, s.rank, f)
@@ -53,7 +55,8 @@ def run_ring(nodes: int, arrays, mtu=1500, ready_prob=1.0, seed=0):
 
     def collector(s):
         async def tb(ctx):
-            await ctx.tick().repeat(40)
+            while s.rank not in acked:
+                await ctx.tick()
             while not s.done:
                 s.receive(await hp.recv(ctx, s.rank))
             await ctx.tick().repeat(20)

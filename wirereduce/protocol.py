@@ -119,6 +119,24 @@ STATS_COUNTERS: tuple[str, ...] = (
     "link_drop_cw",      # likewise on the link from rank-1 (cw input); stomped frames not counted
     "link_drop_ccw",     # likewise on the link from rank+1 (ccw input)
 )
+#: The MAC/port counters of one Ethernet port (``hdl/ethport.py``, ``eth_stats_layout``), in order.
+ETH_PORT_COUNTERS: tuple[str, ...] = (
+    "rx_frames",           # frames delivered to the node
+    "rx_fcs_errors",       # frames with a bad FCS (a bit error on this link)
+    "rx_runts",            # frames shorter than 64 bytes
+    "rx_oversize",         # frames longer than the MTU allows
+    "rx_code_errors",      # frames cut short by a control character, bad preambles
+    "rx_overflow",         # frames lost: no room in the receive FIFO
+    "rx_ethertype_drops",  # good frames with another EtherType
+    "rx_short_drops",      # frames too short for an Ethernet header
+    "rx_stomped",          # frames that arrived with a stomped FCS (spoilt before this link)
+    "tx_frames",           # frames sent
+    "tx_stomped",          # of those, sent with a stomped FCS
+    "tx_aborted",          # frames ended with /E/ (an underrun)
+)
+#: The node's three ports, in the order their counters follow the node's own in a STATS frame.
+ETH_PORTS: tuple[str, ...] = ("host", "cw", "ccw")
+STATS_COUNTERS += tuple(f"{port}_{name}" for port in ETH_PORTS for name in ETH_PORT_COUNTERS)
 
 
 def header_layout():
