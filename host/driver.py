@@ -29,7 +29,7 @@ from wirereduce.protocol import (
 )
 
 __all__ = ["plan_chunks", "parse_stats", "NodeSession", "Transport", "Cluster", "DriverError", "ChunksLost",
-           "loss_report"]
+           "loss_report", "lost_ranges", "gather_ranges", "scatter_ranges", "check_retries"]
 
 
 class DriverError(RuntimeError):
@@ -79,6 +79,34 @@ _DROP_REASONS = (
     ("drop_opcode", "frames dropped for a bad opcode"),
     ("drop_collective", "frames of another collective dropped"),
 )
+
+
+def check_retries(retries) -> int:
+    """Validate a ``retries`` count (an int ≥ 0); returns it. Raises ValueError otherwise."""
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ValueError(f"retries must be an int ≥ 0, not {retries!r}")
+    return retries
+
+
+def lost_ranges(err: ChunksLost) -> list[tuple[int, int]]:
+    """(offset, count) in elements of every chunk that some host is missing, in order."""
+    lost = sorted(set().union(*err.missing.values()))
+    return [err.chunks[s] for s in lost]
+
+
+def gather_ranges(arrays, ranges) -> list[np.ndarray]:
+    """Each array's elements in ``ranges``, concatenated (float32, shape (sum of counts,))."""
+    return [np.concatenate([a[off:off + n] for off, n in ranges]).astype(np.float32) for a in arrays]
+
+
+def scatter_ranges(result: np.ndarray, ranges, values: np.ndarray) -> np.ndarray:
+    """A copy of ``result`` with ``values`` (as :func:`gather_ranges` laid them out) put back in ``ranges``."""
+    out = np.array(result, dtype=np.float32, copy=True)
+    pos = 0
+    for off, n in ranges:
+        out[off:off + n] = values[pos:pos + n]
+        pos += n
+    return out
 
 
 def loss_report(sessions, stats: dict, what: str) -> str:
@@ -362,7 +390,8 @@ class Cluster:
             if Header.unpack(data).opcode == Opcode.STATS:
                 return parse_stats(data)
 
-    async def allreduce(self, arrays: Sequence[np.ndarray], compression: int | None = None) -> list[np.ndarray]:
+    async def allreduce(self, arrays: Sequence[np.ndarray], compression: int | None = None,
+                        retries: int = 0) -> list[np.ndarray]:
         """Sum ``arrays`` (one float32 array of equal length per node) across the cluster.
 
         ``compression=k`` (4 … 24) sends every chunk INCEPTIONN-compressed with error bound
@@ -370,6 +399,11 @@ class Cluster:
         the result is then :func:`wirereduce.sim.codec.ring_allreduce_compressed` with
         ``host_compressed=True``, bit for bit. Chunks hold at most
         :func:`wirereduce.sim.codec.max_elements_compressed` of the MTU.
+
+        ``retries=r``: when chunks are lost (:class:`ChunksLost`), run up to ``r`` more
+        collectives over just the lost elements (:func:`lost_ranges`) and put their sums in
+        place. Sums are element by element in rank order, so the result is the same bit for bit
+        however the elements are split into chunks.
 
         Returns
         -------
@@ -389,6 +423,17 @@ class Cluster:
         from wirereduce.sim.golden import check_inputs
 
         arrays = check_inputs(arrays, self.nodes)
+        check_retries(retries)
+        try:
+            return await self._allreduce_once(arrays, compression)
+        except ChunksLost as err:
+            if retries == 0:
+                raise
+            ranges = lost_ranges(err)
+            redone = await self.allreduce(gather_ranges(arrays, ranges), compression, retries - 1)
+            return [scatter_ranges(r, ranges, s) for r, s in zip(err.results, redone)]
+
+    async def _allreduce_once(self, arrays, compression):
         collective = self._next_collective
         self._next_collective = collective % 0xFFFF + 1
         sessions = [NodeSession(k, self.nodes, collective, a, self.chunk_elements(compression), compression)

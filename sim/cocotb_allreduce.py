@@ -74,7 +74,7 @@ async def run_jobs(dut):
                            leave=True)
             start = now_cycles()
             wall = time.perf_counter()
-            results = await cluster.allreduce(arrays, compression=compression)
+            results = await cluster.allreduce(arrays, compression=compression, retries=job.get("retries", 0))
             wall = time.perf_counter() - wall
             cycles = now_cycles() - start
             if bar is not None:

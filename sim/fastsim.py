@@ -33,7 +33,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-from wirereduce.host.driver import ChunksLost, DriverError, NodeSession, loss_report, parse_stats
+from wirereduce.host.driver import (
+    ChunksLost,
+    DriverError,
+    NodeSession,
+    check_retries,
+    gather_ranges,
+    loss_report,
+    lost_ranges,
+    parse_stats,
+    scatter_ranges,
+)
 from wirereduce.sim.codec import max_elements_compressed
 from wirereduce.sim.runner import SimSetup, SimulationError, _setup_verilator_env, check_compression
 
@@ -81,7 +91,11 @@ class FastResult:
     elements, frames : int
         Elements per node and chunks per node.
     stats : list of dict
-        Each node's STATS counters as the CONTROL acknowledgement reported them.
+        Each node's STATS counters as the CONTROL acknowledgement reported them; after a retry,
+        as the first run's nodes reported them after the stall (None for a node that did not).
+    retried : int
+        Chunks lost and summed again (``retries``); then ``cycles`` runs from the first push of
+        the first run to the end of the last, stall detection and the new CONTROL included.
     """
 
     results: list
@@ -92,6 +106,7 @@ class FastResult:
     elements: int
     frames: int
     stats: list
+    retried: int = 0
 
     @property
     def bytes(self) -> int:
@@ -100,7 +115,7 @@ class FastResult:
     def as_dict(self) -> dict:
         return {"results": self.results, "cycles": self.cycles, "sim_cycles": self.sim_cycles,
                 "wall_s": self.wall_s, "build_s": self.build_s, "elements": self.elements,
-                "frames": self.frames, "bytes": self.bytes}
+                "frames": self.frames, "bytes": self.bytes, "retried": self.retried}
 
 
 class FastSim:
@@ -176,7 +191,8 @@ class FastSim:
     def allreduce(self, arrays, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int = 200_000,
                   progress: bool = False, collective: int = 1, pcap: str | Path | None = None,
-                  compression: int | None = None, corrupt: tuple[int, int] | None = None) -> FastResult:
+                  compression: int | None = None, corrupt: tuple[int, int] | None = None,
+                  retries: int = 0) -> FastResult:
         """Allreduce ``arrays`` (one float32 array per node) through the simulated ring.
 
         Parameters
@@ -204,7 +220,12 @@ class FastSim:
             Fault injection, ``links="eth"`` only: ``(node, block)`` inverts one bit of the
             ``block``-th (1-based) 66-bit data block node ``node`` sends node ``node + 1`` on
             the cw cable, so the frame it falls in fails its FCS at the receiving port and is
-            dropped whole. The run then ends in :class:`RingStalled`.
+            dropped whole. The run then ends in :class:`RingStalled` (or is retried).
+        retries : int
+            When chunks are lost, run up to this many more collectives over just the lost
+            elements and put their sums in place (:meth:`Cluster.allreduce
+            <wirereduce.host.driver.Cluster.allreduce>` does the same on a live cluster);
+            default 0: raise :class:`RingStalled`.
 
         Returns
         -------
@@ -215,8 +236,8 @@ class FastSim:
         ValueError
             On bad inputs or options, before anything runs.
         RingStalled
-            If the ring stalls (no host port moves for ``timeout_cycles``): names the missing
-            chunks and the counters of the nodes that dropped frames.
+            If the ring stalls (no host port moves for ``timeout_cycles``) and ``retries`` are
+            used up: names the missing chunks and the counters of the nodes that dropped frames.
         SimulationError
             If the player fails.
         DriverError
@@ -231,6 +252,7 @@ class FastSim:
             raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
         check_compression(s, compression)
         flip_link, flip_block = check_corrupt(corrupt, s)
+        check_retries(retries)
         window = s.slots if window is None else window
         epf = max_elements(s.mtu) if compression is None else max_elements_compressed(s.mtu)
         sessions = [NodeSession(k, s.nodes, collective, a, epf, compression) for k, a in enumerate(arrays)]
@@ -278,9 +300,23 @@ class FastSim:
                         stall_stats[sess.rank] = parse_stats(data)
                     else:
                         sess.receive(data)
-            raise RingStalled(loss_report(sessions, stall_stats,
+            err = RingStalled(loss_report(sessions, stall_stats,
                                           f"the ring stalled (no transfer on any host port for {timeout_cycles} "
                                           f"cycles, after {sim_cycles} cycles)"), sessions, stall_stats)
+            if retries == 0:
+                raise err
+            ranges = lost_ranges(err)
+            redo = self.allreduce(gather_ranges(arrays, ranges), window=window, rx_valid_prob=rx_valid_prob,
+                                  tx_ready_prob=tx_ready_prob, seed=seed, timeout_cycles=timeout_cycles,
+                                  progress=progress, collective=collective % 0xFFFF + 1, compression=compression,
+                                  retries=retries - 1)
+            sent = [s_ for s_, _ in per_node if len(s_) > 1]
+            first_push = min(s_[1][0] for s_ in sent) if sent else 0
+            return FastResult(results=[scatter_ranges(r, ranges, v) for r, v in zip(err.results, redo.results)],
+                              cycles=sim_cycles - first_push + redo.sim_cycles, sim_cycles=sim_cycles + redo.sim_cycles,
+                              wall_s=wall + redo.wall_s, build_s=self.build_s, elements=int(arrays[0].size),
+                              frames=nchunks, stats=[stall_stats[k] for k in range(s.nodes)],
+                              retried=len(ranges) + redo.retried)
         first_push = min(sent[1][0] for sent, _ in per_node if len(sent) > 1)
         last_result = 0
         stats = []
@@ -426,7 +462,8 @@ def run_allreduce(setup: SimSetup, arrays, *, build_root: str | Path = "build/fa
     from wirereduce.sim.golden import check_inputs
 
     check_inputs(arrays, setup.nodes)
-    check_options(**{k: v for k, v in options.items() if k not in ("pcap", "compression", "corrupt")})
+    check_options(**{k: v for k, v in options.items() if k not in ("pcap", "compression", "corrupt", "retries")})
+    check_retries(options.get("retries", 0))
     check_corrupt(options.get("corrupt"), setup)
     if options.get("pcap") is not None and setup.links != "eth":
         raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")

@@ -284,11 +284,14 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
             for k, a in enumerate(arrs):
                 arrays[f"job{j}_node{k}"] = a
             compression = job.get("compression")
+            from wirereduce.host.driver import check_retries
+
             try:
                 check_compression(setup, compression)
+                retries = check_retries(job.get("retries", 0))
             except ValueError as e:
                 raise ValueError(f"job {j}: {e}") from e
-            spec.append({"op": op, "compression": compression})
+            spec.append({"op": op, "compression": compression, "retries": retries})
         elif op in ("send", "stats"):
             node = job.get("node")
             if not isinstance(node, int) or not 0 <= node < setup.nodes:

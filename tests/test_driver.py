@@ -10,7 +10,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from wirereduce.host.driver import ChunksLost, Cluster, DriverError, NodeSession, loss_report, parse_stats, plan_chunks
+from wirereduce.host.driver import (
+    ChunksLost,
+    Cluster,
+    DriverError,
+    NodeSession,
+    gather_ranges,
+    loss_report,
+    parse_stats,
+    plan_chunks,
+    scatter_ranges,
+)
 from wirereduce.sim import codec
 from wirereduce.sim.golden import ring_allreduce
 
@@ -457,6 +467,34 @@ def test_cluster_lost_result_is_reported_with_counters():
                 _assert_same_bits(res[off:off + n], want[off:off + n])
             else:
                 assert (rank, seq) == (1, 1)
+
+
+def test_cluster_retries_the_lost_chunk():
+    """With ``retries=1`` the lost chunk is summed again in a second collective of just its
+    elements (one CONTROL with chunks = 1, one push per node) and put in place: the result is the
+    golden sum, bit for bit, at every node. ``retries`` is checked before anything is sent."""
+    t = FakeTransport(3, lose=(1, 1), timeout=0.05)
+    arrays = _arrays(3, 30, seed=7)
+    results = asyncio.run(Cluster(t, mtu=HEADER_BYTES + 4 * 10).allreduce(arrays, retries=1))
+    want = ring_allreduce(arrays)
+    for r in results:
+        _assert_same_bits(r, want)
+    controls = [Header.unpack(d) for k, d in t.sent if k == 0 and Header.unpack(d).opcode == Opcode.CONTROL]
+    assert [(h.collective, h.seq) for h in controls] == [(1, 3), (2, 1)]  # 3 chunks, then the lost one
+    pushes = [Header.unpack(d) for k, d in t.sent if k == 2 and Header.unpack(d).opcode == Opcode.HOST_PUSH]
+    assert [(h.collective, h.count) for h in pushes] == [(1, 10)] * 3 + [(2, 10)]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="retries"):
+            asyncio.run(Cluster(FakeTransport(3)).allreduce(arrays, retries=bad))
+
+
+def test_ranges_gather_and_scatter():
+    a = np.arange(10, dtype=F32)
+    ranges = [(2, 3), (8, 2)]
+    (g,) = gather_ranges([a], ranges)
+    assert g.tolist() == [2, 3, 4, 8, 9]
+    out = scatter_ranges(np.zeros(10, F32), ranges, g * 10)
+    assert out.tolist() == [0, 0, 20, 30, 40, 0, 0, 0, 80, 90]
 
 
 def test_loss_report_without_counters():

@@ -68,6 +68,7 @@ def test_pcap_needs_eth_links(tmp_path):
     (["--links", "eth", "--corrupt", "1", "100"], "--corrupt"),  # cocotb engine
     (["--engine", "fast", "--links", "eth", "--corrupt", "4", "100"], "node must be"),
     (["--engine", "fast", "--links", "eth", "--corrupt", "1", "0"], "block must be"),
+    (["--engine", "fast", "--retries", "-1"], "--retries"),
 ])
 def test_cli_links_and_pcap_errors(tmp_path, monkeypatch, capsys, extra, needle):
     from wirereduce.cli import main
@@ -186,6 +187,12 @@ def test_bit_error_on_a_cable_loses_one_chunk_and_is_reported(eth_sim):
     assert all(st[k]["reduce_frames"] == 12 for k in range(1, 4))  # every rank > 0 took all 12, the spoilt one too
     want_f = ring_allreduce(arrays)
     want = want_f.view(np.uint32)
+
+    # retries=1: the lost chunk is summed again in a second collective; the whole result is exact.
+    res = eth_sim.allreduce(arrays, corrupt=(1, 1000), timeout_cycles=20_000, retries=1)
+    assert res.retried == 1 and res.stats[2]["link_drop_cw"] == 1
+    check_bitexact(arrays, res.results)
+
     for k in range(4):
         for seq, (off, n) in enumerate(err.chunks):
             if err.received[k][seq]:

@@ -101,6 +101,9 @@ def simulate_allreduce(arrays, args, progress=True):
         raise CliError(str(e)) from e
     if pcap is not None and (links != "eth" or getattr(args, "engine", "cocotb") != "fast"):
         raise CliError("--pcap captures an Ethernet link of the fast engine: it needs --engine fast --links eth")
+    retries = getattr(args, "retries", 0)
+    if not isinstance(retries, int) or retries < 0:
+        raise CliError(f"--retries must be an int ≥ 0, not {retries!r}")
     corrupt = getattr(args, "corrupt", None)
     if corrupt is not None:
         if links != "eth" or getattr(args, "engine", "cocotb") != "fast":
@@ -126,13 +129,15 @@ def simulate_allreduce(arrays, args, progress=True):
             extra = {"pcap": pcap} if pcap is not None else {}
             if corrupt is not None:
                 extra["corrupt"] = tuple(corrupt)
+            if retries:
+                extra["retries"] = retries
             if k is not None:
                 extra["compression"] = k
             rec = run_allreduce(setup, arrays, build_root=Path(args.build_dir) / "fast", progress=progress, **extra)
             if pcap is not None:
                 print(f"wrote {pcap} (Ethernet frames node 0 sent node 1 on the cw link)")
         else:
-            (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k}],
+            (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k, "retries": retries}],
                               build_root=args.build_dir, waves=args.waves, progress=progress)
     except SimulationError as e:
         raise CliError(f"simulation failed: {e}") from e
@@ -163,6 +168,9 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     if compression is not None:
         print(f"compression ratio of the pushed gradients: "
               f"{compression_ratio(np.concatenate(arrays), compression):.2f} (algbw counts uncompressed bytes)")
+    if rec.get("retried"):
+        print(f"{rec['retried']} lost chunk(s) summed again (--retries); the time below includes the stall "
+              f"detection and the retry")
     print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
     print(f"simulation speed={rec['cycles'] / rec['wall_s']:,.0f} simulated cycles per wall-clock second "
           f"({setup.simulator}; {wall:.1f} s wall in all, build included)")
@@ -362,6 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fault injection: flip one bit of the BLOCK-th 66-bit data block node NODE sends "
                         "node NODE+1; the run then reports the lost chunk and the link "
                         "(needs --engine fast --links eth)")
+    p.add_argument("--retries", type=int, default=0, metavar="N",
+                   help="when chunks are lost, sum just their elements again, up to N more times "
+                        "(default 0: fail and report the lost chunks)")
     _add_sim_args(p)
     p.set_defaults(func=cmd_sim_allreduce)
 
