@@ -109,9 +109,8 @@ def eth_stats_layout() -> data.StructLayout:
     ``tx_frames``: frames sent; ``tx_stomped``: of those, sent with a stomped FCS (a cut-through
     frame found bad upstream); ``tx_aborted``: frames ended with /E/ (an underrun).
 
-    With ``cut_through`` a bad frame is not dropped but delivered marked ``bad``; it still counts
-    in its error counter (and not in ``rx_frames``' good frames: ``rx_frames`` counts every frame
-    delivered to the node).
+    With ``cut_through`` a bad frame is not dropped but delivered marked ``bad``: it counts in its
+    error counter and, being delivered, in ``rx_frames`` too.
     """
     return data.StructLayout({name: 32 for name in ETH_PORT_COUNTERS})
 

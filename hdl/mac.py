@@ -528,15 +528,11 @@ class MacRx(wiring.Component):
             m.d.comb += verdict.oversize.eq(1)
         with m.Elif(total < MIN_FRAME_BYTES):
             m.d.comb += verdict.runt.eq(1)
-        with m.Elif(crc_fin[::-1] == FCS_ALGORITHM(8).residue()):
-            pass
-        with m.Elif(crc_fin[::-1] == 0):
-            # The residue of a frame whose FCS was sent inverted: with the register's start value
-            # the output XOR (as for the residue, amaranth.lib.crc.Parameters.residue) and that
-            # XOR undone by the inversion, 32 zero bits leave 0.
-            m.d.comb += verdict.stomped.eq(1)
-        with m.Else():
-            m.d.comb += verdict.fcs.eq(1)
+        with m.Elif(crc_fin[::-1] != FCS_ALGORITHM(8).residue()):
+            # A frame whose FCS was sent inverted leaves residue 0: the register starts from the
+            # output XOR (as for the residue, amaranth.lib.crc.Parameters.residue), the inversion
+            # undoes that XOR, and 32 zero bits leave 0. Any other mismatch is a link error.
+            m.d.comb += [verdict.stomped.eq(crc_fin == 0), verdict.fcs.eq(crc_fin != 0)]
 
         # Output register; the beat after a /T/ column (j > 4) waits one cycle in pend_*.
         o = self.o.payload
@@ -620,6 +616,19 @@ class MacRx(wiring.Component):
         return m
 
 
+def _rx_fifo_depth(component, max_frame: int, depth: int | None, frames: int) -> tuple[int, int]:
+    """Beats of one ``max_frame`` frame, and the receive FIFO depth of :class:`RxDropBad` /
+    :class:`RxCutThrough`: ``depth``, or ``frames`` such frames plus 16 beats when None.
+    Raises ValueError if ``depth`` cannot hold one frame."""
+    need = -(-max_frame // _LANES)
+    if depth is None:
+        depth = frames * need + 16
+    if not isinstance(depth, int) or depth < need:
+        component._MustUse__silence = True  # a failed constructor is not an unused elaboratable
+        raise ValueError(f"depth must hold one {max_frame}-byte frame ({need} beats), not {depth!r}")
+    return need, depth
+
+
 class RxDropBad(wiring.Component):
     """Store-and-forward filter after :class:`MacRx`: forwards good frames whole, drops bad ones.
 
@@ -660,14 +669,8 @@ class RxDropBad(wiring.Component):
     """
 
     def __init__(self, max_frame: int = MAX_FRAME_BYTES, depth: int | None = None):
-        need = -(-max_frame // _LANES)
-        if depth is None:
-            depth = need + 16
-        if not isinstance(depth, int) or depth < need:
-            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
-            raise ValueError(f"depth must hold one {max_frame}-byte frame ({need} beats), not {depth!r}")
         self.max_frame = max_frame
-        self.depth = depth
+        self.frame_beats, self.depth = _rx_fifo_depth(self, max_frame, depth, frames=1)
         super().__init__({
             "i": In(stream.Signature(rx_beat_layout(), always_ready=True)),
             "o": Out(stream.Signature(beat_layout(64))),
@@ -778,14 +781,8 @@ class RxCutThrough(wiring.Component):
     """
 
     def __init__(self, max_frame: int = MAX_FRAME_BYTES, depth: int | None = None):
-        need = -(-max_frame // _LANES)
-        if depth is None:
-            depth = 2 * need + 16
-        if not isinstance(depth, int) or depth < need:
-            self._MustUse__silence = True
-            raise ValueError(f"depth must hold one {max_frame}-byte frame ({need} beats), not {depth!r}")
         self.max_frame = max_frame
-        self.depth = depth
+        self.frame_beats, self.depth = _rx_fifo_depth(self, max_frame, depth, frames=2)
         super().__init__({
             "i": In(stream.Signature(rx_beat_layout(), always_ready=True)),
             "o": Out(stream.Signature(beat_layout(64))),
@@ -795,13 +792,12 @@ class RxCutThrough(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         blay = beat_layout(64)
-        need = -(-self.max_frame // _LANES)
         m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=blay.size, depth=self.depth)
         beat = self.i.payload
         in_frame = Signal()
         admit = Signal()
         admit_now = Signal()
-        m.d.comb += admit_now.eq(Mux(in_frame, admit, beats.w_level + need <= self.depth))
+        m.d.comb += admit_now.eq(Mux(in_frame, admit, beats.w_level + self.frame_beats <= self.depth))
         m.d.comb += [
             beats.w_data.eq(Cat(beat.data, beat.keep, beat.last, beat.bad & beat.last)),  # beat_layout order
             beats.w_en.eq(self.i.valid & admit_now),

@@ -291,6 +291,8 @@ class FastSim:
                 tap.unlink(missing_ok=True)
 
         sim_cycles, status, per_node = parsed
+        pushed = [sent for sent, _ in per_node if len(sent) > 1]
+        first_push = min(sent[1][0] for sent in pushed) if pushed else 0
         if status != 0:
             stall_stats = {}
             for sess, (_sent, received) in zip(sessions, per_node):
@@ -310,14 +312,11 @@ class FastSim:
                                   tx_ready_prob=tx_ready_prob, seed=seed, timeout_cycles=timeout_cycles,
                                   progress=progress, collective=collective % 0xFFFF + 1, compression=compression,
                                   retries=retries - 1)
-            sent = [s_ for s_, _ in per_node if len(s_) > 1]
-            first_push = min(s_[1][0] for s_ in sent) if sent else 0
             return FastResult(results=[scatter_ranges(r, ranges, v) for r, v in zip(err.results, redo.results)],
                               cycles=sim_cycles - first_push + redo.sim_cycles, sim_cycles=sim_cycles + redo.sim_cycles,
                               wall_s=wall + redo.wall_s, build_s=self.build_s, elements=int(arrays[0].size),
                               frames=nchunks, stats=[stall_stats[k] for k in range(s.nodes)],
                               retried=len(ranges) + redo.retried)
-        first_push = min(sent[1][0] for sent, _ in per_node if len(sent) > 1)
         last_result = 0
         stats = []
         for sess, (_sent, received) in zip(sessions, per_node):
