@@ -43,8 +43,8 @@ from amaranth.hdl import DomainRenamer
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.vendor import XilinxPlatform
-from wirereduce.hdl.cmac import Cmac100G, CmacRxGlue, CmacTxGlue, cmac_ip_tcl
-from wirereduce.hdl.node import Node, NodeConfig
+from wirereduce.hdl.core.node import Node, NodeConfig
+from wirereduce.hdl.xilinx.cmac import Cmac100G, CmacRxGlue, CmacTxGlue, cmac_ip_tcl
 
 __all__ = ["NAME", "PART", "YOSYS_FAMILY", "Platform", "top", "U55CTop", "QSFP_REFCLK_HZ", "CMACS"]
 
@@ -78,7 +78,7 @@ class Platform(XilinxPlatform):
     each way and the 161.1328125 MHz reference clock), ``qsfp_led`` #0/#1 (``act``, ``stat_g``,
     ``stat_y``, LVCMOS18), ``hbm_cattrip`` (LVCMOS18, must be driven low).
 
-    A build also generates the two CMAC IPs (:func:`wirereduce.hdl.cmac.cmac_ip_tcl`, added to
+    A build also generates the two CMAC IPs (:func:`wirereduce.hdl.xilinx.cmac.cmac_ip_tcl`, added to
     the ``script_after_read`` override), writes the configuration-flash settings of the public
     XDC (SPI x4, 1.8 V) and declares the three reference clocks asynchronous to each other.
     """
@@ -158,7 +158,7 @@ class U55CTop(Elaboratable):
     Parameters
     ----------
     mtu, slots : int
-        As :class:`~wirereduce.hdl.node.NodeConfig` (width is 512).
+        As :class:`~wirereduce.hdl.core.node.NodeConfig` (width is 512).
     """
 
     def __init__(self, mtu: int = 9000, slots: int = 8):

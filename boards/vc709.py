@@ -16,7 +16,7 @@ clock             frequency         pins
 ``sfp_refclk``    156.25 MHz        AH8 / AH7, MGTREFCLK0_113 (from the Si5324)
 ``sma_refclk``    156.25 MHz        AK8 / AK7, MGTREFCLK1_113 (SMA J25/J26)
 ``pcie_refclk``   100 MHz           AB8 / AB7, MGTREFCLK1_115
-GT user clocks    322.265625 MHz    TXOUTCLK / RXOUTCLK nets (:mod:`wirereduce.hdl.gth`)
+GT user clocks    322.265625 MHz    TXOUTCLK / RXOUTCLK nets (:mod:`wirereduce.hdl.xilinx.gth`)
 ================  ================  ===========================================
 
 The board top (:func:`top`, :mod:`wirereduce.boards.vc709_top`) derives its 156.25 MHz core clock

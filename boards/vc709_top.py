@@ -17,10 +17,10 @@ Clock domains:
 - ``sync``: 156.25 MHz from an MMCM on the system clock (200 MHz × 25 / 4 = 1250 MHz VCO, / 8;
   MMCME2 VCO range 600-1440 MHz at -2, DS183); the node and the core side of each Ethernet port.
 - ``gt{n}_tx`` / ``gt{n}_rx`` for n = 0-3: 322.265625 MHz TXOUTCLK / RXOUTCLK of each GTH channel
-  (:mod:`wirereduce.hdl.gth`); the MAC and PCS of each port (:class:`~wirereduce.hdl.ethport.EthPort10G`
+  (:mod:`wirereduce.hdl.xilinx.gth`); the MAC and PCS of each port (:class:`~wirereduce.hdl.eth.port.EthPort10G`
   with ``cdc=True``, frames cross to ``sync`` through asynchronous FIFOs).
 
-Start-up: the CPU reset button (AV40) resets ``init`` and ``sync``. :class:`~wirereduce.hdl.i2c.Si5324Init`
+Start-up: the CPU reset button (AV40) resets ``init`` and ``sync``. :class:`~wirereduce.boards.si5324.Si5324Init`
 programs the Si5324 (SPEC.md: mux 0x74 channel 7, 0x75 off, Si5324 at 0x68, ICAL); its ``done`` is
 the GTH sequencer's ``refclk_ready``, so the QPLL and channels stay in reset until the reference
 clock runs (with ``refclk="sma"`` the QPLL takes the SMA clock and does not wait).
@@ -36,8 +36,8 @@ from amaranth import Cat, ClockDomain, ClockSignal, Const, Elaboratable, Instanc
 from amaranth.hdl import DomainRenamer
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
-from wirereduce.hdl.gth import GthQuad10G
-from wirereduce.hdl.node import Node, NodeConfig
+from wirereduce.hdl.core.node import Node, NodeConfig
+from wirereduce.hdl.xilinx.gth import GthQuad10G
 
 __all__ = ["Vc709Top", "INIT_HZ", "CORE_HZ", "CAGE_ROLES"]
 
@@ -75,7 +75,7 @@ class Vc709Top(Elaboratable):
     Raises
     ------
     ValueError
-        On a bad ``mtu``/``slots`` (from :class:`~wirereduce.hdl.node.NodeConfig`) or ``refclk``.
+        On a bad ``mtu``/``slots`` (from :class:`~wirereduce.hdl.core.node.NodeConfig`) or ``refclk``.
     """
 
     def __init__(self, mtu: int = 1500, slots: int = 8, refclk: str = "si5324"):
@@ -104,8 +104,8 @@ class Vc709Top(Elaboratable):
         return "set_clock_groups -asynchronous \\\n    " + " \\\n    ".join(groups)
 
     def elaborate(self, platform):
-        from wirereduce.hdl.ethport import EthPort10G
-        from wirereduce.hdl.i2c import Si5324Init
+        from wirereduce.boards.si5324 import Si5324Init
+        from wirereduce.hdl.eth.port import EthPort10G
 
         m = Module()
         m.domains += [ClockDomain("init"), ClockDomain("sync")]

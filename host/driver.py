@@ -4,7 +4,7 @@ The core (:class:`NodeSession`) knows the protocol and nothing about I/O: it tur
 gradient into frames (CONTROL, then HOST_PUSH chunks), takes the frames the node sends back
 (STATS, HOST_RESULT) and reassembles the result. A :class:`Transport` only moves frame bytes
 to and from node ``k``'s host port; :class:`Cluster` runs one session per node over it. The
-same code drives the cocotb simulation (:mod:`wirereduce.host.cocotb_transport`) and, with
+same code drives the cocotb simulation (:mod:`wirereduce.host.transports.cocotb`) and, with
 another transport, real boards (the pattern of Glasgow's applet interfaces).
 """
 
@@ -217,7 +217,7 @@ class NodeSession:
         if not 0 <= self.collective < 1 << 16:
             raise ValueError(f"collective id {self.collective} does not fit in 16 bits")
         if self.compression is not None:
-            from wirereduce.sim.codec import check_k
+            from wirereduce.codec import check_k
 
             self.compression = check_k(self.compression)
         self.chunks = plan_chunks(self.data.size, self.elements_per_frame)
@@ -270,7 +270,7 @@ class NodeSession:
             if k is None:
                 yield frame(hdr, self.data[off:off + n])
             else:
-                from wirereduce.sim.codec import encode
+                from wirereduce.codec import encode
 
                 yield frame(hdr.replace(codec=Codec.INCEPTIONN_V1, eb_k=k), encode(self.data[off:off + n], k))
 
@@ -292,7 +292,7 @@ class NodeSession:
             return
         off, n = self.chunks[hdr.seq]
         if hdr.codec == Codec.INCEPTIONN_V1:
-            from wirereduce.sim.codec import decode
+            from wirereduce.codec import decode
 
             try:
                 values = decode(data[HEADER_BYTES:], n, hdr.eb_k) if hdr.count == n else None
@@ -377,7 +377,7 @@ class Cluster:
         (349 at MTU 1500, 2112 at 9000). Raises ValueError on a ``compression`` outside 4 … 24."""
         if compression is None:
             return self.elements_per_frame
-        from wirereduce.sim.codec import check_k, max_elements_compressed
+        from wirereduce.codec import check_k, max_elements_compressed
 
         check_k(compression)
         return max_elements_compressed(self.mtu)
@@ -420,7 +420,7 @@ class Cluster:
         DriverError, TimeoutError
             If a node does not answer its CONTROL frame or a result is malformed.
         """
-        from wirereduce.sim.golden import check_inputs
+        from wirereduce.arrays import check_inputs
 
         arrays = check_inputs(arrays, self.nodes)
         check_retries(retries)

@@ -7,10 +7,12 @@ import math
 
 import numpy as np
 import pytest
-from wirereduce.sim import bench, codec
-from wirereduce.sim.bench import BenchConfig, BenchError
-from wirereduce.sim.golden import ring_allreduce
+from wirereduce.sim.bench import algbw as bench
+from wirereduce.sim.bench.algbw import BenchConfig, BenchError
+from wirereduce.sim.golden import codec as G
+from wirereduce.sim.golden.allreduce import ring_allreduce
 
+from wirereduce import codec
 from wirereduce.cli import build_parser, main
 
 # Ethernet constants, written out here (IEEE 802.3), not taken from the code under test.
@@ -104,7 +106,7 @@ def _fake_runner(efficiency=0.995, fill=200, corrupt=None):
         if compression is None:
             want = ring_allreduce(arrays)
         else:
-            want = codec.ring_allreduce_compressed(arrays, compression, host_compressed=True)
+            want = G.ring_allreduce_compressed(arrays, compression, host_compressed=True)
         results = [want.copy() for _ in arrays]
         if corrupt is not None:
             results[corrupt][n // 2] = np.nextafter(results[corrupt][n // 2], np.float32(np.inf))
@@ -208,7 +210,7 @@ def test_engine_reporting_other_size_is_an_error(tmp_path):
 
 def test_missing_latency_module_records_none(tmp_path, monkeypatch, capsys):
     def no_module():
-        raise ImportError("No module named 'wirereduce.sim.latency'")
+        raise ImportError("No module named 'wirereduce.sim.bench.latency'")
 
     monkeypatch.setattr(bench, "_default_latency", no_module)
     with pytest.warns(RuntimeWarning, match="hop latency not measured"):
@@ -311,7 +313,7 @@ def test_cli_runs_with_fake_engine(work, capsys, monkeypatch):
 
 def test_cli_engine_failure_is_exit_1(work, capsys, monkeypatch):
     def missing():
-        raise BenchError("the simulation engine wirereduce.sim.fastsim cannot be imported: nope")
+        raise BenchError("the simulation engine wirereduce.sim.engines.fastsim cannot be imported: nope")
 
     monkeypatch.setattr(bench, "_default_runner", missing)
     assert main(["bench", "--quick"]) == 1

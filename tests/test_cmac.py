@@ -11,7 +11,7 @@ import random
 import pytest
 from amaranth.back import rtlil
 from amaranth.sim import Simulator
-from wirereduce.hdl.cmac import (
+from wirereduce.hdl.xilinx.cmac import (
     ETH_MIN_FRAME_BYTES,
     Cmac100G,
     CmacRxGlue,

@@ -1,4 +1,4 @@
-"""Tests of wirereduce.sim.codec: the INCEPTIONN-style codec v1 golden model (SPEC.md)."""
+"""Tests of wirereduce.sim.golden.codec: the INCEPTIONN-style codec v1 golden model (SPEC.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from wirereduce.sim import codec as C
-from wirereduce.sim.golden import bit_mismatches
+from wirereduce.sim.golden import codec as G
+from wirereduce.sim.golden.allreduce import bit_mismatches
+from wirereduce.sim.workloads import compression as R
+
+from wirereduce import codec as C
 
 F32 = np.float32
 U32 = np.uint32
@@ -224,14 +227,14 @@ def test_k_out_of_range(k):
     g = np.array([0.5], dtype=F32)
     for call in (lambda: C.quantize(g, k), lambda: C.tags(g, k), lambda: C.encode(g, k),
                  lambda: C.decode(b"", 0, k), lambda: C.encoded_size(g, k), lambda: C.encode_scalar(g[0], k),
-                 lambda: C.ring_allreduce_compressed([g, g], k)):
+                 lambda: G.ring_allreduce_compressed([g, g], k)):
         with pytest.raises(ValueError, match="k must"):
             call()
 
 
 def test_k_checked_before_inputs():
     with pytest.raises(ValueError, match="k must"):
-        C.ring_allreduce_compressed([np.zeros(3, dtype=np.float64)], 30)
+        G.ring_allreduce_compressed([np.zeros(3, dtype=np.float64)], 30)
     assert C.check_k(np.int64(12)) == 12
 
 
@@ -270,7 +273,7 @@ def test_ring_allreduce_compressed_equals_scalar_loop(nodes, n, k, seed):
     scale = rng.choice([2.0 ** -k, 1e-3, 0.1, 1.0, 100.0])
     arrays = [(rng.standard_normal(n) * scale).astype(F32) for _ in range(nodes)]
     arrays[0][rng.integers(0, n)] = rng.choice(np.array([np.inf, -np.inf, np.nan, -0.0, 1e-45], dtype=F32))
-    got = C.ring_allreduce_compressed(arrays, k)
+    got = G.ring_allreduce_compressed(arrays, k)
     assert got.dtype == F32 and got.shape == (n,)
     assert bit_mismatches(got, _scalar_ring(arrays, k)).size == 0
 
@@ -280,7 +283,7 @@ def test_ring_allreduce_compressed_close_to_exact_sum():
     arrays = [(rng.standard_normal(1000) * 0.05).astype(F32) for _ in range(4)]
     exact = np.sum(np.stack(arrays).astype(np.float64), axis=0)
     for k in (8, 12, 16):
-        got = C.ring_allreduce_compressed(arrays, k).astype(np.float64)
+        got = G.ring_allreduce_compressed(arrays, k).astype(np.float64)
         # each of the 4 compressions loses < 2**-k; fp32 rounding adds a little more
         assert np.max(np.abs(got - exact)) < 4 * 2.0 ** -k + 1e-6
 
@@ -288,21 +291,21 @@ def test_ring_allreduce_compressed_close_to_exact_sum():
 def test_ring_allreduce_compressed_input_checks():
     g = np.zeros(4, dtype=F32)
     with pytest.raises(ValueError, match="at least 2 nodes"):
-        C.ring_allreduce_compressed([g], 8)
+        G.ring_allreduce_compressed([g], 8)
     with pytest.raises(ValueError, match="node1"):
-        C.ring_allreduce_compressed([g, np.zeros(4)], 8)
+        G.ring_allreduce_compressed([g, np.zeros(4)], 8)
 
 
 def test_compression_table_small_run():
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
-    records = C.compression_table(ks=(8, 14), nodes=2, epochs=2)
+    records = R.compression_table(ks=(8, 14), nodes=2, epochs=2)
     assert [(r["phase"], r["k"]) for r in records] == [
         (p, k) for p in ("start", "middle", "end") for k in (8, 14)]
     for r in records:
         assert r["ring_ratio"] > 1 and r["worker_ratio"] > 1 and r["sum_ratio"] > 1
         assert math.isclose(sum(r[f"tag{t}"] for t in range(4)), 1.0)
-    text = C.format_table(records)
+    text = R.format_table(records)
     assert "ring" in text and len(text.splitlines()) == 2 + len(records)
 
 
@@ -312,10 +315,10 @@ def test_ring_allreduce_compressed_host_compressed():
     rng = np.random.default_rng(3)
     k = 9
     arrays = [(rng.standard_normal(500) * 10.0 ** rng.integers(-5, 2, 500)).astype(np.float32) for _ in range(4)]
-    got = C.ring_allreduce_compressed(arrays, k, host_compressed=True)
+    got = G.ring_allreduce_compressed(arrays, k, host_compressed=True)
     p = C.decode(C.encode(arrays[0], k), 500, k)
     for x in arrays[1:]:
         xq = C.decode(C.encode(x, k), 500, k)
         p = C.decode(C.encode(np.add(p, xq, dtype=np.float32), k), 500, k)
     assert bit_mismatches(got, p).size == 0
-    assert bit_mismatches(got, C.ring_allreduce_compressed(arrays, k)).size > 0  # the option matters
+    assert bit_mismatches(got, G.ring_allreduce_compressed(arrays, k)).size > 0  # the option matters

@@ -1,6 +1,6 @@
-"""Block tests of the codec gateware (``wirereduce.hdl.codec``) in amaranth.sim, against sim/codec.py.
+"""Block tests of the codec gateware (``wirereduce.hdl.codec.compressor``) in amaranth.sim, against sim/golden/codec.py.
 
-The golden codec :mod:`wirereduce.sim.codec` is the definition: the compressor's output bytes must
+The golden codec :mod:`wirereduce.sim.golden.codec` is the definition: the compressor's output bytes must
 equal :func:`~wirereduce.sim.codec.encode`, the decompressor's output bits
 :func:`~wirereduce.sim.codec.decode`, and the two in series :func:`~wirereduce.sim.codec.quantize`.
 Streams are driven from async testbenches, with random ``valid`` gaps on inputs and random
@@ -16,8 +16,9 @@ from amaranth.back import verilog
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from amaranth_harness import to_beats
-from wirereduce.hdl.codec import BytePacker, Compressor, Decompressor
-from wirereduce.sim import codec
+from wirereduce.hdl.codec.compressor import BytePacker, Compressor, Decompressor
+
+from wirereduce import codec
 
 WIDTHS = [64, 512]
 KS = [4, 7, 12, 17, 24]

@@ -1,4 +1,4 @@
-"""Tests of wirereduce.sim.codec_train: training the demo CNN through the compressed golden ring."""
+"""Tests of wirereduce.sim.workloads.codec_train: training the demo CNN through the compressed golden ring."""
 
 from __future__ import annotations
 
@@ -10,10 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from wirereduce.sim import codec as C  # noqa: E402
-from wirereduce.sim import codec_train as CT  # noqa: E402
-from wirereduce.sim import gradients as G  # noqa: E402
-from wirereduce.sim.golden import ring_allreduce  # noqa: E402
+from wirereduce.sim.golden import codec as GC  # noqa: E402
+from wirereduce.sim.golden.allreduce import ring_allreduce  # noqa: E402
+from wirereduce.sim.workloads import codec_train as CT  # noqa: E402
+from wirereduce.sim.workloads import gradients as G  # noqa: E402
+
+from wirereduce import codec as C  # noqa: E402
 
 RECORD_FIELDS = {
     "k", "seed", "workers", "epochs", "batch", "lr", "steps", "final_accuracy", "best_accuracy",
@@ -59,17 +61,17 @@ def test_uncompressed_is_the_plain_training_path_bit_for_bit(baseline2):
 
 def test_compressed_run_sums_with_the_golden_compressed_ring(monkeypatch):
     calls = []
-    golden = C.ring_allreduce_compressed
+    golden = GC.ring_allreduce_compressed
 
     def spy(arrays, k):
         calls.append(k)
         return golden(arrays, k)
 
-    monkeypatch.setattr(C, "ring_allreduce_compressed", spy)
+    monkeypatch.setattr(GC, "ring_allreduce_compressed", spy)
     res = CT.train_compressed(8, epochs=1)
     assert calls == [8] * res["steps"] and res["steps"] == 6
     monkeypatch.undo()
-    want = _manual_weights(lambda g: C.ring_allreduce_compressed(g, 8), epochs=1)
+    want = _manual_weights(lambda g: GC.ring_allreduce_compressed(g, 8), epochs=1)
     assert np.array_equal(res["weights"].view(np.uint32), want.view(np.uint32))
     # every hop quantizes with error < 2**-k, so the N-hop sum is off by less than N * 2**-k
     assert 0 < res["max_abs_error"] < 4 * 2.0**-8
@@ -90,7 +92,7 @@ def test_compression_ratio_is_the_ring_ratio_of_the_real_gradients():
     res = CT.train_compressed(10, epochs=1, batch=1000)
     assert res["steps"] == 1 and res["batch"] == 359
     grads = G.shard_gradients(nodes=4, steps=0, seed=0, batch=359)
-    payloads = C._ring_payloads(grads, 10)
+    payloads = GC.ring_payloads(grads, 10)
     raw = sum(4 * p.size for p in payloads)
     comp = sum(C.encoded_size(p, 10) for p in payloads)
     assert res["mean_compression_ratio"] == pytest.approx(raw / comp, rel=1e-12)

@@ -1,6 +1,6 @@
-"""Block tests of the codec stages at a node's ports (``wirereduce.hdl.codecport``) in amaranth.sim.
+"""Block tests of the codec stages at a node's ports (``wirereduce.hdl.codec.port``) in amaranth.sim.
 
-Expected frames come from the golden codec (:mod:`wirereduce.sim.codec`) and the protocol's frame
+Expected frames come from the golden codec (:mod:`wirereduce.sim.golden.codec`) and the protocol's frame
 builder: a compressed data frame must come out of :class:`CodecIn` as its header followed by
 ``decode(payload)`` bit for bit, a raw one with ``codec = INCEPTIONN_V1`` out of :class:`CodecOut` as
 its header followed by ``encode(values, eb_k)`` byte for byte; every other frame unchanged, in order;
@@ -15,10 +15,10 @@ from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from test_codec_hdl import Received, byte_beats, gradients, sink, source, u32
-from wirereduce.hdl.codecport import CodecIn, CodecOut, InsertHeader, StripHeader
-from wirereduce.hdl.frame import FrameGate
-from wirereduce.sim import codec
+from wirereduce.hdl.codec.port import CodecIn, CodecOut, InsertHeader, StripHeader
+from wirereduce.hdl.stream.frame import FrameGate
 
+from wirereduce import codec
 from wirereduce.protocol import Codec, Header, Opcode, frame
 
 WIDTHS = [64, 256, 512]
@@ -126,7 +126,7 @@ class _StripInsert(wiring.Component):
     def __init__(self, width):
         from amaranth.lib import stream
         from amaranth.lib.wiring import In, Out
-        from wirereduce.hdl.frame import beat_layout
+        from wirereduce.hdl.stream.frame import beat_layout
 
         self._w = width
         beat = stream.Signature(beat_layout(width))

@@ -3,7 +3,7 @@
 Hosts push INCEPTIONN-compressed chunks (``allreduce(..., compression=k)``), every node
 decompresses what arrives, adds its local values in fp32 and recompresses what leaves, and the
 hosts decode the compressed results. Every result must equal
-:func:`wirereduce.sim.codec.ring_allreduce_compressed` with ``host_compressed=True`` bit for bit
+:func:`wirereduce.sim.golden.codec.ring_allreduce_compressed` with ``host_compressed=True`` bit for bit
 (NaN payloads included), whatever the back-pressure. Three nodes, so rank 0 (first), rank 1 (a
 middle rank that decompresses, adds and recompresses) and rank 2 (last, starts the broadcast) all
 run.
@@ -16,10 +16,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from test_codec_hdl import gradients
-from wirereduce.sim import codec
-from wirereduce.sim.fastsim import FastSim
-from wirereduce.sim.golden import bit_mismatches, ring_allreduce
-from wirereduce.sim.runner import SimSetup
+from wirereduce.sim.engines.fastsim import FastSim
+from wirereduce.sim.engines.runner import SimSetup
+from wirereduce.sim.golden import codec as G
+from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
+
+from wirereduce import codec
 
 SETUP = SimSetup(nodes=3, width=64, mtu=1500, slots=4, codec=True)
 
@@ -40,12 +42,12 @@ def check(results, want):
 def test_real_gradients(ring, k, rx, tx):
     """Real CNN gradients of consecutive training steps, 30 chunks (7.5 times the buffer)."""
     pytest.importorskip("torch")
-    from wirereduce.sim.gradients import gradient_stream
+    from wirereduce.sim.workloads.gradients import gradient_stream
 
     n = 30 * codec.max_elements_compressed(1500) - 17
     arrays = gradient_stream(3, n, seed=k)
     res = ring.allreduce(arrays, compression=k, rx_valid_prob=rx, tx_ready_prob=tx, seed=k)
-    check(res.results, codec.ring_allreduce_compressed(arrays, k, host_compressed=True))
+    check(res.results, G.ring_allreduce_compressed(arrays, k, host_compressed=True))
     assert res.frames == 30
 
 
@@ -56,7 +58,7 @@ def test_edge_values(ring, k):
     rng = np.random.default_rng(k)
     arrays = [gradients(rng, 1000, k) for _ in range(3)]
     res = ring.allreduce(arrays, compression=k, rx_valid_prob=0.8, tx_ready_prob=0.7, seed=k)
-    check(res.results, codec.ring_allreduce_compressed(arrays, k, host_compressed=True))
+    check(res.results, G.ring_allreduce_compressed(arrays, k, host_compressed=True))
 
 
 @pytest.mark.verilator
@@ -68,7 +70,7 @@ def test_bound_travels_per_collective(ring):
     check(ring.allreduce(arrays, collective=11).results, ring_allreduce(arrays))
     for coll, k in ((12, 6), (13, 20)):
         res = ring.allreduce(arrays, compression=k, collective=coll)
-        check(res.results, codec.ring_allreduce_compressed(arrays, k, host_compressed=True))
+        check(res.results, G.ring_allreduce_compressed(arrays, k, host_compressed=True))
     assert all(st["drop_codec"] == 0 for st in res.stats)
 
 

@@ -21,9 +21,10 @@ from wirereduce.host.driver import (
     plan_chunks,
     scatter_ranges,
 )
-from wirereduce.sim import codec
-from wirereduce.sim.golden import ring_allreduce
+from wirereduce.sim.golden import codec as G
+from wirereduce.sim.golden.allreduce import ring_allreduce
 
+from wirereduce import codec
 from wirereduce.protocol import (
     HEADER_BYTES,
     STATS_COUNTERS,
@@ -315,7 +316,7 @@ class FakeTransport:
         parts = self.pushed.pop(seq)
         acc = parts[0].copy()
         if self.eb_k is not None:  # the compressed ring: every hop recompresses (golden model)
-            acc = codec.ring_allreduce_compressed([parts[r] for r in range(self.nodes)], self.eb_k)
+            acc = G.ring_allreduce_compressed([parts[r] for r in range(self.nodes)], self.eb_k)
         else:
             with np.errstate(all="ignore"):
                 for r in range(1, self.nodes):  # rank order
@@ -559,7 +560,7 @@ def test_cluster_compressed_allreduce_matches_golden(nodes, n, mtu, k):
     arrays[0][:3] = [np.inf, -0.0, 3e-42][:min(3, n)]
     t = FakeTransport(nodes, mtu=mtu)
     results = asyncio.run(Cluster(t, mtu=mtu).allreduce(arrays, compression=k))
-    want = codec.ring_allreduce_compressed(arrays, k, host_compressed=True)
+    want = G.ring_allreduce_compressed(arrays, k, host_compressed=True)
     for r in results:
         _assert_same_bits(r, want)
     pushes = [Header.unpack(d) for _, d in t.sent if Header.unpack(d).opcode == Opcode.HOST_PUSH]

@@ -1,4 +1,4 @@
-"""EthPort10G (hdl/ethport.py): framing, MAC and PCS of one node port, in amaranth.sim.
+"""EthPort10G (hdl/eth/port.py): framing, MAC and PCS of one node port, in amaranth.sim.
 
 Frames are compared byte for byte with what was sent. Bad frames are made on the line itself:
 XGMII columns built here (FCS with :func:`zlib.crc32`) are encoded and scrambled by the PCS
@@ -16,8 +16,8 @@ from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from amaranth_harness import stream_recv, stream_send, to_beats
 from test_mac import columns, fcs, on_line
-from wirereduce.hdl.ethport import EthFramer, EthPort10G, eth_header, eth_stats_layout
-from wirereduce.hdl.pcs import SYNC_DATA, Encoder, Scrambler
+from wirereduce.hdl.eth.pcs import SYNC_DATA, Encoder, Scrambler
+from wirereduce.hdl.eth.port import EthFramer, EthPort10G, eth_header, eth_stats_layout
 
 from wirereduce.protocol import Codec, Header, Opcode
 

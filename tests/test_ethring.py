@@ -1,4 +1,4 @@
-"""A ring cabled with real 10G Ethernet: every link is MAC + 10GBASE-R PCS (hdl/ethport.py).
+"""A ring cabled with real 10G Ethernet: every link is MAC + 10GBASE-R PCS (hdl/eth/port.py).
 
 ``SimSetup(links="eth")``: each node's ring and host ports are EthPort10G(cdc=False) ports whose
 66-bit block streams are the cables. The fast engine (Verilator + the C++ frame player) runs the
@@ -14,10 +14,10 @@ import subprocess
 import numpy as np
 import pytest
 from test_node import edge_arrays
-from wirereduce.sim.fastsim import FastSim, run_allreduce
-from wirereduce.sim.golden import ring_allreduce
-from wirereduce.sim.network import eth_mac
-from wirereduce.sim.runner import SimSetup
+from wirereduce.sim.cluster.network import eth_mac
+from wirereduce.sim.engines.fastsim import FastSim, run_allreduce
+from wirereduce.sim.engines.runner import SimSetup
+from wirereduce.sim.golden.allreduce import ring_allreduce
 
 from wirereduce.protocol import ETHERTYPE, Header, Opcode, max_elements
 
@@ -124,7 +124,7 @@ def test_edge_values_bitexact_with_pcap(eth_sim, tmp_path):
 @pytest.mark.verilator
 def test_real_gradients_bitexact(eth_sim):
     """Gradients of the demo CNN (3,818 parameters, 4 data-parallel shards) over Ethernet links."""
-    gradients = pytest.importorskip("wirereduce.sim.gradients")
+    gradients = pytest.importorskip("wirereduce.sim.workloads.gradients")
     try:
         arrays = gradients.shard_gradients(nodes=4, steps=2, seed=1)
     except RuntimeError as e:  # torch or scikit-learn missing
@@ -136,7 +136,7 @@ def test_real_gradients_bitexact(eth_sim):
 
 
 def test_corrupt_needs_eth_links_and_a_valid_place(tmp_path):
-    from wirereduce.sim.fastsim import check_corrupt
+    from wirereduce.sim.engines.fastsim import check_corrupt
 
     with pytest.raises(ValueError, match="links='eth'"):
         run_allreduce(SimSetup(), [np.ones(4, np.float32)] * 4, build_root=tmp_path / "none", corrupt=(1, 5))
@@ -158,7 +158,7 @@ def test_bit_error_on_a_cable_loses_one_chunk_and_is_reported(eth_sim):
     the STATS show where it was spoilt: rank 2's ``link_drop_cw`` is 1, every other link counter
     0 (stomped frames are not counted). Every result that arrived is the golden sum, bit for bit."""
     from wirereduce.host.driver import ChunksLost
-    from wirereduce.sim.fastsim import RingStalled
+    from wirereduce.sim.engines.fastsim import RingStalled
 
     arrays = edge_arrays(4, N, seed=12)
     with pytest.raises(RingStalled) as info:

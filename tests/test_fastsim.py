@@ -1,4 +1,4 @@
-"""System tests on the fast engine: Verilator + the C++ frame player (sim/fastsim.py).
+"""System tests on the fast engine: Verilator + the C++ frame player (sim/engines/fastsim.py).
 
 Every result is compared bit for bit with the golden ring allreduce. These runs cover what the
 cocotb tests are too slow for: messages many times the on-chip buffer, the host window, random
@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_node import edge_arrays
-from wirereduce.sim.fastsim import FastSim, check_options, run_allreduce, strip_zero_memory_init
-from wirereduce.sim.golden import bit_mismatches, ring_allreduce
-from wirereduce.sim.runner import SimSetup, SimulationError
+from wirereduce.sim.engines.fastsim import FastSim, check_options, run_allreduce, strip_zero_memory_init
+from wirereduce.sim.engines.runner import SimSetup, SimulationError
+from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
 
 from wirereduce.protocol import max_elements
 

@@ -1,4 +1,4 @@
-"""Tests of the pipelined binary32 adder (``wirereduce.hdl.fp32``) against numpy float32.
+"""Tests of the pipelined binary32 adder (``wirereduce.hdl.arith.fp32``) against numpy float32.
 
 Every expected sum comes from numpy (``float32 + float32``), never from a hard-coded table. A
 non-NaN result must match bit for bit; where numpy says NaN the adder must give its canonical
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from amaranth.back import verilog
 from amaranth.sim import Simulator
-from wirereduce.hdl.fp32 import CANONICAL_NAN, AdderLanes, FP32Adder
+from wirereduce.hdl.arith.fp32 import CANONICAL_NAN, AdderLanes, FP32Adder
 
 LATENCY = FP32Adder.LATENCY
 

@@ -1,10 +1,10 @@
-"""Tests of wirereduce.sim.golden: input checks, the ring summation order, bit comparison."""
+"""Tests of wirereduce.sim.golden.allreduce: input checks, the ring summation order, bit comparison."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from wirereduce.sim.golden import bit_mismatches, check_inputs, ring_allreduce
+from wirereduce.sim.golden.allreduce import bit_mismatches, check_inputs, ring_allreduce
 
 F32 = np.float32
 

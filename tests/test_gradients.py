@@ -1,4 +1,4 @@
-"""Tests of wirereduce.sim.gradients: real CNN gradients of data-parallel training on digits."""
+"""Tests of wirereduce.sim.workloads.gradients: real CNN gradients of data-parallel training on digits."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-from wirereduce.sim import gradients as G  # noqa: E402
+from wirereduce.sim.workloads import gradients as G  # noqa: E402
 
 PARAMS = 3818
 
@@ -228,7 +228,7 @@ def test_main_writes_npz(tmp_path, capsys):
 
 
 def test_import_is_cheap():
-    code = "import sys, wirereduce.sim.gradients; print('torch' in sys.modules, 'sklearn' in sys.modules)"
+    code = "import sys, wirereduce.sim.workloads.gradients; print('torch' in sys.modules, 'sklearn' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
 

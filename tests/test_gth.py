@@ -1,7 +1,7 @@
 """GTHE2 wrapper: reset sequencer in amaranth.sim; the Instances checked in the generated Verilog.
 
 The expected numbers are computed here from UG476's equations and the 10GBASE-R line rate, not read
-back from ``wirereduce.hdl.gth``.
+back from ``wirereduce.hdl.xilinx.gth``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from amaranth.back import verilog
 from amaranth.hdl import IOPort
 from amaranth.lib.io import DifferentialPort
 from amaranth.sim import Simulator
-from wirereduce.hdl.gth import GthQuad10G, GthResetSequencer, qpll_line_rate
+from wirereduce.hdl.xilinx.gth import GthQuad10G, GthResetSequencer, qpll_line_rate
 
 CLK_HZ = 1_000_000          # 1 µs a cycle keeps the time-outs short in cycles
 RESET_CYCLES = 3            # qpll_reset_ns = 3000

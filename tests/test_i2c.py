@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""I2C master and Si5324 start-up (hdl/i2c.py): amaranth.sim block tests, and a cocotb test with cocotbext-i2c.
+"""I2C master and Si5324 start-up (boards/si5324.py): amaranth.sim block tests, and a cocotb test with cocotbext-i2c.
 
 The block tests put a behavioural bus in the testbench: the open-drain lines are the wired AND of
 the DUT's ``*_oe`` and of target models that decode START / bytes / ACK / STOP from the lines
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from amaranth.sim import Simulator
-from wirereduce.hdl.i2c import SI5324_REGISTERS, I2cMaster, Si5324Init, quarter_cycles
+from wirereduce.boards.si5324 import SI5324_REGISTERS, I2cMaster, Si5324Init, quarter_cycles
 
 # --- the expected writes, from the board facts -------------------------------------------------
 
@@ -343,15 +343,15 @@ def test_verilog_ports():
 
 @pytest.fixture(scope="module")
 def i2c_sim(tmp_path_factory):
-    from wirereduce.sim.cocotb_i2c import build
+    from tb_i2c import build
 
     return build(tmp_path_factory.mktemp("i2c_verilator"))
 
 
 @pytest.mark.cocotb
 def test_i2c_cocotb(i2c_sim):
-    """sim/cocotb_i2c.py: the Verilog against cocotbext-i2c targets (two switches, an I2cMemory as the Si5324)."""
-    from wirereduce.sim.cocotb_i2c import run_case
+    """tests/cocotb/tb_i2c.py: the Verilog against cocotbext-i2c targets (two switches, an I2cMemory as the Si5324)."""
+    from tb_i2c import run_case
 
     failures, log, result = run_case(i2c_sim, "startup")
     assert failures == 0, f"cocotb test failed; log {log}:\n" + "\n".join(

@@ -1,9 +1,9 @@
-"""10G Ethernet MAC (hdl/mac.py): amaranth.sim block tests, and cocotb tests of its Verilog with cocotbext-eth.
+"""10G Ethernet MAC (hdl/eth/mac.py): amaranth.sim block tests, and cocotb tests of its Verilog with cocotbext-eth.
 
 The block tests drive the XGMII and the frame streams cycle by cycle and check against values
 computed here independently: FCS with :func:`zlib.crc32`, frames built with scapy, the line
 decoded byte by byte. The cocotb tests (``-m cocotb``) build one Verilator model of
-:class:`wirereduce.sim.cocotb_mac.MacTop` and run the testbenches of ``sim/cocotb_mac.py``.
+:class:`tb_mac.MacTop` and run the testbenches of ``tests/cocotb/tb_mac.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from amaranth import Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
-from wirereduce.hdl.mac import (
+from wirereduce.hdl.eth.mac import (
     FCS_ALGORITHM,
     JUMBO_FRAME_BYTES,
     MacRx,
@@ -557,7 +557,7 @@ COCOTB_CASES = ["tx_frames", "tx_stomp_abort", "rx_frames", "rx_errors"]
 
 @pytest.fixture(scope="module")
 def mac_sim(tmp_path_factory):
-    from wirereduce.sim.cocotb_mac import build
+    from tb_mac import build
 
     return build(tmp_path_factory.mktemp("mac_verilator"))
 
@@ -565,8 +565,8 @@ def mac_sim(tmp_path_factory):
 @pytest.mark.cocotb
 @pytest.mark.parametrize("case", COCOTB_CASES)
 def test_mac_cocotb(case, mac_sim):
-    """One cocotb testbench of sim/cocotb_mac.py on the Verilator model of MacTop (built once)."""
-    from wirereduce.sim.cocotb_mac import run_case
+    """One cocotb testbench of tests/cocotb/tb_mac.py on the Verilator model of MacTop (built once)."""
+    from tb_mac import run_case
 
     failures, log = run_case(mac_sim, case)
     assert failures == 0, f"cocotb test {case} failed; log {log}:\n" + "\n".join(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth_harness import HostPorts, simulate, stream_recv, stream_send
-from wirereduce.hdl.node import Node, NodeConfig
+from wirereduce.hdl.core.node import Node, NodeConfig
 from wirereduce.host.driver import NodeSession, parse_stats
-from wirereduce.sim.golden import bit_mismatches, ring_allreduce
-from wirereduce.sim.network import Network
+from wirereduce.sim.cluster.network import Network
+from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
 
 from wirereduce.protocol import Header, Opcode, frame, max_elements
 

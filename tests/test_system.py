@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_node import edge_arrays
-from wirereduce.sim.golden import bit_mismatches, ring_allreduce
-from wirereduce.sim.runner import SimSetup, SimulationError, available_simulators, run_jobs
+from wirereduce.sim.engines.runner import SimSetup, SimulationError, available_simulators, run_jobs
+from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
 
 from wirereduce.protocol import Header, Opcode, frame, max_elements
 
@@ -94,7 +94,7 @@ def test_ring_allreduce(nodes, tmp_path_factory):
 def test_real_gradients(sim, tmp_path_factory):
     """Gradients of a real CNN on the digits data set, 4 data-parallel shards, both simulators."""
     need(sim)
-    gradients = pytest.importorskip("wirereduce.sim.gradients")
+    gradients = pytest.importorskip("wirereduce.sim.workloads.gradients")
     pytest.importorskip("torch")
     arrays = gradients.shard_gradients(nodes=4, steps=3, seed=1)
     setup = SimSetup(nodes=4, simulator=sim)

@@ -1,6 +1,6 @@
 """Wire speed of one node in amaranth.sim: one beat per cycle, frames back to back, at 64 and 512 bit.
 
-Every test drives a lone :class:`~wirereduce.hdl.node.Node` through its six stream ports from
+Every test drives a lone :class:`~wirereduce.hdl.core.node.Node` through its six stream ports from
 async testbenches: a CONTROL frame configures the rank, the host pushes its local chunks, then
 back-to-back streams of frames enter the ring or host inputs while every output is watched beat
 by beat. Results are checked bit for bit against numpy float32 sums computed here, in the order
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 from amaranth_harness import to_beats
-from wirereduce.hdl.fp32 import CANONICAL_NAN
-from wirereduce.hdl.node import Node, NodeConfig
+from wirereduce.hdl.arith.fp32 import CANONICAL_NAN
+from wirereduce.hdl.core.node import Node, NodeConfig
 from wirereduce.host.driver import parse_stats
-from wirereduce.sim.latency import hop_latency
+from wirereduce.sim.bench.latency import hop_latency
 
 from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame, max_elements
 

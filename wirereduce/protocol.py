@@ -119,7 +119,7 @@ STATS_COUNTERS: tuple[str, ...] = (
     "link_drop_cw",      # likewise on the link from rank-1 (cw input); stomped frames not counted
     "link_drop_ccw",     # likewise on the link from rank+1 (ccw input)
 )
-#: The MAC/port counters of one Ethernet port (``hdl/ethport.py``, ``eth_stats_layout``), in order.
+#: The MAC/port counters of one Ethernet port (``hdl/eth/port.py``, ``eth_stats_layout``), in order.
 ETH_PORT_COUNTERS: tuple[str, ...] = (
     "rx_frames",           # frames delivered to the node
     "rx_fcs_errors",       # frames with a bad FCS (a bit error on this link)

@@ -1,0 +1,493 @@
+"""The codec at a node's ports: decompress what arrives, compress what leaves (SPEC.md codec v1).
+
+A node with ``NodeConfig(codec=True)`` puts a :class:`CodecIn` behind each of its inputs
+(``host_rx``, ``cw_in``, ``ccw_in``) and a :class:`CodecOut` in front of each of its outputs
+(``host_tx``, ``cw_out``, ``ccw_out``). Inside, the node sees only fp32 payloads, so the reduce
+pipeline, the buffer and the header checks are the same for compressed and uncompressed
+collectives. The header's ``codec`` and ``eb_k`` fields travel with the frame: a frame that
+arrives compressed with ``eb_k = k`` leaves compressed with the same ``k`` (on a REDUCE hop
+after its local values were added), so every hop decompresses, adds and recompresses, as
+INCEPTIONN (Li et al., MICRO 2018) and SPEC.md ask, and one collective can use another bound than
+the next. Frames with ``codec = NONE`` (and CONTROL, STATS, runts, frames of another version)
+pass both stages unchanged.
+
+Which frames are transformed:
+
+* :class:`CodecIn`: ``codec = INCEPTIONN_V1`` and opcode REDUCE, BROADCAST or HOST_PUSH;
+* :class:`CodecOut`: ``codec = INCEPTIONN_V1`` and opcode REDUCE, BROADCAST or HOST_RESULT.
+
+A compressed payload whose length does not match its tags (truncated, too long, non-zero tag
+padding; :class:`~wirereduce.hdl.codec.Decompressor`) is dropped whole by :class:`CodecIn`:
+its decoded values are held in a commit buffer until the payload's last byte has been checked,
+so no value of a malformed frame ever reaches the adders (SPEC.md "bad input loses nothing").
+Each drop pulses ``dropped`` (the node counts them in its ``drop_codec`` STATS counter).
+
+Latency: a transformed frame is stored once in the decompressor's commit buffer and once in
+the compressor (its tags come first), so a compressing hop is store-and-forward, about two
+frame times of the *uncompressed* payload at the node's width. Uncompressed frames pass with
+the :class:`~wirereduce.hdl.stream.frame.FrameGate`'s delay (2 cycles at 64 bit, 1 at 512) per stage.
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.codec.compressor import Compressor, Decompressor
+from wirereduce.hdl.stream.frame import FrameGate, beat_layout, check_width, gated_layout
+
+from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Opcode, header_layout
+
+__all__ = ["hdr_beat_layout", "StripHeader", "InsertHeader", "CodecIn", "CodecOut"]
+
+
+def hdr_beat_layout(width: int) -> data.StructLayout:
+    """A payload beat with its frame's header alongside: ``data``, ``keep``, ``last``, ``hdr``.
+
+    ``hdr`` is the 16-byte wirereduce header (:func:`wirereduce.protocol.header_layout`), the
+    same on every beat of a frame.
+    """
+    check_width(width)
+    return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "hdr": header_layout()})
+
+
+def _shift_bytes(m: Module, name: str, width: int, s: int, src_i, dst_o, start_prev):
+    """Byte realigner: output beat = bytes ``s …`` of the previous beat, then bytes ``0 … s-1``
+    of the current one (``0 < s < width/8``), with a flush beat when the frame's last beat holds
+    more than ``s`` bytes.
+
+    ``src_i`` carries ``data``/``keep``/``last``/``hdr``; ``dst_o`` takes ``data``/``keep``/
+    ``last`` (and ``hdr`` when it has one). ``start_prev`` is ``None`` (strip: the frame's first
+    beat only loads the register) or a ``(data, keep)`` pair that stands for the previous beat at
+    a frame's start (insert: the header in the top bytes).
+    """
+    nb = width // 8
+    cur = src_i.payload
+    have = Signal(name=f"{name}_have")          # prev holds a beat of the current frame
+    flush = Signal(name=f"{name}_flush")        # prev's tail bytes still to send, as the last beat
+    prev_data = Signal(width, name=f"{name}_prev_data")
+    prev_keep = Signal(nb, name=f"{name}_prev_keep")
+    prev_hdr = Signal(header_layout(), name=f"{name}_prev_hdr")
+
+    p_data = Signal(width, name=f"{name}_p_data")
+    p_keep = Signal(nb, name=f"{name}_p_keep")
+    p_have = Signal(name=f"{name}_p_have")
+    if start_prev is None:
+        m.d.comb += [p_data.eq(prev_data), p_keep.eq(prev_keep), p_have.eq(have)]
+    else:
+        m.d.comb += [
+            p_data.eq(Mux(have, prev_data, start_prev[0])),
+            p_keep.eq(Mux(have, prev_keep, start_prev[1])),
+            p_have.eq(1),
+        ]
+    has_hdr = "hdr" in dst_o.payload.shape().members
+    o = dst_o.payload
+    take = Signal(name=f"{name}_take")
+    m.d.comb += take.eq(dst_o.valid & dst_o.ready)
+
+    with m.If(flush):
+        m.d.comb += [
+            o.data.eq(prev_data[8 * s:]), o.keep.eq(prev_keep[s:]), o.last.eq(1),
+            dst_o.valid.eq(1),
+        ]
+        if has_hdr:
+            m.d.comb += o.hdr.eq(prev_hdr)
+        with m.If(take):
+            m.d.sync += [flush.eq(0), have.eq(0)]
+    with m.Elif(p_have):
+        more = cur.keep[s]  # the current beat has bytes beyond the s that fit in this output beat
+        m.d.comb += [
+            o.data.eq(Cat(p_data[8 * s:], cur.data[:8 * s])),
+            o.keep.eq(Cat(p_keep[s:], cur.keep[:s])),
+            o.last.eq(cur.last & ~more),
+            dst_o.valid.eq(src_i.valid),
+            src_i.ready.eq(dst_o.ready),
+        ]
+        if has_hdr:
+            m.d.comb += o.hdr.eq(cur.hdr)
+        with m.If(take):
+            m.d.sync += [prev_data.eq(cur.data), prev_keep.eq(cur.keep), prev_hdr.eq(cur.hdr)]
+            with m.If(cur.last):
+                m.d.sync += have.eq(0)
+                with m.If(more):
+                    m.d.sync += flush.eq(1)
+            with m.Else():
+                m.d.sync += have.eq(1)
+    with m.Else():
+        # Strip, first beat of a frame: nothing to send unless the frame ends here.
+        m.d.comb += [
+            o.data.eq(cur.data[8 * s:]), o.keep.eq(cur.keep[s:]), o.last.eq(1),
+            dst_o.valid.eq(src_i.valid & cur.last),
+            src_i.ready.eq(~cur.last | dst_o.ready),
+        ]
+        if has_hdr:
+            m.d.comb += o.hdr.eq(cur.hdr)
+        with m.If(src_i.valid & src_i.ready & ~cur.last):
+            m.d.sync += [prev_data.eq(cur.data), prev_keep.eq(cur.keep), prev_hdr.eq(cur.hdr), have.eq(1)]
+
+
+class StripHeader(wiring.Component):
+    """Removes the 16-byte wirereduce header from each frame; the payload starts at byte 0.
+
+    A frame that ends with its header (no payload) gives one empty beat (``keep`` = 0,
+    ``last`` = 1), so every input frame gives exactly one output frame. At 64 and 128 bit the
+    header is whole beats, which are skipped; at ≥ 256 bit every output beat is bytes 16 … of
+    one beat and bytes 0 … 15 of the next, with one extra beat when the last input beat holds
+    more than 16 bytes.
+
+    Parameters
+    ----------
+    width : int
+        Datapath width in bits.
+    index_bits : int
+        Width of the input's ``index`` field (that of the :class:`FrameGate` in front).
+
+    Attributes
+    ----------
+    i : In(stream.Signature(gated_layout(width, index_bits)))
+        Whole frames, header included, as a :class:`~wirereduce.hdl.stream.frame.FrameGate` passes them.
+    o : Out(stream.Signature(hdr_beat_layout(width)))
+        Their payloads, each beat with the frame's header.
+    """
+
+    def __init__(self, width: int, index_bits: int):
+        self._width = check_width(width)
+        super().__init__({
+            "i": In(stream.Signature(gated_layout(width, index_bits))),
+            "o": Out(stream.Signature(hdr_beat_layout(width))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        nb = w // 8
+        cur = self.i.payload
+        if nb <= HEADER_BYTES:
+            hb = HEADER_BYTES // nb
+            is_hdr = Signal()
+            m.d.comb += is_hdr.eq(cur.first | (cur.index < hb))
+            m.d.comb += [
+                self.o.payload.data.eq(cur.data),
+                self.o.payload.keep.eq(Mux(is_hdr, 0, cur.keep)),
+                self.o.payload.last.eq(cur.last),
+                self.o.payload.hdr.eq(cur.hdr),
+                self.o.valid.eq(self.i.valid & (~is_hdr | cur.last)),
+                self.i.ready.eq(self.o.ready | (is_hdr & ~cur.last)),
+            ]
+        else:
+            _shift_bytes(m, "strip", w, HEADER_BYTES, self.i, self.o, None)
+        return m
+
+
+class InsertHeader(wiring.Component):
+    """Puts each frame's 16-byte header (its ``hdr``) in front of its payload.
+
+    The inverse of :class:`StripHeader`: an empty payload (one beat, ``keep`` = 0) gives a
+    header-only frame.
+
+    Attributes
+    ----------
+    i : In(stream.Signature(hdr_beat_layout(width)))
+        Payloads starting at byte 0, each beat with its frame's header.
+    o : Out(stream.Signature(beat_layout(width)))
+        Whole frames.
+    """
+
+    def __init__(self, width: int):
+        self._width = check_width(width)
+        super().__init__({
+            "i": In(stream.Signature(hdr_beat_layout(width))),
+            "o": Out(stream.Signature(beat_layout(width))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        nb = w // 8
+        cur = self.i.payload
+        if nb <= HEADER_BYTES:
+            hb = HEADER_BYTES // nb
+            hidx = Signal(range(hb + 1))  # header beats sent for the current frame
+            hdr_beats = [cur.hdr.as_value()[k * w:(k + 1) * w] for k in range(hb)]
+            empty = cur.keep == 0
+            with m.If(hidx < hb):
+                # Header beats wait for the payload's first beat, to know whether it is empty.
+                sel = Signal(w)
+                with m.Switch(hidx):
+                    for k in range(hb):
+                        with m.Case(k):
+                            m.d.comb += sel.eq(hdr_beats[k])
+                last_hdr = hidx == hb - 1
+                m.d.comb += [
+                    self.o.payload.data.eq(sel),
+                    self.o.payload.keep.eq((1 << nb) - 1),
+                    self.o.payload.last.eq(last_hdr & cur.last & empty),
+                    self.o.valid.eq(self.i.valid),
+                    # an empty payload is consumed together with the last header beat
+                    self.i.ready.eq(self.o.ready & last_hdr & cur.last & empty),
+                ]
+                with m.If(self.o.valid & self.o.ready):
+                    with m.If(last_hdr & cur.last & empty):
+                        m.d.sync += hidx.eq(0)
+                    with m.Else():
+                        m.d.sync += hidx.eq(hidx + 1)
+            with m.Else():
+                m.d.comb += [
+                    self.o.payload.data.eq(cur.data),
+                    self.o.payload.keep.eq(cur.keep),
+                    self.o.payload.last.eq(cur.last),
+                    self.o.valid.eq(self.i.valid),
+                    self.i.ready.eq(self.o.ready),
+                ]
+                with m.If(self.o.valid & self.o.ready & cur.last):
+                    m.d.sync += hidx.eq(0)
+        else:
+            s = nb - HEADER_BYTES
+            start = (Cat(Const(0, 8 * s), cur.hdr.as_value()), Const(((1 << HEADER_BYTES) - 1) << s, nb))
+            _shift_bytes(m, "insert", w, s, self.i, self.o, start)
+        return m
+
+
+_DATA_OPS_IN = (Opcode.REDUCE, Opcode.BROADCAST, Opcode.HOST_PUSH)
+_DATA_OPS_OUT = (Opcode.REDUCE, Opcode.BROADCAST, Opcode.HOST_RESULT)
+
+
+def _is_compressed(head, short, opcodes):
+    op_ok = 0
+    for op in opcodes:
+        op_ok = op_ok | (head.opcode == op)
+    return ~short & (head.version == VERSION) & (head.codec == Codec.INCEPTIONN_V1) & op_ok
+
+
+class _CodecStage(wiring.Component):
+    """Shared frame routing of :class:`CodecIn` and :class:`CodecOut`.
+
+    A :class:`FrameGate` reads each header; compressed frames go through
+    ``StripHeader → transform → InsertHeader``, the others straight on; a one-bit-per-frame
+    FIFO of the routes puts the two paths back in the input's frame order.
+    """
+
+    _opcodes: tuple = ()
+
+    def __init__(self, width: int, max_elements: int, max_beats: int):
+        self._width = check_width(width)
+        if not isinstance(max_elements, int) or not 1 <= max_elements <= 65535:
+            raise ValueError(f"max_elements must be 1 … 65535, not {max_elements!r}")
+        if not isinstance(max_beats, int) or max_beats < 1:
+            raise ValueError(f"max_beats must be a positive int, not {max_beats!r}")
+        self._max_elements = max_elements
+        self._max_beats = max_beats
+        beat = stream.Signature(beat_layout(width))
+        super().__init__({"i": In(beat), "o": Out(beat), "dropped": Out(1)})
+
+    def _transform(self, m, src, dst):
+        """Connect the payload transform from ``src`` (hdr beats) to ``dst`` (hdr beats).
+
+        Returns ``None``, or a FIFO whose read side holds one bit per transformed frame in
+        order: 1 if the frame comes out on ``dst``, 0 if the transform discarded it.
+        """
+        raise NotImplementedError
+
+    @staticmethod
+    def _feed(m, src, codec):
+        """Drive ``codec`` (a Compressor or Decompressor) from ``src`` (hdr beats): its payload
+        beats, ``k`` from the header; each frame's header is queued as its first beat goes in.
+        Returns the header FIFO, whose read side the transform pops as the frame leaves."""
+        m.submodules.hdrq = hdrq = fifo.SyncFIFOBuffered(width=len(src.payload.hdr.as_value()), depth=4)
+        in_frame = Signal()
+        first = ~in_frame
+        m.d.comb += [
+            codec.i.payload.data.eq(src.payload.data),
+            codec.i.payload.keep.eq(src.payload.keep),
+            codec.i.payload.last.eq(src.payload.last),
+            codec.k.eq(src.payload.hdr.eb_k),
+            codec.i.valid.eq(src.valid & (~first | hdrq.w_rdy)),
+            src.ready.eq(codec.i.ready & (~first | hdrq.w_rdy)),
+            hdrq.w_data.eq(src.payload.hdr),
+            hdrq.w_en.eq(src.valid & src.ready & first),
+        ]
+        with m.If(src.valid & src.ready):
+            m.d.sync += in_frame.eq(~src.payload.last)
+        return hdrq
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        m.submodules.gate = gate = FrameGate(w, self._max_beats)
+        wiring.connect(m, wiring.flipped(self.i), gate.i)
+        index_bits = len(gate.o.payload.index)
+
+        m.submodules.routes = routes = fifo.SyncFIFOBuffered(width=1, depth=4)
+        decision = Signal()
+        m.d.comb += [
+            decision.eq(_is_compressed(gate.head, gate.head_short, self._opcodes)),
+            gate.accept.eq(gate.head_valid & routes.w_rdy),
+        ]
+        route = Signal()
+        route_reg = Signal()
+        g = gate.o
+        m.d.comb += route.eq(Mux(g.payload.first, decision, route_reg))
+        with m.If(g.valid & g.ready & g.payload.first):
+            m.d.sync += route_reg.eq(decision)
+            m.d.comb += [routes.w_en.eq(1), routes.w_data.eq(decision)]
+
+        # Transform path.
+        m.submodules.strip = strip = StripHeader(w, index_bits)
+        m.submodules.insert = insert = InsertHeader(w)
+        # Straight path: a small FIFO, so that its beats can enter before their route reaches
+        # the head of the route FIFO (the merge reads the route only once it is queued).
+        blay = beat_layout(w)
+        m.submodules.bypass = bq = fifo.SyncFIFOBuffered(width=blay.size, depth=4)
+        g_beat = Signal(blay)
+        m.d.comb += [
+            g_beat.data.eq(g.payload.data), g_beat.keep.eq(g.payload.keep), g_beat.last.eq(g.payload.last),
+            strip.i.payload.eq(g.payload),
+            strip.i.valid.eq(g.valid & route),
+            bq.w_data.eq(g_beat),
+            bq.w_en.eq(g.valid & ~route),
+            g.ready.eq(Mux(route, strip.i.ready, bq.w_rdy)),
+        ]
+        bypass = stream.Signature(blay).create()
+        m.d.comb += [
+            bypass.payload.eq(bq.r_data),
+            bypass.valid.eq(bq.r_rdy),
+            bq.r_en.eq(bypass.ready),
+        ]
+        out = stream.Signature(hdr_beat_layout(w)).create()
+        verdicts = self._transform(m, strip.o, out)
+        wiring.connect(m, out, insert.i)
+
+        # Merge in frame order. ``verdicts`` (when the transform can discard frames) holds one
+        # entry per transformed frame, in order: 1 = it comes out of ``insert``, 0 = discarded,
+        # so its route entry is popped without output.
+        sel = routes.r_data[0]
+        o = self.o
+        if verdicts is None:
+            t_ok, t_skip = routes.r_rdy & sel, 0
+        else:
+            t_ok = routes.r_rdy & sel & verdicts.r_rdy & verdicts.r_data[0]
+            t_skip = routes.r_rdy & sel & verdicts.r_rdy & ~verdicts.r_data[0]
+        t_done = Signal()
+        m.d.comb += [
+            o.valid.eq(Mux(sel, t_ok & insert.o.valid, routes.r_rdy & bypass.valid)),
+            o.payload.eq(Mux(sel, insert.o.payload.as_value(), bypass.payload.as_value())),
+            insert.o.ready.eq(t_ok & o.ready),
+            bypass.ready.eq(routes.r_rdy & ~sel & o.ready),
+            t_done.eq(t_skip | (t_ok & insert.o.valid & o.ready & insert.o.payload.last)),
+            routes.r_en.eq(t_skip | (o.valid & o.ready & o.payload.last)),
+        ]
+        if verdicts is not None:
+            m.d.comb += verdicts.r_en.eq(t_done)
+        return m
+
+
+class CodecIn(_CodecStage):
+    """Decompresses compressed data frames as they enter a node; drops malformed ones whole.
+
+    Parameters
+    ----------
+    width : int
+        Datapath width in bits.
+    max_elements : int
+        Most fp32 values in one frame (``NodeConfig.max_elements``).
+    max_beats : int
+        Beats of the longest frame on the input (``NodeConfig.max_beats``).
+
+    Attributes
+    ----------
+    i : In(stream.Signature(beat_layout(width)))
+        Frames as they arrive, compressed or not.
+    o : Out(stream.Signature(beat_layout(width)))
+        The same frames in the same order with every compressed payload replaced by its fp32
+        values (header unchanged: ``codec``/``eb_k`` still say how the frame is to leave).
+    dropped : Out(1)
+        Pulses once per compressed frame dropped as malformed.
+
+    Raises
+    ------
+    ValueError
+        On a bad width, ``max_elements`` outside 1 … 65535 or ``max_beats`` < 1.
+    """
+
+    _opcodes = _DATA_OPS_IN
+
+    def _transform(self, m, src, dst):
+        w = self._width
+        m.submodules.dec = dec = Decompressor(w, self._max_elements)
+        m.d.comb += dec.n.eq(src.payload.hdr.count)
+        hdrq = self._feed(m, src, dec)
+
+        # Commit buffer: the decoded values of a frame wait until its verdict (the
+        # decompressor's error flag on the last beat) is known; bad frames are discarded.
+        blay = beat_layout(w)
+        depth = -(-4 * self._max_elements // (w // 8)) + 4
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=blay.size, depth=depth)
+        m.submodules.verdicts = verdicts = fifo.SyncFIFOBuffered(width=1 + len(hdrq.r_data), depth=4)
+        d = dec.o.payload
+        last = d.last
+        m.d.comb += [
+            beats.w_data.eq(d.as_value()),
+            beats.w_en.eq(dec.o.valid & dec.o.ready),
+            dec.o.ready.eq(beats.w_rdy & (~last | (verdicts.w_rdy & hdrq.r_rdy))),
+            verdicts.w_data.eq(Cat(~dec.error, hdrq.r_data)),
+            verdicts.w_en.eq(dec.o.valid & dec.o.ready & last),
+            hdrq.r_en.eq(dec.o.valid & dec.o.ready & last),
+        ]
+        stored = data.View(blay, beats.r_data)
+        good = verdicts.r_data[0]
+        # One entry per frame for the merge, written with the frame's first beat: 1 = it will
+        # come out of the InsertHeader, 0 = it is discarded here.
+        m.submodules.skips = skips = fifo.SyncFIFOBuffered(width=1, depth=4)
+        announced = Signal()  # the frame at the head has its entry in ``skips``
+        ann_now = Signal()
+        can = Signal()
+        m.d.comb += [
+            ann_now.eq(~announced & verdicts.r_rdy & beats.r_rdy & skips.w_rdy),
+            can.eq(verdicts.r_rdy & beats.r_rdy & (announced | ann_now)),
+        ]
+        m.d.comb += [
+            dst.payload.data.eq(stored.data),
+            dst.payload.keep.eq(stored.keep),
+            dst.payload.last.eq(stored.last),
+            dst.payload.hdr.eq(verdicts.r_data[1:]),
+            dst.valid.eq(can & good),
+        ]
+        pop = Signal()
+        m.d.comb += pop.eq(can & Mux(good, dst.ready, 1))
+        m.d.comb += [
+            beats.r_en.eq(pop), verdicts.r_en.eq(pop & stored.last),
+            skips.w_en.eq(ann_now), skips.w_data.eq(good),
+        ]
+        with m.If(pop & stored.last):
+            m.d.sync += announced.eq(0)
+        with m.Elif(ann_now):
+            m.d.sync += announced.eq(1)
+        m.d.comb += self.dropped.eq(ann_now & ~good)  # once per frame, before its route is retired
+        return skips
+
+
+class CodecOut(_CodecStage):
+    """Compresses data frames whose header asks for it (``codec = INCEPTIONN_V1``, ``eb_k``) as
+    they leave a node.
+
+    Parameters and attributes as :class:`CodecIn`, except that ``o`` carries each such frame's
+    payload compressed with its header's ``eb_k`` (exactly
+    :func:`wirereduce.sim.codec.encode`), and ``dropped`` never pulses (the node only sends
+    well-formed frames).
+    """
+
+    _opcodes = _DATA_OPS_OUT
+
+    def _transform(self, m, src, dst):
+        w = self._width
+        m.submodules.comp = comp = Compressor(w, self._max_elements)
+        hdrq = self._feed(m, src, comp)
+        m.d.comb += [
+            dst.payload.data.eq(comp.o.payload.data),
+            dst.payload.keep.eq(comp.o.payload.keep),
+            dst.payload.last.eq(comp.o.payload.last),
+            dst.payload.hdr.eq(hdrq.r_data),
+            dst.valid.eq(comp.o.valid & hdrq.r_rdy),
+            comp.o.ready.eq(dst.ready & hdrq.r_rdy),
+            hdrq.r_en.eq(dst.valid & dst.ready & dst.payload.last),
+        ]

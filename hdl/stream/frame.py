@@ -1,0 +1,279 @@
+"""Frame-level stream plumbing: the beat layout, the header gate, fork and frame arbiter.
+
+Every port of a node carries frames as a :mod:`amaranth.lib.stream` of :func:`beat_layout`
+beats. Byte ``k`` of a frame is ``data[8*(k % B) : 8*(k % B) + 8]`` of beat ``k // B``
+(``B = width // 8`` bytes a beat), as on an AXI4-Stream bus; ``keep`` marks valid bytes and is
+all ones except on the last beat of a frame. ``bad``, meaningful on the last beat only, says the
+frame turned out bad after its first beats had already been passed on (a cut-through Ethernet
+receiver found its FCS wrong, :class:`~wirereduce.hdl.eth.port.EthPort10G`): every stage carries
+it to the frame's last beat out, and an Ethernet transmitter then sends the frame with a stomped
+FCS so that the next hop drops it (like the ``tuser`` error bit of an AXI4-Stream MAC).
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from wirereduce.protocol import HEADER_BYTES, header_layout
+
+__all__ = ["beat_layout", "tagged_layout", "gated_layout", "check_width", "header_beats",
+           "FrameGate", "Fork", "FrameArbiter"]
+
+
+def check_width(width: int) -> int:
+    """Validate a datapath width in bits; returns it.
+
+    Raises
+    ------
+    TypeError
+        If ``width`` is not an int.
+    ValueError
+        If ``width`` is not a power of two between 64 and 1024 (the header's first 8 bytes,
+        which hold opcode, src and hop, must sit in beat 0, and fp32 lanes must tile a beat).
+    """
+    if not isinstance(width, int) or isinstance(width, bool):
+        raise TypeError(f"width must be an int number of bits, not {width!r}")
+    if width < 64 or width > 1024 or width & (width - 1):
+        raise ValueError(f"width must be a power of two from 64 to 1024 bits (64 for 10G, 512 for 100G), "
+                         f"not {width}")
+    return width
+
+
+def header_beats(width: int) -> int:
+    """Beats a ``width``-bit stream needs to carry the 16-byte header (2 at 64 bit, 1 at ≥128)."""
+    return -(-HEADER_BYTES // (width // 8))
+
+
+def beat_layout(width: int) -> data.StructLayout:
+    """One beat of a ``width``-bit frame stream: ``data`` (width), ``keep`` (width/8), ``last`` (1),
+    ``bad`` (1, on the last beat: the frame is known bad, see the module docstring)."""
+    check_width(width)
+    return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "bad": 1})
+
+
+def tagged_layout(width: int) -> data.StructLayout:
+    """A beat plus ``first`` (1 on the first beat of a frame), for stages that rewrite the header."""
+    check_width(width)
+    return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "bad": 1, "first": 1})
+
+
+def gated_layout(width: int, index_bits: int) -> data.StructLayout:
+    """A beat that passed a :class:`FrameGate`: the beat plus its frame's header and beat index."""
+    return data.StructLayout({
+        "data": width, "keep": width // 8, "last": 1, "bad": 1,
+        "first": 1, "index": index_bits, "hdr": header_layout(),
+    })
+
+
+class FrameGate(wiring.Component):
+    """Holds each frame until its header is complete, then passes or drops the whole frame.
+
+    The decision is the parent's: while ``head_valid`` is high, ``head`` is the header of the
+    frame waiting at the output (``head_short`` if the frame ended before its header was
+    complete) and the parent raises ``accept`` or ``drop`` (combinationally, in the same
+    cycle) or neither (the frame waits). A dropped frame is consumed without any beat reaching
+    ``o``, so nothing downstream ever sees part of it: SPEC.md "bad input loses nothing".
+
+    The header is parsed as beats arrive and queued, so frames pass back to back at one beat
+    per cycle. The first beat of a frame accepted on ``i`` at one clock edge is valid on ``o``
+    for the edge ``header_beats(width)`` cycles later (2 at 64 bit, 1 at ≥ 128 bit), if the
+    parent accepts it at once; ``tests/test_wirespeed.py`` and
+    :func:`wirereduce.sim.bench.latency.hop_latency` measure it.
+
+    Parameters
+    ----------
+    width : int
+        Datapath width in bits (see :func:`check_width`).
+    max_beats : int
+        Longest frame in beats; sets the width of ``o.payload.index``.
+
+    Attributes
+    ----------
+    i : In(stream.Signature(beat_layout(width)))
+    o : Out(stream.Signature(gated_layout(width, ...)))
+        Beats of accepted frames with ``first``, ``index`` and the frame's ``hdr``.
+    head : Out(header_layout()); head_valid, head_short : Out(1)
+    accept, drop : In(1)
+    """
+
+    def __init__(self, width: int, max_beats: int):
+        self._width = check_width(width)
+        self._hb = header_beats(width)
+        self._index_bits = max(1, (max_beats - 1).bit_length())
+        super().__init__({
+            "i": In(stream.Signature(beat_layout(width))),
+            "o": Out(stream.Signature(gated_layout(width, self._index_bits))),
+            "head": Out(header_layout()),
+            "head_valid": Out(1),
+            "head_short": Out(1),
+            "accept": In(1),
+            "drop": In(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w, hb = self._width, self._hb
+        blay = beat_layout(w)
+        hlay = header_layout()
+        hwidth = hlay.size
+
+        # Beats wait here until their header is decided; deep enough to hold a whole header
+        # plus slack so the input never stalls on a frame-start decision that is already made.
+        m.submodules.beats = beats = fifo.SyncFIFO(width=blay.size, depth=hb + 4)
+        # One entry per frame: the header bits and a flag for frames shorter than a header.
+        m.submodules.hdrs = hdrs = fifo.SyncFIFO(width=hwidth + 1, depth=4)
+
+        # Input side: count beats and collect the header bits.
+        in_idx = Signal(range(hb + 1))
+        hdr_bits = Signal(hb * w)
+        in_beat = self.i.payload
+        cur_bits = Signal(hb * w)
+        m.d.comb += cur_bits.eq(hdr_bits)
+        with m.Switch(in_idx):
+            for k in range(hb):
+                with m.Case(k):
+                    m.d.comb += cur_bits[k * w:(k + 1) * w].eq(in_beat.data)
+        in_hdr_done = Signal()  # this beat completes the header, or ends a runt frame
+        m.d.comb += in_hdr_done.eq((in_idx == hb - 1) | (in_beat.last & (in_idx < hb)))
+        # A frame is short when it ends before the header's last byte (byte 15) arrived.
+        last_hdr_byte = HEADER_BYTES - (hb - 1) * (w // 8) - 1
+        in_short = Signal()
+        m.d.comb += in_short.eq((in_idx < hb - 1) | ~in_beat.keep[last_hdr_byte])
+        m.d.comb += [
+            self.i.ready.eq(beats.w_rdy & hdrs.w_rdy),
+            beats.w_data.eq(in_beat.as_value()),
+            beats.w_en.eq(self.i.valid & self.i.ready),
+            hdrs.w_data.eq(Cat(cur_bits[:hwidth], in_short)),
+            hdrs.w_en.eq(self.i.valid & self.i.ready & in_hdr_done),
+        ]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += hdr_bits.eq(cur_bits)
+            with m.If(in_beat.last):
+                m.d.sync += in_idx.eq(0)
+            with m.Elif(in_idx < hb):
+                m.d.sync += in_idx.eq(in_idx + 1)
+
+        # Output side.
+        out_beat = data.View(blay, beats.r_data)
+        head = data.View(hlay, hdrs.r_data[:hwidth])
+        cur_hdr = Signal(hlay)
+        out_idx = Signal(self._index_bits)
+        o = self.o.payload
+        m.d.comb += [
+            o.data.eq(out_beat.data), o.keep.eq(out_beat.keep), o.last.eq(out_beat.last),
+            o.bad.eq(out_beat.bad),
+        ]
+        with m.FSM():
+            with m.State("START"):
+                m.d.comb += [
+                    self.head.eq(head),
+                    self.head_short.eq(hdrs.r_data[hwidth]),
+                    self.head_valid.eq(hdrs.r_rdy & beats.r_rdy),
+                    o.first.eq(1), o.hdr.eq(head),
+                    self.o.valid.eq(hdrs.r_rdy & beats.r_rdy & self.accept),
+                ]
+                with m.If(self.o.valid & self.o.ready):
+                    m.d.comb += [beats.r_en.eq(1), hdrs.r_en.eq(1)]
+                    m.d.sync += [cur_hdr.eq(head), out_idx.eq(1)]
+                    with m.If(~out_beat.last):
+                        m.next = "PASS"
+                with m.Elif(self.head_valid & self.drop):
+                    m.d.comb += [beats.r_en.eq(1), hdrs.r_en.eq(1)]
+                    with m.If(~out_beat.last):
+                        m.next = "DROP"
+            with m.State("PASS"):
+                m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr),
+                             self.o.valid.eq(beats.r_rdy)]
+                with m.If(self.o.valid & self.o.ready):
+                    m.d.comb += beats.r_en.eq(1)
+                    m.d.sync += out_idx.eq(out_idx + 1)
+                    with m.If(out_beat.last):
+                        m.next = "START"
+            with m.State("DROP"):
+                m.d.comb += beats.r_en.eq(beats.r_rdy)
+                with m.If(beats.r_rdy & out_beat.last):
+                    m.next = "START"
+        return m
+
+
+class Fork(wiring.Component):
+    """Copies one stream to two outputs; each output can be switched off with ``en_a``/``en_b``.
+
+    A beat leaves the input once every enabled output has taken it; the outputs may take it in
+    different cycles (per-output done flags), so ``valid`` never depends on ``ready``.
+    """
+
+    def __init__(self, shape):
+        super().__init__({
+            "i": In(stream.Signature(shape)),
+            "a": Out(stream.Signature(shape)),
+            "b": Out(stream.Signature(shape)),
+            "en_a": In(1),
+            "en_b": In(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        done_a = Signal()
+        done_b = Signal()
+        m.d.comb += [
+            self.a.payload.eq(self.i.payload),
+            self.b.payload.eq(self.i.payload),
+            self.a.valid.eq(self.i.valid & self.en_a & ~done_a),
+            self.b.valid.eq(self.i.valid & self.en_b & ~done_b),
+        ]
+        ok_a = ~self.en_a | done_a | self.a.ready
+        ok_b = ~self.en_b | done_b | self.b.ready
+        m.d.comb += self.i.ready.eq(ok_a & ok_b)
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [done_a.eq(0), done_b.eq(0)]
+        with m.Else():
+            with m.If(self.a.valid & self.a.ready):
+                m.d.sync += done_a.eq(1)
+            with m.If(self.b.valid & self.b.ready):
+                m.d.sync += done_b.eq(1)
+        return m
+
+
+class FrameArbiter(wiring.Component):
+    """Merges frame streams into one, a whole frame at a time; lower input index wins ties.
+
+    Parameters
+    ----------
+    shape : ShapeLike
+        Beat shape; must have a ``last`` field.
+    n : int
+        Number of inputs (``i0`` … ``i{n-1}``).
+    """
+
+    def __init__(self, shape, n: int):
+        if n < 1:
+            raise ValueError(f"an arbiter needs at least one input, not {n}")
+        self._n = n
+        members = {f"i{k}": In(stream.Signature(shape)) for k in range(n)}
+        members["o"] = Out(stream.Signature(shape))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        ins = [getattr(self, f"i{k}") for k in range(self._n)]
+        owner = Signal(range(self._n))
+        locked = Signal()
+        pick = Signal(range(self._n))
+        for k in reversed(range(self._n)):
+            with m.If(ins[k].valid):
+                m.d.comb += pick.eq(k)
+        sel = Mux(locked, owner, pick)
+        valids = Array(i.valid for i in ins)
+        payloads = Array(i.payload for i in ins)
+        m.d.comb += [
+            self.o.valid.eq(valids[sel]),
+            self.o.payload.eq(payloads[sel]),
+        ]
+        for k, i in enumerate(ins):
+            m.d.comb += i.ready.eq(self.o.ready & (sel == k))
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += [owner.eq(sel), locked.eq(~self.o.payload.last)]
+        return m

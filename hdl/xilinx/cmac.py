@@ -1,0 +1,781 @@
+"""100G glue: the UltraScale+ integrated 100G Ethernet MAC (CMAC) to the node's 512-bit frame streams.
+
+The CMAC (Xilinx ``cmac_usplus``, PG203) is configured with its AXI4-Stream user interface: one
+512-bit beat a cycle of its 322.265625 MHz user clock, ``tkeep`` marking the valid bytes of the
+last beat, FCS added on transmit and checked and stripped on receive, preamble and SFD handled
+inside. What it hands us is therefore an Ethernet frame from the destination address to the last
+payload byte; our node ports carry the wirereduce frame *without* the 14-byte Ethernet II header
+(:mod:`wirereduce.protocol`), so the glue strips the header on receive and prepends it on
+transmit, a 14-byte realignment of the 64-byte beats.
+
+Blocks
+------
+:class:`CmacRxGlue`
+    CMAC RX AXI4-Stream (``cmac_rx`` domain, cannot be stalled) to a frame stream in ``sync``:
+    store-and-forward through an :class:`~amaranth.lib.fifo.AsyncFIFO`, so that no beat of a frame
+    with ``tuser`` set, of a frame for another EtherType, or of a frame cut short by a full FIFO
+    ever reaches the core; each dropped frame is counted.
+:class:`CmacTxGlue`
+    Frame stream in ``sync`` to CMAC TX AXI4-Stream (``cmac_tx`` domain): header prepended,
+    padded to the 60-byte minimum, and each frame buffered whole before its first beat goes out,
+    so ``tvalid`` never drops inside a frame (PG203: a TX underflow corrupts the frame).
+:class:`EthStrip`, :class:`EthPrepend`
+    The two 14-byte realigners, one beat a cycle.
+:class:`Cmac100G`
+    Black-box wrapper of the Vivado-generated ``cmac_usplus`` instance; :func:`cmac_ip_tcl` is the
+    Tcl that generates it.
+
+Sources: PG203 (UltraScale+ Devices Integrated 100G Ethernet Subsystem), sections "AXI4-Stream
+interface", "Valid Cycles" (packets under 64 bytes must be avoided) and "With AXI4-Lite interface"
+(the ``ctl_rx_enable`` / ``ctl_tx_send_rfi`` / ``ctl_tx_enable`` bring-up order); the port list
+of the IP's instantiation template (``cmac_usplus_0.veo``, IP version 2.6/3.1) and the OpenNIC
+shell (``Xilinx/open-nic-shell``, ``src/cmac_subsystem/cmac_subsystem_cmac_wrapper.sv``: RX
+user clock tied to ``gt_txusrclk2``; ``vivado_ip/cmac_usplus_*_au55c.tcl``: IP configuration).
+"""
+
+from __future__ import annotations
+
+from amaranth import Cat, Const, Instance, Module, Mux, Signal
+from amaranth.hdl import IOPort
+from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.stream.frame import beat_layout
+
+from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETHERTYPE, HEADER_BYTES
+
+__all__ = [
+    "CMAC_WIDTH", "CMAC_BYTES", "ETH_MIN_FRAME_BYTES", "DEFAULT_SRC_MAC", "DEFAULT_DST_MAC",
+    "CmacRxSignature", "CmacTxSignature", "eth_header", "eth_frame_beats",
+    "EthStrip", "EthPrepend", "CmacRxGlue", "CmacTxGlue", "Cmac100G", "cmac_ip_tcl",
+]
+
+#: Width of the CMAC's AXI4-Stream data bus in bits (PG203, AXI4-Stream user interface).
+CMAC_WIDTH = 512
+#: Bytes a beat.
+CMAC_BYTES = CMAC_WIDTH // 8
+#: Shortest frame the glue hands the CMAC, destination address to last pad byte (FCS excluded):
+#: 14 + 46 = 60 bytes. PG203 ("Valid Cycles"): packets under 64 bytes with FCS may lock the core up.
+ETH_MIN_FRAME_BYTES = ETH_HEADER_BYTES + ETH_MIN_PAYLOAD_BYTES
+#: Default source address: locally administered (bit 1 of the first byte), unicast.
+DEFAULT_SRC_MAC = 0x02_00_00_88_B5_00
+#: Default destination: broadcast. Ring links are point to point, so no address is needed to
+#: reach the neighbour, and the receive side does not filter on it.
+DEFAULT_DST_MAC = 0xFF_FF_FF_FF_FF_FF
+
+_H = ETH_HEADER_BYTES           # 14
+_S = CMAC_BYTES - _H            # 50: payload bytes that share a beat with the header
+
+# Verdict status codes of the receive store-and-forward queue.
+_GOOD, _BAD, _FILTERED, _LOST = range(4)
+_LOST_BITS = 8                  # frames lost without a verdict slot, carried in the next verdict
+
+
+def _check_mtu(mtu) -> int:
+    if not isinstance(mtu, int) or isinstance(mtu, bool) or not HEADER_BYTES + 4 <= mtu <= 16000:
+        raise ValueError(f"mtu must be an int from {HEADER_BYTES + 4} to 16000 bytes (the wirereduce frame, i.e. "
+                         f"the Ethernet payload; 1500 or 9000), not {mtu!r}")
+    return mtu
+
+
+def _check_mac(name, mac) -> int:
+    if not isinstance(mac, int) or isinstance(mac, bool) or not 0 <= mac < 1 << 48:
+        raise ValueError(f"{name} must be a 48-bit MAC address as an int (0x0200_0000_0001), not {mac!r}")
+    return mac
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def eth_frame_beats(mtu: int) -> int:
+    """512-bit beats of the longest Ethernet frame (14-byte header + ``mtu`` bytes, no FCS)."""
+    return -(-(_H + _check_mtu(mtu)) // CMAC_BYTES)
+
+
+def eth_header(dst: int, src: int, ethertype: int = ETHERTYPE) -> bytes:
+    """The 14 bytes of an Ethernet II header: destination, source (48 bit each), EtherType.
+
+    Addresses and EtherType go out most significant byte first (IEEE 802.3 clause 3.2.3/3.2.6),
+    e.g. ``eth_header(0xFFFFFFFFFFFF, 0x020000000001)[12:] == b"\\x88\\xb5"``.
+    """
+    return dst.to_bytes(6, "big") + src.to_bytes(6, "big") + ethertype.to_bytes(2, "big")
+
+
+#: Write-side cycles after a reset before the first write (see :func:`_armed`).
+_ARM_CYCLES = 16
+
+
+def _armed(m, domain):
+    """A signal that rises ``_ARM_CYCLES`` cycles of ``domain`` after its reset.
+
+    An :class:`~amaranth.lib.fifo.AsyncFIFO` read side leaves reset a few read-clock cycles after
+    the write side and discards whatever was written meanwhile. The glue writes each frame into
+    two FIFOs (beats and verdict/count) that must stay paired, so it does not write at all until
+    both read sides are out of reset: 16 write cycles cover read clocks down to a quarter of the
+    write clock.
+    """
+    count = Signal(range(_ARM_CYCLES + 1))
+    armed = Signal()
+    m.d.comb += armed.eq(count == _ARM_CYCLES)
+    with m.If(~armed):
+        m.d[domain] += count.eq(count + 1)
+    return armed
+
+
+def _bytes_mask(keep):
+    """Expand a per-byte keep vector to a per-bit mask."""
+    return Cat(*(k.replicate(8) for k in keep))
+
+
+
+def _check_depth(mtu, depth):
+    """``(mtu, max_beats, depth)`` of a glue FIFO: ``depth`` (default: one longest frame + 16
+    beats) rounded up to a power of two. Raises ValueError on a bad ``mtu`` or a ``depth`` that
+    does not hold one longest frame."""
+    mtu = _check_mtu(mtu)
+    max_beats = eth_frame_beats(mtu)
+    if depth is None:
+        depth = max_beats + 16
+    if not isinstance(depth, int) or depth < max_beats:
+        raise ValueError(f"depth must hold one {_H + mtu}-byte frame ({max_beats} beats of 64 bytes), "
+                         f"not {depth!r}; raise depth or lower mtu")
+    return mtu, max_beats, _pow2_at_least(depth)
+
+class CmacRxSignature(wiring.Signature):
+    """The CMAC's receive AXI4-Stream, as the CMAC drives it (PG203 ``rx_axis_*``).
+
+    Members
+    -------
+    tvalid : Out(1)
+    tdata : Out(512)
+        Byte ``k`` of the beat is ``tdata[8*k : 8*k+8]``; byte 0 of the frame is byte 0 of beat 0.
+    tkeep : Out(64)
+        Valid bytes; all ones except on the last beat, where the valid bytes are contiguous from 0.
+    tlast : Out(1)
+    tuser : Out(1)
+        On the last beat: the frame is bad (FCS error, too long, ...). Ignored on other beats.
+
+    There is no ``tready``: the CMAC cannot be back-pressured.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "tvalid": Out(1), "tdata": Out(CMAC_WIDTH), "tkeep": Out(CMAC_BYTES), "tlast": Out(1), "tuser": Out(1),
+        })
+
+
+class CmacTxSignature(wiring.Signature):
+    """The CMAC's transmit AXI4-Stream, as user logic drives it (PG203 ``tx_axis_*``).
+
+    Members
+    -------
+    tvalid, tlast : Out(1)
+    tdata : Out(512); tkeep : Out(64)
+        As in :class:`CmacRxSignature`.
+    tuser : Out(1)
+        1 marks the frame bad (the CMAC stomps its FCS); the glue always drives 0.
+    tready : In(1)
+        The CMAC takes the beat. Once a frame's first beat is offered, ``tvalid`` must stay high
+        until its last beat is taken, or the CMAC underflows (``tx_unfout``) and corrupts it.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "tvalid": Out(1), "tdata": Out(CMAC_WIDTH), "tkeep": Out(CMAC_BYTES), "tlast": Out(1), "tuser": Out(1),
+            "tready": In(1),
+        })
+
+
+class EthStrip(wiring.Component):
+    """Removes the first 14 bytes (the Ethernet II header) of every frame of a 512-bit stream.
+
+    Output beat ``j`` is bytes 14..63 of input beat ``j`` followed by bytes 0..13 of beat
+    ``j+1``. A frame whose last beat holds more than 14 bytes ends with one extra output beat;
+    that beat goes out while the first beat of the next frame is taken in, so the input is taken
+    one beat a cycle with frames back to back (except a one-beat frame right after such a
+    frame, which waits one cycle). The output may have bubbles: the first beat of a multi-beat
+    frame produces nothing.
+
+    Every input frame must have at least 15 bytes (:class:`CmacRxGlue` drops shorter ones).
+
+    Attributes
+    ----------
+    i : In(stream.Signature(beat_layout(512)))
+        Ethernet frames, header first.
+    o : Out(stream.Signature(beat_layout(512)))
+        The same frames without their first 14 bytes.
+    """
+
+    def __init__(self):
+        beat = stream.Signature(beat_layout(CMAC_WIDTH))
+        super().__init__({"i": In(beat), "o": Out(beat)})
+
+    def elaborate(self, platform):
+        m = Module()
+        i, o = self.i.payload, self.o.payload
+        hold = Signal(8 * _S)
+        hold_keep = Signal(_S)
+        i_tail, i_tail_keep = i.data[8 * _H:], i.keep[_H:]
+        i_long = i.keep[_H]     # a last beat with more than 14 bytes needs an extra output beat
+
+        with m.FSM():
+            with m.State("FIRST"):
+                with m.If(i.last):      # one-beat frame: strip in place
+                    m.d.comb += [
+                        o.data.eq(i_tail), o.keep.eq(i_tail_keep), o.last.eq(1),
+                        self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
+                    ]
+                with m.Else():
+                    m.d.comb += self.i.ready.eq(1)
+                    with m.If(self.i.valid):
+                        m.d.sync += [hold.eq(i_tail), hold_keep.eq(i_tail_keep)]
+                        m.next = "MID"
+            with m.State("MID"):
+                m.d.comb += [
+                    o.data.eq(Cat(hold, i.data[:8 * _H])), o.keep.eq(Cat(hold_keep, i.keep[:_H])),
+                    o.last.eq(i.last & ~i_long),
+                    self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
+                ]
+                with m.If(self.i.valid & self.i.ready):
+                    m.d.sync += [hold.eq(i_tail), hold_keep.eq(i_tail_keep)]
+                    with m.If(i.last & i_long):
+                        m.next = "FLUSH"
+                    with m.Elif(i.last):
+                        m.next = "FIRST"
+            with m.State("FLUSH"):
+                m.d.comb += [
+                    o.data.eq(hold), o.keep.eq(hold_keep), o.last.eq(1), self.o.valid.eq(1),
+                    # The next frame's first beat can be absorbed now, unless it must go out itself.
+                    self.i.ready.eq(self.o.ready & ~i.last),
+                ]
+                with m.If(self.o.ready):
+                    m.next = "FIRST"
+                    with m.If(self.i.valid & self.i.ready):
+                        m.d.sync += [hold.eq(i_tail), hold_keep.eq(i_tail_keep)]
+                        m.next = "MID"
+        return m
+
+
+class EthPrepend(wiring.Component):
+    """Puts a fixed 14-byte Ethernet II header in front of every frame and pads short frames.
+
+    Output beat 0 is the header followed by bytes 0..49 of input beat 0; output beat ``j`` is
+    bytes 50..63 of input beat ``j-1`` followed by bytes 0..49 of beat ``j``. A frame whose last
+    beat holds more than 50 bytes ends with one extra output beat, during which the input waits.
+    A frame shorter than 60 bytes with its header (46 bytes of payload) is padded with zero bytes
+    to 60, the IEEE 802.3 minimum without FCS (clause 3.2.8), which PG203 asks for.
+
+    Parameters
+    ----------
+    header : bytes
+        The 14 header bytes (:func:`eth_header`).
+
+    Attributes
+    ----------
+    i : In(stream.Signature(beat_layout(512)))
+        Frames without Ethernet header; at least one byte each.
+    o : Out(stream.Signature(beat_layout(512)))
+        Ethernet frames, at least 60 bytes each.
+
+    Raises
+    ------
+    ValueError
+        If ``header`` is not 14 bytes.
+    """
+
+    def __init__(self, header: bytes):
+        if not isinstance(header, (bytes, bytearray)) or len(header) != _H:
+            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
+            raise ValueError(f"header must be {_H} bytes (see eth_header()), not {header!r}")
+        self.header = bytes(header)
+        beat = stream.Signature(beat_layout(CMAC_WIDTH))
+        super().__init__({"i": In(beat), "o": Out(beat)})
+
+    def elaborate(self, platform):
+        m = Module()
+        i, o = self.i.payload, self.o.payload
+        hdr = Const(int.from_bytes(self.header, "little"), 8 * _H)
+        carry = Signal(8 * _H)
+        carry_keep = Signal(_H)
+        mid = Signal()      # inside a frame: carry holds the previous beat's last 14 bytes
+        flush = Signal()    # the carry is the frame's extra last beat
+        i_long = i.keep[_S]
+        head_data = Mux(mid, carry, hdr)
+        head_keep = Mux(mid, carry_keep, (1 << _H) - 1)
+        body = i.data[:8 * _S] & _bytes_mask(i.keep[:_S])   # zero bytes beyond the end: they may become pad
+        pad_keep = (1 << ETH_MIN_FRAME_BYTES) - 1
+
+        with m.If(flush):
+            m.d.comb += [
+                o.data.eq(carry), o.keep.eq(carry_keep), o.last.eq(1), self.o.valid.eq(1),
+            ]
+            with m.If(self.o.ready):
+                m.d.sync += [flush.eq(0), mid.eq(0)]
+        with m.Else():
+            last = i.last & ~i_long
+            keep = Signal(CMAC_BYTES)
+            m.d.comb += keep.eq(Cat(head_keep, i.keep[:_S]))
+            with m.If(~mid & last):     # a one-beat frame: pad to the minimum
+                m.d.comb += keep.eq(Cat(head_keep, i.keep[:_S]) | pad_keep)
+            m.d.comb += [
+                o.data.eq(Cat(head_data, body)), o.keep.eq(keep), o.last.eq(last),
+                self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
+            ]
+            with m.If(self.i.valid & self.i.ready):
+                m.d.sync += [
+                    carry.eq(i.data[8 * _S:]), carry_keep.eq(i.keep[_S:]),
+                    mid.eq(~i.last), flush.eq(i.last & i_long),
+                ]
+        return m
+
+
+class CmacRxGlue(wiring.Component):
+    """CMAC receive stream (``cmac_rx`` domain) to the node's frame stream (``sync`` domain).
+
+    The CMAC cannot wait, and a frame's verdict (``tuser``, set on its last beat when the FCS is
+    wrong or the frame is malformed, PG203) comes only with its last beat. So the glue is
+    store-and-forward: on the ``cmac_rx`` side every beat of a frame is written to an
+    :class:`~amaranth.lib.fifo.AsyncFIFO` as it arrives, and when the frame ends its verdict
+    (beat count and status) goes into a second AsyncFIFO. On the ``sync`` side a verdict is read
+    first, then that many beats are forwarded (good frames) or read and discarded (all others),
+    so **no beat of a dropped frame ever reaches** ``o`` and no frame leaves truncated. Good
+    frames go through :class:`EthStrip`.
+
+    A frame is dropped, whole, and counted when:
+
+    - ``tuser`` is set on its last beat → ``bad``;
+    - its EtherType is not :data:`wirereduce.protocol.ETHERTYPE` (0x88B5; VLAN-tagged frames
+      included), it has no byte after the 14-byte header, or it is longer than ``14 + mtu``
+      bytes → ``filtered`` (no beat of it is stored);
+    - the beat FIFO is full when one of its beats arrives, or the verdict FIFO is full when it
+      starts (the core did not take frames fast enough), or it starts within 16 ``cmac_rx``
+      cycles of a reset (the FIFOs' read side is still leaving reset) → ``overflow``. The rest of
+      the frame is discarded and the beats already stored are discarded by the reader.
+
+    The destination address is not checked: ring links are point to point.
+
+    Latency: a frame's first beat leaves ``o`` after its last beat has arrived plus the FIFO's
+    synchroniser delay (about 3 ``sync`` cycles). With ``o`` always ready the ``sync`` side takes
+    one beat a cycle with no gap between frames; the worst frame mix at 100 Gbit/s (65-byte
+    frames, two beats per 89 wire bytes) needs 281 M beats/s, so a ``sync`` clock of 322 MHz
+    keeps up and only a stalled core overflows the FIFO.
+
+    Parameters
+    ----------
+    mtu : int
+        Longest wirereduce frame in bytes (the Ethernet payload, 1500 or 9000), as
+        :class:`~wirereduce.hdl.core.node.NodeConfig` ``mtu``.
+    depth : int or None
+        Beat FIFO depth in 512-bit beats, rounded up to a power of two; default the longest
+        frame plus 16 beats (256 at MTU 9000: 9014 bytes are 141 beats).
+
+    Attributes
+    ----------
+    cmac : In(CmacRxSignature()), domain ``cmac_rx``
+        From :attr:`Cmac100G.rx`.
+    o : Out(stream.Signature(beat_layout(512))), domain ``sync``
+        Good frames without the Ethernet header.
+    frames, bad, filtered, overflow : Out(32), domain ``sync``
+        Wrapping counters: frames passed to ``o``, and frames dropped for each reason above. A
+        frame lost while the verdict FIFO was full is counted when the next verdict (or a
+        count-only verdict, written as soon as there is room) is read.
+
+    Raises
+    ------
+    ValueError
+        On a bad ``mtu``, or a ``depth`` smaller than the longest frame.
+
+    Notes
+    -----
+    A reset of ``sync`` alone keeps the reader's place in the queue (its state is reset-less),
+    so later frames stay aligned with their verdicts. A reset of ``cmac_rx`` empties the FIFOs
+    and clears the reader; a good frame being forwarded at that moment is cut short (no
+    ``last``), so reset ``sync`` together with ``cmac_rx`` when that matters.
+    """
+
+    def __init__(self, mtu: int = 9000, depth: int | None = None):
+        try:
+            self.mtu, self.max_beats, self.depth = _check_depth(mtu, depth)
+        except ValueError:
+            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
+            raise
+        super().__init__({
+            "cmac": In(CmacRxSignature()),
+            "o": Out(stream.Signature(beat_layout(CMAC_WIDTH))),
+            "frames": Out(32), "bad": Out(32), "filtered": Out(32), "overflow": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nbits = self.depth.bit_length()     # a frame never has more than `depth` beats stored
+        vlay = data.StructLayout({"n": nbits, "status": 2, "lost_before": _LOST_BITS})
+        m.submodules.beats = beats = fifo.AsyncFIFO(
+            width=CMAC_WIDTH + CMAC_BYTES, depth=self.depth, w_domain="cmac_rx", r_domain="sync")
+        m.submodules.verdicts = verdicts = fifo.AsyncFIFO(
+            width=vlay.size, depth=16, w_domain="cmac_rx", r_domain="sync")
+
+        # ---- Write side (cmac_rx): classify, store, write one verdict per admitted frame. ----
+        rx = self.cmac
+        in_frame = Signal()             # a beat of the current frame has been seen
+        admitted = Signal()             # the current frame holds a verdict slot
+        filtered = Signal()             # the current frame is dropped as not ours; no more beats are stored
+        lost = Signal()                 # a beat of the current frame did not fit
+        stored = Signal(nbits)          # beats of the current frame written
+        seen = Signal(range(self.max_beats + 2))   # beats of the current frame seen, saturating
+        pending = Signal(_LOST_BITS)    # frames lost without a verdict, not yet reported
+
+        first = ~in_frame
+        ethertype = Cat(rx.tdata[8 * 13:8 * 14], rx.tdata[8 * 12:8 * 13])
+        runt = ~rx.tkeep[_H]            # no payload byte (first beat only)
+        seen_now = Signal.like(seen)
+        m.d.comb += seen_now.eq(Mux(first, 1, Mux(seen > self.max_beats, seen, seen + 1)))
+        tail = _H + self.mtu - CMAC_BYTES * (self.max_beats - 1)   # bytes allowed in the last beat
+        too_long = seen_now > self.max_beats
+        if tail < CMAC_BYTES:
+            too_long = too_long | ((seen_now == self.max_beats) & rx.tkeep[tail])
+        armed = _armed(m, "cmac_rx")
+        slot = verdicts.w_rdy & armed
+        admit_now = Mux(first, slot, admitted)
+        filt_now = Mux(first, (ethertype != ETHERTYPE) | runt, filtered) | too_long
+        lost_prev = ~first & lost
+        write = Signal()
+        m.d.comb += write.eq(rx.tvalid & admit_now & ~filt_now & ~lost_prev & beats.w_rdy)
+        lost_now = lost_prev | (admit_now & ~filt_now & ~beats.w_rdy)
+        n_now = Mux(first, 0, stored) + write
+        status = Mux(lost_now, _LOST, Mux(rx.tuser, _BAD, Mux(filt_now, _FILTERED, _GOOD)))
+        verdict = Signal(vlay)
+        m.d.comb += [
+            beats.w_data.eq(Cat(rx.tdata, rx.tkeep)),
+            beats.w_en.eq(write),
+            verdicts.w_data.eq(verdict),
+        ]
+        pending_inc = Mux(pending == (1 << _LOST_BITS) - 1, pending, pending + 1)
+        with m.If(rx.tvalid):
+            with m.If(first & ~slot):
+                m.d.cmac_rx += pending.eq(pending_inc)
+            with m.If(rx.tlast):
+                m.d.cmac_rx += in_frame.eq(0)
+                with m.If(admit_now):
+                    m.d.comb += [
+                        verdict.n.eq(n_now), verdict.status.eq(status), verdict.lost_before.eq(pending),
+                        verdicts.w_en.eq(1),
+                    ]
+                    m.d.cmac_rx += pending.eq(0)
+            with m.Else():
+                m.d.cmac_rx += [
+                    in_frame.eq(1), admitted.eq(admit_now), filtered.eq(filt_now), lost.eq(lost_now),
+                    stored.eq(n_now), seen.eq(seen_now),
+                ]
+        # Report frames lost without a slot as soon as there is one, in a count-only verdict
+        # (n = 0, status good), unless a frame holds the slot or starts now and will carry them.
+        with m.Elif(~(in_frame & admitted) & (pending != 0) & slot):
+            m.d.comb += [
+                verdict.n.eq(0), verdict.status.eq(_GOOD), verdict.lost_before.eq(pending),
+                verdicts.w_en.eq(1),
+            ]
+            m.d.cmac_rx += pending.eq(0)
+
+        # ---- Read side (sync): one verdict, then its beats; good ones go through EthStrip. ----
+        m.submodules.strip = strip = EthStrip()
+        wiring.connect(m, wiring.flipped(self.o), strip.o)
+        # The reader's place in the queue must survive a reset of its own domain alone (the FIFOs
+        # keep their contents then); it is cleared when the write side has emptied the FIFOs.
+        active = Signal(reset_less=True)
+        left = Signal(nbits, reset_less=True)
+        good = Signal(reset_less=True)
+        v = data.View(vlay, verdicts.r_data)
+        s = strip.i
+        pop = Signal()
+        m.d.comb += [
+            s.payload.data.eq(beats.r_data[:CMAC_WIDTH]),
+            s.payload.keep.eq(beats.r_data[CMAC_WIDTH:]),
+            s.payload.last.eq(left == 1),
+            s.valid.eq(active & good & beats.r_rdy),
+            pop.eq(active & beats.r_rdy & (~good | s.ready)),
+            beats.r_en.eq(pop),
+        ]
+        with m.If(pop):
+            m.d.sync += left.eq(left - 1)
+            with m.If(left == 1):
+                m.d.sync += active.eq(0)
+        # The next verdict is read in the cycle the last beat leaves: frames go back to back.
+        with m.If((~active | (pop & (left == 1))) & verdicts.r_rdy):
+            m.d.comb += verdicts.r_en.eq(1)
+            with m.If(v.n != 0):
+                m.d.sync += [active.eq(1), left.eq(v.n), good.eq(v.status == _GOOD)]
+            m.d.sync += [
+                self.frames.eq(self.frames + ((v.status == _GOOD) & (v.n != 0))),
+                self.bad.eq(self.bad + (v.status == _BAD)),
+                self.filtered.eq(self.filtered + (v.status == _FILTERED)),
+                self.overflow.eq(self.overflow + (v.status == _LOST) + v.lost_before),
+            ]
+        with m.If(beats.r_rst | verdicts.r_rst):
+            m.d.sync += active.eq(0)
+        return m
+
+
+class CmacTxGlue(wiring.Component):
+    """The node's frame stream (``sync`` domain) to the CMAC transmit stream (``cmac_tx`` domain).
+
+    Each frame gets its Ethernet II header (:class:`EthPrepend`: ``dst_mac``, ``src_mac``,
+    EtherType 0x88B5) and is padded to 60 bytes if shorter; its beats are written to an
+    :class:`~amaranth.lib.fifo.AsyncFIFO` and, after its last beat, its beat count to a second
+    one. The ``cmac_tx`` side starts a frame only when its count has arrived **and** the beat
+    FIFO's read level shows all its beats, then offers one beat a cycle with ``tvalid`` high until
+    ``tlast`` is taken, whatever ``tready`` does.
+
+    Why whole frames: PG203 requires that once a frame starts, data keeps coming until its end;
+    an underflow (``tx_unfout``) corrupts the frame and the core must be reset. The node's output
+    is cut-through from its ring input, which itself arrives at the far end's line rate and with
+    gaps, so nothing bounds how late the next beat of a frame can be; a partial threshold would
+    be a bet on the core's timing. Buffering the frame whole costs one frame of latency (about
+    0.44 µs for 9014 bytes at 322 MHz) and makes underflow impossible by construction. The beat
+    FIFO holds the longest frame plus 16 beats, so the next frame fills while one drains.
+
+    Parameters
+    ----------
+    mtu : int
+        Longest wirereduce frame in bytes (1500 or 9000). Longer input frames would never fit and
+        stall the input forever: the node never sends them.
+    depth : int or None
+        Beat FIFO depth in beats (power of two); default the longest Ethernet frame plus 16.
+    dst_mac, src_mac : int
+        48-bit addresses of the header (:data:`DEFAULT_DST_MAC` broadcast, :data:`DEFAULT_SRC_MAC`).
+
+    Attributes
+    ----------
+    i : In(stream.Signature(beat_layout(512))), domain ``sync``
+        Frames without Ethernet header, 1 to ``mtu`` bytes.
+    cmac : Out(CmacTxSignature()), domain ``cmac_tx``
+        To :attr:`Cmac100G.tx`; ``tuser`` is always 0.
+    frames : Out(32), domain ``sync``
+        Frames taken from ``i`` (wrapping counter).
+
+    Notes
+    -----
+    A reset of ``cmac_tx`` alone (the CMAC's TX reset) keeps the reader's place; a reset of
+    ``sync`` empties the FIFOs, and a frame being sent then ends early (an underflow the CMAC
+    reports on ``tx_unfout``; the far end drops it on its FCS).
+
+    Raises
+    ------
+    ValueError
+        On a bad ``mtu`` or MAC address, or a ``depth`` below one longest frame.
+    """
+
+    def __init__(self, mtu: int = 9000, depth: int | None = None, *,
+                 dst_mac: int = DEFAULT_DST_MAC, src_mac: int = DEFAULT_SRC_MAC):
+        try:
+            self.mtu, self.max_beats, self.depth = _check_depth(mtu, depth)
+            self.header = eth_header(_check_mac("dst_mac", dst_mac), _check_mac("src_mac", src_mac))
+        except ValueError:
+            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
+            raise
+        super().__init__({
+            "i": In(stream.Signature(beat_layout(CMAC_WIDTH))),
+            "cmac": Out(CmacTxSignature()),
+            "frames": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        nbits = self.depth.bit_length()
+        m.submodules.prepend = prepend = EthPrepend(self.header)
+        wiring.connect(m, wiring.flipped(self.i), prepend.i)
+        m.submodules.beats = beats = fifo.AsyncFIFO(
+            width=CMAC_WIDTH + CMAC_BYTES, depth=self.depth, w_domain="sync", r_domain="cmac_tx")
+        m.submodules.counts = counts = fifo.AsyncFIFO(width=nbits, depth=16, w_domain="sync", r_domain="cmac_tx")
+
+        # ---- Write side (sync). ----
+        p = prepend.o
+        n = Signal(nbits)
+        m.d.comb += [
+            p.ready.eq(_armed(m, "sync") & beats.w_rdy & (~p.payload.last | counts.w_rdy)),
+            beats.w_data.eq(Cat(p.payload.data, p.payload.keep)),
+            beats.w_en.eq(p.valid & p.ready),
+            counts.w_data.eq(n + 1),
+            counts.w_en.eq(p.valid & p.ready & p.payload.last),
+        ]
+        with m.If(p.valid & p.ready):
+            m.d.sync += n.eq(Mux(p.payload.last, 0, n + 1))
+            with m.If(p.payload.last):
+                m.d.sync += self.frames.eq(self.frames + 1)
+
+        # ---- Read side (cmac_tx). ----
+        tx = self.cmac
+        # As on the receive side: a reset of cmac_tx alone (the CMAC's TX reset) must not lose the
+        # reader's place in the FIFO; a reset of the write side empties it and clears the reader.
+        sending = Signal(reset_less=True)
+        left = Signal(nbits, reset_less=True)
+        m.d.comb += [
+            tx.tdata.eq(beats.r_data[:CMAC_WIDTH]),
+            tx.tkeep.eq(beats.r_data[CMAC_WIDTH:]),
+            tx.tlast.eq(left == 1),
+            tx.tuser.eq(0),
+            # Held high for the whole frame: every beat of it is already readable.
+            tx.tvalid.eq(sending),
+            beats.r_en.eq(sending & tx.tready),
+        ]
+        with m.If(sending):
+            with m.If(tx.tready):
+                m.d.cmac_tx += left.eq(left - 1)
+                with m.If(left == 1):
+                    m.d.cmac_tx += sending.eq(0)
+        with m.Elif(counts.r_rdy & (beats.r_level >= counts.r_data)):
+            m.d.comb += counts.r_en.eq(1)
+            m.d.cmac_tx += [sending.eq(1), left.eq(counts.r_data)]
+        with m.If(beats.r_rst | counts.r_rst):
+            m.d.cmac_tx += sending.eq(0)
+        return m
+
+
+class Cmac100G(wiring.Component):
+    """The Vivado-generated ``cmac_usplus`` core (PG203) as a black-box :class:`Instance`.
+
+    The IP must be generated with the AXI4-Stream user interface, without the AXI4-Lite
+    register interface (the ``ctl_*`` inputs are ports), with RS-FEC included and flow control
+    off: :func:`cmac_ip_tcl` writes that configuration. Bring-up follows PG203 ("With AXI4-Lite
+    interface", done here with the ports): ``ctl_rx_enable`` = 1 always, remote fault indication
+    (``ctl_tx_send_rfi``) until ``stat_rx_aligned``, then ``ctl_tx_enable``.
+
+    Clocks: the GTs run from ``gt_ref_clk`` (161.1328125 MHz from the board's QSFP28 reference
+    clock); the user side runs on ``gt_txusrclk2`` (322.265625 MHz), exposed as ``usr_clk``. As
+    in the OpenNIC shell, the core's ``rx_clk`` input is driven from ``gt_txusrclk2``, so the RX
+    stream is synchronous to ``usr_clk`` as well (one clock domain per core). ``init_clk`` is a
+    free-running clock of the frequency the IP was generated for (``GT_DRP_CLK``, 100 MHz here);
+    ``sys_reset`` resets the whole core, synchronous to ``init_clk``.
+
+    Parameters
+    ----------
+    ip_name : str
+        Module name of the generated IP (``cmac_usplus_0``, ``cmac_usplus_1``).
+    pads : object or None
+        The QSFP28 cage's transceiver pins, with IO values ``rx.p``, ``rx.n`` (4 lanes, in),
+        ``tx.p``, ``tx.n`` (4 lanes, out) and ``refclk.p``, ``refclk.n`` (1, in), as
+        ``platform.request("qsfp", k, dir="-")`` returns them; connected to the core without IO
+        buffers (the GT pads have none). ``None`` makes top-level ports ``<ip_name>_gt_*``, for
+        conversion in tests.
+    rsfec : bool
+        Enable Clause 91 RS-FEC in both directions (needed by 100GBASE-SR4/CR4 and most switches).
+
+    Attributes
+    ----------
+    rx : Out(CmacRxSignature()), in ``usr_clk``
+    tx : In(CmacTxSignature()), in ``usr_clk``
+    init_clk, sys_reset : In(1)
+    usr_clk : Out(1)
+        ``gt_txusrclk2``, 322.265625 MHz.
+    usr_rx_reset, usr_tx_reset : Out(1)
+        The core's user-side resets (active high).
+    rx_aligned : Out(1)
+        ``stat_rx_aligned``: all lanes locked and aligned, the link is up.
+    tx_ovf, tx_unf : Out(1)
+        ``tx_ovfout`` / ``tx_unfout``: the TX stream rules were broken (should never happen).
+    """
+
+    def __init__(self, ip_name: str = "cmac_usplus_0", pads=None, *, rsfec: bool = True):
+        if not isinstance(ip_name, str) or not ip_name.isidentifier():
+            raise ValueError(f"ip_name must be the Verilog module name of the generated IP, not {ip_name!r}")
+        self.ip_name = ip_name
+        self.rsfec = bool(rsfec)
+        if pads is None:
+            class _Pair:
+                def __init__(self, name, width):
+                    self.p = IOPort(width, name=f"{name}_p")
+                    self.n = IOPort(width, name=f"{name}_n")
+
+            class _Pads:
+                rx = _Pair(f"{ip_name}_gt_rx", 4)
+                tx = _Pair(f"{ip_name}_gt_tx", 4)
+                refclk = _Pair(f"{ip_name}_gt_ref_clk", 1)
+            pads = _Pads()
+        self.pads = pads
+        super().__init__({
+            "rx": Out(CmacRxSignature()),
+            "tx": In(CmacTxSignature()),
+            "init_clk": In(1), "sys_reset": In(1),
+            "usr_clk": Out(1), "usr_rx_reset": Out(1), "usr_tx_reset": Out(1),
+            "rx_aligned": Out(1), "tx_ovf": Out(1), "tx_unf": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        pads = self.pads
+        fec = int(self.rsfec)
+        m.submodules.core = Instance(
+            self.ip_name,
+            # Transceivers (4 × 25.78125 Gbit/s, CAUI-4) and their reference clock: straight to pads.
+            ("i", "gt_rxp_in", pads.rx.p), ("i", "gt_rxn_in", pads.rx.n),
+            ("o", "gt_txp_out", pads.tx.p), ("o", "gt_txn_out", pads.tx.n),
+            ("i", "gt_ref_clk_p", pads.refclk.p), ("i", "gt_ref_clk_n", pads.refclk.n),
+            i_init_clk=self.init_clk,
+            i_sys_reset=self.sys_reset,
+            i_gt_loopback_in=Const(0, 12),
+            i_gtwiz_reset_tx_datapath=0, i_gtwiz_reset_rx_datapath=0,
+            i_core_rx_reset=0, i_core_tx_reset=0, i_core_drp_reset=0,
+            i_drp_clk=0, i_drp_addr=Const(0, 10), i_drp_di=Const(0, 16), i_drp_en=0, i_drp_we=0,
+            o_gt_txusrclk2=self.usr_clk,
+            i_rx_clk=self.usr_clk,
+            o_usr_rx_reset=self.usr_rx_reset,
+            o_usr_tx_reset=self.usr_tx_reset,
+            # Control (PG203 bring-up order) and RS-FEC.
+            i_ctl_rx_enable=1,
+            i_ctl_rx_force_resync=0, i_ctl_rx_test_pattern=0,
+            i_ctl_tx_enable=self.rx_aligned,
+            i_ctl_tx_send_rfi=~self.rx_aligned,
+            i_ctl_tx_send_lfi=0, i_ctl_tx_send_idle=0, i_ctl_tx_test_pattern=0,
+            i_ctl_tx_rsfec_enable=fec, i_ctl_rx_rsfec_enable=fec,
+            i_ctl_rx_rsfec_enable_correction=fec, i_ctl_rx_rsfec_enable_indication=fec,
+            i_ctl_rsfec_ieee_error_indication_mode=fec,
+            o_stat_rx_aligned=self.rx_aligned,
+            # User streams.
+            o_rx_axis_tvalid=self.rx.tvalid, o_rx_axis_tdata=self.rx.tdata, o_rx_axis_tkeep=self.rx.tkeep,
+            o_rx_axis_tlast=self.rx.tlast, o_rx_axis_tuser=self.rx.tuser,
+            i_tx_axis_tvalid=self.tx.tvalid, i_tx_axis_tdata=self.tx.tdata, i_tx_axis_tkeep=self.tx.tkeep,
+            i_tx_axis_tlast=self.tx.tlast, i_tx_axis_tuser=self.tx.tuser, o_tx_axis_tready=self.tx.tready,
+            i_tx_preamblein=Const(0, 56),
+            o_tx_ovfout=self.tx_ovf, o_tx_unfout=self.tx_unf,
+        )
+        return m
+
+
+def cmac_ip_tcl(ip_name: str, cmac_site: str, gt_group: tuple[str, str, str, str], *, mtu: int = 9000,
+                init_clk_mhz: float = 100.0, rsfec: bool = True) -> str:
+    """Vivado Tcl that generates ``ip_name`` the way :class:`Cmac100G` expects it.
+
+    Parameters
+    ----------
+    ip_name : str
+        Module name of the IP (``cmac_usplus_0``).
+    cmac_site : str
+        The CMAC hard block, e.g. ``"CMACE4_X0Y3"``.
+    gt_group : tuple of 4 str
+        The four GTY channels of the QSFP28 cage, lane 1 first, e.g. ``("X0Y24", ..., "X0Y27")``.
+    mtu : int
+        Wirereduce MTU in bytes; the CMAC's receive limit becomes 14 + mtu + 4 (FCS) bytes.
+    init_clk_mhz : float
+        Frequency of ``init_clk`` in MHz (the IP's ``GT_DRP_CLK``).
+    rsfec : bool
+        Include the RS-FEC (always included when True; enabled by :class:`Cmac100G` ``rsfec``).
+
+    Sources: PG203 customisation parameters; ``Xilinx/open-nic-shell``
+    ``src/cmac_subsystem/vivado_ip/cmac_usplus_{0,1}_au55c.tcl`` (sites and GT groups of the U55C).
+    """
+    _check_mtu(mtu)
+    if len(gt_group) != 4:
+        raise ValueError(f"gt_group must name the 4 GTY channels of the cage, not {gt_group!r}")
+    lanes = " ".join(f"CONFIG.LANE{k + 1}_GT_LOC {{{loc}}}" for k, loc in enumerate(gt_group))
+    unused = " ".join(f"CONFIG.LANE{k}_GT_LOC {{NA}}" for k in range(5, 11))
+    return (
+        f"create_ip -name cmac_usplus -vendor xilinx.com -library ip -module_name {ip_name}\n"
+        f"set_property -dict [list CONFIG.CMAC_CAUI4_MODE {{1}} CONFIG.NUM_LANES {{4x25}} "
+        f"CONFIG.GT_REF_CLK_FREQ {{161.1328125}} CONFIG.USER_INTERFACE {{AXIS}} "
+        f"CONFIG.GT_DRP_CLK {{{init_clk_mhz:.2f}}} CONFIG.ENABLE_AXI_INTERFACE {{0}} "
+        f"CONFIG.INCLUDE_STATISTICS_COUNTERS {{0}} CONFIG.TX_FLOW_CONTROL {{0}} CONFIG.RX_FLOW_CONTROL {{0}} "
+        f"CONFIG.INCLUDE_RS_FEC {{{int(rsfec)}}} CONFIG.RX_GT_BUFFER {{1}} CONFIG.GT_RX_BUFFER_BYPASS {{0}} "
+        f"CONFIG.ENABLE_PIPELINE_REG {{1}} CONFIG.RX_MAX_PACKET_LEN {{{_H + mtu + 4}}} "
+        f"CONFIG.CMAC_CORE_SELECT {{{cmac_site}}} CONFIG.GT_GROUP_SELECT {{{gt_group[0]}~{gt_group[3]}}} "
+        f"{lanes} {unused}] [get_ips {ip_name}]\n"
+        f"set_property GENERATE_SYNTH_CHECKPOINT false [get_files {ip_name}.xci]\n"
+        f"generate_target all [get_ips {ip_name}]\n"
+    )

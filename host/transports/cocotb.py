@@ -1,0 +1,59 @@
+"""A :class:`~wirereduce.host.driver.Transport` for the simulated cluster, over cocotb.
+
+Each host port of :class:`wirereduce.sim.cluster.network.Network` is an AXI4-Stream pair driven by
+cocotbext-axi's ``AxiStreamSource`` (host → node) and ``AxiStreamSink`` (node → host). The
+driver core above it is the same one that drives real boards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+
+import cocotb
+from cocotb.triggers import ClockCycles, with_timeout
+from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
+
+__all__ = ["CocotbTransport"]
+
+
+class CocotbTransport:
+    """Host ports ``host{k}_rx`` / ``host{k}_tx`` of a simulated network top.
+
+    Parameters
+    ----------
+    dut : cocotb handle of ``wirereduce_net``
+    nodes : int
+    timeout_cycles : int
+        A ``recv`` that waits longer than this many clock cycles raises ``TimeoutError``, so a
+        lost frame fails the run instead of hanging it.
+    clock_period_ns : float
+        Period of ``dut.clk`` (for the timeout).
+    """
+
+    def __init__(self, dut, nodes: int, timeout_cycles: int = 200_000, clock_period_ns: float = 6.4):
+        self.dut = dut
+        self.nodes = nodes
+        self.timeout_ns = timeout_cycles * clock_period_ns
+        self.sources = []
+        self.sinks = []
+        for k in range(nodes):
+            self.sources.append(AxiStreamSource(AxiStreamBus.from_prefix(dut, f"host{k}_rx"), dut.clk, dut.rst))
+            self.sinks.append(AxiStreamSink(AxiStreamBus.from_prefix(dut, f"host{k}_tx"), dut.clk, dut.rst))
+
+    async def send(self, node: int, data: bytes) -> None:
+        await self.sources[node].send(AxiStreamFrame(bytes(data)))
+
+    async def recv(self, node: int) -> bytes:
+        try:
+            f = await with_timeout(self.sinks[node].recv(), self.timeout_ns, "ns")
+        except TimeoutError as e:  # cocotb's SimTimeoutError subclasses TimeoutError
+            raise TimeoutError(f"node {node} sent its host nothing for {self.timeout_ns:.0f} ns of "
+                               f"simulated time; a frame was lost or the ring is stalled") from e
+        return bytes(f.tdata)
+
+    async def gather(self, coros: Sequence[Awaitable]) -> list:
+        tasks = [cocotb.start_soon(c) for c in coros]
+        return [await t for t in tasks]
+
+    async def idle(self, cycles: int = 1) -> None:
+        await ClockCycles(self.dut.clk, cycles)

