@@ -43,8 +43,10 @@ from amaranth.hdl import DomainRenamer
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.vendor import XilinxPlatform
-from wirereduce.hdl.core.node import Node, NodeConfig
+from wirereduce.hdl.core.node import Node
 from wirereduce.hdl.xilinx.cmac import Cmac100G, CmacRxGlue, CmacTxGlue, cmac_ip_tcl
+
+from wirereduce.config import NodeConfig
 
 __all__ = ["NAME", "PART", "YOSYS_FAMILY", "Platform", "top", "U55CTop", "QSFP_REFCLK_HZ", "CMACS"]
 

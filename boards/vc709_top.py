@@ -36,8 +36,10 @@ from amaranth import Cat, ClockDomain, ClockSignal, Const, Elaboratable, Instanc
 from amaranth.hdl import DomainRenamer
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
-from wirereduce.hdl.core.node import Node, NodeConfig
+from wirereduce.hdl.core.node import Node
 from wirereduce.hdl.xilinx.gth import GthQuad10G
+
+from wirereduce.config import NodeConfig
 
 __all__ = ["Vc709Top", "INIT_HZ", "CORE_HZ", "CAGE_ROLES"]
 

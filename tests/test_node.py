@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth_harness import HostPorts, simulate, stream_recv, stream_send
-from wirereduce.hdl.core.node import Node, NodeConfig
+from wirereduce.hdl.core.node import Node
 from wirereduce.host.driver import NodeSession, parse_stats
 from wirereduce.sim.cluster.network import Network
 from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
 
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import Header, Opcode, frame, max_elements
 
 EDGE = np.array([0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 1.1754942e-38, 1.1754944e-38, -1.1754944e-38,

@@ -14,10 +14,11 @@ import pytest
 from amaranth.sim import Simulator
 from amaranth_harness import to_beats
 from wirereduce.hdl.arith.fp32 import CANONICAL_NAN
-from wirereduce.hdl.core.node import Node, NodeConfig
+from wirereduce.hdl.core.node import Node
 from wirereduce.host.driver import parse_stats
 from wirereduce.sim.bench.latency import hop_latency
 
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame, max_elements
 
 COLLECTIVE = 21

@@ -27,7 +27,7 @@ def _add_node_args(p: argparse.ArgumentParser) -> None:
 
 
 def _node_config(args):
-    from wirereduce.hdl.core.node import NodeConfig
+    from wirereduce.config import NodeConfig
 
     try:
         return NodeConfig(args.width, args.mtu, args.slots)

@@ -40,7 +40,9 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.stream.frame import beat_layout, check_width
+from wirereduce.hdl.stream.frame import beat_layout
+
+from wirereduce.config import check_width
 
 __all__ = ["K_MIN", "K_MAX", "chunk_layout", "BytePacker", "Compressor", "Decompressor"]
 

@@ -34,8 +34,9 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.codec.compressor import Compressor, Decompressor
-from wirereduce.hdl.stream.frame import FrameGate, beat_layout, check_width, gated_layout
+from wirereduce.hdl.stream.frame import FrameGate, beat_layout, gated_layout
 
+from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Opcode, header_layout
 
 __all__ = ["hdr_beat_layout", "StripHeader", "InsertHeader", "CodecIn", "CodecOut"]

@@ -43,10 +43,10 @@ from wirereduce.hdl.stream.frame import (
     FrameArbiter,
     FrameGate,
     beat_layout,
-    check_width,
     tagged_layout,
 )
 
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import (
     ETH_PORT_COUNTERS,
     ETH_PORTS,
@@ -59,67 +59,6 @@ from wirereduce.protocol import (
 )
 
 __all__ = ["Node", "NodeConfig"]
-
-
-class NodeConfig:
-    """Elaboration-time parameters of a node.
-
-    Parameters
-    ----------
-    width : int
-        Datapath width in bits: 64 (10G at 156.25 MHz) or 512 (100G at ~322 MHz).
-    mtu : int
-        Largest wirereduce frame (header + payload) in bytes, i.e. the Ethernet payload MTU:
-        1500 or 9000 (jumbo). At least 20.
-    slots : int
-        Chunks of the host's gradient the local buffer holds (power of two, ≥ 1).
-    codec : bool
-        Put the INCEPTIONN-style codec (SPEC.md codec v1) at every port
-        (:mod:`wirereduce.hdl.codec.port`): frames with ``codec = INCEPTIONN_V1`` are
-        decompressed as they arrive and compressed with their header's ``eb_k`` as they leave,
-        so every hop decompresses, adds and recompresses. Default False (no codec logic).
-
-    Raises
-    ------
-    ValueError, TypeError
-        On a bad width, an MTU below 20 bytes or above 65535, ``slots`` not a power of two or
-        ``codec`` not a bool.
-    """
-
-    def __init__(self, width: int = 64, mtu: int = 1500, slots: int = 8, codec: bool = False):
-        self.width = check_width(width)
-        if not isinstance(mtu, int) or not HEADER_BYTES + 4 <= mtu <= 65535:
-            raise ValueError(f"mtu must be an int from {HEADER_BYTES + 4} to 65535 bytes, not {mtu!r}")
-        if not isinstance(slots, int) or slots < 1 or slots & (slots - 1):
-            raise ValueError(f"slots must be a power of two, not {slots!r}")
-        if not isinstance(codec, bool):
-            raise TypeError(f"codec must be True or False, not {codec!r}")
-        self.mtu = mtu
-        self.slots = slots
-        self.codec = codec
-
-    @property
-    def bytes_per_beat(self) -> int:
-        return self.width // 8
-
-    @property
-    def max_beats(self) -> int:
-        """Beats of the longest frame."""
-        return -(-self.mtu // self.bytes_per_beat)
-
-    @property
-    def slot_beats(self) -> int:
-        """Beats a buffer slot holds: the longest frame rounded up to a power of two."""
-        return 1 << (self.max_beats - 1).bit_length()
-
-    @property
-    def max_elements(self) -> int:
-        """fp32 elements in the largest frame."""
-        return (self.mtu - HEADER_BYTES) // 4
-
-    def __repr__(self):
-        codec = ", codec=True" if self.codec else ""
-        return f"NodeConfig(width={self.width}, mtu={self.mtu}, slots={self.slots}{codec})"
 
 
 class StatusResponder(wiring.Component):

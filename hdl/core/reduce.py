@@ -17,8 +17,9 @@ from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.arith.fp32 import AdderLanes
-from wirereduce.hdl.stream.frame import check_width, gated_layout, tagged_layout
+from wirereduce.hdl.stream.frame import gated_layout, tagged_layout
 
+from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES
 
 __all__ = ["ReducePipeline", "reduce_input_layout"]

@@ -60,6 +60,7 @@ from wirereduce.hdl.eth.pcs import (
 )
 from wirereduce.hdl.stream.frame import beat_layout
 
+from wirereduce.config import check_mtu
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETHERTYPE, HEADER_BYTES
 
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
@@ -451,15 +452,14 @@ class EthPort10G(wiring.Component):
     Raises
     ------
     ValueError
-        If ``mtu`` is not an int from 20 to 65535 - 18, an address is not 48 bits or
+        If ``mtu`` fails :func:`wirereduce.config.check_mtu`, an address is not 48 bits or
         ``rx_frames`` < 1.
     """
 
     def __init__(self, mtu: int, *, cdc: bool = True, local_mac: int = DEFAULT_LOCAL_MAC,
                  peer_mac: int = DEFAULT_PEER_MAC, rx_frames: int = 2, cut_through: bool = False):
         try:
-            if not isinstance(mtu, int) or isinstance(mtu, bool) or not 20 <= mtu <= 65535 - 18:
-                raise ValueError(f"mtu must be an int number of bytes from 20 to 65517, not {mtu!r}")
+            check_mtu(mtu)
             _check_mac("local_mac", local_mac)
             _check_mac("peer_mac", peer_mac)
             if not isinstance(rx_frames, int) or isinstance(rx_frames, bool) or rx_frames < 1:

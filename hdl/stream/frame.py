@@ -16,29 +16,11 @@ from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES, header_layout
 
 __all__ = ["beat_layout", "tagged_layout", "gated_layout", "check_width", "header_beats",
            "FrameGate", "Fork", "FrameArbiter"]
-
-
-def check_width(width: int) -> int:
-    """Validate a datapath width in bits; returns it.
-
-    Raises
-    ------
-    TypeError
-        If ``width`` is not an int.
-    ValueError
-        If ``width`` is not a power of two between 64 and 1024 (the header's first 8 bytes,
-        which hold opcode, src and hop, must sit in beat 0, and fp32 lanes must tile a beat).
-    """
-    if not isinstance(width, int) or isinstance(width, bool):
-        raise TypeError(f"width must be an int number of bits, not {width!r}")
-    if width < 64 or width > 1024 or width & (width - 1):
-        raise ValueError(f"width must be a power of two from 64 to 1024 bits (64 for 10G, 512 for 100G), "
-                         f"not {width}")
-    return width
 
 
 def header_beats(width: int) -> int:

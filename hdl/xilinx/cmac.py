@@ -41,7 +41,8 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.stream.frame import beat_layout
 
-from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETHERTYPE, HEADER_BYTES
+from wirereduce.config import check_mtu
+from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETHERTYPE
 
 __all__ = [
     "CMAC_WIDTH", "CMAC_BYTES", "ETH_MIN_FRAME_BYTES", "DEFAULT_SRC_MAC", "DEFAULT_DST_MAC",
@@ -70,13 +71,6 @@ _GOOD, _BAD, _FILTERED, _LOST = range(4)
 _LOST_BITS = 8                  # frames lost without a verdict slot, carried in the next verdict
 
 
-def _check_mtu(mtu) -> int:
-    if not isinstance(mtu, int) or isinstance(mtu, bool) or not HEADER_BYTES + 4 <= mtu <= 16000:
-        raise ValueError(f"mtu must be an int from {HEADER_BYTES + 4} to 16000 bytes (the wirereduce frame, i.e. "
-                         f"the Ethernet payload; 1500 or 9000), not {mtu!r}")
-    return mtu
-
-
 def _check_mac(name, mac) -> int:
     if not isinstance(mac, int) or isinstance(mac, bool) or not 0 <= mac < 1 << 48:
         raise ValueError(f"{name} must be a 48-bit MAC address as an int (0x0200_0000_0001), not {mac!r}")
@@ -89,7 +83,7 @@ def _pow2_at_least(n: int) -> int:
 
 def eth_frame_beats(mtu: int) -> int:
     """512-bit beats of the longest Ethernet frame (14-byte header + ``mtu`` bytes, no FCS)."""
-    return -(-(_H + _check_mtu(mtu)) // CMAC_BYTES)
+    return -(-(_H + check_mtu(mtu)) // CMAC_BYTES)
 
 
 def eth_header(dst: int, src: int, ethertype: int = ETHERTYPE) -> bytes:
@@ -132,7 +126,7 @@ def _check_depth(mtu, depth):
     """``(mtu, max_beats, depth)`` of a glue FIFO: ``depth`` (default: one longest frame + 16
     beats) rounded up to a power of two. Raises ValueError on a bad ``mtu`` or a ``depth`` that
     does not hold one longest frame."""
-    mtu = _check_mtu(mtu)
+    mtu = check_mtu(mtu)
     max_beats = eth_frame_beats(mtu)
     if depth is None:
         depth = max_beats + 16
@@ -761,7 +755,7 @@ def cmac_ip_tcl(ip_name: str, cmac_site: str, gt_group: tuple[str, str, str, str
     Sources: PG203 customisation parameters; ``Xilinx/open-nic-shell``
     ``src/cmac_subsystem/vivado_ip/cmac_usplus_{0,1}_au55c.tcl`` (sites and GT groups of the U55C).
     """
-    _check_mtu(mtu)
+    check_mtu(mtu)
     if len(gt_group) != 4:
         raise ValueError(f"gt_group must name the 4 GTY channels of the cage, not {gt_group!r}")
     lanes = " ".join(f"CONFIG.LANE{k + 1}_GT_LOC {{{loc}}}" for k, loc in enumerate(gt_group))

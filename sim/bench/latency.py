@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 from amaranth.sim import Simulator
-from wirereduce.hdl.core.node import Node, NodeConfig
-from wirereduce.hdl.stream.frame import check_width
+from wirereduce.hdl.core.node import Node
 
+from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import Header, Opcode, frame, max_elements
 
 __all__ = ["hop_latency", "PATHS"]

@@ -129,7 +129,7 @@ class Block:
 
 
 def _cfg(width=64, mtu=1500, slots=8):
-    from wirereduce.hdl.core.node import NodeConfig
+    from wirereduce.config import NodeConfig
 
     return NodeConfig(width, mtu, slots)
 

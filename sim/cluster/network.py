@@ -16,9 +16,10 @@ from fractions import Fraction
 from amaranth import Module, Mux, Signal
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.core.node import Node, NodeConfig
-from wirereduce.hdl.stream.frame import beat_layout, check_width
+from wirereduce.hdl.core.node import Node
+from wirereduce.hdl.stream.frame import beat_layout
 
+from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
 __all__ = ["LinkModel", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "line_bytes_per_cycle",

@@ -26,8 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from wirereduce.hdl.core.node import NodeConfig
 from wirereduce.sim.cluster.network import clock_mhz
+
+from wirereduce.config import NodeConfig
 
 __all__ = ["SimSetup", "SimulationError", "available_simulators", "default_simulator", "run_jobs",
            "build_block_model", "run_block_case", "check_compression",

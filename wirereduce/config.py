@@ -1,0 +1,113 @@
+"""Elaboration-time parameters every layer shares: datapath width, MTU, buffer slots, codec.
+
+The MTU travels as one :class:`NodeConfig` from the command line to the gateware, the simulated
+cluster and the driver; :func:`check_mtu` is the only place its range is decided.
+"""
+
+from __future__ import annotations
+
+from wirereduce.protocol import HEADER_BYTES
+
+__all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "NodeConfig"]
+
+#: Smallest MTU: the 16-byte header and one fp32 element.
+MTU_MIN = HEADER_BYTES + 4
+#: Largest MTU: the largest jumbo frame every port of the design accepts. The 100G CMAC's
+#: ``ctl_rx_max_packet_len`` stops at 16,383 bytes of Ethernet frame (PG203), so 16,000 bytes of
+#: payload leave room for the Ethernet header, FCS and a VLAN tag; the 10G MAC and the node's
+#: buffer slots are sized from the same number.
+MTU_MAX = 16000
+
+
+def check_mtu(mtu: int) -> int:
+    """Validate an MTU in bytes (the wirereduce frame, header + payload = the Ethernet payload).
+
+    Returns it.
+
+    Raises
+    ------
+    ValueError
+        If ``mtu`` is not an int from :data:`MTU_MIN` (20) to :data:`MTU_MAX` (16,000) bytes.
+    """
+    if not isinstance(mtu, int) or isinstance(mtu, bool) or not MTU_MIN <= mtu <= MTU_MAX:
+        raise ValueError(f"mtu must be an int number of bytes from {MTU_MIN} to {MTU_MAX} (the wirereduce frame, "
+                         f"i.e. the Ethernet payload; 1500, or 9000 for jumbo frames), not {mtu!r}")
+    return mtu
+
+
+def check_width(width: int) -> int:
+    """Validate a datapath width in bits; returns it.
+
+    Raises
+    ------
+    TypeError
+        If ``width`` is not an int.
+    ValueError
+        If ``width`` is not a power of two between 64 and 1024 (the header's first 8 bytes,
+        which hold opcode, src and hop, must sit in beat 0, and fp32 lanes must tile a beat).
+    """
+    if not isinstance(width, int) or isinstance(width, bool):
+        raise TypeError(f"width must be an int number of bits, not {width!r}")
+    if width < 64 or width > 1024 or width & (width - 1):
+        raise ValueError(f"width must be a power of two from 64 to 1024 bits (64 for 10G, 512 for 100G), "
+                         f"not {width}")
+    return width
+
+
+class NodeConfig:
+    """Elaboration-time parameters of a node.
+
+    Parameters
+    ----------
+    width : int
+        Datapath width in bits: 64 (10G at 156.25 MHz) or 512 (100G at ~322 MHz).
+    mtu : int
+        Largest wirereduce frame (header + payload) in bytes, i.e. the Ethernet payload MTU:
+        1500 or 9000 (jumbo); :func:`check_mtu` gives the range.
+    slots : int
+        Chunks of the host's gradient the local buffer holds (power of two, ≥ 1).
+    codec : bool
+        Put the INCEPTIONN-style codec (``docs/codec.md``) at every port
+        (:mod:`wirereduce.hdl.codec.port`): frames with ``codec = INCEPTIONN_V1`` are
+        decompressed as they arrive and compressed with their header's ``eb_k`` as they leave,
+        so every hop decompresses, adds and recompresses. Default False (no codec logic).
+
+    Raises
+    ------
+    ValueError, TypeError
+        On a bad width (:func:`check_width`), a bad MTU (:func:`check_mtu`), ``slots`` not a power of two or
+        ``codec`` not a bool.
+    """
+
+    def __init__(self, width: int = 64, mtu: int = 1500, slots: int = 8, codec: bool = False):
+        self.width = check_width(width)
+        self.mtu = check_mtu(mtu)
+        if not isinstance(slots, int) or slots < 1 or slots & (slots - 1):
+            raise ValueError(f"slots must be a power of two, not {slots!r}")
+        if not isinstance(codec, bool):
+            raise TypeError(f"codec must be True or False, not {codec!r}")
+        self.slots = slots
+        self.codec = codec
+
+    @property
+    def bytes_per_beat(self) -> int:
+        return self.width // 8
+
+    @property
+    def max_beats(self) -> int:
+        """Beats of the longest frame."""
+        return -(-self.mtu // self.bytes_per_beat)
+
+    @property
+    def slot_beats(self) -> int:
+        """Beats a buffer slot holds: the longest frame rounded up to a power of two."""
+        return 1 << (self.max_beats - 1).bit_length()
+
+    @property
+    def max_elements(self) -> int:
+        """fp32 elements in the largest frame."""
+        return (self.mtu - HEADER_BYTES) // 4
+
+    def __repr__(self):
+        codec = ", codec=True" if self.codec else ""
+        return f"NodeConfig(width={self.width}, mtu={self.mtu}, slots={self.slots}{codec})"
