@@ -1,0 +1,411 @@
+"""Tests of wirereduce.schedule (topologies, ring / biring / MULTITREE schedules, checks, bounds)
+and of the schedule golden model wirereduce.sim.golden.schedule.
+
+Expected values come from the published MULTITREE facts (SPEC.md), from running the authors'
+simulator (farabimahmud/accelerator ``multitree_allreduce.py``, ``compute_trees(5, sort=True)``)
+or are worked out by hand below; none is read back from this code's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
+from wirereduce.sim.golden.schedule import allreduce
+
+from wirereduce.schedule import (
+    Schedule,
+    ScheduleError,
+    build,
+    describe,
+    frame_efficiency,
+    hypercube,
+    lower_bound,
+    mesh,
+    multitree_trees,
+    parse_topology,
+    ring,
+    ring_order,
+    torus,
+    validate,
+)
+
+F32 = np.float32
+
+
+def _grads(nodes, n=97, seed=1):
+    """Gradients over a wide range of magnitudes, so a different summation order changes bits."""
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 6, n)).astype(F32) for _ in range(nodes)]
+
+
+def _add(*xs):
+    """Left-to-right float32 sum of the arguments."""
+    acc = xs[0].copy()
+    for x in xs[1:]:
+        acc = np.add(acc, x, dtype=F32)
+    return acc
+
+
+def _same_bits(a, b):
+    return np.array_equal(np.asarray(a, F32).view(np.uint32), np.asarray(b, F32).view(np.uint32))
+
+
+# ------------------------------------------------------------------------------------------------
+# topologies
+# ------------------------------------------------------------------------------------------------
+
+
+def test_torus_neighbour_order_is_n_s_w_e_with_wrap_around():
+    t = torus(4, 4)
+    # node = row * 4 + col; N, S, W, E (kncube.py), wrapping around the edges
+    assert t.neighbours(0) == (12, 4, 3, 1)
+    assert t.neighbours(5) == (1, 9, 4, 6)
+    assert t.neighbours(15) == (11, 3, 14, 12)
+    assert t.port_names[0] == ("N", "S", "W", "E")
+    assert t.peer(0, 0) == (1, 12)   # 0's N cable arrives on 12's S port
+    assert t.nodes == 16 and t.degree == 4 and t.cables == 32
+    g = t.graph
+    assert g.number_of_nodes() == 16 and g.number_of_edges() == 32
+    assert g.nodes[5]["ports"] == [(1, 1), (9, 0), (4, 3), (6, 2)]
+
+
+def test_small_and_odd_topologies():
+    assert torus(2, 2).neighbours(0) == (2, 1)         # size-2 dimensions have no second cable
+    assert torus(2, 2).degree == 2
+    assert mesh(3, 3).neighbours(0) == (3, 1) and mesh(3, 3).neighbours(4) == (1, 7, 3, 5)
+    assert torus(3, 4).neighbours(0) == (8, 4, 3, 1)
+    r2 = ring(2)                                        # two cables, cw and ccw, as the NTT ring
+    assert r2.links == (((1, 1), (1, 0)), ((0, 1), (0, 0)))
+    assert ring(4).neighbours(0) == (3, 1) and ring(4).port_names[0] == ("ccw", "cw")
+    assert hypercube(8).links == torus(2, 2, 2).links
+    assert hypercube(8).neighbours(0) == (4, 2, 1) and hypercube(8).neighbours(5) == (1, 7, 4)
+    assert parse_topology("hypercube:8").name == "hypercube:8"
+    assert parse_topology(" Torus : 4x4 ").name == "torus:4x4"
+    assert parse_topology("mesh:3x3").links == mesh(3, 3).links
+    assert parse_topology("torus:2x2x2").dims == (2, 2, 2)
+
+
+@pytest.mark.parametrize("spec", [
+    "", "ring", "ring:", "ring:1", "ring:x", "ring:-3", "ring:4x4", "ring:256", "torus:4", "torus:4x1",
+    "torus:4x4x4x4", "mesh:0x3", "mesh:3xx3", "torus:16x16", "hypercube:6", "hypercube:1", "hypercube:2x2",
+    "cube:8", "torus 4x4", 42, None,
+])
+def test_bad_topology_strings_raise(spec):
+    with pytest.raises(ValueError):
+        parse_topology(spec)
+
+
+def test_ring_order_is_the_simulators_snake_on_a_torus():
+    # kncube.py build_graph(): ring of a 4x4 torus
+    assert [u for u, _ in ring_order("torus:4x4")] == [0, 1, 2, 3, 7, 11, 15, 14, 10, 6, 5, 9, 13, 12, 8, 4]
+    with pytest.raises(ValueError):
+        ring_order("mesh:3x3")   # both sides odd: no ring through every node
+
+
+# ------------------------------------------------------------------------------------------------
+# MULTITREE: published figures and the authors' simulator
+# ------------------------------------------------------------------------------------------------
+
+
+def test_multitree_4x4_torus_five_steps():
+    s = build("torus:4x4", "multitree")
+    assert s.levels == 5
+    assert s.level_links() == (64, 64, 48, 48, 16)
+    # edge added in construction step t: reduce step T-1-t, gather step T+1+t
+    assert s.step_links() == (16, 48, 48, 64, 64, 0, 64, 64, 48, 48, 16)
+    validate(s)
+    # lock-step 5 steps each way against the bound's 3.75 (75 %)
+    assert lower_bound(16, 4) * 16 / 2 == pytest.approx(3.75)
+    assert float(s.lockstep_time()) == pytest.approx(2 * 5 / 16)
+    assert lower_bound(16, 4) / float(s.lockstep_time()) == pytest.approx(0.75)
+
+
+def test_multitree_4x4_torus_tree_0_as_the_simulator_builds_it():
+    # (child, parent, step) of tree 0, in insertion order, from the authors' compute_trees(5, sort=True)
+    want = [(12, 0, 0), (4, 0, 0), (3, 0, 0), (1, 0, 0), (8, 12, 1), (15, 12, 1), (13, 12, 1), (7, 3, 1),
+            (5, 4, 2), (2, 3, 2), (11, 15, 2), (9, 8, 3), (14, 15, 3), (6, 2, 3), (10, 11, 4)]
+    T, trees = multitree_trees("torus:4x4")
+    assert T == 5
+    assert [(c, p, t) for c, p, _, _, t in trees[0]] == want
+
+
+def test_multitree_8x8_torus_seventeen_steps():
+    s = build("torus:8x8", "multitree")
+    assert s.levels == 17
+    # per construction step, from the authors' simulator
+    assert s.level_links() == (256,) * 14 + (192, 192, 64)
+    assert sum(s.level_links()) == 64 * 63
+    validate(s)
+    assert lower_bound(64, 4) * 64 / 2 == pytest.approx(15.75)
+
+
+def test_multitree_mesh_quirks_and_their_fixes():
+    s = build("mesh:3x3")                                 # published behaviour (simulator)
+    assert s.levels == 6 and s.level_links() == (24, 21, 15, 8, 3, 1)
+    validate(s)
+    assert build("mesh:3x3", full_round=True).levels == 5
+    # the fixes change nothing on a torus
+    for opts in ({"full_round": True}, {"mesh_distance_fix": True}):
+        assert build("torus:4x4", **opts).level_links() == (64, 64, 48, 48, 16)
+
+
+def test_multitree_2x2_torus_worked_by_hand():
+    # Node ports: 0 (S=2, E=1), 1 (S=3, W=0), 2 (N=0, E=3), 3 (N=1, W=2); budget P = 2.
+    # Step 0, round 1 (roots 0,1,2,3): each tree takes its root's first port: 0->2, 1->3, 2->0, 3->1.
+    # Round 2 (roots 3,2,1,0): second ports, all free with receive budget: 3->2, 2->3, 1->0, 0->1.
+    # Round 3: no send budget left; step 1 completes each tree through a member added in step 0.
+    T, trees = multitree_trees("torus:2x2")
+    assert T == 2
+    assert [[(c, p, t) for c, p, _, _, t in tr] for tr in trees] == [
+        [(2, 0, 0), (1, 0, 0), (3, 2, 1)],
+        [(3, 1, 0), (0, 1, 0), (2, 3, 1)],
+        [(0, 2, 0), (3, 2, 0), (1, 0, 1)],
+        [(1, 3, 0), (2, 3, 0), (0, 1, 1)],
+    ]
+    s = build("torus:2x2")
+    validate(s)
+    # root 0: local first, then children 2 (port 0) and 1 (port 1), both in reduce step 1; 2 holds g2 + g3
+    assert s.flows[0].order[0] == (0, 2, 1) and s.flows[0].order[2] == (2, 3)
+    e = s.tables[0].entries[0]
+    assert e.parent is None and [c.node for c in e.children] == [2, 1] and e.local_index == 0
+    assert [(c.node, st) for c, st in zip(e.forward, e.forward_steps)] == [(2, 3), (1, 3)]
+
+
+def test_golden_2x2_multitree_is_the_hand_worked_order():
+    s = build("torus:2x2")
+    g = _grads(4, n=401, seed=7)
+    sl = s.split(401)
+    assert [x.stop - x.start for x in sl] == [101, 100, 100, 100]
+    want = [
+        _add(g[0], _add(g[2], g[3]), g[1]),
+        _add(g[1], _add(g[3], g[2]), g[0]),
+        _add(g[2], _add(g[0], g[1]), g[3]),
+        _add(g[3], _add(g[1], g[0]), g[2]),
+    ]
+    got = allreduce(g, s)
+    for node in range(4):
+        for f in range(4):
+            assert _same_bits(got[node][sl[f]], want[f][sl[f]]), (node, f)
+    # the test data is order-sensitive: plain rank order gives other bits somewhere
+    assert len(bit_mismatches(got[0], ring_allreduce(g))) > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# ring and biring
+# ------------------------------------------------------------------------------------------------
+
+
+def test_ring_schedule_is_the_ntt_ring():
+    s = build("ring:4", "ring")
+    assert len(s.flows) == 1 and s.flows[0].root == 3
+    for k in range(4):
+        e = s.tables[k].entries[0]
+        if k > 0:   # partial sum from rank k-1 on the ccw port, then the local chunk
+            assert e.children == ((0, k - 1),) and e.local_index == 1
+        else:
+            assert e.children == () and e.local_index == 0
+        if k < 3:   # on to rank k+1 clockwise; the result comes back on the same cable
+            assert e.parent == (1, k + 1) and e.result_from == (1, k + 1)
+        else:
+            assert e.parent is None
+        assert e.forward == (((0, k - 1),) if k > 0 else ())
+    assert all(v == 1 for (u, p), v in s.link_load().items() if (u, p) not in ((3, 1), (0, 0)))
+
+
+@pytest.mark.parametrize("spec", ["ring:2", "ring:3", "ring:8"])
+def test_golden_ring_is_rank_order(spec):
+    s = build(spec, "ring")
+    n = s.nodes
+    g = _grads(n, seed=n)
+    want = g[0].copy()
+    for k in range(1, n):
+        want = np.add(want, g[k], dtype=F32)
+    got = allreduce(g, s)
+    for node in range(n):
+        assert _same_bits(got[node], want)
+        assert _same_bits(got[node], ring_allreduce(g))
+
+
+def test_biring_loads_every_link_equally_and_sums_along_the_ring():
+    s = build("ring:4", "biring")
+    assert len(s.flows) == 8
+    assert set(s.link_load().values()) == {Fraction(3, 4)}           # (N-1)/N: the 2-port bound
+    assert float(s.pipelined_time()) == pytest.approx(lower_bound(4, 2))
+    g = _grads(4, n=64, seed=3)
+    got = allreduce(g, s)
+    sl = s.split(64)
+    for r in range(4):
+        cw = _add(*[g[(r + 1 + k) % 4] for k in range(4)])            # r+1, r+2, …, r
+        ccw = _add(*[g[(r - 1 - k) % 4] for k in range(4)])           # r-1, r-2, …, r
+        for node in range(4):
+            assert _same_bits(got[node][sl[r]], cw[sl[r]])
+            assert _same_bits(got[node][sl[4 + r]], ccw[sl[4 + r]])
+
+
+# ------------------------------------------------------------------------------------------------
+# validate()
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec,algorithm", [
+    ("ring:2", "ring"), ("ring:3", "ring"), ("ring:4", "ring"), ("ring:8", "ring"),
+    ("ring:2", "biring"), ("ring:3", "biring"), ("ring:4", "biring"), ("ring:8", "biring"),
+    ("torus:4x4", "biring"), ("torus:4x4", "ring"),
+    ("ring:2", "multitree"), ("ring:8", "multitree"), ("torus:2x2", "multitree"), ("torus:4x4", "multitree"),
+    ("mesh:3x3", "multitree"), ("hypercube:8", "multitree"), ("torus:3x4", "multitree"),
+    ("mesh:2x3", "multitree"),
+])
+def test_validate_accepts(spec, algorithm):
+    s = build(spec, algorithm)
+    validate(s)
+    assert Schedule.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+def test_validate_mesh_fixes_and_small_port_budgets():
+    validate(build("mesh:3x3", full_round=True, mesh_distance_fix=True))
+    for p in (1, 2, 3):
+        s = build("torus:4x4", ports=p)
+        validate(s)
+        assert s.levels >= 5
+
+
+def _twice(s):
+    """The schedule with its only flow doubled: both copies use the same links in the same steps."""
+    f = s.flows[0]
+    flows = (replace(f, share=Fraction(1, 2)), replace(f, index=1, share=Fraction(1, 2)))
+    tables = tuple(replace(t, entries=(t.entries[0], replace(t.entries[0], flow=1))) for t in s.tables)
+    return replace(s, flows=flows, tables=tables)
+
+
+def _drop_child(s):
+    t = s.tables[3]
+    e = t.entries[0]
+    tables = list(s.tables)
+    tables[3] = replace(t, entries=(replace(e, children=(), receive_steps=(), local_index=0),))
+    return replace(s, tables=tuple(tables))
+
+
+def _drop_edge(s):
+    f = s.flows[0]
+    return replace(s, flows=(replace(f, edges=f.edges[1:]),))
+
+
+def _late_send(s):
+    f = s.flows[0]
+    e0, e1 = f.edges[0], f.edges[1]   # e1's child sends to e0's child: make it arrive too late
+    return replace(s, flows=(replace(f, edges=(e0, replace(e1, reduce_step=e0.reduce_step)) + f.edges[2:]),))
+
+
+def _wrong_cable(s):
+    f = s.flows[0]
+    e = f.edges[0]
+    return replace(s, flows=(replace(f, edges=(replace(e, child_port=1 - e.child_port),) + f.edges[1:]),))
+
+
+def _no_deliver(s):
+    t = s.tables[1]
+    tables = list(s.tables)
+    tables[1] = replace(t, entries=(replace(t.entries[0], deliver=False),))
+    return replace(s, tables=tuple(tables))
+
+
+@pytest.mark.parametrize("breaker,message", [
+    (_twice, "carries flows"), (_drop_child, "children"), (_drop_edge, "edges"),
+    (_late_send, "before its child"), (_wrong_cable, "not cabled"), (_no_deliver, "deliver"),
+])
+def test_validate_rejects(breaker, message):
+    s = build("ring:4", "ring")
+    with pytest.raises(ScheduleError, match=message):
+        validate(breaker(s))
+
+
+def test_validate_rejects_port_budget():
+    s = build("ring:4", "biring")   # every node sends cw and ccw in each step
+    with pytest.raises(ScheduleError, match="port budget"):
+        validate(replace(s, ports=1))
+
+
+# ------------------------------------------------------------------------------------------------
+# golden model on the larger schedules, bounds, reports
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["torus:4x4", "hypercube:8", "mesh:3x3"])
+def test_golden_multitree_same_result_everywhere_and_order_from_tables(spec):
+    s = build(spec)
+    g = _grads(s.nodes, n=3 * s.nodes + 5, seed=s.nodes)
+    got = allreduce(g, s)
+    for node in range(1, s.nodes):
+        assert _same_bits(got[node], got[0])
+    # an independent evaluation of each flow's Flow.order (node ids; a node's own id = its local chunk)
+    for fl, sl in zip(s.flows, s.split(g[0].size)):
+        def part(u, fl=fl, sl=sl):
+            return _add(*[g[u][sl] if v == u else part(v) for v in fl.order[u]])
+        assert _same_bits(got[0][sl], part(fl.root))
+
+
+def test_golden_rejects_bad_inputs():
+    s = build("ring:3", "ring")
+    with pytest.raises(ValueError, match="expected 3 arrays"):
+        allreduce(_grads(4), s)
+
+
+def test_lower_bound_and_frame_efficiency():
+    assert lower_bound(16, 4) == pytest.approx(30 / 64)                # 0.469 M/B on a 4x4 torus
+    assert 1 / lower_bound(16, 4) == pytest.approx(2.133, abs=1e-3)   # 2.13x the NTT ring's M/B
+    assert lower_bound(4, 2) == pytest.approx(3 / 4)
+    # MTU 9000: 16-byte header, 2246 fp32 = 8984 bytes; on the wire 14 + 9000 + 24 bytes
+    assert frame_efficiency(9000) == pytest.approx(8984 / 9038)
+    assert lower_bound(16, 4, mtu=9000) == pytest.approx(30 / 64 * 9038 / 8984)
+    assert lower_bound(16, 4, 4e6, 1.25e9) == pytest.approx(30 / 64 * 4e6 / 1.25e9)
+    # the host link bounds it too: with B_host = B, M/B dominates
+    assert lower_bound(16, 4, host_bandwidth=1.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        frame_efficiency(10)
+
+
+def test_describe():
+    text = describe("torus:4x4", "multitree", mtu=9000)
+    assert "T = 5" in text and "64, 64, 48, 48, 16" in text
+    assert "0.4688 M/B" in text and "75.0 %" in text
+    assert "MTU 9000" in text
+    assert "biring" in describe("ring:4", "biring")
+    with pytest.raises(ValueError, match="unknown schedule algorithm"):
+        describe("ring:4", "allgather")
+    with pytest.raises(ValueError, match="no options"):
+        build("ring:4", "ring", ports=2)
+
+
+def test_schedule_cli(tmp_path, capsys):
+    from wirereduce.cli import CliError
+    from wirereduce.schedule_cli import add_subcommand
+
+    parser = argparse.ArgumentParser()
+    add_subcommand(parser.add_subparsers())
+    out = tmp_path / "s.json"
+    args = parser.parse_args(["schedule", "--topology", "torus:4x4", "--json", str(out)])
+    assert args.func(args) == 0
+    assert "T = 5" in capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert d["levels"] == 5 and len(d["flows"]) == 16 and len(d["tables"]) == 16
+    validate(Schedule.from_dict(d))
+    for bad in (["schedule", "--topology", "torus:4"], ["schedule", "--algorithm", "ring", "--ports", "2"],
+                ["schedule", "--topology", "mesh:3x3", "--algorithm", "biring"]):
+        args = parser.parse_args(bad)
+        with pytest.raises(CliError):
+            args.func(args)
+
+
+def test_plot_trees(tmp_path):
+    pytest.importorskip("matplotlib")
+    from wirereduce.schedule import plot_trees
+
+    path = tmp_path / "trees.png"
+    plot_trees(build("torus:2x2"), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
