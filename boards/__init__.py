@@ -1,38 +1,63 @@
-"""Board platforms and tops: the Xilinx VC709 (10G, SFP+) and one 100G UltraScale+ board.
+"""Boards: the Xilinx VC709 (10G, SFP+) and the Alveo U55C (100G, QSFP28).
 
-Every board module in this package follows one contract, so that ``wirereduce bitstream``,
-``wirereduce flash`` and ``wirereduce resources`` treat them alike:
-
-``NAME`` : str
-    The name used on the command line (``make bitstream BOARD=<NAME>``).
-``PART`` : str
-    The FPGA part as Vivado spells it, e.g. ``"xc7vx690tffg1761-2"``.
-``YOSYS_FAMILY`` : str
-    The ``synth_xilinx -family`` of the part (``"xc7"``, ``"xcup"``).
-``Platform`` : class
-    The :class:`amaranth.vendor.XilinxPlatform` subclass of the board.
-``top(**options)`` : function
-    Returns the board's top-level elaboratable (a node wired to the board's ports).
-
-:data:`BOARDS` maps each name to its module; :func:`load` imports one.
+Every board follows one pattern (:mod:`wirereduce.boards.common`): a platform module
+``<board>.py`` with an amaranth-boards style ``<Board>Platform`` class, and a top module
+``<board>_top.py`` with the top-level elaboratable and its factory ``top(**options)``.
+:data:`BOARDS` lists them so that ``wirereduce bitstream``, ``wirereduce flash`` and
+``wirereduce resources`` treat all boards alike; :func:`load` returns one as a :class:`Board`.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from collections.abc import Callable
+from dataclasses import dataclass
 
-__all__ = ["BOARDS", "load"]
+__all__ = ["BOARDS", "Board", "load"]
 
-#: Board name → module of this package that implements the contract above.
-BOARDS: dict[str, str] = {
-    "vc709": "wirereduce.boards.vc709",
-    "u55c": "wirereduce.boards.u55c",
+
+@dataclass(frozen=True)
+class Board:
+    """One board of :data:`BOARDS`, imported.
+
+    Attributes
+    ----------
+    name : str
+        The name used on the command line (``make bitstream BOARD=<name>``).
+    platform : type
+        The board's :class:`amaranth.vendor.XilinxPlatform` subclass.
+    top : callable
+        ``top(**options)``: the board's top-level elaboratable (a node wired to the board's ports).
+    yosys_family : str
+        The ``synth_xilinx -family`` of the part (``"xc7"``, ``"xcup"``).
+    """
+
+    name: str
+    platform: type
+    top: Callable
+    yosys_family: str
+
+    @property
+    def part(self) -> str:
+        """The FPGA part as Vivado spells it, e.g. ``"xc7vx690tffg1761-2"``."""
+        return self.platform()._part
+
+
+#: Board name → (platform class, top factory, Yosys family); classes and factories as
+#: ``"module:attribute"`` of this package, imported by :func:`load`.
+BOARDS: dict[str, tuple[str, str, str]] = {
+    "vc709": ("wirereduce.boards.vc709:VC709Platform", "wirereduce.boards.vc709_top:top", "xc7"),
+    "u55c": ("wirereduce.boards.u55c:U55CPlatform", "wirereduce.boards.u55c_top:top", "xcup"),
 }
 
 
-def load(name: str) -> ModuleType:
-    """Import the module of board ``name``.
+def _import(target: str):
+    module, attribute = target.split(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def load(name: str) -> Board:
+    """Import board ``name``.
 
     Raises
     ------
@@ -41,4 +66,5 @@ def load(name: str) -> ModuleType:
     """
     if name not in BOARDS:
         raise ValueError(f"unknown board {name!r}; choose one of: {', '.join(sorted(BOARDS))}")
-    return importlib.import_module(BOARDS[name])
+    platform, top, family = BOARDS[name]
+    return Board(name, _import(platform), _import(top), family)

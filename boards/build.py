@@ -2,24 +2,27 @@
 :mod:`wirereduce.boards`.
 
 ``bitstream`` elaborates the board's top on its platform and writes the Amaranth/Vivado build tree
-(``<name>.v``, ``<name>.xdc``, ``<name>.tcl``, ``build_<name>.sh``) under ``build/<board>/``; it runs
+(``<name>.v``, ``<name>.xdc``, ``<name>.tcl``, ``build_<name>.sh`` and the extra files the top adds,
+:mod:`wirereduce.boards.common`) under ``build/<board>/``; it runs
 Vivado on it only when ``vivado`` is on PATH. Without Vivado the tree is the deliverable: copy it to a
 machine with Vivado and run ``sh build_<name>.sh`` there (exit status 0 either way, unless Vivado
 itself fails).
 
 ``flash`` loads a bitstream into the FPGA's configuration SRAM over JTAG, with openFPGALoader
-(preferred; ``-c digilent --fpga-part xc7vx690tffg1761`` on the VC709, SPEC.md) or else Vivado's
+(preferred, with the platform's ``openfpgaloader_args``, as its ``toolchain_program`` does;
+``-c digilent --fpga-part xc7vx690tffg1761`` on the VC709, SPEC.md) or else Vivado's
 hardware manager (a TCL script written next to the bitstream). When no tool or no bitstream is
 there, or the tool fails (no cable, board off), it says what is missing and exits non-zero.
 """
 
 from __future__ import annotations
 
-import inspect
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from wirereduce.boards.common import openfpgaloader_command
 
 __all__ = ["design_name", "write_tree", "cmd_bitstream", "cmd_flash", "flash_command", "vivado_flash_tcl",
            "add_subcommands", "FlashError"]
@@ -50,15 +53,11 @@ def write_tree(board: str, out: str | Path, **top_options) -> tuple[Path, object
     ValueError
         Unknown board (:func:`wirereduce.boards.load`) or bad top options (e.g. MTU).
     """
-    mod = _load(board)
-    top = mod.top(**top_options)
-    # a platform that takes build options itself (u55c: mtu for its CMAC IP) gets the same ones
-    accepted = inspect.signature(mod.Platform).parameters
-    platform = mod.Platform(**{k: v for k, v in top_options.items() if k in accepted})
+    spec = _load(board)
+    top = spec.top(**top_options)
     out = Path(out)
     name = design_name(board)
-    plan = platform.build(top, name=name, build_dir=str(out), do_build=False,
-                          add_constraints=getattr(top, "extra_constraints", ""))
+    plan = spec.platform().build(top, name=name, build_dir=str(out), do_build=False)
     plan.extract(str(out))
     return out, plan
 
@@ -93,16 +92,9 @@ def cmd_bitstream(args) -> int:
 
 
 def flash_command(board: str, bitstream: Path) -> list[str]:
-    """openFPGALoader command line that loads ``bitstream`` into ``board``'s FPGA (SRAM).
-
-    Uses the board module's ``OPENFPGALOADER_ARGS`` when it has one, else ``--fpga-part`` with the
-    part name without its speed grade.
-    """
-    mod = _load(board)
-    args = getattr(mod, "OPENFPGALOADER_ARGS", None)
-    if args is None:
-        args = ("--fpga-part", mod.PART.split("-")[0])
-    return ["openFPGALoader", *args, str(bitstream)]
+    """openFPGALoader command line that loads ``bitstream`` into ``board``'s FPGA (SRAM): the
+    platform's ``openfpgaloader_args``, the same its ``toolchain_program`` uses."""
+    return openfpgaloader_command(_load(board).platform.openfpgaloader_args, bitstream, tool="openFPGALoader")
 
 
 def vivado_flash_tcl(bitstream: Path) -> str:

@@ -1,6 +1,7 @@
-"""The VC709 board top: one allreduce node on three SFP+ cages at 10GBASE-R.
+"""The VC709 board top: one allreduce node on three SFP+ cages at 10GBASE-R (platform:
+:mod:`wirereduce.boards.vc709`).
 
-Cages (SPEC.md cage numbering, ``boards/vc709.py``):
+Cages (SPEC.md cage numbering, :data:`wirereduce.boards.vc709.SFP_PINS`):
 
 ====  =================================  ==========================================
 cage  role                               node ports
@@ -28,6 +29,9 @@ clock runs (with ``refclk="sma"`` the QPLL takes the SMA clock and does not wait
 LEDs (DS2 … DS9 = ``led`` 0-7): 0-2 link up of cages 0-2; 3 transceivers ready; 4 activity
 (a frame in or out on any cage, stretched to ~50 ms); 5 error (Si5324 not acknowledging, a GTH
 restart, or a high bit-error rate on a cage); 6 heartbeat of ``sync`` (~1.2 Hz); 7 Si5324 programmed.
+
+What the top adds to the build (:mod:`wirereduce.boards.common`): ``vc709_top.xdc``
+(:attr:`VC709Top.constraints`). The Si5324 needs no file: it is programmed by the gateware above.
 """
 
 from __future__ import annotations
@@ -36,12 +40,13 @@ from amaranth import Cat, ClockDomain, ClockSignal, Const, Elaboratable, Instanc
 from amaranth.hdl import DomainRenamer
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
+from wirereduce.boards.common import check_options
 from wirereduce.hdl.core.node import Node
 from wirereduce.hdl.xilinx.gth import GthQuad10G
 
 from wirereduce.config import NodeConfig
 
-__all__ = ["Vc709Top", "INIT_HZ", "CORE_HZ", "CAGE_ROLES"]
+__all__ = ["VC709Top", "top", "INIT_HZ", "CORE_HZ", "CAGE_ROLES", "RESERVED_CAGE", "CONSTRAINTS_FILE"]
 
 #: Frequency of the ``init`` domain (the system clock), Hz.
 INIT_HZ = 200_000_000
@@ -51,9 +56,11 @@ CORE_HZ = 156_250_000
 CAGE_ROLES = {0: ("host_rx", "host_tx"), 1: ("cw_in", "ccw_out"), 2: ("ccw_in", "cw_out")}
 #: The cage that is not used (laser off, channel powered down).
 RESERVED_CAGE = 3
+#: The extra XDC file the top adds to the build.
+CONSTRAINTS_FILE = "vc709_top.xdc"
 
 
-class Vc709Top(Elaboratable):
+class VC709Top(Elaboratable):
     """The VC709 top (see the module docstring for cages, clocks, start-up and LEDs).
 
     Parameters
@@ -71,8 +78,9 @@ class Vc709Top(Elaboratable):
     ----------
     node : Node
         The allreduce node (64-bit datapath).
-    extra_constraints : str
-        XDC lines the build adds (asynchronous clock groups between the system, core and GT clocks).
+    constraints : str
+        What :data:`CONSTRAINTS_FILE` holds: asynchronous clock groups between the system, core and
+        GT clocks.
 
     Raises
     ------
@@ -93,7 +101,7 @@ class Vc709Top(Elaboratable):
         self.node = Node(self.config)
 
     @property
-    def extra_constraints(self) -> str:
+    def constraints(self) -> str:
         gt = " ".join(f"gt{n}_{d}outclk" for n in range(4) for d in ("tx", "rx"))
         groups = [
             "-group [get_clocks clk200_0__p]",
@@ -110,6 +118,7 @@ class Vc709Top(Elaboratable):
         from wirereduce.hdl.eth.port import EthPort10G
 
         m = Module()
+        platform.add_file(CONSTRAINTS_FILE, self.constraints)
         m.domains += [ClockDomain("init"), ClockDomain("sync")]
         m.domains += [ClockDomain(f"gt{n}_{d}") for n in range(4) for d in ("tx", "rx")]
 
@@ -118,7 +127,7 @@ class Vc709Top(Elaboratable):
         clk200_ibuf = Signal()
         m.submodules.clk200_ibufds = Instance("IBUFDS", i_I=clk200.p, i_IB=clk200.n, o_O=clk200_ibuf)
         m.submodules.clk200_bufg = Instance("BUFG", i_I=clk200_ibuf, o_O=ClockSignal("init"))
-        reset_btn = platform.request("button_reset", 0)
+        reset_btn = platform.request("rst", 0)
         m.submodules.init_rst = ResetSynchronizer(reset_btn.i, domain="init")
 
         core_clk_mmcm = Signal()
@@ -134,13 +143,14 @@ class Vc709Top(Elaboratable):
         m.submodules.sync_rst = ResetSynchronizer(~mmcm_locked | reset_btn.i, domain="sync")
 
         # --- Si5324 over I2C (open drain: the pin is driven low while *_oe is 1) -----------------
-        i2c = platform.request("i2c", 0, dir={"scl": "-", "sda": "-", "mux_rst_n": "-"})
+        i2c = platform.request("i2c", 0, dir={"scl": "-", "sda": "-"})
+        mux_rst_n = platform.request("i2c_mux_rst_n", 0, dir="-")
         si_pins = platform.request("si5324", 0, dir={"rst_n": "-", "int": "-"})
         m.submodules.si5324 = si = DomainRenamer("init")(Si5324Init(INIT_HZ))
         for name in ("scl", "sda"):
             m.submodules[f"i2c_{name}"] = buf = io.Buffer("io", getattr(i2c, name))
             m.d.comb += [buf.o.eq(0), buf.oe.eq(getattr(si, f"{name}_oe")), getattr(si, f"{name}_i").eq(buf.i)]
-        m.submodules.i2c_mux_rst = mux_rst = io.Buffer("o", i2c.mux_rst_n)
+        m.submodules.i2c_mux_rst = mux_rst = io.Buffer("o", mux_rst_n)
         m.submodules.si5324_rst = si_rst = io.Buffer("o", si_pins.rst_n)
         m.d.comb += [mux_rst.o.eq(si.mux_rst_n), si_rst.o.eq(si.si5324_rst_n)]
 
@@ -206,6 +216,23 @@ class Vc709Top(Elaboratable):
         # --- unused I/O: buttons and status inputs are placed (for the pin check), UART idles high
         uart = platform.request("uart", 0)
         m.d.comb += uart.tx.o.eq(1)
-        for name in "nwsec":
-            platform.request(f"button_{name}", 0)
+        for k in range(5):
+            platform.request("button", k)
         return m
+
+
+def top(**options) -> VC709Top:
+    """The board's top-level elaboratable: :class:`VC709Top`.
+
+    Options: ``mtu`` (bytes, default 1500), ``slots`` (default 8), ``refclk`` (``"si5324"``,
+    default, or ``"sma"``).
+
+    Raises
+    ------
+    TypeError
+        On an option this board does not know (the message lists the known ones).
+    ValueError
+        On a bad ``mtu`` / ``slots`` (from ``NodeConfig``) or ``refclk``.
+    """
+    check_options("vc709", options, {"mtu", "slots", "refclk"})
+    return VC709Top(**options)

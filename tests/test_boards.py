@@ -1,6 +1,7 @@
 """VC709 platform, board top, ``make bitstream`` / ``wirereduce bitstream`` and ``flash`` (no Vivado needed).
 
 The pin table is re-typed from SPEC.md "VC709 facts" here, not imported from ``boards/vc709.py``.
+The registry (``wirereduce.boards.load``) and the shared board pattern are tested here too.
 One board build (``make bitstream`` into a temporary directory, about 45 s) is shared by the tests of
 the generated tree.
 """
@@ -15,9 +16,15 @@ from pathlib import Path
 
 import pytest
 from amaranth import Elaboratable, Instance, Module
+from amaranth.build import ResourceError
+from amaranth.build.run import LocalBuildProducts
 from amaranth.lib.io import DifferentialPort, SingleEndedPort
+from amaranth.vendor import XilinxPlatform
+from amaranth_boards.test.blinky import Blinky
+from wirereduce.boards import BOARDS, load
 from wirereduce.boards import build as board_build
-from wirereduce.boards import load
+from wirereduce.boards import common as board_common
+from wirereduce.boards.vc709 import VC709Platform
 
 from wirereduce import cli
 
@@ -68,19 +75,151 @@ def check_pins(xdc_pins, expected):
 
 # --- the board contract and the platform alone ------------------------------------------------------
 
-def test_board_contract():
-    from amaranth.vendor import XilinxPlatform
-
-    mod = load("vc709")
-    assert mod.NAME == "vc709"
-    assert mod.PART == "xc7vx690tffg1761-2"
-    assert mod.YOSYS_FAMILY == "xc7"
-    assert issubclass(mod.Platform, XilinxPlatform)
-    assert mod.Platform()._part == mod.PART
+def test_board_registry():
+    board = load("vc709")
+    assert board.name == "vc709"
+    assert board.platform is VC709Platform
+    assert board.part == "xc7vx690tffg1761-2"
+    assert board.yosys_family == "xc7"
     with pytest.raises(ValueError, match="mtu"):
-        mod.top(mtu=10)
+        board.top(mtu=10)
     with pytest.raises(ValueError, match="refclk"):
-        mod.top(refclk="pll")
+        board.top(refclk="pll")
+    with pytest.raises(TypeError, match="does not take option.*it takes: mtu, refclk, slots"):
+        board.top(width=64)
+    with pytest.raises(ValueError, match="unknown board 'kc705'; choose one of: u55c, vc709"):
+        load("kc705")
+
+
+@pytest.mark.parametrize("name", sorted(BOARDS))
+def test_every_board_follows_one_pattern(name):
+    """Platform module ``<board>.py`` with ``<BOARD>Platform``, top module ``<board>_top.py`` with ``top``."""
+    board = load(name)
+    assert issubclass(board.platform, XilinxPlatform)
+    assert board.platform.__module__ == f"wirereduce.boards.{name}"
+    assert board.platform.__name__ == f"{name.upper()}Platform"
+    assert board.top.__module__ == f"wirereduce.boards.{name}_top"
+    for attr in ("device", "package", "speed", "default_clk", "resources", "connectors",
+                 "config_constraints", "openfpgaloader_args"):
+        assert attr in vars(board.platform), attr
+    assert "toolchain_program" in vars(board.platform) and "toolchain_prepare" in vars(board.platform)
+    with pytest.raises(TypeError, match="does not take option"):
+        board.top(nosuchoption=1)
+
+
+def test_hdl_does_not_import_boards():
+    hdl = ROOT / "hdl"
+    offenders = [str(p.relative_to(ROOT)) for p in hdl.rglob("*.py")
+                 if re.search(r"^\s*(from|import)\s+wirereduce\.boards", p.read_text(), re.M)]
+    assert offenders == []
+
+
+# --- VC709Platform as an amaranth-boards platform ------------------------------------------------------
+
+def test_vc709_platform_is_amaranth_boards_style():
+    p = VC709Platform()
+    assert (p.device, p.package, p.speed) == ("xc7vx690t", "ffg1761", "2")
+    assert p._part == "xc7vx690tffg1761-2"
+    assert p.default_clk == "clk200" and p.default_clk_frequency == 200e6
+    assert p.default_rst == "rst"
+    # amaranth-boards resource names and numbering
+    for name, count in (("led", 8), ("button", 5), ("sfp", 4), ("uart", 1), ("i2c", 1), ("rst", 1)):
+        for k in range(count):
+            p.lookup(name, k)
+        with pytest.raises(ResourceError):
+            p.lookup(name, count)
+
+
+def test_vc709_every_resource_is_requestable():
+    p = VC709Platform()
+    for res in list(p.resources.values()):
+        p.request(res.name, res.number, dir="-")
+
+
+# Pin → (IOSTANDARD, other attributes) of the platform's LVCMOS18 pins, re-typed from the board XDC
+# (SPEC.md pins; SLEW/DRIVE/PULLUP from verilog-ethernet's VC709 fpga.xdc, as boards/vc709.py says).
+_OUT12 = {"SLEW": "SLOW", "DRIVE": "12"}
+_OUT8 = {"SLEW": "SLOW", "DRIVE": "8"}
+_PU = {"PULLUP": "TRUE"}
+ATTRS = {
+    **{p: _OUT12 for p in "AM39 AN39 AR37 AT37 AR35 AP41 AP42 AU39".split()},       # LEDs
+    **{p: {} for p in "AV40 AR40 AW40 AP40 AU38 AV39".split()},                      # buttons
+    "AU36": _OUT8, "AU33": {},                                                        # UART tx, rx
+    "AT35": _OUT8, "AU32": _OUT8, "AY42": _OUT8, "AT36": _OUT12, "AU34": _PU,         # I2C, Si5324
+    **{row[5]: _OUT12 for row in SFP_TABLE},                                          # tx_disable
+    **{p: _PU for row in SFP_TABLE for p in row[6:]},                                 # los, mod_detect, tx_fault
+    "AV35": _PU,                                                                      # PERST#
+}
+
+
+def test_vc709_blinky_builds_with_amaranth_boards_test_design():
+    """amaranth-boards' own Blinky (every ``led``, every ``button``, default clock and reset)."""
+    plan = VC709Platform().build(Blinky(), name="blinky", do_build=False)
+    pins, clocks = parse_xdc(plan.files["blinky.xdc"])
+    leds = "AM39 AN39 AR37 AT37 AR35 AP41 AP42 AU39".split()
+    check_pins(pins, {**SYS_CLK, **{p: "LVCMOS18" for p in leds + "AV40 AR40 AW40 AP40 AU38 AV39".split()}})
+    assert clocks["clk200_0__p"][0] == pytest.approx(5.0)
+    assert "set_property CFGBVS GND [current_design]" in plan.files["blinky.xdc"]
+    assert "source " not in plan.files["blinky.tcl"]      # no IP Tcl in a design that adds none
+
+
+def test_vc709_extra_files_are_read(tmp_path):
+    """A top's ``.xdc`` extra files are read after the platform's, its ``.tcl`` ones sourced before synthesis."""
+
+    class WithFiles(Blinky):
+        def elaborate(self, platform):
+            platform.add_file("a.tcl", "puts a\n")
+            platform.add_file("extra.xdc", "# extra\n")
+            platform.add_file("b.tcl", "puts b\n")
+            return super().elaborate(platform)
+
+    plan = VC709Platform().build(WithFiles(), name="t", do_build=False, script_after_read="puts user")
+    tcl = plan.files["t.tcl"]
+    assert plan.files["a.tcl"] == "puts a\n" and plan.files["extra.xdc"] == "# extra\n"
+    assert tcl.index('read_xdc t.xdc') < tcl.index('read_xdc "extra.xdc"') < tcl.index("source a.tcl")
+    assert tcl.index("source a.tcl") < tcl.index("source b.tcl") < tcl.index("puts user") < tcl.index("synth_design")
+
+
+def _fake_products(tmp_path, name):
+    (tmp_path / f"{name}.bit").write_bytes(b"\xff" * 32)
+    return LocalBuildProducts(str(tmp_path))
+
+
+def test_vc709_toolchain_program_runs_openfpgaloader(monkeypatch, tmp_path):
+    calls = []
+
+    def check_call(cmd, *args, **kwargs):
+        calls.append(cmd)
+        assert Path(cmd[-1]).read_bytes() == b"\xff" * 32     # the extracted bitstream exists while it runs
+        return 0
+
+    monkeypatch.delenv("OPENFPGALOADER", raising=False)
+    monkeypatch.setattr(board_common.subprocess, "check_call", check_call)
+    VC709Platform().toolchain_program(_fake_products(tmp_path, "top"), "top")
+    assert len(calls) == 1
+    # SPEC.md: cable digilent, part xc7vx690tffg1761; no -f/--write-flash: SRAM load
+    assert calls[0][:-1] == ["openFPGALoader", "-c", "digilent", "--fpga-part", "xc7vx690tffg1761"]
+    assert calls[0][-1].endswith(".bit")
+
+    calls.clear()
+    monkeypatch.setenv("OPENFPGALOADER", "/opt/ofl/bin/openFPGALoader")
+    VC709Platform().toolchain_program(_fake_products(tmp_path, "x"), "x")
+    assert calls[0][0] == "/opt/ofl/bin/openFPGALoader"
+
+
+def test_vc709_build_do_program_programs_what_it_built(monkeypatch, tmp_path):
+    """``build(top, do_program=True)``: build (Vivado faked), then toolchain_program on the products."""
+    programmed = []
+
+    def execute_local(plan, root="build", **kwargs):
+        assert "blinky.tcl" in plan.files
+        return _fake_products(tmp_path, "blinky")
+
+    monkeypatch.setenv("AMARANTH_ENV_VIVADO", "/dev/null")      # skip the up-front check for vivado
+    monkeypatch.setattr("amaranth.build.run.BuildPlan.execute_local", execute_local)
+    monkeypatch.setattr(board_common.subprocess, "check_call", lambda cmd, **kw: programmed.append(cmd))
+    VC709Platform().build(Blinky(), name="blinky", build_dir=str(tmp_path), do_program=True)
+    assert [c[:-1] for c in programmed] == [["openFPGALoader", "-c", "digilent", "--fpga-part", "xc7vx690tffg1761"]]
 
 
 class _EveryResource(Elaboratable):
@@ -108,13 +247,21 @@ class _EveryResource(Elaboratable):
 
 @pytest.fixture(scope="module")
 def platform_tree():
-    plan = load("vc709").Platform().build(_EveryResource(), name="pins", do_build=False)
+    plan = VC709Platform().build(_EveryResource(), name="pins", do_build=False)
     return plan.files
 
 
 def test_platform_places_every_spec_pin(platform_tree):
     pins, clocks = parse_xdc(platform_tree["pins.xdc"])
     check_pins(pins, ALL_PINS)
+    # the LVCMOS18 pins carry exactly their SLEW/DRIVE/PULLUP
+    text = platform_tree["pins.xdc"]
+    port_pin = {port: pin for pin, port in re.findall(r'set_property LOC (\S+) \[get_ports "([^"]+)"\]', text)}
+    attrs = {}
+    for name, value, port in re.findall(r'set_property (SLEW|DRIVE|PULLUP) "?(\w+)"? \[get_ports "([^"]+)"\]', text):
+        attrs.setdefault(port_pin[port], {})[name] = value
+    assert {pin: attrs.get(pin, {}) for pin in ATTRS} == ATTRS
+    assert set(attrs) <= set(ATTRS)
     # every clock input is constrained at its frequency
     periods = {name: p for name, (p, _) in clocks.items()}
     assert periods["clk200_0__p"] == pytest.approx(1e9 / 200e6)
@@ -151,7 +298,8 @@ def test_make_bitstream_without_vivado_writes_tree(make_tree):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "vivado is not on PATH" in r.stdout
     assert "stopped after writing the build tree" in r.stdout
-    for f in ("wirereduce_vc709.v", "wirereduce_vc709.xdc", "wirereduce_vc709.tcl", "build_wirereduce_vc709.sh"):
+    for f in ("wirereduce_vc709.v", "wirereduce_vc709.xdc", "wirereduce_vc709.tcl", "build_wirereduce_vc709.sh",
+              "vc709_top.xdc"):
         assert (out / f).is_file(), f
     assert not (out / "wirereduce_vc709.bit").exists()
 
@@ -172,8 +320,11 @@ def test_top_xdc_pins_and_clocks(make_tree):
     constrained = {t for _, t in clocks.values()}
     for port in ("clk200_0__p", "sfp_refclk_0__p", "sma_refclk_0__p"):
         assert port in constrained
-    assert "set_clock_groups -asynchronous" in text
     assert "set_property CONFIG_VOLTAGE 1.8 [current_design]" in text
+    # the top's clock groups come in its own XDC, read after the platform's
+    top_xdc = (out / "vc709_top.xdc").read_text()
+    assert "set_clock_groups -asynchronous" in top_xdc and "clk200_0__p" in top_xdc
+    assert "core_clk_mmcm" in top_xdc and "gt3_rxoutclk" in top_xdc
 
 
 def test_top_tcl_and_verilog(make_tree):
@@ -181,6 +332,8 @@ def test_top_tcl_and_verilog(make_tree):
     tcl = (out / "wirereduce_vc709.tcl").read_text()
     assert re.search(r"create_project .* -part xc7vx690tffg1761-2\b", tcl)
     assert "synth_design -top wirereduce_vc709" in tcl
+    assert (tcl.index("read_xdc wirereduce_vc709.xdc") < tcl.index('read_xdc "vc709_top.xdc"')
+            < tcl.index("synth_design"))
     v = (out / "wirereduce_vc709.v").read_text()
     assert len(re.findall(r"^\s*GTHE2_COMMON #\(", v, re.M)) == 1
     channels = re.findall(r"^\s*GTHE2_CHANNEL #\(.*?\n  \);", v, re.M | re.S)

@@ -11,13 +11,13 @@ import random
 import pytest
 from amaranth.back import rtlil
 from amaranth.sim import Simulator
+from wirereduce.boards.cmac_ip import cmac_ip_tcl
 from wirereduce.hdl.xilinx.cmac import (
     ETH_MIN_FRAME_BYTES,
     Cmac100G,
     CmacRxGlue,
     CmacTxGlue,
     EthPrepend,
-    cmac_ip_tcl,
     eth_header,
 )
 

@@ -22,8 +22,8 @@ Blocks
 :class:`EthStrip`, :class:`EthPrepend`
     The two 14-byte realigners, one beat a cycle.
 :class:`Cmac100G`
-    Black-box wrapper of the Vivado-generated ``cmac_usplus`` instance; :func:`cmac_ip_tcl` is the
-    Tcl that generates it.
+    Black-box wrapper of the Vivado-generated ``cmac_usplus`` instance; the board build generates
+    the IP (``boards/cmac_ip.py``).
 
 Sources: PG203 (UltraScale+ Devices Integrated 100G Ethernet Subsystem), sections "AXI4-Stream
 interface", "Valid Cycles" (packets under 64 bytes must be avoided) and "With AXI4-Lite interface"
@@ -47,7 +47,7 @@ from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETHERTY
 __all__ = [
     "CMAC_WIDTH", "CMAC_BYTES", "ETH_MIN_FRAME_BYTES", "DEFAULT_SRC_MAC", "DEFAULT_DST_MAC",
     "CmacRxSignature", "CmacTxSignature", "eth_header", "eth_frame_beats",
-    "EthStrip", "EthPrepend", "CmacRxGlue", "CmacTxGlue", "Cmac100G", "cmac_ip_tcl",
+    "EthStrip", "EthPrepend", "CmacRxGlue", "CmacTxGlue", "Cmac100G",
 ]
 
 #: Width of the CMAC's AXI4-Stream data bus in bits (PG203, AXI4-Stream user interface).
@@ -628,9 +628,10 @@ class Cmac100G(wiring.Component):
 
     The IP must be generated with the AXI4-Stream user interface, without the AXI4-Lite
     register interface (the ``ctl_*`` inputs are ports), with RS-FEC included and flow control
-    off: :func:`cmac_ip_tcl` writes that configuration. Bring-up follows PG203 ("With AXI4-Lite
-    interface", done here with the ports): ``ctl_rx_enable`` = 1 always, remote fault indication
-    (``ctl_tx_send_rfi``) until ``stat_rx_aligned``, then ``ctl_tx_enable``.
+    off: the board build's ``cmac_ip_tcl`` (``boards/cmac_ip.py``) writes that configuration.
+    Bring-up follows PG203 ("With AXI4-Lite interface", done here with the ports):
+    ``ctl_rx_enable`` = 1 always, remote fault indication (``ctl_tx_send_rfi``) until
+    ``stat_rx_aligned``, then ``ctl_tx_enable``.
 
     Clocks: the GTs run from ``gt_ref_clk`` (161.1328125 MHz from the board's QSFP28 reference
     clock); the user side runs on ``gt_txusrclk2`` (322.265625 MHz), exposed as ``usr_clk``. As
@@ -731,45 +732,3 @@ class Cmac100G(wiring.Component):
             o_tx_ovfout=self.tx_ovf, o_tx_unfout=self.tx_unf,
         )
         return m
-
-
-def cmac_ip_tcl(ip_name: str, cmac_site: str, gt_group: tuple[str, str, str, str], *, mtu: int = 9000,
-                init_clk_mhz: float = 100.0, rsfec: bool = True) -> str:
-    """Vivado Tcl that generates ``ip_name`` the way :class:`Cmac100G` expects it.
-
-    Parameters
-    ----------
-    ip_name : str
-        Module name of the IP (``cmac_usplus_0``).
-    cmac_site : str
-        The CMAC hard block, e.g. ``"CMACE4_X0Y3"``.
-    gt_group : tuple of 4 str
-        The four GTY channels of the QSFP28 cage, lane 1 first, e.g. ``("X0Y24", ..., "X0Y27")``.
-    mtu : int
-        Wirereduce MTU in bytes; the CMAC's receive limit becomes 14 + mtu + 4 (FCS) bytes.
-    init_clk_mhz : float
-        Frequency of ``init_clk`` in MHz (the IP's ``GT_DRP_CLK``).
-    rsfec : bool
-        Include the RS-FEC (always included when True; enabled by :class:`Cmac100G` ``rsfec``).
-
-    Sources: PG203 customisation parameters; ``Xilinx/open-nic-shell``
-    ``src/cmac_subsystem/vivado_ip/cmac_usplus_{0,1}_au55c.tcl`` (sites and GT groups of the U55C).
-    """
-    check_mtu(mtu)
-    if len(gt_group) != 4:
-        raise ValueError(f"gt_group must name the 4 GTY channels of the cage, not {gt_group!r}")
-    lanes = " ".join(f"CONFIG.LANE{k + 1}_GT_LOC {{{loc}}}" for k, loc in enumerate(gt_group))
-    unused = " ".join(f"CONFIG.LANE{k}_GT_LOC {{NA}}" for k in range(5, 11))
-    return (
-        f"create_ip -name cmac_usplus -vendor xilinx.com -library ip -module_name {ip_name}\n"
-        f"set_property -dict [list CONFIG.CMAC_CAUI4_MODE {{1}} CONFIG.NUM_LANES {{4x25}} "
-        f"CONFIG.GT_REF_CLK_FREQ {{161.1328125}} CONFIG.USER_INTERFACE {{AXIS}} "
-        f"CONFIG.GT_DRP_CLK {{{init_clk_mhz:.2f}}} CONFIG.ENABLE_AXI_INTERFACE {{0}} "
-        f"CONFIG.INCLUDE_STATISTICS_COUNTERS {{0}} CONFIG.TX_FLOW_CONTROL {{0}} CONFIG.RX_FLOW_CONTROL {{0}} "
-        f"CONFIG.INCLUDE_RS_FEC {{{int(rsfec)}}} CONFIG.RX_GT_BUFFER {{1}} CONFIG.GT_RX_BUFFER_BYPASS {{0}} "
-        f"CONFIG.ENABLE_PIPELINE_REG {{1}} CONFIG.RX_MAX_PACKET_LEN {{{_H + mtu + 4}}} "
-        f"CONFIG.CMAC_CORE_SELECT {{{cmac_site}}} CONFIG.GT_GROUP_SELECT {{{gt_group[0]}~{gt_group[3]}}} "
-        f"{lanes} {unused}] [get_ips {ip_name}]\n"
-        f"set_property GENERATE_SYNTH_CHECKPOINT false [get_files {ip_name}.xci]\n"
-        f"generate_target all [get_ips {ip_name}]\n"
-    )

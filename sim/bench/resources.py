@@ -92,17 +92,17 @@ class Device:
 
 
 def _board_part(board: str, fallback: str) -> str:
-    """The ``PART`` of a board module (boards/__init__.py contract), or ``fallback`` if not there yet."""
+    """The part of a board (:func:`wirereduce.boards.load`), or ``fallback`` if not there yet."""
     try:
         from wirereduce.boards import load
 
-        return load(board).PART
+        return load(board).part
     except Exception:  # board module not written yet, or its platform needs something missing
         return fallback
 
 
 #: Synthesis family → the part it stands for, with that part's capacity (sources in the module docstring).
-#: The part string is replaced by the board module's ``PART`` when that exists (:func:`device`).
+#: The part string is replaced by the board's part when that board exists (:func:`device`).
 DEVICES: dict[str, Device] = {
     "xc7": Device("xc7vx690tffg1761-2", "xc7", 433_200, 866_400, 1_470, 3_600),
     "xcup": Device("xcu55c-fsvh2892-2L-e", "xcup", 1_303_680, 2_607_360, 2_016, 9_024, 960),
@@ -111,7 +111,7 @@ _FAMILY_BOARD = {"xc7": "vc709", "xcup": "u55c"}
 
 
 def device(family: str) -> Device:
-    """The :data:`DEVICES` entry of ``family``, with the part named by its board module if there is one."""
+    """The :data:`DEVICES` entry of ``family``, with the part of its board if there is one."""
     dev = DEVICES[family]
     return dataclasses.replace(dev, part=_board_part(_FAMILY_BOARD[family], dev.part))
 
