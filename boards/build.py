@@ -64,7 +64,7 @@ def write_tree(board: str, out: str | Path, **top_options) -> tuple[Path, object
 
 def cmd_bitstream(args) -> int:
     """``wirereduce bitstream``: write the build tree; run Vivado when it is on PATH."""
-    from wirereduce.cli import CliError
+    from wirereduce.errors import CliError
 
     out = Path(args.out or f"build/{args.board}")
     options = {} if args.mtu is None else {"mtu": args.mtu}
@@ -117,7 +117,7 @@ def vivado_flash_tcl(bitstream: Path) -> str:
 
 def cmd_flash(args) -> int:
     """``wirereduce flash``: program the board; exit 1 with a message when something is missing."""
-    from wirereduce.cli import CliError
+    from wirereduce.errors import CliError
 
     try:
         _load(args.board)

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from wirereduce.errors import CliError
+
 __all__ = ["main"]
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
 
 
 def _add_node_args(p: argparse.ArgumentParser) -> None:
@@ -447,6 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
     from wirereduce.boards.build import add_subcommands as add_board_subcommands
 
     add_board_subcommands(sub)  # bitstream, flash
+
+    from wirereduce.schedule_cli import add_subcommand as add_schedule_subcommand
+
+    add_schedule_subcommand(sub)  # schedule
     return parser
 
 

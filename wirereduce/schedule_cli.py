@@ -37,7 +37,7 @@ def add_subcommand(subparsers) -> None:
 
 
 def cmd_schedule(args) -> int:
-    from wirereduce.cli import CliError
+    from wirereduce.errors import CliError
     from wirereduce.schedule import build, describe_schedule, frame_efficiency, plot_trees, validate
 
     options = {}
