@@ -11,6 +11,7 @@ import random
 import pytest
 from amaranth.back import rtlil
 from amaranth.sim import Simulator
+from wirereduce.hdl.eth.port import eth_header
 from wirereduce.hdl.xilinx.cmac import (
     ETH_MIN_FRAME_BYTES,
     Cmac100G,
@@ -18,7 +19,6 @@ from wirereduce.hdl.xilinx.cmac import (
     CmacTxGlue,
     EthPrepend,
     cmac_ip_tcl,
-    eth_header,
 )
 
 from wirereduce.protocol import ETHERTYPE

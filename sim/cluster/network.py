@@ -14,10 +14,10 @@ from __future__ import annotations
 from fractions import Fraction
 
 from amaranth import Module, Mux, Signal
-from amaranth.lib import fifo, stream, wiring
+from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.node import Node
-from wirereduce.hdl.stream.frame import beat_layout
+from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 
 from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
@@ -85,7 +85,7 @@ class LinkModel(wiring.Component):
         self._width = width
         self._latency = latency
         self._rate = rate
-        beat = stream.Signature(beat_layout(width))
+        beat = FrameStream(width)
         super().__init__({"i": In(beat), "o": Out(beat)})
 
     def elaborate(self, platform):
