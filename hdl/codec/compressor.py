@@ -40,6 +40,7 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 
 from wirereduce.config import check_width
@@ -113,16 +114,13 @@ def _clamp_k(m: Module, k, name: str):
 
 
 def _check_args(obj, width, max_elements):
-    """Validate constructor arguments; silence Amaranth's "created but never used" on failure."""
-    try:
+    """Validate the constructor arguments of ``obj`` (:func:`~wirereduce.hdl.params.rejecting`)."""
+    with rejecting(obj):
         check_width(width)
         if isinstance(max_elements, bool) or not isinstance(max_elements, int):
             raise TypeError(f"max_elements must be an int, not {max_elements!r}")
         if not 1 <= max_elements <= 0xFFFF:
             raise ValueError(f"max_elements must be in 1..65535 (the header's 16-bit count), not {max_elements}")
-    except (TypeError, ValueError):
-        obj._MustUse__silence = True
-        raise
 
 
 # --------------------------------------------------------------------------------------------------
@@ -167,11 +165,8 @@ class BytePacker(wiring.Component):
     """
 
     def __init__(self, width: int):
-        try:
+        with rejecting(self):
             check_width(width)
-        except (TypeError, ValueError):
-            self._MustUse__silence = True
-            raise
         self.width = width
         super().__init__({
             "i": In(stream.Signature(chunk_layout(width))),

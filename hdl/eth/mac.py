@@ -30,6 +30,7 @@ from functools import cache
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import crc, data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.params import reject
 from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 
 __all__ = [
@@ -459,9 +460,8 @@ class MacRx(wiring.Component):
 
     def __init__(self, max_frame: int = MAX_FRAME_BYTES):
         if not isinstance(max_frame, int) or isinstance(max_frame, bool) or not MIN_FRAME_BYTES <= max_frame < 1 << 16:
-            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
-            raise ValueError(f"max_frame must be an int number of bytes from 64 to 65535 (1518, 1522, 9018), "
-                             f"not {max_frame!r}")
+            reject(self, ValueError(f"max_frame must be an int number of bytes from 64 to 65535 (1518, 1522, 9018), "
+                                    f"not {max_frame!r}"))
         self.max_frame = max_frame
         super().__init__({
             "xgmii": In(XgmiiSignature()),
@@ -624,8 +624,7 @@ def _rx_fifo_depth(component, max_frame: int, depth: int | None, frames: int) ->
     if depth is None:
         depth = frames * need + 16
     if not isinstance(depth, int) or depth < need:
-        component._MustUse__silence = True  # a failed constructor is not an unused elaboratable
-        raise ValueError(f"depth must hold one {max_frame}-byte frame ({need} beats), not {depth!r}")
+        reject(component, ValueError(f"depth must hold one {max_frame}-byte frame ({need} beats), not {depth!r}"))
     return need, depth
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.params import reject, rejecting
 
 from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES, header_layout
@@ -142,7 +143,8 @@ class FrameGate(wiring.Component):
     """
 
     def __init__(self, width: int, max_beats: int):
-        self._width = check_width(width)
+        with rejecting(self):
+            self._width = check_width(width)
         self._hb = header_beats(width)
         self._index_bits = max(1, (max_beats - 1).bit_length())
         super().__init__({
@@ -292,8 +294,8 @@ class FrameArbiter(wiring.Component):
     """
 
     def __init__(self, shape, n: int):
-        if n < 1:
-            raise ValueError(f"an arbiter needs at least one input, not {n}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            reject(self, ValueError(f"an arbiter needs at least one input, not {n!r}"))
         self._n = n
         members = {f"i{k}": In(stream.Signature(shape)) for k in range(n)}
         members["o"] = Out(stream.Signature(shape))
