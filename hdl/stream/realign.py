@@ -3,10 +3,11 @@
 Every "header off, header on" job of the design is one :class:`Realigner`: the 14-byte Ethernet
 II header at 64 bit (:class:`~wirereduce.hdl.eth.port.EthFramer`,
 :class:`~wirereduce.hdl.eth.port.EthDeframer`) and at 512 bit
-(:class:`~wirereduce.hdl.xilinx.cmac.EthPrepend`, :class:`~wirereduce.hdl.xilinx.cmac.EthStrip`),
-and the 16-byte wirereduce header around the codec (:class:`~wirereduce.hdl.codec.port.StripHeader`,
-:class:`~wirereduce.hdl.codec.port.InsertHeader`). Those keep only their own concern (the header's
-contents, padding, the EtherType check); the byte shifting is here, once.
+(:class:`~wirereduce.hdl.xilinx.cmac.EthPrepend`, and a bare strip in
+:class:`~wirereduce.hdl.xilinx.cmac.CmacRxGlue`), and the 16-byte wirereduce header around the
+codec (:class:`~wirereduce.hdl.codec.port.StripHeader`, :class:`~wirereduce.hdl.codec.port.InsertHeader`).
+Those keep only their own concern (the header's contents, the padding, the EtherType check, the
+``enable`` of a frame start); the byte shifting is here, once.
 
 With ``B = width // 8`` bytes a beat and ``n = q·B + r`` bytes to strip or insert, output byte
 ``t`` of a frame is input byte ``t + n`` (strip) or, for ``t ≥ n``, input byte ``t − n``
@@ -159,7 +160,7 @@ class Realigner(wiring.Component):
             """``value`` (the top bytes of a beat) moved to the bottom of a whole beat."""
             return Cat(value, Const(0, unit * nbytes))
 
-        # The cases, most urgent first; the last one is the steady state.
+        # The cases, most urgent first (one at least: n ≥ 1); data_beat is the steady state.
         cases = []
 
         def flush_beat():
@@ -240,9 +241,6 @@ class Realigner(wiring.Component):
             cases.append((cnt < q, skip_beat if self.strip else head_beat))
         if s and self.strip:
             cases.append((~have, load_beat))
-        if not cases:
-            data_beat()
-            return m
         for k, (cond, body) in enumerate(cases):
             with (m.If if k == 0 else m.Elif)(cond):
                 body()
