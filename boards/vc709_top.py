@@ -42,6 +42,7 @@ from amaranth.lib import io, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from wirereduce.boards.common import check_options
 from wirereduce.hdl.core.node import Node
+from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.xilinx.gth import GthQuad10G
 
 from wirereduce.config import NodeConfig
@@ -89,13 +90,10 @@ class VC709Top(Elaboratable):
     """
 
     def __init__(self, mtu: int = 1500, slots: int = 8, refclk: str = "si5324"):
-        try:
+        with rejecting(self):
             if refclk not in ("si5324", "sma"):
                 raise ValueError(f"refclk must be 'si5324' (on-board, programmed over I2C) or 'sma', not {refclk!r}")
             self.config = NodeConfig(64, mtu, slots)
-        except (TypeError, ValueError):
-            self._MustUse__silence = True     # no "created but never used" warning for a rejected top
-            raise
         self.mtu = mtu
         self.refclk = refclk
         self.node = Node(self.config)

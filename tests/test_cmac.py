@@ -12,13 +12,13 @@ import pytest
 from amaranth.back import rtlil
 from amaranth.sim import Simulator
 from wirereduce.boards.cmac_ip import cmac_ip_tcl
+from wirereduce.hdl.eth.port import eth_header
 from wirereduce.hdl.xilinx.cmac import (
     ETH_MIN_FRAME_BYTES,
     Cmac100G,
     CmacRxGlue,
     CmacTxGlue,
     EthPrepend,
-    eth_header,
 )
 
 from wirereduce.protocol import ETHERTYPE

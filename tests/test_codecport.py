@@ -124,12 +124,11 @@ class _StripInsert(wiring.Component):
     """FrameGate (always accept) → StripHeader → InsertHeader: must give back every frame."""
 
     def __init__(self, width):
-        from amaranth.lib import stream
         from amaranth.lib.wiring import In, Out
-        from wirereduce.hdl.stream.frame import beat_layout
+        from wirereduce.hdl.stream.frame import FrameStream
 
         self._w = width
-        beat = stream.Signature(beat_layout(width))
+        beat = FrameStream(width)
         super().__init__({"i": In(beat), "o": Out(beat), "dropped": Out(1)})
 
     def elaborate(self, platform):

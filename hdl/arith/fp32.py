@@ -50,6 +50,7 @@ differ by at most one, and then the alignment shift lost nothing.
 from amaranth.hdl import Cat, Const, EnableInserter, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.params import reject
 
 __all__ = ["CANONICAL_NAN", "FP32Adder", "AdderLanes"]
 
@@ -352,13 +353,10 @@ class AdderLanes(wiring.Component):
     LATENCY = FP32Adder.LATENCY
 
     def __init__(self, lanes):
-        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-            # Amaranth registers every Elaboratable when it is created; one whose constructor
-            # fails would otherwise also warn "created but never used".
-            self._MustUse__silence = True
-            if isinstance(lanes, bool) or not isinstance(lanes, int):
-                raise TypeError(f"lanes must be an int, not {lanes!r}")
-            raise ValueError(f"lanes must be at least 1, not {lanes}")
+        if isinstance(lanes, bool) or not isinstance(lanes, int):
+            reject(self, TypeError(f"lanes must be an int, not {lanes!r}"))
+        if lanes < 1:
+            reject(self, ValueError(f"lanes must be at least 1, not {lanes}"))
         self.lanes = lanes
         super().__init__({
             "a": In(32 * lanes),

@@ -40,7 +40,8 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.stream.frame import beat_layout
+from wirereduce.hdl.params import rejecting
+from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 
 from wirereduce.config import check_width
 
@@ -113,16 +114,13 @@ def _clamp_k(m: Module, k, name: str):
 
 
 def _check_args(obj, width, max_elements):
-    """Validate constructor arguments; silence Amaranth's "created but never used" on failure."""
-    try:
+    """Validate the constructor arguments of ``obj`` (:func:`~wirereduce.hdl.params.rejecting`)."""
+    with rejecting(obj):
         check_width(width)
         if isinstance(max_elements, bool) or not isinstance(max_elements, int):
             raise TypeError(f"max_elements must be an int, not {max_elements!r}")
         if not 1 <= max_elements <= 0xFFFF:
             raise ValueError(f"max_elements must be in 1..65535 (the header's 16-bit count), not {max_elements}")
-    except (TypeError, ValueError):
-        obj._MustUse__silence = True
-        raise
 
 
 # --------------------------------------------------------------------------------------------------
@@ -154,7 +152,7 @@ class BytePacker(wiring.Component):
     ----------
     i : In(stream.Signature(chunk_layout(width)))
         Chunks. ``count`` bytes of ``data`` are used (bytes above them are ignored).
-    o : Out(stream.Signature(beat_layout(width)))
+    o : Out(FrameStream(width))
         Packed beats. ``valid`` is registered (depends on the buffer fill only); ``i.ready``
         depends combinationally on ``o.ready``.
     error : Out(1)
@@ -167,15 +165,12 @@ class BytePacker(wiring.Component):
     """
 
     def __init__(self, width: int):
-        try:
+        with rejecting(self):
             check_width(width)
-        except (TypeError, ValueError):
-            self._MustUse__silence = True
-            raise
         self.width = width
         super().__init__({
             "i": In(stream.Signature(chunk_layout(width))),
-            "o": Out(stream.Signature(beat_layout(width))),
+            "o": Out(FrameStream(width)),
             "error": Out(1),
         })
 
@@ -334,12 +329,12 @@ class Compressor(wiring.Component):
 
     Attributes
     ----------
-    i : In(stream.Signature(beat_layout(width)))
+    i : In(FrameStream(width))
         fp32 values, little-endian, one frame per payload. ``i.ready`` does not depend on
         ``o.ready`` or on the payload.
     k : In(8)
         Error-bound exponent (error bound ``2**-k``); must be constant during an input frame.
-    o : Out(stream.Signature(beat_layout(width)))
+    o : Out(FrameStream(width))
         Compressed payloads.
     error : Out(1)
         With ``o.payload.last``: 1 if the frame had no values or more than ``max_elements``.
@@ -356,9 +351,9 @@ class Compressor(wiring.Component):
         self.max_elements = max_elements
         self.lanes = width // 32
         super().__init__({
-            "i": In(stream.Signature(beat_layout(width))),
+            "i": In(FrameStream(width)),
             "k": In(8),
-            "o": Out(stream.Signature(beat_layout(width))),
+            "o": Out(FrameStream(width)),
             "error": Out(1),
         })
 
@@ -622,14 +617,14 @@ class Decompressor(wiring.Component):
     ----------
     fifo_depth : int
         Entries of the code-chunk FIFO.
-    i : In(stream.Signature(beat_layout(width)))
+    i : In(FrameStream(width))
         Compressed payloads. ``i.ready`` depends combinationally on ``i.payload`` (``keep`` and
         ``last``: whether the beat carries code bytes) and on ``o.ready``.
     n : In(16)
         Element count of the payload, sampled with its first beat.
     k : In(8)
         Error-bound exponent of the payload, sampled with its first beat.
-    o : Out(stream.Signature(beat_layout(width)))
+    o : Out(FrameStream(width))
         Decoded fp32 values, little-endian.
     error : Out(1)
         With ``o.payload.last``: 1 if the frame was malformed (see above).
@@ -648,10 +643,10 @@ class Decompressor(wiring.Component):
         # A tag block's worth of code beats, and some: enough to hide the next tag block.
         self.fifo_depth = _cdiv(8 * _cdiv(max_elements, 32), width // 8) + 4
         super().__init__({
-            "i": In(stream.Signature(beat_layout(width))),
+            "i": In(FrameStream(width)),
             "n": In(16),
             "k": In(8),
-            "o": Out(stream.Signature(beat_layout(width))),
+            "o": Out(FrameStream(width)),
             "error": Out(1),
         })
 

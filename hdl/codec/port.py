@@ -30,11 +30,13 @@ the :class:`~wirereduce.hdl.stream.frame.FrameGate`'s delay (2 cycles at 64 bit,
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.codec.compressor import Compressor, Decompressor
-from wirereduce.hdl.stream.frame import FrameGate, beat_layout, gated_layout
+from wirereduce.hdl.params import rejecting
+from wirereduce.hdl.stream.frame import FrameGate, FrameStream, beat_layout, gated_layout
+from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Opcode, header_layout
@@ -52,89 +54,15 @@ def hdr_beat_layout(width: int) -> data.StructLayout:
     return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "hdr": header_layout()})
 
 
-def _shift_bytes(m: Module, name: str, width: int, s: int, src_i, dst_o, start_prev):
-    """Byte realigner: output beat = bytes ``s …`` of the previous beat, then bytes ``0 … s-1``
-    of the current one (``0 < s < width/8``), with a flush beat when the frame's last beat holds
-    more than ``s`` bytes.
-
-    ``src_i`` carries ``data``/``keep``/``last``/``hdr``; ``dst_o`` takes ``data``/``keep``/
-    ``last`` (and ``hdr`` when it has one). ``start_prev`` is ``None`` (strip: the frame's first
-    beat only loads the register) or a ``(data, keep)`` pair that stands for the previous beat at
-    a frame's start (insert: the header in the top bytes).
-    """
-    nb = width // 8
-    cur = src_i.payload
-    have = Signal(name=f"{name}_have")          # prev holds a beat of the current frame
-    flush = Signal(name=f"{name}_flush")        # prev's tail bytes still to send, as the last beat
-    prev_data = Signal(width, name=f"{name}_prev_data")
-    prev_keep = Signal(nb, name=f"{name}_prev_keep")
-    prev_hdr = Signal(header_layout(), name=f"{name}_prev_hdr")
-
-    p_data = Signal(width, name=f"{name}_p_data")
-    p_keep = Signal(nb, name=f"{name}_p_keep")
-    p_have = Signal(name=f"{name}_p_have")
-    if start_prev is None:
-        m.d.comb += [p_data.eq(prev_data), p_keep.eq(prev_keep), p_have.eq(have)]
-    else:
-        m.d.comb += [
-            p_data.eq(Mux(have, prev_data, start_prev[0])),
-            p_keep.eq(Mux(have, prev_keep, start_prev[1])),
-            p_have.eq(1),
-        ]
-    has_hdr = "hdr" in dst_o.payload.shape().members
-    o = dst_o.payload
-    take = Signal(name=f"{name}_take")
-    m.d.comb += take.eq(dst_o.valid & dst_o.ready)
-
-    with m.If(flush):
-        m.d.comb += [
-            o.data.eq(prev_data[8 * s:]), o.keep.eq(prev_keep[s:]), o.last.eq(1),
-            dst_o.valid.eq(1),
-        ]
-        if has_hdr:
-            m.d.comb += o.hdr.eq(prev_hdr)
-        with m.If(take):
-            m.d.sync += [flush.eq(0), have.eq(0)]
-    with m.Elif(p_have):
-        more = cur.keep[s]  # the current beat has bytes beyond the s that fit in this output beat
-        m.d.comb += [
-            o.data.eq(Cat(p_data[8 * s:], cur.data[:8 * s])),
-            o.keep.eq(Cat(p_keep[s:], cur.keep[:s])),
-            o.last.eq(cur.last & ~more),
-            dst_o.valid.eq(src_i.valid),
-            src_i.ready.eq(dst_o.ready),
-        ]
-        if has_hdr:
-            m.d.comb += o.hdr.eq(cur.hdr)
-        with m.If(take):
-            m.d.sync += [prev_data.eq(cur.data), prev_keep.eq(cur.keep), prev_hdr.eq(cur.hdr)]
-            with m.If(cur.last):
-                m.d.sync += have.eq(0)
-                with m.If(more):
-                    m.d.sync += flush.eq(1)
-            with m.Else():
-                m.d.sync += have.eq(1)
-    with m.Else():
-        # Strip, first beat of a frame: nothing to send unless the frame ends here.
-        m.d.comb += [
-            o.data.eq(cur.data[8 * s:]), o.keep.eq(cur.keep[s:]), o.last.eq(1),
-            dst_o.valid.eq(src_i.valid & cur.last),
-            src_i.ready.eq(~cur.last | dst_o.ready),
-        ]
-        if has_hdr:
-            m.d.comb += o.hdr.eq(cur.hdr)
-        with m.If(src_i.valid & src_i.ready & ~cur.last):
-            m.d.sync += [prev_data.eq(cur.data), prev_keep.eq(cur.keep), prev_hdr.eq(cur.hdr), have.eq(1)]
-
-
 class StripHeader(wiring.Component):
     """Removes the 16-byte wirereduce header from each frame; the payload starts at byte 0.
 
-    A frame that ends with its header (no payload) gives one empty beat (``keep`` = 0,
-    ``last`` = 1), so every input frame gives exactly one output frame. At 64 and 128 bit the
-    header is whole beats, which are skipped; at ≥ 256 bit every output beat is bytes 16 … of
-    one beat and bytes 0 … 15 of the next, with one extra beat when the last input beat holds
-    more than 16 bytes.
+    A :class:`~wirereduce.hdl.stream.realign.Realigner` (strip 16 bytes) with the frame's header
+    on its side channel: a frame that ends with its header (no payload) gives one empty beat
+    (``keep`` = 0, ``last`` = 1), so every input frame gives exactly one output frame. At 64 and
+    128 bit the header is whole beats, which are skipped; at ≥ 256 bit every output beat is bytes
+    16 … of one beat and bytes 0 … 15 of the next, with one extra beat when the last input beat
+    holds more than 16 bytes.
 
     Parameters
     ----------
@@ -152,7 +80,8 @@ class StripHeader(wiring.Component):
     """
 
     def __init__(self, width: int, index_bits: int):
-        self._width = check_width(width)
+        with rejecting(self):
+            self._width = check_width(width)
         super().__init__({
             "i": In(stream.Signature(gated_layout(width, index_bits))),
             "o": Out(stream.Signature(hdr_beat_layout(width))),
@@ -160,92 +89,50 @@ class StripHeader(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        w = self._width
-        nb = w // 8
-        cur = self.i.payload
-        if nb <= HEADER_BYTES:
-            hb = HEADER_BYTES // nb
-            is_hdr = Signal()
-            m.d.comb += is_hdr.eq(cur.first | (cur.index < hb))
-            m.d.comb += [
-                self.o.payload.data.eq(cur.data),
-                self.o.payload.keep.eq(Mux(is_hdr, 0, cur.keep)),
-                self.o.payload.last.eq(cur.last),
-                self.o.payload.hdr.eq(cur.hdr),
-                self.o.valid.eq(self.i.valid & (~is_hdr | cur.last)),
-                self.i.ready.eq(self.o.ready | (is_hdr & ~cur.last)),
-            ]
-        else:
-            _shift_bytes(m, "strip", w, HEADER_BYTES, self.i, self.o, None)
+        m.submodules.realign = ra = Realigner(self._width, strip=HEADER_BYTES, side=header_layout())
+        i, o = self.i.payload, ra.o.payload
+        m.d.comb += [
+            ra.i.payload.data.eq(i.data), ra.i.payload.keep.eq(i.keep), ra.i.payload.last.eq(i.last),
+            ra.i.payload.side.eq(i.hdr), ra.i.valid.eq(self.i.valid), self.i.ready.eq(ra.i.ready),
+            self.o.payload.data.eq(o.data), self.o.payload.keep.eq(o.keep), self.o.payload.last.eq(o.last),
+            self.o.payload.hdr.eq(o.side), self.o.valid.eq(ra.o.valid), ra.o.ready.eq(self.o.ready),
+        ]
         return m
 
 
 class InsertHeader(wiring.Component):
     """Puts each frame's 16-byte header (its ``hdr``) in front of its payload.
 
-    The inverse of :class:`StripHeader`: an empty payload (one beat, ``keep`` = 0) gives a
-    header-only frame.
+    The inverse of :class:`StripHeader`, a :class:`~wirereduce.hdl.stream.realign.Realigner`
+    (insert 16 bytes) whose ``head`` is the ``hdr`` of the frame's first beat: an empty payload
+    (one beat, ``keep`` = 0) gives a header-only frame.
 
     Attributes
     ----------
     i : In(stream.Signature(hdr_beat_layout(width)))
         Payloads starting at byte 0, each beat with its frame's header.
-    o : Out(stream.Signature(beat_layout(width)))
+    o : Out(FrameStream(width))
         Whole frames.
     """
 
     def __init__(self, width: int):
-        self._width = check_width(width)
+        with rejecting(self):
+            self._width = check_width(width)
         super().__init__({
             "i": In(stream.Signature(hdr_beat_layout(width))),
-            "o": Out(stream.Signature(beat_layout(width))),
+            "o": Out(FrameStream(width)),
         })
 
     def elaborate(self, platform):
         m = Module()
-        w = self._width
-        nb = w // 8
-        cur = self.i.payload
-        if nb <= HEADER_BYTES:
-            hb = HEADER_BYTES // nb
-            hidx = Signal(range(hb + 1))  # header beats sent for the current frame
-            hdr_beats = [cur.hdr.as_value()[k * w:(k + 1) * w] for k in range(hb)]
-            empty = cur.keep == 0
-            with m.If(hidx < hb):
-                # Header beats wait for the payload's first beat, to know whether it is empty.
-                sel = Signal(w)
-                with m.Switch(hidx):
-                    for k in range(hb):
-                        with m.Case(k):
-                            m.d.comb += sel.eq(hdr_beats[k])
-                last_hdr = hidx == hb - 1
-                m.d.comb += [
-                    self.o.payload.data.eq(sel),
-                    self.o.payload.keep.eq((1 << nb) - 1),
-                    self.o.payload.last.eq(last_hdr & cur.last & empty),
-                    self.o.valid.eq(self.i.valid),
-                    # an empty payload is consumed together with the last header beat
-                    self.i.ready.eq(self.o.ready & last_hdr & cur.last & empty),
-                ]
-                with m.If(self.o.valid & self.o.ready):
-                    with m.If(last_hdr & cur.last & empty):
-                        m.d.sync += hidx.eq(0)
-                    with m.Else():
-                        m.d.sync += hidx.eq(hidx + 1)
-            with m.Else():
-                m.d.comb += [
-                    self.o.payload.data.eq(cur.data),
-                    self.o.payload.keep.eq(cur.keep),
-                    self.o.payload.last.eq(cur.last),
-                    self.o.valid.eq(self.i.valid),
-                    self.i.ready.eq(self.o.ready),
-                ]
-                with m.If(self.o.valid & self.o.ready & cur.last):
-                    m.d.sync += hidx.eq(0)
-        else:
-            s = nb - HEADER_BYTES
-            start = (Cat(Const(0, 8 * s), cur.hdr.as_value()), Const(((1 << HEADER_BYTES) - 1) << s, nb))
-            _shift_bytes(m, "insert", w, s, self.i, self.o, start)
+        m.submodules.realign = ra = Realigner(self._width, insert=HEADER_BYTES)
+        i = self.i.payload
+        m.d.comb += [
+            ra.head.eq(i.hdr),
+            ra.i.payload.data.eq(i.data), ra.i.payload.keep.eq(i.keep), ra.i.payload.last.eq(i.last),
+            ra.i.valid.eq(self.i.valid), self.i.ready.eq(ra.i.ready),
+        ]
+        wiring.connect(m, ra.o, wiring.flipped(self.o))
         return m
 
 
@@ -271,14 +158,15 @@ class _CodecStage(wiring.Component):
     _opcodes: tuple = ()
 
     def __init__(self, width: int, max_elements: int, max_beats: int):
-        self._width = check_width(width)
-        if not isinstance(max_elements, int) or not 1 <= max_elements <= 65535:
-            raise ValueError(f"max_elements must be 1 … 65535, not {max_elements!r}")
-        if not isinstance(max_beats, int) or max_beats < 1:
-            raise ValueError(f"max_beats must be a positive int, not {max_beats!r}")
+        with rejecting(self):
+            self._width = check_width(width)
+            if not isinstance(max_elements, int) or not 1 <= max_elements <= 65535:
+                raise ValueError(f"max_elements must be 1 … 65535, not {max_elements!r}")
+            if not isinstance(max_beats, int) or max_beats < 1:
+                raise ValueError(f"max_beats must be a positive int, not {max_beats!r}")
         self._max_elements = max_elements
         self._max_beats = max_beats
-        beat = stream.Signature(beat_layout(width))
+        beat = FrameStream(width)
         super().__init__({"i": In(beat), "o": Out(beat), "dropped": Out(1)})
 
     def _transform(self, m, src, dst):
@@ -348,7 +236,7 @@ class _CodecStage(wiring.Component):
             bq.w_en.eq(g.valid & ~route),
             g.ready.eq(Mux(route, strip.i.ready, bq.w_rdy)),
         ]
-        bypass = stream.Signature(blay).create()
+        bypass = FrameStream(w).create()
         m.d.comb += [
             bypass.payload.eq(bq.r_data),
             bypass.valid.eq(bq.r_rdy),
@@ -396,9 +284,9 @@ class CodecIn(_CodecStage):
 
     Attributes
     ----------
-    i : In(stream.Signature(beat_layout(width)))
+    i : In(FrameStream(width))
         Frames as they arrive, compressed or not.
-    o : Out(stream.Signature(beat_layout(width)))
+    o : Out(FrameStream(width))
         The same frames in the same order with every compressed payload replaced by its fp32
         values (header unchanged: ``codec``/``eb_k`` still say how the frame is to leave).
     dropped : Out(1)

@@ -30,7 +30,8 @@ from functools import cache
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import crc, data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.stream.frame import beat_layout
+from wirereduce.hdl.params import reject
+from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 
 __all__ = [
     "XGMII_IDLE", "XGMII_START", "XGMII_TERMINATE", "XGMII_ERROR", "PREAMBLE_BYTE", "SFD_BYTE",
@@ -239,7 +240,7 @@ class MacTx(wiring.Component):
 
     Attributes
     ----------
-    i : In(stream.Signature(beat_layout(64)))
+    i : In(FrameStream(64))
         Frames without preamble and FCS. ``keep`` is all ones except on the last beat, where it
         is contiguous from lane 0 (0 … 8 bytes).
     abort : In(1)
@@ -254,7 +255,7 @@ class MacTx(wiring.Component):
 
     def __init__(self):
         super().__init__({
-            "i": In(stream.Signature(beat_layout(64))),
+            "i": In(FrameStream(64)),
             "abort": In(1),
             "stomp": In(1),
             "xgmii": Out(XgmiiSignature()),
@@ -459,9 +460,8 @@ class MacRx(wiring.Component):
 
     def __init__(self, max_frame: int = MAX_FRAME_BYTES):
         if not isinstance(max_frame, int) or isinstance(max_frame, bool) or not MIN_FRAME_BYTES <= max_frame < 1 << 16:
-            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
-            raise ValueError(f"max_frame must be an int number of bytes from 64 to 65535 (1518, 1522, 9018), "
-                             f"not {max_frame!r}")
+            reject(self, ValueError(f"max_frame must be an int number of bytes from 64 to 65535 (1518, 1522, 9018), "
+                                    f"not {max_frame!r}"))
         self.max_frame = max_frame
         super().__init__({
             "xgmii": In(XgmiiSignature()),
@@ -624,8 +624,7 @@ def _rx_fifo_depth(component, max_frame: int, depth: int | None, frames: int) ->
     if depth is None:
         depth = frames * need + 16
     if not isinstance(depth, int) or depth < need:
-        component._MustUse__silence = True  # a failed constructor is not an unused elaboratable
-        raise ValueError(f"depth must hold one {max_frame}-byte frame ({need} beats), not {depth!r}")
+        reject(component, ValueError(f"depth must hold one {max_frame}-byte frame ({need} beats), not {depth!r}"))
     return need, depth
 
 
@@ -655,7 +654,7 @@ class RxDropBad(wiring.Component):
     ----------
     i : In(stream.Signature(rx_beat_layout(), always_ready=True))
         From :attr:`MacRx.o`.
-    o : Out(stream.Signature(beat_layout(64)))
+    o : Out(FrameStream(64))
         Good frames.
     dropped : Out(32)
         Bad frames dropped (wrapping counter).
@@ -673,7 +672,7 @@ class RxDropBad(wiring.Component):
         self.frame_beats, self.depth = _rx_fifo_depth(self, max_frame, depth, frames=1)
         super().__init__({
             "i": In(stream.Signature(rx_beat_layout(), always_ready=True)),
-            "o": Out(stream.Signature(beat_layout(64))),
+            "o": Out(FrameStream(64)),
             "dropped": Out(32),
             "overflow": Out(32),
         })
@@ -769,7 +768,7 @@ class RxCutThrough(wiring.Component):
     ----------
     i : In(stream.Signature(rx_beat_layout(), always_ready=True))
         From :attr:`MacRx.o`.
-    o : Out(stream.Signature(beat_layout(64)))
+    o : Out(FrameStream(64))
         Every admitted frame, ``bad`` set on the last beat of a bad one.
     overflow : Out(32)
         Frames dropped whole because the FIFO had no room for them (wrapping counter).
@@ -785,7 +784,7 @@ class RxCutThrough(wiring.Component):
         self.frame_beats, self.depth = _rx_fifo_depth(self, max_frame, depth, frames=2)
         super().__init__({
             "i": In(stream.Signature(rx_beat_layout(), always_ready=True)),
-            "o": Out(stream.Signature(beat_layout(64))),
+            "o": Out(FrameStream(64)),
             "overflow": Out(32),
         })
 

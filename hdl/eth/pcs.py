@@ -105,6 +105,7 @@ differently:
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.params import reject, rejecting
 
 __all__ = [
     "xgmii_layout", "block_layout", "SYNC_DATA", "SYNC_CTRL",
@@ -230,13 +231,6 @@ def check_gearbox_width(width):
     if width not in (32, 64):
         raise ValueError(f"width must be 32 or 64 bits, not {width}")
     return width
-
-
-def _reject(component, exc):
-    # Amaranth registers every Elaboratable when it is created; one whose constructor fails
-    # would otherwise also warn "created but never used".
-    component._MustUse__silence = True
-    raise exc
 
 
 # ------------------------------------------------------------------------------------------------
@@ -695,9 +689,9 @@ class BerMonitor(wiring.Component):
 
     def __init__(self, window=BER_WINDOW_BLOCKS):
         if not isinstance(window, int) or isinstance(window, bool):
-            _reject(self, TypeError(f"window must be an int number of blocks, not {window!r}"))
+            reject(self, TypeError(f"window must be an int number of blocks, not {window!r}"))
         if window < 16:
-            _reject(self, ValueError(f"window must be at least 16 blocks, not {window}"))
+            reject(self, ValueError(f"window must be at least 16 blocks, not {window}"))
         self.window = window
         super().__init__({
             "header": In(2),
@@ -754,10 +748,8 @@ class TxGearbox(wiring.Component):
     """
 
     def __init__(self, width=64):
-        try:
+        with rejecting(self):
             self.width = check_gearbox_width(width)
-        except (TypeError, ValueError) as e:
-            _reject(self, e)
         super().__init__({"i": In(stream.Signature(block_layout)), "data": Out(width)})
 
     def elaborate(self, platform):
@@ -803,10 +795,8 @@ class RxGearbox(wiring.Component):
     """
 
     def __init__(self, width=64):
-        try:
+        with rejecting(self):
             self.width = check_gearbox_width(width)
-        except (TypeError, ValueError) as e:
-            _reject(self, e)
         super().__init__({
             "data": In(width),
             "slip": In(1),
@@ -868,10 +858,8 @@ class PCSTx(wiring.Component):
     """
 
     def __init__(self, width=64):
-        try:
+        with rejecting(self):
             self.width = check_gearbox_width(width)
-        except (TypeError, ValueError) as e:
-            _reject(self, e)
         super().__init__({"xgmii": In(stream.Signature(xgmii_layout)), "tx_data": Out(width)})
 
     def elaborate(self, platform):
@@ -927,10 +915,8 @@ class PCSRx(wiring.Component):
     """
 
     def __init__(self, width=64, ber_window=BER_WINDOW_BLOCKS):
-        try:
+        with rejecting(self):
             self.width = check_gearbox_width(width)
-        except (TypeError, ValueError) as e:
-            _reject(self, e)
         self.ber_window = ber_window
         super().__init__({
             "rx_data": In(width),

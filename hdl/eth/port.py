@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.hdl import DomainRenamer, EnableInserter
-from amaranth.lib import cdc, data, fifo, stream, wiring
+from amaranth.lib import cdc, data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.eth.mac import FCS_BYTES, MacRx, MacTx, RxCutThrough, RxDropBad
 from wirereduce.hdl.eth.pcs import (
@@ -58,13 +58,15 @@ from wirereduce.hdl.eth.pcs import (
     block_layout,
     xgmii_layout,
 )
-from wirereduce.hdl.stream.frame import beat_layout
+from wirereduce.hdl.params import rejecting
+from wirereduce.hdl.stream.frame import FrameStream, beat_layout
+from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_mtu
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETHERTYPE, HEADER_BYTES
 
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
-           "eth_header", "max_frame_bytes", "rx_drops", "EthFramer", "EthDeframer", "EthPort10G"]
+           "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "EthFramer", "EthDeframer", "EthPort10G"]
 
 #: Locally administered unicast addresses (IEEE 802 U/L bit set) used when none is given.
 DEFAULT_LOCAL_MAC = 0x02_77_72_00_00_00
@@ -78,16 +80,18 @@ _BEAT = 8  # bytes per 64-bit beat
 
 def eth_header(dst: int, src: int, ethertype: int = ETHERTYPE) -> bytes:
     """The 14-byte Ethernet II header as it goes on the wire: addresses and EtherType most
-    significant byte first (IEEE 802.3 clauses 3.2.3 … 3.2.6).
+    significant byte first (IEEE 802.3 clauses 3.2.3 … 3.2.6), e.g.
+    ``eth_header(0xFFFFFFFFFFFF, 0x020000000001)[12:] == b"\\x88\\xb5"``.
 
     Raises
     ------
     ValueError
-        If an address is not a 48-bit int or the EtherType not a 16-bit int.
+        If an address is not a 48-bit int (:func:`check_mac`) or the EtherType not a 16-bit int.
     """
-    for name, v, bits in (("dst", dst, 48), ("src", src, 48), ("ethertype", ethertype, 16)):
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << bits:
-            raise ValueError(f"{name} must be a {bits}-bit int, not {v!r}")
+    check_mac("dst", dst)
+    check_mac("src", src)
+    if not isinstance(ethertype, int) or isinstance(ethertype, bool) or not 0 <= ethertype < 1 << 16:
+        raise ValueError(f"ethertype must be a 16-bit int, not {ethertype!r}")
     return dst.to_bytes(6, "big") + src.to_bytes(6, "big") + ethertype.to_bytes(2, "big")
 
 
@@ -134,9 +138,17 @@ def rx_drops(stats):
     return total[:32]
 
 
-def _check_mac(name, v):
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 48:
-        raise ValueError(f"{name} must be a 48-bit int MAC address, not {v!r}")
+def check_mac(name: str, mac) -> int:
+    """Validate a MAC address given as an int (``0x0200_0000_0001``); returns it.
+
+    Raises
+    ------
+    ValueError
+        If ``mac`` is not an int of 0 … 2**48 - 1; the message names the parameter ``name``.
+    """
+    if not isinstance(mac, int) or isinstance(mac, bool) or not 0 <= mac < 1 << 48:
+        raise ValueError(f"{name} must be a 48-bit MAC address as an int (0x0200_0000_0001), not {mac!r}")
+    return mac
 
 
 def _nbytes(m, keep):
@@ -156,13 +168,14 @@ def _keep_of(n):
 class EthFramer(wiring.Component):
     """Node frames in, Ethernet II frames out: prepends ``dst``, ``src`` and EtherType 0x88B5.
 
-    The 14 header bytes shift every frame byte by 14: output beat 0 is the first 8 header bytes,
-    beat 1 the last 6 and frame bytes 0–1, beat ``j`` ≥ 2 frame bytes ``8j − 14 … 8j − 7``. A frame
-    of ``n`` input beats leaves as ``n + 1`` beats, or ``n + 2`` when its last beat has more than
-    2 bytes. The input waits (``i.ready`` low) during output beat 0 and that extra tail beat, and
-    otherwise takes a beat in every cycle the output does, so a frame whose beats arrive back to
-    back leaves back to back (what :class:`~wirereduce.hdl.eth.mac.MacTx` needs). A new frame starts
-    only while ``enable`` is high (the port's ``link_up``); a started frame always finishes.
+    The byte shifting is a :class:`~wirereduce.hdl.stream.realign.Realigner` (insert 14 bytes):
+    output beat 0 is the first 8 header bytes, beat 1 the last 6 and frame bytes 0–1, beat ``j`` ≥ 2
+    frame bytes ``8j − 14 … 8j − 7``. A frame of ``n`` input beats leaves as ``n + 1`` beats, or
+    ``n + 2`` when its last beat has more than 2 bytes. The input waits (``i.ready`` low) during
+    output beat 0 and that extra tail beat, and otherwise takes a beat in every cycle the output
+    does, so a frame whose beats arrive back to back leaves back to back (what
+    :class:`~wirereduce.hdl.eth.mac.MacTx` needs). What this block adds: a new frame starts only
+    while ``enable`` is high (the port's ``link_up``); a started frame always finishes.
 
     Parameters
     ----------
@@ -171,9 +184,9 @@ class EthFramer(wiring.Component):
 
     Attributes
     ----------
-    i : In(stream.Signature(beat_layout(64)))
+    i : In(FrameStream(64))
         Wirereduce frames, at least 1 byte.
-    o : Out(stream.Signature(beat_layout(64)))
+    o : Out(FrameStream(64))
         Ethernet frames without FCS.
     enable : In(1)
 
@@ -184,53 +197,28 @@ class EthFramer(wiring.Component):
     """
 
     def __init__(self, dst: int = DEFAULT_PEER_MAC, src: int = DEFAULT_LOCAL_MAC):
-        try:
+        with rejecting(self):
             self.header = eth_header(dst, src)
-        except ValueError:
-            self._MustUse__silence = True
-            raise
         super().__init__({
-            "i": In(stream.Signature(beat_layout(64))),
-            "o": Out(stream.Signature(beat_layout(64))),
+            "i": In(FrameStream(64)),
+            "o": Out(FrameStream(64)),
             "enable": In(1, init=1),
         })
 
     def elaborate(self, platform):
         m = Module()
-        hdr = self.header
-        i, o = self.i, self.o
-        n = _nbytes(m, i.payload.keep)
-        held = Signal(48)                # bytes 2 … 7 of the previous input beat (or header 8 … 13)
-        tail_n = Signal(range(7))
-        tail_bad = Signal()
-
-        with m.FSM():
-            with m.State("HEAD"):
-                m.d.comb += [o.valid.eq(i.valid & self.enable), o.payload.data.eq(int.from_bytes(hdr[:8], "little")),
-                             o.payload.keep.eq(0xFF)]
-                with m.If(o.valid & o.ready):
-                    m.d.sync += held.eq(int.from_bytes(hdr[8:], "little"))
-                    m.next = "BODY"
-            with m.State("BODY"):
-                m.d.comb += [o.valid.eq(i.valid), i.ready.eq(o.ready),
-                             o.payload.data.eq(Cat(held, i.payload.data[:16]))]
-                with m.If(i.payload.last & (n <= 2)):
-                    m.d.comb += [o.payload.keep.eq(_keep_of(n + 6)), o.payload.last.eq(1),
-                                 o.payload.bad.eq(i.payload.bad)]
-                with m.Else():
-                    m.d.comb += o.payload.keep.eq(0xFF)
-                with m.If(i.valid & i.ready):
-                    m.d.sync += [held.eq(i.payload.data[16:]), tail_n.eq(n - 2), tail_bad.eq(i.payload.bad)]
-                    with m.If(i.payload.last):
-                        with m.If(n <= 2):
-                            m.next = "HEAD"
-                        with m.Else():
-                            m.next = "TAIL"
-            with m.State("TAIL"):
-                m.d.comb += [o.valid.eq(1), o.payload.data.eq(held), o.payload.keep.eq(_keep_of(tail_n)),
-                             o.payload.last.eq(1), o.payload.bad.eq(tail_bad)]
-                with m.If(o.ready):
-                    m.next = "HEAD"
+        m.submodules.realign = ra = Realigner(64, insert=ETH_HEADER_BYTES)
+        started = Signal()               # the frame's first beat has left: it finishes, enable or not
+        go = self.enable | started
+        m.d.comb += [
+            ra.head.eq(int.from_bytes(self.header, "little")),
+            ra.i.payload.eq(self.i.payload),
+            ra.i.valid.eq(self.i.valid & go),
+            self.i.ready.eq(ra.i.ready & go),
+        ]
+        wiring.connect(m, ra.o, wiring.flipped(self.o))
+        with m.If(ra.o.valid & ra.o.ready):
+            m.d.sync += started.eq(~ra.o.payload.last)
         return m
 
 
@@ -248,17 +236,21 @@ class EthDeframer(wiring.Component):
       STATS_REQUEST and short data frames). Compressed frames (``codec ≠ NONE``) are passed
       uncut: their length is in their tags, so one shorter than 46 bytes keeps its padding.
 
-    Output beat ``j`` is input bytes ``14 + 8j … 21 + 8j``; the two header beats are taken
-    without output, then one beat out for every beat in. ``bad`` on an input frame's last beat
-    goes to its output frame's last beat; the last output beat of a frame cut short of its
-    padding therefore waits until the padding's last beat (the verdict) has arrived.
+    The header comes off in a :class:`~wirereduce.hdl.stream.realign.Realigner` (strip 14 bytes):
+    output beat ``j`` is input bytes ``14 + 8j … 21 + 8j``; the two header beats are taken without
+    output, then one beat out for every beat in. On the realigner's side channel each beat carries
+    whether its frame is dropped (EtherType, length: decided as input beats 0 and 1 go in), and
+    whether it is the input frame's last beat, with its ``bad``; the drop and the padding cut are
+    done on the realigner's output. ``bad`` on an input frame's last beat goes to its output
+    frame's last beat; the last output beat of a frame cut short of its padding therefore waits
+    until the padding's last beat (the verdict) has arrived, and leaves in that cycle.
 
     Attributes
     ----------
-    i : In(stream.Signature(beat_layout(64)))
+    i : In(FrameStream(64))
         Ethernet frames without FCS: good ones (from :class:`~wirereduce.hdl.eth.mac.RxDropBad`), or
         any with the verdict in ``bad`` (from :class:`~wirereduce.hdl.eth.mac.RxCutThrough`).
-    o : Out(stream.Signature(beat_layout(64)))
+    o : Out(FrameStream(64))
         Wirereduce frames.
     frames, ethertype_drops, short_drops : Out(32)
         Wrapping counters.
@@ -266,111 +258,122 @@ class EthDeframer(wiring.Component):
 
     def __init__(self):
         super().__init__({
-            "i": In(stream.Signature(beat_layout(64))),
-            "o": Out(stream.Signature(beat_layout(64))),
+            "i": In(FrameStream(64)),
+            "o": Out(FrameStream(64)),
             "frames": Out(32), "ethertype_drops": Out(32), "short_drops": Out(32),
         })
 
     def elaborate(self, platform):
         m = Module()
         i, o = self.i, self.o
+        # Side channel: the frame is dropped; the input frame's last beat (taken in this output
+        # beat's cycle) and its bad.
+        side = data.StructLayout({"drop": 1, "end": 1, "bad": 1})
+        m.submodules.realign = ra = Realigner(64, strip=ETH_HEADER_BYTES, side=side)
+
+        # ---- Input: mark the beats of frames to drop, decided on input beats 0 and 1. ----
         beat = i.payload
-        n = _nbytes(m, beat.keep)
-        held = Signal(16)                        # bytes 6, 7 of the previous input beat
-        tail_n = Signal(range(3))
-        tail_bad = Signal()
-        pend_data = Signal(64)                   # the last output beat, waiting for the padding to end
-        pend_keep = Signal(8)
+        idx = Signal(range(3))                   # input beat of the frame: 0, 1, 2 = any later one
+        dropping = Signal()                      # the current frame is dropped (from its beat 1 on)
+        drop_now = Signal()
+        ethertype = int.from_bytes(ETHERTYPE.to_bytes(2, "big"), "little")
+        wrong_type = beat.data[32:48] != ethertype   # frame bytes 12–13, in input beat 1
+        with m.Switch(idx):
+            with m.Case(0):
+                m.d.comb += drop_now.eq(beat.last)
+            with m.Case(1):
+                m.d.comb += drop_now.eq(beat.last | wrong_type)
+            with m.Default():
+                m.d.comb += drop_now.eq(dropping)
+        m.d.comb += [
+            ra.i.payload.data.eq(beat.data), ra.i.payload.keep.eq(beat.keep),
+            ra.i.payload.last.eq(beat.last), ra.i.payload.bad.eq(beat.bad),
+            ra.i.payload.side.drop.eq(drop_now), ra.i.payload.side.end.eq(beat.last),
+            ra.i.payload.side.bad.eq(beat.bad),
+            ra.i.valid.eq(i.valid), i.ready.eq(ra.i.ready),
+        ]
+        with m.If(i.valid & i.ready):
+            with m.If(beat.last):
+                m.d.sync += idx.eq(0)
+            with m.Elif(idx < 2):
+                m.d.sync += idx.eq(idx + 1)
+            with m.If(idx == 1):
+                m.d.sync += dropping.eq(drop_now)
+            with m.If((idx < 2) & beat.last):
+                m.d.sync += self.short_drops.eq(self.short_drops + 1)
+            with m.Elif((idx == 1) & wrong_type):
+                m.d.sync += self.ethertype_drops.eq(self.ethertype_drops + 1)
+
+        # ---- Output: drop marked frames, cut the padding. ----
+        r = ra.o
+        rb = r.payload
+        n = _nbytes(m, rb.keep)
         pos = Signal(16)                         # frame bytes sent so far (8 a beat)
         codec_none = Signal()
         limit = Signal(range(HEADER_BYTES + 4 * 65535 + 1))
-        fire_in = i.valid & i.ready
-        ethertype = int.from_bytes(ETHERTYPE.to_bytes(2, "big"), "little")
+        pend_data = Signal(64)                   # the cut last beat, waiting for the padding's end
+        pend_keep = Signal(8)
+        take = r.valid & r.ready
 
         def finish():
-            m.d.sync += self.frames.eq(self.frames + 1)
+            m.d.sync += [self.frames.eq(self.frames + 1), pos.eq(0)]
 
-        # The wirereduce length once the header's count is known (output beat 1, frame bytes 8 … 15,
-        # carries it: count is frame bytes 10–11, the first two bytes of this input beat).
+        # The wirereduce length once the header's count is known: output beat 1 (frame bytes
+        # 8 … 15) carries it in frame bytes 10–11.
         lim_now = Signal.like(limit)
-        m.d.comb += lim_now.eq(Mux(pos == _BEAT, HEADER_BYTES + 4 * beat.data[:16], limit))
+        m.d.comb += lim_now.eq(Mux(pos == _BEAT, HEADER_BYTES + 4 * rb.data[16:32], limit))
         trim = Signal()
         m.d.comb += trim.eq(codec_none & (pos >= _BEAT) & (lim_now <= pos + _BEAT))
         left = Signal(range(2 * _BEAT))          # bytes of the frame left to send when trimming
         m.d.comb += left.eq(lim_now - pos)
+        cut_keep = _keep_of(Mux(left < n, left, n))
 
         with m.FSM():
-            with m.State("ETH0"):
-                m.d.comb += i.ready.eq(1)
-                with m.If(i.valid):
-                    with m.If(beat.last):
-                        m.d.sync += self.short_drops.eq(self.short_drops + 1)
-                    with m.Else():
-                        m.next = "ETH1"
-            with m.State("ETH1"):
-                m.d.comb += i.ready.eq(1)
-                with m.If(i.valid):
-                    m.d.sync += [held.eq(beat.data[48:]), pos.eq(0)]
-                    with m.If(beat.last):
-                        m.d.sync += self.short_drops.eq(self.short_drops + 1)
-                        m.next = "ETH0"
-                    with m.Elif(beat.data[32:48] != ethertype):
-                        m.d.sync += self.ethertype_drops.eq(self.ethertype_drops + 1)
-                        m.next = "DROP"
-                    with m.Else():
-                        m.next = "BODY"
             with m.State("BODY"):
-                early = trim & ~beat.last        # the frame ends here, its padding follows
-                m.d.comb += [o.payload.data.eq(Cat(held, beat.data[:48])), o.payload.bad.eq(beat.bad)]
-                with m.If(early):
-                    m.d.comb += i.ready.eq(1)
+                with m.If(rb.side.drop):
+                    m.d.comb += r.ready.eq(1)
                 with m.Else():
-                    m.d.comb += [o.valid.eq(i.valid), i.ready.eq(o.ready)]
-                avail = Mux(beat.last & (n <= 6), n + 2, _BEAT)
-                with m.If(trim):
-                    m.d.comb += [o.payload.keep.eq(_keep_of(Mux(left < avail, left, avail))), o.payload.last.eq(1)]
-                with m.Elif(beat.last & (n <= 6)):
-                    m.d.comb += [o.payload.keep.eq(_keep_of(n + 2)), o.payload.last.eq(1)]
-                with m.Else():
-                    m.d.comb += o.payload.keep.eq(0xFF)
-                with m.If(fire_in):
-                    m.d.sync += [held.eq(beat.data[48:]), tail_n.eq(n - 6), pos.eq(pos + _BEAT),
-                                 tail_bad.eq(beat.bad)]
-                    with m.If(pos == 0):
-                        m.d.sync += codec_none.eq(beat.data[8:16] == 0)  # frame byte 3
-                    with m.If(pos == _BEAT):
-                        m.d.sync += limit.eq(lim_now)
+                    ends = trim & (rb.last | rb.side.end)   # the cut, with the input frame's end
+                    early = trim & ~ends                    # the cut, before the padding's end
+                    m.d.comb += o.payload.data.eq(rb.data)
+                    with m.If(trim):
+                        m.d.comb += [o.payload.keep.eq(cut_keep), o.payload.last.eq(1),
+                                     o.payload.bad.eq(rb.side.bad)]
+                    with m.Else():
+                        m.d.comb += [o.payload.keep.eq(rb.keep), o.payload.last.eq(rb.last),
+                                     o.payload.bad.eq(rb.bad)]
                     with m.If(early):
-                        m.d.sync += [pend_data.eq(o.payload.data), pend_keep.eq(o.payload.keep)]
-                        m.next = "PAD"
-                    with m.Elif(o.payload.last):
-                        finish()
-                        m.next = "ETH0"
-                    with m.Elif(beat.last):
-                        m.next = "TAIL"
-            with m.State("TAIL"):
-                avail = tail_n
-                m.d.comb += [o.valid.eq(1), o.payload.data.eq(held), o.payload.last.eq(1),
-                             o.payload.bad.eq(tail_bad)]
-                with m.If(trim):
-                    m.d.comb += o.payload.keep.eq(_keep_of(Mux(left < avail, left, avail)))
-                with m.Else():
-                    m.d.comb += o.payload.keep.eq(_keep_of(tail_n))
-                with m.If(o.ready):
-                    finish()
-                    m.next = "ETH0"
+                        m.d.comb += r.ready.eq(1)
+                    with m.Else():
+                        m.d.comb += [o.valid.eq(r.valid), r.ready.eq(o.ready)]
+                    with m.If(take):
+                        m.d.sync += pos.eq(pos + _BEAT)
+                        with m.If(pos == 0):
+                            m.d.sync += codec_none.eq(rb.data[24:32] == 0)  # frame byte 3
+                        with m.If(pos == _BEAT):
+                            m.d.sync += limit.eq(lim_now)
+                        with m.If(early):
+                            m.d.sync += [pend_data.eq(rb.data), pend_keep.eq(cut_keep)]
+                            m.next = "PAD"
+                        with m.Elif(o.payload.last):
+                            finish()
+                            with m.If(~rb.last):
+                                m.next = "REST"
             with m.State("PAD"):
                 # Padding is consumed; the held last beat leaves with the padding's last beat.
                 m.d.comb += [o.payload.data.eq(pend_data), o.payload.keep.eq(pend_keep),
-                             o.payload.last.eq(1), o.payload.bad.eq(beat.bad),
-                             o.valid.eq(i.valid & beat.last), i.ready.eq(~beat.last | o.ready)]
-                with m.If(fire_in & beat.last):
+                             o.payload.last.eq(1), o.payload.bad.eq(rb.side.bad),
+                             o.valid.eq(r.valid & rb.side.end), r.ready.eq(~rb.side.end | o.ready)]
+                with m.If(take & rb.side.end):
                     finish()
-                    m.next = "ETH0"
-            with m.State("DROP"):
-                m.d.comb += i.ready.eq(1)
-                with m.If(i.valid & beat.last):
-                    m.next = "ETH0"
+                    m.next = "BODY"
+                    with m.If(~rb.last):
+                        m.next = "REST"
+            with m.State("REST"):
+                # The realigner's extra last beat of a frame already ended by the cut.
+                m.d.comb += r.ready.eq(1)
+                with m.If(r.valid & rb.last):
+                    m.next = "BODY"
         return m
 
 
@@ -427,9 +430,9 @@ class EthPort10G(wiring.Component):
 
     Attributes
     ----------
-    tx : In(stream.Signature(beat_layout(64)))
+    tx : In(FrameStream(64))
         Wirereduce frames to send (``sync``).
-    rx : Out(stream.Signature(beat_layout(64)))
+    rx : Out(FrameStream(64))
         Wirereduce frames received (``sync``), good ones only, Ethernet header stripped.
     link_up : Out(1)
         ``block_lock & ~hi_ber``; frames wait in ``tx`` while it is low.
@@ -458,22 +461,19 @@ class EthPort10G(wiring.Component):
 
     def __init__(self, mtu: int, *, cdc: bool = True, local_mac: int = DEFAULT_LOCAL_MAC,
                  peer_mac: int = DEFAULT_PEER_MAC, rx_frames: int = 2, cut_through: bool = False):
-        try:
+        with rejecting(self):
             check_mtu(mtu)
-            _check_mac("local_mac", local_mac)
-            _check_mac("peer_mac", peer_mac)
+            check_mac("local_mac", local_mac)
+            check_mac("peer_mac", peer_mac)
             if not isinstance(rx_frames, int) or isinstance(rx_frames, bool) or rx_frames < 1:
                 raise ValueError(f"rx_frames must be an int ≥ 1, not {rx_frames!r}")
-        except ValueError:
-            self._MustUse__silence = True
-            raise
         self.mtu = mtu
         self.cdc = bool(cdc)
         self.local_mac = local_mac
         self.peer_mac = peer_mac
         self.rx_frames = rx_frames
         self.cut_through = bool(cut_through)
-        beat = stream.Signature(beat_layout(64))
+        beat = FrameStream(64)
         members = {
             "tx": In(beat), "rx": Out(beat),
             "link_up": Out(1), "block_lock": Out(1), "hi_ber": Out(1),

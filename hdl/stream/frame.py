@@ -15,12 +15,13 @@ from __future__ import annotations
 from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.params import reject, rejecting
 
 from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES, header_layout
 
 __all__ = ["beat_layout", "tagged_layout", "gated_layout", "check_width", "header_beats",
-           "FrameGate", "Fork", "FrameArbiter"]
+           "FrameStream", "FrameInterface", "FrameGate", "Fork", "FrameArbiter"]
 
 
 def header_beats(width: int) -> int:
@@ -33,6 +34,67 @@ def beat_layout(width: int) -> data.StructLayout:
     ``bad`` (1, on the last beat: the frame is known bad, see the module docstring)."""
     check_width(width)
     return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "bad": 1})
+
+
+class FrameStream(wiring.Signature):
+    """Signature of a frame stream: :func:`beat_layout` beats with ``valid``/``ready`` handshake.
+
+    The members are those of ``stream.Signature(beat_layout(width))`` (``payload``, ``valid``,
+    ``ready``), so a :class:`FrameStream` port connects (:func:`amaranth.lib.wiring.connect`) to
+    any :class:`amaranth.lib.stream.Signature` port of the same beat layout. It is a class of its
+    own because :class:`amaranth.lib.stream.Signature` is final in Amaranth 0.5; a named signature
+    says what a port carries (frames, with the ``keep``/``last``/``bad`` rules of this module's
+    docstring) and checks its width once.
+
+    A beat is taken in a cycle in which both ``valid`` and ``ready`` are high; ``valid`` must not
+    depend on ``ready``, and once high it stays high with the same payload until the beat is taken.
+
+    Parameters
+    ----------
+    width : int
+        Datapath width in bits (see :func:`check_width`).
+
+    Members
+    -------
+    payload : Out(beat_layout(width))
+    valid : Out(1)
+    ready : In(1)
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``width`` fails :func:`check_width`.
+    """
+
+    def __init__(self, width: int):
+        self._width = check_width(width)
+        super().__init__({"payload": Out(beat_layout(width)), "valid": Out(1), "ready": In(1)})
+
+    @property
+    def width(self) -> int:
+        """Datapath width in bits."""
+        return self._width
+
+    def __eq__(self, other):
+        return type(other) is FrameStream and other.width == self.width
+
+    def __hash__(self):
+        return hash((FrameStream, self._width))
+
+    def __repr__(self):
+        return f"FrameStream({self._width})"
+
+    def create(self, *, path=None, src_loc_at=0):
+        return FrameInterface(self, path=path, src_loc_at=1 + src_loc_at)
+
+
+class FrameInterface(wiring.PureInterface):
+    """The interface object of a :class:`FrameStream`: ``payload``, ``valid``, ``ready`` and the
+    ``p`` shortcut for ``payload``, as on an :class:`amaranth.lib.stream.Interface`."""
+
+    @property
+    def p(self):
+        return self.payload
 
 
 def tagged_layout(width: int) -> data.StructLayout:
@@ -73,7 +135,7 @@ class FrameGate(wiring.Component):
 
     Attributes
     ----------
-    i : In(stream.Signature(beat_layout(width)))
+    i : In(FrameStream(width))
     o : Out(stream.Signature(gated_layout(width, ...)))
         Beats of accepted frames with ``first``, ``index`` and the frame's ``hdr``.
     head : Out(header_layout()); head_valid, head_short : Out(1)
@@ -81,11 +143,12 @@ class FrameGate(wiring.Component):
     """
 
     def __init__(self, width: int, max_beats: int):
-        self._width = check_width(width)
+        with rejecting(self):
+            self._width = check_width(width)
         self._hb = header_beats(width)
         self._index_bits = max(1, (max_beats - 1).bit_length())
         super().__init__({
-            "i": In(stream.Signature(beat_layout(width))),
+            "i": In(FrameStream(width)),
             "o": Out(stream.Signature(gated_layout(width, self._index_bits))),
             "head": Out(header_layout()),
             "head_valid": Out(1),
@@ -231,8 +294,8 @@ class FrameArbiter(wiring.Component):
     """
 
     def __init__(self, shape, n: int):
-        if n < 1:
-            raise ValueError(f"an arbiter needs at least one input, not {n}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            reject(self, ValueError(f"an arbiter needs at least one input, not {n!r}"))
         self._n = n
         members = {f"i{k}": In(stream.Signature(shape)) for k in range(n)}
         members["o"] = Out(stream.Signature(shape))

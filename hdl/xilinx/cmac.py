@@ -19,8 +19,9 @@ Blocks
     Frame stream in ``sync`` to CMAC TX AXI4-Stream (``cmac_tx`` domain): header prepended,
     padded to the 60-byte minimum, and each frame buffered whole before its first beat goes out,
     so ``tvalid`` never drops inside a frame (PG203: a TX underflow corrupts the frame).
-:class:`EthStrip`, :class:`EthPrepend`
-    The two 14-byte realigners, one beat a cycle.
+:class:`EthPrepend`
+    The header and the padding to 60 bytes, on the 14-byte
+    :class:`~wirereduce.hdl.stream.realign.Realigner` (receive strips with one directly).
 :class:`Cmac100G`
     Black-box wrapper of the Vivado-generated ``cmac_usplus`` instance; the board build generates
     the IP (``boards/cmac_ip.py``).
@@ -37,17 +38,20 @@ from __future__ import annotations
 
 from amaranth import Cat, Const, Instance, Module, Mux, Signal
 from amaranth.hdl import IOPort
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.stream.frame import beat_layout
+from wirereduce.hdl.eth.port import check_mac, eth_header
+from wirereduce.hdl.params import reject, rejecting
+from wirereduce.hdl.stream.frame import FrameStream
+from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_mtu
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETHERTYPE
 
 __all__ = [
     "CMAC_WIDTH", "CMAC_BYTES", "ETH_MIN_FRAME_BYTES", "DEFAULT_SRC_MAC", "DEFAULT_DST_MAC",
-    "CmacRxSignature", "CmacTxSignature", "eth_header", "eth_frame_beats",
-    "EthStrip", "EthPrepend", "CmacRxGlue", "CmacTxGlue", "Cmac100G",
+    "CmacRxSignature", "CmacTxSignature", "eth_frame_beats",
+    "EthPrepend", "CmacRxGlue", "CmacTxGlue", "Cmac100G",
 ]
 
 #: Width of the CMAC's AXI4-Stream data bus in bits (PG203, AXI4-Stream user interface).
@@ -71,12 +75,6 @@ _GOOD, _BAD, _FILTERED, _LOST = range(4)
 _LOST_BITS = 8                  # frames lost without a verdict slot, carried in the next verdict
 
 
-def _check_mac(name, mac) -> int:
-    if not isinstance(mac, int) or isinstance(mac, bool) or not 0 <= mac < 1 << 48:
-        raise ValueError(f"{name} must be a 48-bit MAC address as an int (0x0200_0000_0001), not {mac!r}")
-    return mac
-
-
 def _pow2_at_least(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -84,15 +82,6 @@ def _pow2_at_least(n: int) -> int:
 def eth_frame_beats(mtu: int) -> int:
     """512-bit beats of the longest Ethernet frame (14-byte header + ``mtu`` bytes, no FCS)."""
     return -(-(_H + check_mtu(mtu)) // CMAC_BYTES)
-
-
-def eth_header(dst: int, src: int, ethertype: int = ETHERTYPE) -> bytes:
-    """The 14 bytes of an Ethernet II header: destination, source (48 bit each), EtherType.
-
-    Addresses and EtherType go out most significant byte first (IEEE 802.3 clause 3.2.3/3.2.6),
-    e.g. ``eth_header(0xFFFFFFFFFFFF, 0x020000000001)[12:] == b"\\x88\\xb5"``.
-    """
-    return dst.to_bytes(6, "big") + src.to_bytes(6, "big") + ethertype.to_bytes(2, "big")
 
 
 #: Write-side cycles after a reset before the first write (see :func:`_armed`).
@@ -180,95 +169,27 @@ class CmacTxSignature(wiring.Signature):
         })
 
 
-class EthStrip(wiring.Component):
-    """Removes the first 14 bytes (the Ethernet II header) of every frame of a 512-bit stream.
-
-    Output beat ``j`` is bytes 14..63 of input beat ``j`` followed by bytes 0..13 of beat
-    ``j+1``. A frame whose last beat holds more than 14 bytes ends with one extra output beat;
-    that beat goes out while the first beat of the next frame is taken in, so the input is taken
-    one beat a cycle with frames back to back (except a one-beat frame right after such a
-    frame, which waits one cycle). The output may have bubbles: the first beat of a multi-beat
-    frame produces nothing.
-
-    Every input frame must have at least 15 bytes (:class:`CmacRxGlue` drops shorter ones).
-
-    Attributes
-    ----------
-    i : In(stream.Signature(beat_layout(512)))
-        Ethernet frames, header first.
-    o : Out(stream.Signature(beat_layout(512)))
-        The same frames without their first 14 bytes.
-    """
-
-    def __init__(self):
-        beat = stream.Signature(beat_layout(CMAC_WIDTH))
-        super().__init__({"i": In(beat), "o": Out(beat)})
-
-    def elaborate(self, platform):
-        m = Module()
-        i, o = self.i.payload, self.o.payload
-        hold = Signal(8 * _S)
-        hold_keep = Signal(_S)
-        i_tail, i_tail_keep = i.data[8 * _H:], i.keep[_H:]
-        i_long = i.keep[_H]     # a last beat with more than 14 bytes needs an extra output beat
-
-        with m.FSM():
-            with m.State("FIRST"):
-                with m.If(i.last):      # one-beat frame: strip in place
-                    m.d.comb += [
-                        o.data.eq(i_tail), o.keep.eq(i_tail_keep), o.last.eq(1),
-                        self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
-                    ]
-                with m.Else():
-                    m.d.comb += self.i.ready.eq(1)
-                    with m.If(self.i.valid):
-                        m.d.sync += [hold.eq(i_tail), hold_keep.eq(i_tail_keep)]
-                        m.next = "MID"
-            with m.State("MID"):
-                m.d.comb += [
-                    o.data.eq(Cat(hold, i.data[:8 * _H])), o.keep.eq(Cat(hold_keep, i.keep[:_H])),
-                    o.last.eq(i.last & ~i_long),
-                    self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
-                ]
-                with m.If(self.i.valid & self.i.ready):
-                    m.d.sync += [hold.eq(i_tail), hold_keep.eq(i_tail_keep)]
-                    with m.If(i.last & i_long):
-                        m.next = "FLUSH"
-                    with m.Elif(i.last):
-                        m.next = "FIRST"
-            with m.State("FLUSH"):
-                m.d.comb += [
-                    o.data.eq(hold), o.keep.eq(hold_keep), o.last.eq(1), self.o.valid.eq(1),
-                    # The next frame's first beat can be absorbed now, unless it must go out itself.
-                    self.i.ready.eq(self.o.ready & ~i.last),
-                ]
-                with m.If(self.o.ready):
-                    m.next = "FIRST"
-                    with m.If(self.i.valid & self.i.ready):
-                        m.d.sync += [hold.eq(i_tail), hold_keep.eq(i_tail_keep)]
-                        m.next = "MID"
-        return m
-
-
 class EthPrepend(wiring.Component):
     """Puts a fixed 14-byte Ethernet II header in front of every frame and pads short frames.
 
-    Output beat 0 is the header followed by bytes 0..49 of input beat 0; output beat ``j`` is
+    The header goes on in a :class:`~wirereduce.hdl.stream.realign.Realigner` (insert 14 bytes):
+    output beat 0 is the header followed by bytes 0..49 of input beat 0; output beat ``j`` is
     bytes 50..63 of input beat ``j-1`` followed by bytes 0..49 of beat ``j``. A frame whose last
     beat holds more than 50 bytes ends with one extra output beat, during which the input waits.
-    A frame shorter than 60 bytes with its header (46 bytes of payload) is padded with zero bytes
-    to 60, the IEEE 802.3 minimum without FCS (clause 3.2.8), which PG203 asks for.
+    What this block adds: a frame shorter than 60 bytes with its header (46 bytes of payload) is
+    padded with zero bytes to 60, the IEEE 802.3 minimum without FCS (clause 3.2.8), which PG203
+    asks for.
 
     Parameters
     ----------
     header : bytes
-        The 14 header bytes (:func:`eth_header`).
+        The 14 header bytes (:func:`~wirereduce.hdl.eth.port.eth_header`).
 
     Attributes
     ----------
-    i : In(stream.Signature(beat_layout(512)))
+    i : In(FrameStream(512))
         Frames without Ethernet header; at least one byte each.
-    o : Out(stream.Signature(beat_layout(512)))
+    o : Out(FrameStream(512))
         Ethernet frames, at least 60 bytes each.
 
     Raises
@@ -279,47 +200,28 @@ class EthPrepend(wiring.Component):
 
     def __init__(self, header: bytes):
         if not isinstance(header, (bytes, bytearray)) or len(header) != _H:
-            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
-            raise ValueError(f"header must be {_H} bytes (see eth_header()), not {header!r}")
+            reject(self, ValueError(f"header must be {_H} bytes (see eth_header()), not {header!r}"))
         self.header = bytes(header)
-        beat = stream.Signature(beat_layout(CMAC_WIDTH))
-        super().__init__({"i": In(beat), "o": Out(beat)})
+        super().__init__({"i": In(FrameStream(CMAC_WIDTH)), "o": Out(FrameStream(CMAC_WIDTH))})
 
     def elaborate(self, platform):
         m = Module()
-        i, o = self.i.payload, self.o.payload
-        hdr = Const(int.from_bytes(self.header, "little"), 8 * _H)
-        carry = Signal(8 * _H)
-        carry_keep = Signal(_H)
-        mid = Signal()      # inside a frame: carry holds the previous beat's last 14 bytes
-        flush = Signal()    # the carry is the frame's extra last beat
-        i_long = i.keep[_S]
-        head_data = Mux(mid, carry, hdr)
-        head_keep = Mux(mid, carry_keep, (1 << _H) - 1)
-        body = i.data[:8 * _S] & _bytes_mask(i.keep[:_S])   # zero bytes beyond the end: they may become pad
-        pad_keep = (1 << ETH_MIN_FRAME_BYTES) - 1
-
-        with m.If(flush):
+        m.submodules.realign = ra = Realigner(CMAC_WIDTH, insert=_H)
+        wiring.connect(m, wiring.flipped(self.i), ra.i)
+        m.d.comb += ra.head.eq(int.from_bytes(self.header, "little"))
+        r, o = ra.o.payload, self.o.payload
+        mid = Signal()      # inside a frame: its first beat has left
+        m.d.comb += [
+            o.eq(r), self.o.valid.eq(ra.o.valid), ra.o.ready.eq(self.o.ready),
+        ]
+        with m.If(~mid & r.last):
+            # A one-beat frame: pad to the minimum with zero bytes.
             m.d.comb += [
-                o.data.eq(carry), o.keep.eq(carry_keep), o.last.eq(1), self.o.valid.eq(1),
+                o.data.eq(r.data & _bytes_mask(r.keep)),
+                o.keep.eq(r.keep | ((1 << ETH_MIN_FRAME_BYTES) - 1)),
             ]
-            with m.If(self.o.ready):
-                m.d.sync += [flush.eq(0), mid.eq(0)]
-        with m.Else():
-            last = i.last & ~i_long
-            keep = Signal(CMAC_BYTES)
-            m.d.comb += keep.eq(Cat(head_keep, i.keep[:_S]))
-            with m.If(~mid & last):     # a one-beat frame: pad to the minimum
-                m.d.comb += keep.eq(Cat(head_keep, i.keep[:_S]) | pad_keep)
-            m.d.comb += [
-                o.data.eq(Cat(head_data, body)), o.keep.eq(keep), o.last.eq(last),
-                self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
-            ]
-            with m.If(self.i.valid & self.i.ready):
-                m.d.sync += [
-                    carry.eq(i.data[8 * _S:]), carry_keep.eq(i.keep[_S:]),
-                    mid.eq(~i.last), flush.eq(i.last & i_long),
-                ]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += mid.eq(~r.last)
         return m
 
 
@@ -333,7 +235,7 @@ class CmacRxGlue(wiring.Component):
     (beat count and status) goes into a second AsyncFIFO. On the ``sync`` side a verdict is read
     first, then that many beats are forwarded (good frames) or read and discarded (all others),
     so **no beat of a dropped frame ever reaches** ``o`` and no frame leaves truncated. Good
-    frames go through :class:`EthStrip`.
+    frames go through a :class:`~wirereduce.hdl.stream.realign.Realigner` that strips the header.
 
     A frame is dropped, whole, and counted when:
 
@@ -367,7 +269,7 @@ class CmacRxGlue(wiring.Component):
     ----------
     cmac : In(CmacRxSignature()), domain ``cmac_rx``
         From :attr:`Cmac100G.rx`.
-    o : Out(stream.Signature(beat_layout(512))), domain ``sync``
+    o : Out(FrameStream(512)), domain ``sync``
         Good frames without the Ethernet header.
     frames, bad, filtered, overflow : Out(32), domain ``sync``
         Wrapping counters: frames passed to ``o``, and frames dropped for each reason above. A
@@ -388,14 +290,11 @@ class CmacRxGlue(wiring.Component):
     """
 
     def __init__(self, mtu: int = 9000, depth: int | None = None):
-        try:
+        with rejecting(self):
             self.mtu, self.max_beats, self.depth = _check_depth(mtu, depth)
-        except ValueError:
-            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
-            raise
         super().__init__({
             "cmac": In(CmacRxSignature()),
-            "o": Out(stream.Signature(beat_layout(CMAC_WIDTH))),
+            "o": Out(FrameStream(CMAC_WIDTH)),
             "frames": Out(32), "bad": Out(32), "filtered": Out(32), "overflow": Out(32),
         })
 
@@ -469,8 +368,8 @@ class CmacRxGlue(wiring.Component):
             ]
             m.d.cmac_rx += pending.eq(0)
 
-        # ---- Read side (sync): one verdict, then its beats; good ones go through EthStrip. ----
-        m.submodules.strip = strip = EthStrip()
+        # ---- Read side (sync): one verdict, then its beats; good ones go through the header strip. ----
+        m.submodules.strip = strip = Realigner(CMAC_WIDTH, strip=_H)
         wiring.connect(m, wiring.flipped(self.o), strip.o)
         # The reader's place in the queue must survive a reset of its own domain alone (the FIFOs
         # keep their contents then); it is cleared when the write side has emptied the FIFOs.
@@ -538,7 +437,7 @@ class CmacTxGlue(wiring.Component):
 
     Attributes
     ----------
-    i : In(stream.Signature(beat_layout(512))), domain ``sync``
+    i : In(FrameStream(512)), domain ``sync``
         Frames without Ethernet header, 1 to ``mtu`` bytes.
     cmac : Out(CmacTxSignature()), domain ``cmac_tx``
         To :attr:`Cmac100G.tx`; ``tuser`` is always 0.
@@ -559,14 +458,11 @@ class CmacTxGlue(wiring.Component):
 
     def __init__(self, mtu: int = 9000, depth: int | None = None, *,
                  dst_mac: int = DEFAULT_DST_MAC, src_mac: int = DEFAULT_SRC_MAC):
-        try:
+        with rejecting(self):
             self.mtu, self.max_beats, self.depth = _check_depth(mtu, depth)
-            self.header = eth_header(_check_mac("dst_mac", dst_mac), _check_mac("src_mac", src_mac))
-        except ValueError:
-            self._MustUse__silence = True  # a failed constructor is not an unused elaboratable
-            raise
+            self.header = eth_header(check_mac("dst_mac", dst_mac), check_mac("src_mac", src_mac))
         super().__init__({
-            "i": In(stream.Signature(beat_layout(CMAC_WIDTH))),
+            "i": In(FrameStream(CMAC_WIDTH)),
             "cmac": Out(CmacTxSignature()),
             "frames": Out(32),
         })
@@ -670,7 +566,7 @@ class Cmac100G(wiring.Component):
 
     def __init__(self, ip_name: str = "cmac_usplus_0", pads=None, *, rsfec: bool = True):
         if not isinstance(ip_name, str) or not ip_name.isidentifier():
-            raise ValueError(f"ip_name must be the Verilog module name of the generated IP, not {ip_name!r}")
+            reject(self, ValueError(f"ip_name must be the Verilog module name of the generated IP, not {ip_name!r}"))
         self.ip_name = ip_name
         self.rsfec = bool(rsfec)
         if pads is None:

@@ -49,6 +49,7 @@ from amaranth import Cat, ClockDomain, ClockSignal, Const, Instance, Module, Sig
 from amaranth.lib import wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.params import rejecting
 
 __all__ = [
     "REFCLK_HZ", "LINE_RATE_BPS", "USRCLK_HZ", "WORD_BITS",
@@ -240,7 +241,7 @@ class GthResetSequencer(wiring.Component):
 
     def __init__(self, clk_hz: int, lanes: int = 1, *, qpll_reset_ns: float = 1000.0,
                  lock_timeout_s: float = 2e-3, done_timeout_s: float = 5e-3):
-        try:
+        with rejecting(self):
             if not isinstance(clk_hz, int) or clk_hz < 1_000_000:
                 raise ValueError(f"clk_hz must be an int frequency of at least 1 MHz, not {clk_hz!r}")
             if lanes not in (1, 2, 3, 4):
@@ -249,9 +250,6 @@ class GthResetSequencer(wiring.Component):
                                 ("done_timeout_s", done_timeout_s)):
                 if not value > 0:
                     raise ValueError(f"{name} must be positive, not {value!r}")
-        except ValueError:
-            self._MustUse__silence = True     # a rejected component is not "created but never used"
-            raise
         self.clk_hz = clk_hz
         self.lanes = lanes
         self.reset_cycles = max(1, round(qpll_reset_ns * 1e-9 * clk_hz))

@@ -14,10 +14,11 @@ from __future__ import annotations
 from fractions import Fraction
 
 from amaranth import Module, Mux, Signal
-from amaranth.lib import fifo, stream, wiring
+from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.node import Node
-from wirereduce.hdl.stream.frame import beat_layout
+from wirereduce.hdl.params import rejecting
+from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 
 from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
@@ -76,16 +77,17 @@ class LinkModel(wiring.Component):
     """
 
     def __init__(self, width: int, latency: int = 4, rate: int | Fraction | None = None):
-        check_width(width)
-        if not isinstance(latency, int) or latency < 1:
-            raise ValueError(f"link latency must be an int ≥ 1 cycle, not {latency!r}")
-        rate = Fraction(width // 8 if rate is None else rate)
-        if not 1 <= rate <= width // 8:
-            raise ValueError(f"the link rate must be 1 … {width // 8} bytes a cycle, not {rate}")
+        with rejecting(self):
+            check_width(width)
+            if not isinstance(latency, int) or latency < 1:
+                raise ValueError(f"link latency must be an int ≥ 1 cycle, not {latency!r}")
+            rate = Fraction(width // 8 if rate is None else rate)
+            if not 1 <= rate <= width // 8:
+                raise ValueError(f"the link rate must be 1 … {width // 8} bytes a cycle, not {rate}")
         self._width = width
         self._latency = latency
         self._rate = rate
-        beat = stream.Signature(beat_layout(width))
+        beat = FrameStream(width)
         super().__init__({"i": In(beat), "o": Out(beat)})
 
     def elaborate(self, platform):
@@ -188,17 +190,18 @@ class Network(wiring.Component):
 
     def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
                  host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None):
-        if not isinstance(nodes, int) or not 2 <= nodes <= 255:
-            raise ValueError(f"a ring needs 2 … 255 nodes, not {nodes!r}")
-        self.nodes = nodes
-        self.config = config if config is not None else NodeConfig()
-        self.link_latency = link_latency
-        self.host_links = host_links
-        self.links = check_links(links, self.config.width)
-        w = self.config.width
-        self.link_rate = Fraction(link_rate) if link_rate is not None else line_bytes_per_cycle(w)
-        if not 0 < self.link_rate <= w // 8:
-            raise ValueError(f"link_rate must be in (0, {w // 8}] bytes a cycle, not {link_rate!r}")
+        with rejecting(self):
+            if not isinstance(nodes, int) or not 2 <= nodes <= 255:
+                raise ValueError(f"a ring needs 2 … 255 nodes, not {nodes!r}")
+            self.nodes = nodes
+            self.config = config if config is not None else NodeConfig()
+            self.link_latency = link_latency
+            self.host_links = host_links
+            self.links = check_links(links, self.config.width)
+            w = self.config.width
+            self.link_rate = Fraction(link_rate) if link_rate is not None else line_bytes_per_cycle(w)
+            if not 0 < self.link_rate <= w // 8:
+                raise ValueError(f"link_rate must be in (0, {w // 8}] bytes a cycle, not {link_rate!r}")
         members = {}
         if self.links == "eth":
             members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1),
