@@ -113,7 +113,7 @@ class VC709Top(Elaboratable):
 
     def elaborate(self, platform):
         from wirereduce.boards.si5324 import Si5324Init
-        from wirereduce.hdl.eth.port import EthPort10G
+        from wirereduce.hdl.eth.port import EthPort10G, port_counters
 
         m = Module()
         platform.add_file(CONSTRAINTS_FILE, self.constraints)
@@ -166,6 +166,7 @@ class VC709Top(Elaboratable):
         # --- node and Ethernet ports -------------------------------------------------------------
         m.submodules.node = node = self.node
         ports = {}
+        stats = {}  # the ports' stats, by the node port they serve: host, cw, ccw
         for n, (to_node, from_node) in CAGE_ROLES.items():
             port = EthPort10G(self.mtu, cdc=True, cut_through=to_node != "host_rx")  # ring ports cut-through
             ports[n] = port
@@ -174,7 +175,8 @@ class VC709Top(Elaboratable):
             m.d.comb += [ch.tx_data.eq(port.gt_tx_data), port.gt_rx_data.eq(ch.rx_data)]
             wiring.connect(m, port.rx, getattr(node, to_node))
             wiring.connect(m, getattr(node, from_node), port.tx)
-            m.d.comb += node.port_stats[to_node.split("_")[0]].eq(port.stats)
+            stats[to_node.split("_")[0]] = port.stats
+        m.d.comb += node.port_counters.eq(port_counters(stats))
         m.d.comb += quad.channels[RESERVED_CAGE].tx_data.eq(0)
 
         for n, s in sfp.items():

@@ -157,6 +157,39 @@ def test_bad_host_frames_are_dropped_and_counted():
     assert stats["push_frames"] == 0
 
 
+def test_port_counters_reach_stats_in_order():
+    """The Ethernet ports' stats, through ``hdl/eth/port.port_counters`` and the node's generic
+    ``port_counters`` input, land in STATS as ``link_drop_{port}`` (the rx drop sum) and
+    ``{port}_{counter}``; a port that is not Ethernet reads 0."""
+    from amaranth import Const, Module
+    from wirereduce.hdl.core.status import PORT_COUNTERS
+    from wirereduce.hdl.eth.port import RX_DROP_COUNTERS, port_counters
+
+    from wirereduce.protocol import ETH_PORT_COUNTERS, STATS_COUNTERS
+
+    assert STATS_COUNTERS[-len(PORT_COUNTERS):] == PORT_COUNTERS
+    values = {port: {name: (0xF000_0000 | k << 8 | j) for j, name in enumerate(ETH_PORT_COUNTERS)}
+              for k, port in enumerate(("cw", "ccw"))}
+    m = Module()
+    m.submodules.node = dut = Node(NodeConfig(64, 1500, slots=2))
+    m.d.comb += dut.port_counters.eq(port_counters(
+        {port: {name: Const(v, 32) for name, v in vs.items()} for port, vs in values.items()}))
+    stats = {}
+
+    async def tb(ctx):
+        await stream_send(ctx, dut.host_rx, Header(opcode=Opcode.STATS_REQUEST).pack(), 64)
+        stats.update(parse_stats(await stream_recv(ctx, dut.host_tx, 64)))
+
+    simulate(m, [tb])
+    for port in ("host", "cw", "ccw"):
+        vs = values.get(port, dict.fromkeys(ETH_PORT_COUNTERS, 0))
+        assert stats[f"link_drop_{port}"] == sum(vs[n] for n in RX_DROP_COUNTERS) % (1 << 32)
+        for name in ETH_PORT_COUNTERS:
+            assert stats[f"{port}_{name}"] == vs[name], (port, name)
+    with pytest.raises(ValueError, match="ports"):
+        port_counters({"west": values["cw"]})
+
+
 def test_node_config_errors():
     with pytest.raises(ValueError, match="power of two"):
         NodeConfig(slots=3)

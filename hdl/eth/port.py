@@ -40,7 +40,7 @@ bad frame is ever written into a buffer slot or delivered to a host.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.hdl import DomainRenamer, EnableInserter
 from amaranth.lib import cdc, data, fifo, wiring
 from amaranth.lib.wiring import In, Out
@@ -63,10 +63,11 @@ from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_mtu
-from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETHERTYPE, HEADER_BYTES
+from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETH_PORTS, ETHERTYPE, HEADER_BYTES, STATS_COUNTERS
 
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
-           "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "EthFramer", "EthDeframer", "EthPort10G"]
+           "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "port_counters", "EthFramer", "EthDeframer",
+           "EthPort10G"]
 
 #: Locally administered unicast addresses (IEEE 802 U/L bit set) used when none is given.
 DEFAULT_LOCAL_MAC = 0x02_77_72_00_00_00
@@ -149,6 +150,29 @@ def check_mac(name: str, mac) -> int:
     if not isinstance(mac, int) or isinstance(mac, bool) or not 0 <= mac < 1 << 48:
         raise ValueError(f"{name} must be a 48-bit MAC address as an int (0x0200_0000_0001), not {mac!r}")
     return mac
+
+
+#: What :func:`port_counters` gives, in order: the last STATS values (``link_drop_{port}``, then
+#: ``{port}_{counter}``), the node's ``port_counters`` input.
+PORT_COUNTERS = (tuple(f"link_drop_{port}" for port in ETH_PORTS)
+                 + tuple(f"{port}_{name}" for port in ETH_PORTS for name in ETH_PORT_COUNTERS))
+assert STATS_COUNTERS[-len(PORT_COUNTERS):] == PORT_COUNTERS
+
+
+def port_counters(stats):
+    """The node's ``port_counters`` (:class:`~wirereduce.hdl.core.node.Node`) from the
+    :attr:`EthPort10G.stats` of the Ethernet ports in front of it: ``stats`` maps each of
+    :data:`~wirereduce.protocol.ETH_PORTS` (``host``, ``cw``, ``ccw``) that is Ethernet to its
+    port's stats. Returns one value of :data:`PORT_COUNTERS` 32-bit counters: each port's
+    :func:`rx_drops` (``link_drop_{port}``), then its counters (``{port}_{counter}``); 0 for a port
+    not in ``stats``."""
+    unknown = set(stats) - set(ETH_PORTS)
+    if unknown:
+        raise ValueError(f"ports must be among {ETH_PORTS}, not {sorted(unknown)}")
+    zero = Const(0, 32)
+    values = ([rx_drops(stats[port]) if port in stats else zero for port in ETH_PORTS]
+              + [stats[port][name] if port in stats else zero for port in ETH_PORTS for name in ETH_PORT_COUNTERS])
+    return Cat(*values)
 
 
 def _nbytes(m, keep):

@@ -319,9 +319,10 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
     """
     from wirereduce.hdl.eth.pcs import SYNC_DATA
-    from wirereduce.hdl.eth.port import EthPort10G
+    from wirereduce.hdl.eth.port import EthPort10G, port_counters
 
     n = len(ring)
+    stats = [{} for _ in ring]  # each node's Ethernet ports' stats, by ETH_PORTS name
 
     def port(name, node, idx, peer_node, peer_idx, cut_through=False):
         p = EthPort10G(mtu, cdc=False, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
@@ -351,7 +352,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
         wiring.connect(m, cw.rx, ring[k].ccw_in)
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
         wiring.connect(m, ccw.rx, ring[nxt].cw_in)
-        m.d.comb += [ring[k].port_stats.ccw.eq(cw.stats), ring[nxt].port_stats.cw.eq(ccw.stats)]
+        stats[k]["ccw"], stats[nxt]["cw"] = cw.stats, ccw.stats
         cable(cw, ccw, flip_link == k)
     hosts = []
     for k, node in enumerate(ring):
@@ -362,9 +363,11 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
         nic = port(f"eth_nic{k}", k, 3, k, 2)
         wiring.connect(m, node.host_tx, side.tx)
         wiring.connect(m, side.rx, node.host_rx)
-        m.d.comb += node.port_stats.host.eq(side.stats)
+        stats[k]["host"] = side.stats
         cable(side, nic)
         hosts.append((nic.tx, nic.rx))
+    for node, node_stats in zip(ring, stats):
+        m.d.comb += node.port_counters.eq(port_counters(node_stats))
     return hosts
 
 

@@ -1,0 +1,98 @@
+"""The decisions of the node's three input gates: which frame passes, waits or is dropped.
+
+Each input goes through a :class:`~wirereduce.hdl.stream.frame.FrameGate`. While it holds a
+frame's header, the functions here check it (:func:`check_header`, the drop rules of
+``docs/protocol.md``) and either drop the frame whole, counting why in the
+:class:`~wirereduce.hdl.core.status.EventCounters`, accept it, or let it wait:
+
+- host input (:func:`host_input`): CONTROL and STATS_REQUEST are answered with a STATS frame
+  (CONTROL first starts a collective), HOST_PUSH waits for its buffer slot;
+- cw input (:func:`reduce_input`): REDUCE frames, not at rank 0; each waits for the local chunk
+  it is added to;
+- ccw input (:func:`broadcast_input`): BROADCAST frames, not at rank N-1.
+"""
+
+from __future__ import annotations
+
+from amaranth import Const, Module
+
+from wirereduce.protocol import VERSION, Opcode
+
+__all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
+
+
+def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait):
+    """The checks every input makes of the header waiting in ``gate``, in order: runt, version,
+    ``opcode_ok``, collective (``run``), ``seq`` (``expect_seq``, below ``run.chunks``) and
+    ``count_bad``; a frame that fails one is dropped and counted in ``events``, one that passes
+    them is accepted unless ``wait``. Returns the strobe of the accepted frame's first beat
+    leaving the gate."""
+    h = gate.head
+    with m.If(gate.head_valid):
+        with m.If(gate.head_short):
+            m.d.comb += [gate.drop.eq(1), events.flag("drop_short").eq(1)]
+        with m.Elif(h.version != VERSION):
+            m.d.comb += [gate.drop.eq(1), events.flag("drop_version").eq(1)]
+        with m.Elif(~opcode_ok):
+            m.d.comb += [gate.drop.eq(1), events.flag("drop_opcode").eq(1)]
+        with m.Elif(~run.active | (h.collective != run.collective)):
+            m.d.comb += [gate.drop.eq(1), events.flag("drop_collective").eq(1)]
+        with m.Elif((h.seq != expect_seq) | (h.seq >= run.chunks)):
+            m.d.comb += [gate.drop.eq(1), events.flag("drop_seq").eq(1)]
+        with m.Elif(count_bad):
+            m.d.comb += [gate.drop.eq(1), events.flag("drop_count").eq(1)]
+        with m.Elif(~wait):
+            m.d.comb += gate.accept.eq(1)
+    return gate.o.valid & gate.o.ready & gate.o.payload.first
+
+
+def _count_too_big(h, max_elements: int):
+    return (h.count == 0) | (h.count > max_elements)
+
+
+def host_input(m: Module, gate, status, run, slots, events, max_elements: int):
+    """The host input. CONTROL and STATS_REQUEST are consumed here and answered with one STATS
+    frame from ``status`` once it is free; a CONTROL frame first starts a collective
+    (``run.start``) and empties the local buffer (``slots``). HOST_PUSH frames are checked and
+    counted; at ranks > 0 one waits until its buffer slot is free."""
+    hh = gate.head
+    host_ctl = hh.opcode == Opcode.CONTROL
+    host_stats = hh.opcode == Opcode.STATS_REQUEST
+    with m.If(gate.head_valid & ~gate.head_short & (hh.version == VERSION)
+              & (host_ctl | host_stats)):
+        with m.If(~status.busy):
+            m.d.comb += [gate.drop.eq(1), status.trigger.eq(1)]
+            with m.If(host_ctl):
+                m.d.sync += run.start(hh) + [slots.valid.eq(0)]
+    with m.Else():
+        push_slot_busy = slots.holds(slots.of(hh.seq)) & ~run.is_first
+        check_header(m, gate, run, events, hh.opcode == Opcode.HOST_PUSH, run.push_seq,
+                     _count_too_big(hh, max_elements), push_slot_busy)
+    with m.If(gate.o.valid & gate.o.ready & gate.o.payload.first):
+        m.d.sync += run.push_seq.eq(run.push_seq + 1)
+        m.d.comb += events.flag("push_frames").eq(1)
+
+
+def reduce_input(m: Module, gate, run, slots, events):
+    """The cw input: REDUCE frames (none at rank 0), each waiting until the local chunk of its
+    ``seq`` is in the buffer, whose element count it must match."""
+    ch = gate.head
+    cw_slot = slots.of(ch.seq)
+    cw_slot_ready = slots.holds(cw_slot)
+    cw_taken = check_header(
+        m, gate, run, events, (ch.opcode == Opcode.REDUCE) & ~run.is_first, run.reduce_seq,
+        cw_slot_ready & (slots.count[cw_slot] != ch.count), ~cw_slot_ready)
+    with m.If(cw_taken):
+        m.d.sync += run.reduce_seq.eq(run.reduce_seq + 1)
+        m.d.comb += events.flag("reduce_frames").eq(1)
+
+
+def broadcast_input(m: Module, gate, run, events, max_elements: int):
+    """The ccw input: BROADCAST frames (none at rank N-1), never waiting here."""
+    bh = gate.head
+    bc_taken = check_header(
+        m, gate, run, events, (bh.opcode == Opcode.BROADCAST) & ~run.is_last, run.bcast_seq,
+        _count_too_big(bh, max_elements), Const(0, 1))
+    with m.If(bc_taken):
+        m.d.sync += run.bcast_seq.eq(run.bcast_seq + 1)
+        m.d.comb += events.flag("broadcast_frames").eq(1)

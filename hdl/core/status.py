@@ -1,0 +1,130 @@
+"""What a node reports: its event counters, and the STATS frame that carries them.
+
+A STATS frame's values (:data:`wirereduce.protocol.STATS_COUNTERS`, each a little-endian u32)
+come in three groups: the configuration a CONTROL frame set (:data:`CONFIG_COUNTERS`), the
+node's own event counters (:data:`EVENT_COUNTERS`, :class:`EventCounters`) and the counters of
+the ports in front of the node (:data:`PORT_COUNTERS`), which the node takes as they come on its
+generic ``port_counters`` input (:class:`~wirereduce.hdl.core.node.Node`).
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.stream.frame import FrameStream
+
+from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, Header, Opcode, header_layout
+
+__all__ = ["CONFIG_COUNTERS", "EVENT_COUNTERS", "PORT_COUNTERS", "port_counters_layout", "EventCounters",
+           "StatusResponder", "report_status"]
+
+_FIRST_PORT_COUNTER = STATS_COUNTERS.index("link_drop_host")
+#: The configuration a CONTROL frame sets: the first STATS values.
+CONFIG_COUNTERS: tuple[str, ...] = STATS_COUNTERS[:4]
+#: The node's own event counters: the STATS values after the configuration.
+EVENT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[4:_FIRST_PORT_COUNTER]
+#: The counters of the ports in front of the node, the last STATS values (``link_drop_{port}``,
+#: then ``{port}_{counter}``): the elements of the node's ``port_counters`` input, in order.
+PORT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[_FIRST_PORT_COUNTER:]
+
+
+def port_counters_layout() -> data.ArrayLayout:
+    """The node's ``port_counters`` input: one 32-bit value for each of :data:`PORT_COUNTERS`."""
+    return data.ArrayLayout(32, len(PORT_COUNTERS))
+
+
+class EventCounters:
+    """The node's event counters (:data:`EVENT_COUNTERS`), 32 bits each, wrapping.
+
+    Each part of the node that sees an event takes a one-cycle flag for it (:meth:`flag`); a
+    counter adds up all its flags every cycle (:meth:`update`).
+    """
+
+    def __init__(self):
+        self.values = {name: Signal(32, name=f"cnt_{name}") for name in EVENT_COUNTERS}
+        self._flags = {name: [] for name in EVENT_COUNTERS}
+
+    def flag(self, name: str) -> Signal:
+        """A new flag that adds 1 to counter ``name`` in each cycle it is high."""
+        flag = Signal(name=f"inc_{name}_{len(self._flags[name])}")
+        self._flags[name].append(flag)
+        return flag
+
+    def update(self, m: Module):
+        """Add every counter's flags to it (call once, after every part took its flags)."""
+        for name, flags in self._flags.items():
+            if flags:
+                total = flags[0]
+                for f in flags[1:]:
+                    total = total + f
+                m.d.sync += self.values[name].eq(self.values[name] + total)
+
+
+class StatusResponder(wiring.Component):
+    """Sends one STATS frame (header + counters as little-endian u32) each time ``trigger`` pulses.
+
+    ``busy`` is high from the trigger until the frame's last beat has left.
+    """
+
+    def __init__(self, width: int, counters: int):
+        self._width = width
+        self._counters = counters
+        super().__init__({
+            "o": Out(FrameStream(width)),
+            "trigger": In(1),
+            "busy": Out(1),
+            "header": In(header_layout()),
+            "values": In(data.ArrayLayout(32, counters)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        w = self._width
+        nbytes = HEADER_BYTES + 4 * self._counters
+        nbeats = -(-nbytes // (w // 8))
+        snap = Signal(nbeats * w)
+        idx = Signal(range(nbeats))
+        beats = Array(snap[k * w:(k + 1) * w] for k in range(nbeats))
+        tail = nbytes - (nbeats - 1) * (w // 8)
+        last = idx == nbeats - 1
+        m.d.comb += [
+            self.o.payload.data.eq(beats[idx]),
+            self.o.payload.keep.eq(Mux(last, (1 << tail) - 1, (1 << (w // 8)) - 1)),
+            self.o.payload.last.eq(last),
+        ]
+        # The snapshot is taken the cycle after the trigger, so that a CONTROL frame's new
+        # configuration (written on the trigger's edge) is what the STATS answer reports.
+        pending = Signal()
+        sending = Signal()
+        m.d.comb += [self.busy.eq(pending | sending), self.o.valid.eq(sending)]
+        with m.If(sending):
+            with m.If(self.o.ready):
+                m.d.sync += idx.eq(idx + 1)
+                with m.If(last):
+                    m.d.sync += [sending.eq(0), idx.eq(0)]
+        with m.Elif(pending):
+            m.d.sync += [snap.eq(Cat(self.header, self.values)), pending.eq(0), sending.eq(1), idx.eq(0)]
+        with m.Elif(self.trigger):
+            m.d.sync += pending.eq(1)
+        return m
+
+
+def report_status(m: Module, status: StatusResponder, run, events: EventCounters, port_counters):
+    """Give ``status`` what a STATS frame carries: its header (``collective``, ``src`` = rank,
+    ``hop`` = nodes, ``seq`` = chunks) and the values of :data:`~wirereduce.protocol.STATS_COUNTERS`:
+    the configuration in ``run`` (:class:`~wirereduce.hdl.core.control.RunState`), the ``events``
+    and the ``port_counters`` (a :func:`port_counters_layout` view)."""
+    stats_hdr = Header(opcode=Opcode.STATS, count=len(STATS_COUNTERS))
+    m.d.comb += [
+        status.header.eq(stats_hdr.to_int()),
+        status.header.collective.eq(run.collective),
+        status.header.src.eq(run.rank),
+        status.header.hop.eq(run.nodes),
+        status.header.seq.eq(run.chunks),
+    ]
+    values = ([run.collective, run.rank, run.nodes, run.chunks] + [events.values[n] for n in EVENT_COUNTERS]
+              + [port_counters[k] for k in range(len(PORT_COUNTERS))])
+    assert len(values) == len(STATS_COUNTERS)
+    for k, v in enumerate(values):
+        m.d.comb += status.values[k].eq(v)
