@@ -10,7 +10,7 @@ itself fails).
 
 ``flash`` loads a bitstream into the FPGA's configuration SRAM over JTAG, with openFPGALoader
 (preferred, with the platform's ``openfpgaloader_args``, as its ``toolchain_program`` does;
-``-c digilent --fpga-part xc7vx690tffg1761`` on the VC709, SPEC.md) or else Vivado's
+``-c digilent --fpga-part xc7vx690tffg1761`` on the VC709, docs/boards.md "JTAG") or else Vivado's
 hardware manager (a TCL script written next to the bitstream). When no tool or no bitstream is
 there, or the tool fails (no cable, board off), it says what is missing and exits non-zero.
 """

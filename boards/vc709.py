@@ -1,9 +1,9 @@
 """Xilinx VC709 (XC7VX690T-2FFG1761): the Amaranth platform, written the way amaranth-boards writes one.
 
-Pins and I/O standards are SPEC.md's "VC709 facts". Pins that SPEC.md does not list (the PCIe
+Pins and I/O standards are those of docs/boards.md "VC709". Pins outside its main tables (the PCIe
 lanes, the Si5324 interrupt) and the SLEW/DRIVE/PULLUP attributes come from the public VC709
 constraint file of Alex Forencich's verilog-ethernet (``example/VC709/fpga/fpga.xdc``, also in
-fpganinja/taxi), which agrees with SPEC.md on every pin both list. GT pins (SFP+ TX/RX, refclks,
+fpganinja/taxi), which agrees with those tables on every pin both list. GT pins (SFP+ TX/RX, refclks,
 PCIe lanes) carry no I/O standard: they are dedicated transceiver pins, reached only through
 ``GTHE2_CHANNEL`` / ``IBUFDS_GTE2`` and requested raw (``dir="-"``).
 
@@ -30,7 +30,7 @@ from wirereduce.boards.common import openfpgaloader_program, vivado_overrides
 
 __all__ = ["VC709Platform", "SFP_PINS", "BUTTONS"]
 
-#: SFP+ cages (SPEC.md table; cages 0 and 1 are swapped relative to the schematic's net names):
+#: SFP+ cages (docs/boards.md "SFP+ cages"; cages 0 and 1 are swapped relative to the schematic's net names):
 #: cage → (tx_p, tx_n, rx_p, rx_n, tx_disable, los, mod_detect, tx_fault).
 SFP_PINS = {
     0: ("AN2", "AN1", "AM8", "AM7", "Y42", "AA40", "AA42", "AA39"),
@@ -54,7 +54,7 @@ def _sfp(cage: int) -> Resource:
         "sfp", cage,
         Subsignal("tx", DiffPairs(tx_p, tx_n, dir="o")),
         Subsignal("rx", DiffPairs(rx_p, rx_n, dir="i")),
-        # tx_disable is active high (SPEC.md); a 1 turns the cage's laser off
+        # tx_disable is active high (docs/boards.md "SFP+ cages"); a 1 turns the cage's laser off
         Subsignal("tx_disable", Pins(tx_disable, dir="o"), Attrs(**_LVCMOS18_OUT)),
         Subsignal("los", Pins(los, dir="i"), Attrs(**_LVCMOS18_IN_PU)),
         Subsignal("mod_detect", Pins(mod_detect, dir="i"), Attrs(**_LVCMOS18_IN_PU)),
@@ -125,7 +125,7 @@ class VC709Platform(XilinxPlatform):
     ]
     connectors = []
 
-    #: Device configuration (SPEC.md "Config": CFGBVS GND, CONFIG_VOLTAGE 1.8; UG470 "Configuration
+    #: Device configuration (docs/boards.md "Configuration": CFGBVS GND, CONFIG_VOLTAGE 1.8; UG470 "Configuration
     #: Bank Voltage Select"), appended to the XDC of every build.
     config_constraints = "\n".join([
         "set_property CFGBVS GND [current_design]",
@@ -133,7 +133,7 @@ class VC709Platform(XilinxPlatform):
         "set_property BITSTREAM.GENERAL.COMPRESS TRUE [current_design]",
     ])
 
-    #: openFPGALoader arguments that select the VC709's JTAG (SPEC.md: on-board Digilent FTDI
+    #: openFPGALoader arguments that select the VC709's JTAG (docs/boards.md "JTAG": on-board Digilent FTDI
     #: cable; no ``-f``, so the bitstream goes to SRAM).
     openfpgaloader_args = ("-c", "digilent", "--fpga-part", "xc7vx690tffg1761")
 

@@ -1,7 +1,7 @@
 """The VC709 board top: one allreduce node on three SFP+ cages at 10GBASE-R (platform:
 :mod:`wirereduce.boards.vc709`).
 
-Cages (SPEC.md cage numbering, :data:`wirereduce.boards.vc709.SFP_PINS`):
+Cages (docs/boards.md "SFP+ cages" numbering, :data:`wirereduce.boards.vc709.SFP_PINS`):
 
 ====  =================================  ==========================================
 cage  role                               node ports
@@ -22,7 +22,7 @@ Clock domains:
   with ``cdc=True``, frames cross to ``sync`` through asynchronous FIFOs).
 
 Start-up: the CPU reset button (AV40) resets ``init`` and ``sync``. :class:`~wirereduce.boards.si5324.Si5324Init`
-programs the Si5324 (SPEC.md: mux 0x74 channel 7, 0x75 off, Si5324 at 0x68, ICAL); its ``done`` is
+programs the Si5324 (docs/boards.md: mux 0x74 channel 7, 0x75 off, Si5324 at 0x68, ICAL); its ``done`` is
 the GTH sequencer's ``refclk_ready``, so the QPLL and channels stay in reset until the reference
 clock runs (with ``refclk="sma"`` the QPLL takes the SMA clock and does not wait).
 

@@ -1,6 +1,6 @@
 """VC709 platform, board top, ``make bitstream`` / ``wirereduce bitstream`` and ``flash`` (no Vivado needed).
 
-The pin table is re-typed from SPEC.md "VC709 facts" here, not imported from ``boards/vc709.py``.
+The pin table is re-typed from docs/boards.md "VC709" here, not imported from ``boards/vc709.py``.
 The registry (``wirereduce.boards.load``) and the shared board pattern are tested here too.
 One board build (``make bitstream`` into a temporary directory, about 45 s) is shared by the tests of
 the generated tree.
@@ -30,7 +30,7 @@ from wirereduce import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# --- SPEC.md "VC709 facts", re-typed: pin → IOSTANDARD (None: dedicated GT pin, no I/O standard) ---
+# --- docs/boards.md "VC709", re-typed: pin → IOSTANDARD (None: dedicated GT pin, no I/O standard) ---
 SYS_CLK = {"H19": "DIFF_SSTL15_DCI", "G18": "DIFF_SSTL15_DCI"}
 SFP_TABLE = [  # cage, TX p/n, RX p/n, tx_disable, los, mod_detect, tx_fault
     (0, "AN2", "AN1", "AM8", "AM7", "Y42", "AA40", "AA42", "AA39"),
@@ -137,7 +137,7 @@ def test_vc709_every_resource_is_requestable():
 
 
 # Pin → (IOSTANDARD, other attributes) of the platform's LVCMOS18 pins, re-typed from the board XDC
-# (SPEC.md pins; SLEW/DRIVE/PULLUP from verilog-ethernet's VC709 fpga.xdc, as boards/vc709.py says).
+# (docs/boards.md pins; SLEW/DRIVE/PULLUP from verilog-ethernet's VC709 fpga.xdc, as boards/vc709.py says).
 _OUT12 = {"SLEW": "SLOW", "DRIVE": "12"}
 _OUT8 = {"SLEW": "SLOW", "DRIVE": "8"}
 _PU = {"PULLUP": "TRUE"}
@@ -197,7 +197,7 @@ def test_vc709_toolchain_program_runs_openfpgaloader(monkeypatch, tmp_path):
     monkeypatch.setattr(board_common.subprocess, "check_call", check_call)
     VC709Platform().toolchain_program(_fake_products(tmp_path, "top"), "top")
     assert len(calls) == 1
-    # SPEC.md: cable digilent, part xc7vx690tffg1761; no -f/--write-flash: SRAM load
+    # docs/boards.md "JTAG": cable digilent, part xc7vx690tffg1761; no -f/--write-flash: SRAM load
     assert calls[0][:-1] == ["openFPGALoader", "-c", "digilent", "--fpga-part", "xc7vx690tffg1761"]
     assert calls[0][-1].endswith(".bit")
 
@@ -393,7 +393,7 @@ def test_flash_with_openfpgaloader(monkeypatch, capsys, tmp_path):
     tool, log = _fake_tool(tmp_path, "openFPGALoader", 0)
     _no_tools(monkeypatch, {"openFPGALoader": str(tool)})
     assert cli.main(["flash", "--board", "vc709", "--bitstream", str(bit)]) == 0
-    # SPEC.md: cable digilent, part xc7vx690tffg1761
+    # docs/boards.md "JTAG": cable digilent, part xc7vx690tffg1761
     assert log.read_text().split() == ["-c", "digilent", "--fpga-part", "xc7vx690tffg1761", str(bit)]
 
 

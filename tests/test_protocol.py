@@ -61,7 +61,7 @@ def test_constants():
     # every field is byte-aligned and a whole number of bytes, so the header is a byte struct
     assert all(bits in (8, 16, 32) for _, bits in HEADER_FIELDS)
     assert all(off % 8 == 0 for off in _offsets().values())
-    # every field the SPEC requires exists
+    # every field docs/protocol.md "Header (16 bytes)" requires exists
     for name in ("version", "opcode", "collective", "seq", "count", "dtype", "codec", "eb_k", "src", "hop"):
         assert name in WIDTHS
     assert len(Header(opcode=Opcode.REDUCE).pack()) == HEADER_BYTES

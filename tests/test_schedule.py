@@ -1,7 +1,7 @@
 """Tests of wirereduce.schedule (topologies, ring / biring / MULTITREE schedules, checks, bounds)
 and of the schedule golden model wirereduce.sim.golden.schedule.
 
-Expected values come from the published MULTITREE facts (SPEC.md), from running the authors'
+Expected values come from the published MULTITREE facts (docs/background.md "MULTITREE"), from running the authors'
 simulator (farabimahmud/accelerator ``multitree_allreduce.py``, ``compute_trees(5, sort=True)``)
 or are worked out by hand below; none is read back from this code's output.
 """

@@ -84,7 +84,7 @@ __all__ = [
     "decode_scalar",
 ]
 
-#: Smallest and largest error-bound exponent: eb = 2**-k, K_MIN ≤ k ≤ K_MAX (SPEC.md codec v1).
+#: Smallest and largest error-bound exponent: eb = 2**-k, K_MIN ≤ k ≤ K_MAX (docs/codec.md).
 K_MIN = 4
 K_MAX = 24
 
@@ -189,7 +189,7 @@ def _classify(bits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tags(g: np.ndarray, k: int) -> np.ndarray:
-    """The 2-bit codec tag of every element (SPEC.md codec v1).
+    """The 2-bit codec tag of every element (docs/codec.md).
 
     Parameters
     ----------
@@ -249,7 +249,7 @@ def quantize(g: np.ndarray, k: int) -> np.ndarray:
 
     Notes
     -----
-    SPEC.md "Codec (INCEPTIONN-style, v1)"; INCEPTIONN, Li et al., MICRO 2018.
+    docs/codec.md; INCEPTIONN, Li et al., MICRO 2018.
     """
     k = check_k(k)
     g = _as_f32(g)
@@ -337,7 +337,7 @@ def compression_ratio(g: np.ndarray, k: int) -> float:
 
 
 def encode(g: np.ndarray, k: int) -> bytes:
-    """Compress a vector of fp32 values into one payload (SPEC.md codec v1, layout above).
+    """Compress a vector of fp32 values into one payload (docs/codec.md, layout above).
 
     Parameters
     ----------

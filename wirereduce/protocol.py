@@ -1,7 +1,7 @@
 """The wirereduce wire protocol, defined once for gateware, golden model, driver, tests and docs.
 
 A wirereduce frame is the payload of an Ethernet II frame with EtherType :data:`ETHERTYPE`
-(0x88B5, IEEE 802 local experimental, SPEC.md "Wire protocol"). It starts with one fixed
+(0x88B5, IEEE 802 local experimental, docs/protocol.md "Framing"). It starts with one fixed
 16-byte header (:data:`HEADER_FIELDS`) followed by the element payload.
 
 Byte order: every multi-byte field, and every fp32 element, is **little-endian**. That makes

@@ -3,8 +3,8 @@
 A *schedule* splits the message into F *flows* (flow r carries a 1/F share of every node's
 gradient) and gives each flow a spanning tree of the network: partial sums travel up the tree to
 the flow's root (the *reduce*), the finished sum travels back down the same cables (the
-*gather*). It is plain data, loaded into the node's schedule table at run time (SPEC.md
-"Schedule engine"): per node and flow, the children's ports in a fixed summation order, whether
+*gather*). It is plain data, loaded into the node's schedule table at run time (docs/architecture.md
+"Planned design", schedule engine): per node and flow, the children's ports in a fixed summation order, whether
 and where the node adds its local chunk, the parent port (or root), the port the result comes
 from, the ports it is forwarded to, and whether it is delivered to the host. The table fixes the
 order of every fp32 addition, so the result's bits never depend on arrival order;
@@ -971,7 +971,7 @@ def frame_efficiency(mtu: int) -> float:
 
 def lower_bound(nodes: int, ports: int, message_bytes: float = 1.0, bandwidth: float = 1.0, *,
                 mtu: int | None = None, host_bandwidth: float | None = None) -> float:
-    """Lower bound on any allreduce's time: T ≥ 2(N-1)M / (N·d·B) (SPEC.md "Lower bound").
+    """Lower bound on any allreduce's time: T ≥ 2(N-1)M / (N·d·B) (docs/background.md "Lower bound").
 
     Every node must send and receive 2(N-1)/N · M over its d ports of B each. With ``mtu``, B is
     the payload rate of full frames (:func:`frame_efficiency`). With ``host_bandwidth``, every

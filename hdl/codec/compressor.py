@@ -1,4 +1,4 @@
-"""Gateware of the INCEPTIONN-style gradient codec (SPEC.md "Codec (INCEPTIONN-style, v1)").
+"""Gateware of the INCEPTIONN-style gradient codec (docs/codec.md).
 
 Three components work on the *payload* of one frame (no wirereduce header; the node adds and
 strips headers):
@@ -282,7 +282,7 @@ def _decode_small(m: Module, q, sign, k, name: str):
 
 
 class Compressor(wiring.Component):
-    """INCEPTIONN-style compressor of one frame of fp32 values (SPEC.md codec v1).
+    """INCEPTIONN-style compressor of one frame of fp32 values (docs/codec.md).
 
     A frame on ``i`` is ``n`` fp32 values (``1 ≤ n ≤ max_elements``), ``width // 32`` per beat,
     lane ``j`` of beat ``b`` being element ``b * width/32 + j``; ``keep`` is all ones except on
@@ -562,7 +562,7 @@ class Compressor(wiring.Component):
 
 
 class Decompressor(wiring.Component):
-    """INCEPTIONN-style decompressor of one compressed payload per frame (SPEC.md codec v1).
+    """INCEPTIONN-style decompressor of one compressed payload per frame (docs/codec.md).
 
     A frame on ``i`` is one compressed payload of ``n`` values; ``n`` (the header's ``count``)
     and ``k`` (its ``eb_k``) are sampled with the frame's first beat. The frame on ``o`` is the

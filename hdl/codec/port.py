@@ -1,4 +1,4 @@
-"""The codec at a node's ports: decompress what arrives, compress what leaves (SPEC.md codec v1).
+"""The codec at a node's ports: decompress what arrives, compress what leaves (docs/codec.md).
 
 A node with ``NodeConfig(codec=True)`` puts a :class:`CodecIn` behind each of its inputs
 (``host_rx``, ``cw_in``, ``ccw_in``) and a :class:`CodecOut` in front of each of its outputs
@@ -7,7 +7,7 @@ pipeline, the buffer and the header checks are the same for compressed and uncom
 collectives. The header's ``codec`` and ``eb_k`` fields travel with the frame: a frame that
 arrives compressed with ``eb_k = k`` leaves compressed with the same ``k`` (on a REDUCE hop
 after its local values were added), so every hop decompresses, adds and recompresses, as
-INCEPTIONN (Li et al., MICRO 2018) and SPEC.md ask, and one collective can use another bound than
+INCEPTIONN (Li et al., MICRO 2018) and docs/codec.md ask, and one collective can use another bound than
 the next. Frames with ``codec = NONE`` (and CONTROL, STATS, runts, frames of another version)
 pass both stages unchanged.
 
@@ -19,7 +19,7 @@ Which frames are transformed:
 A compressed payload whose length does not match its tags (truncated, too long, non-zero tag
 padding; :class:`~wirereduce.hdl.codec.Decompressor`) is dropped whole by :class:`CodecIn`:
 its decoded values are held in a commit buffer until the payload's last byte has been checked,
-so no value of a malformed frame ever reaches the adders (SPEC.md "bad input loses nothing").
+so no value of a malformed frame ever reaches the adders (docs/protocol.md "Bad input loses nothing").
 Each drop pulses ``dropped`` (the node counts them in its ``drop_codec`` STATS counter).
 
 Latency: a transformed frame is stored once in the decompressor's commit buffer and once in

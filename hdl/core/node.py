@@ -1,6 +1,6 @@
 """One in-network allreduce node: host port, two ring ports, local buffer and reduce pipeline.
 
-Ring schedule (SPEC.md system 1, with the directions split as ``docs/architecture.md`` shows):
+Ring schedule (docs/background.md "NTT ring", with the directions split as ``docs/architecture.md`` shows):
 the *reduce* pass runs clockwise, rank 0 → 1 → … → N-1, on the ``cw`` ports; rank N-1
 completes each chunk's sum and starts the *broadcast* pass counter-clockwise,
 N-1 → N-2 → … → 0, on the ``ccw`` ports, while every node delivers the finished chunk to its

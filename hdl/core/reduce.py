@@ -5,7 +5,7 @@ the beat of the same index from the local chunk buffer (the host's chunk with th
 sequence number, stored in the same beat layout as it arrived), the adder lanes add the two
 lane by lane, and the frame leaves with its header rewritten (``src`` = this node, ``hop`` + 1,
 ``opcode`` as the node says). Beats flow through without waiting for the end of the frame:
-this is the cut-through reduce of NTT's ring (SPEC.md, system 1).
+this is the cut-through reduce of NTT's ring (docs/background.md "NTT ring").
 
 Element order is fixed by the frame: the sum that leaves is ``incoming + local`` in fp32,
 which is what the golden model (:func:`wirereduce.sim.golden.ring_allreduce`) computes.

@@ -749,7 +749,7 @@ class RxCutThrough(wiring.Component):
 
     A node behind it starts on a frame before its FCS is known; a frame found bad at the end
     leaves marked, so whatever it turned into is sent with a stomped FCS
-    (:attr:`MacTx.stomp`) and dropped at the next hop (NTT's cut-through ring, SPEC.md system 1;
+    (:attr:`MacTx.stomp`) and dropped at the next hop (NTT's cut-through ring, docs/background.md "NTT ring";
     the stomped FCS of cut-through Ethernet switches).
 
     The input cannot wait, so the FIFO admits a frame at its first beat only if it has room for a

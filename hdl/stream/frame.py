@@ -118,7 +118,7 @@ class FrameGate(wiring.Component):
     frame waiting at the output (``head_short`` if the frame ended before its header was
     complete) and the parent raises ``accept`` or ``drop`` (combinationally, in the same
     cycle) or neither (the frame waits). A dropped frame is consumed without any beat reaching
-    ``o``, so nothing downstream ever sees part of it: SPEC.md "bad input loses nothing".
+    ``o``, so nothing downstream ever sees part of it: docs/protocol.md "Bad input loses nothing".
 
     The header is parsed as beats arrive and queued, so frames pass back to back at one beat
     per cycle. The first beat of a frame accepted on ``i`` at one clock edge is valid on ``o``

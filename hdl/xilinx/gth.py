@@ -57,7 +57,7 @@ __all__ = [
     "GthResetSequencer", "GthCommon10G", "GthChannel10G", "GthQuad10G",
 ]
 
-#: Reference clock of the QPLL in Hz (Si5324 output on MGTREFCLK0_113 of the VC709, SPEC.md).
+#: Reference clock of the QPLL in Hz (Si5324 output on MGTREFCLK0_113 of the VC709, docs/boards.md "Clocking").
 REFCLK_HZ = 156_250_000
 #: 10GBASE-R line rate in bit/s (IEEE 802.3 clause 49: 10 Gbit/s * 66 / 64).
 LINE_RATE_BPS = 10_312_500_000
@@ -190,7 +190,7 @@ class GthResetSequencer(wiring.Component):
 
     States::
 
-        WAIT_REFCLK  all resets held until refclk_ready (Si5324 programmed, SPEC.md VC709 facts)
+        WAIT_REFCLK  all resets held until refclk_ready (Si5324 programmed, docs/boards.md "Si5324 start-up")
         QPLL_RESET   QPLLRESET high for qpll_reset_cycles
         WAIT_QPLL    QPLLLOCK within lock_timeout_s, else back to QPLL_RESET (restarts += 1)
         WAIT_DONE    GTTX/GTRXRESET released, TX/RXUSERRDY high; all lanes' TX and RXRESETDONE within

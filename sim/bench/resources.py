@@ -33,7 +33,7 @@ Two counts are given per block:
 
 ``levels``
     LUT levels: LUTs (and INV, LUT RAM/SRL read ports) on the path; CARRY4/CARRY8 and MUXF7/8/9
-    count 0, as dedicated fast wiring inside the slice. This is the figure of the SPEC target
+    count 0, as dedicated fast wiring inside the slice. This is the figure of the docs/background.md target
     "≤ 6 LUT levels between registers (yosys estimate)" and of the :mod:`~wirereduce.hdl.arith.fp32`
     pipeline design rule ("carry chains counted as fast wiring").
 ``cells``
@@ -564,13 +564,13 @@ def format_table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
-#: SPEC.md targets checked by :func:`verdicts`.
+#: docs/background.md "Performance targets" checked by :func:`verdicts`.
 HEADROOM_TARGET_PCT = 50.0
 LEVELS_TARGET = 6
 
 
 def verdicts(records: list[dict]) -> list[str]:
-    """SPEC.md verdicts on the records present: VC709 node headroom (≥ 50 % LUT and BRAM free on the
+    """Verdicts (docs/background.md) on the records present: VC709 node headroom (≥ 50 % LUT and BRAM free on the
     XC7VX690T) and fp32 lane depth (≤ 6 LUT levels between registers, yosys estimate)."""
     out = []
     for r in records:

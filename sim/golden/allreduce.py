@@ -4,7 +4,7 @@ fp32 addition is not associative, so "the sum" is only defined together with an 
 ring schedule of :mod:`wirereduce.hdl.core.node` adds rank by rank: rank 0's chunk enters the ring
 unchanged, rank 1 computes ``g0 + g1``, rank 2 ``(g0 + g1) + g2``, …, and rank N-1's result is
 broadcast to everyone. numpy's float32 ``+`` is IEEE 754 binary32 addition with
-round-to-nearest-even and subnormals kept, the arithmetic SPEC.md fixes.
+round-to-nearest-even and subnormals kept, the arithmetic docs/arithmetic.md fixes.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def ring_allreduce_compressed(arrays: Sequence[np.ndarray], k: int, *, host_comp
 
     Notes
     -----
-    SPEC.md "Codec (INCEPTIONN-style, v1)": "Each hop decompresses, adds its local values, and
+    docs/codec.md "In the ring": "Each hop decompresses, adds its local values, and
     recompresses"; INCEPTIONN (MICRO 2018) compresses on every hop the same way.
     """
     k = check_k(k)

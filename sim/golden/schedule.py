@@ -5,7 +5,7 @@ else: for every flow, each node's partial sum is its table's terms added left to
 float32 (the children's partial sums, in table order, and its local chunk where the table puts
 it); the root's sum is the flow's result, and the gather copies it, unchanged, along the
 tables' forward ports to every node. fp32 addition is not associative, so this order is what
-"bit-exact" in SPEC.md means for tree schedules; numpy's float32 ``+`` is IEEE 754 binary32 with
+"bit-exact" in docs/arithmetic.md means for tree schedules; numpy's float32 ``+`` is IEEE 754 binary32 with
 round-to-nearest-even and subnormals kept.
 """
 
