@@ -26,11 +26,12 @@ def _add_node_args(p: argparse.ArgumentParser) -> None:
                    "(default: 8)")
 
 
-def _node_config(args):
+def _node_config(args, codec: bool = False):
+    """The :class:`~wirereduce.config.NodeConfig` of ``--width``, ``--mtu``, ``--slots``; CliError if bad."""
     from wirereduce.config import NodeConfig
 
     try:
-        return NodeConfig(args.width, args.mtu, args.slots)
+        return NodeConfig(args.width, args.mtu, args.slots, codec)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
 
@@ -79,6 +80,9 @@ def load_inputs(path: str | Path, nodes: int) -> list[np.ndarray]:
 
 def simulate_allreduce(arrays, args, progress=True):
     """Run one allreduce in the simulated cluster; returns (results, record, setup, wall seconds)."""
+    from dataclasses import replace
+
+    from wirereduce.host.driver import ChunksLost
     from wirereduce.sim.engines.runner import SimSetup, SimulationError, default_simulator, run_jobs
 
     links = getattr(args, "links", "model")
@@ -93,10 +97,11 @@ def simulate_allreduce(arrays, args, progress=True):
             raise CliError(f"--compress: {e}") from e
         if links != "model":
             raise CliError("--compress runs on link models: it does not combine with --links eth")
+    config = _node_config(args, codec=k is not None)
     try:
         sim = args.simulator or default_simulator()
-        setup = SimSetup(nodes=len(arrays), width=args.width, mtu=args.mtu, slots=args.slots,
-                         link_latency=args.link_latency, simulator=sim, links=links, codec=k is not None)
+        setup = SimSetup(nodes=len(arrays), config=config, link_latency=args.link_latency, simulator=sim,
+                         links=links)
     except (TypeError, ValueError, SimulationError) as e:
         raise CliError(str(e)) from e
     if pcap is not None and (links != "eth" or getattr(args, "engine", "cocotb") != "fast"):
@@ -119,8 +124,7 @@ def simulate_allreduce(arrays, args, progress=True):
         if args.simulator == "icarus" or args.waves:
             raise CliError("--engine fast runs Verilator with a C++ frame player: it takes neither "
                            "--simulator icarus nor --waves (use --engine cocotb for those)")
-        setup = SimSetup(nodes=setup.nodes, width=setup.width, mtu=setup.mtu, slots=setup.slots,
-                         link_latency=setup.link_latency, simulator="verilator", links=links, codec=setup.codec)
+        setup = replace(setup, simulator="verilator")
     t0 = time.perf_counter()
     try:
         if getattr(args, "engine", "cocotb") == "fast":
@@ -139,7 +143,7 @@ def simulate_allreduce(arrays, args, progress=True):
         else:
             (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k, "retries": retries}],
                               build_root=args.build_dir, waves=args.waves, progress=progress)
-    except SimulationError as e:
+    except (SimulationError, ChunksLost) as e:
         raise CliError(f"simulation failed: {e}") from e
     return rec["results"], rec, setup, time.perf_counter() - t0
 
@@ -165,7 +169,7 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     bad = [len(bit_mismatches(r, want)) for r in results]
     codec = "" if compression is None else f" compression=k{compression}"
     print(f"nodes={setup.nodes} elements={rec['elements']} bytes={rec['bytes']} frames={rec['frames']} "
-          f"width={setup.width} mtu={setup.mtu} simulator={setup.simulator}{codec}")
+          f"width={setup.config.width} mtu={setup.config.mtu} simulator={setup.simulator}{codec}")
     if compression is not None:
         print(f"compression ratio of the pushed gradients: "
               f"{compression_ratio(np.concatenate(arrays), compression):.2f} (algbw counts uncompressed bytes)")
@@ -232,10 +236,11 @@ def _bench_plan(args):
         if not 2 <= n <= 255:
             raise CliError(f"--nodes: {n} is not a ring size from 2 to 255")
     try:
+        from wirereduce.config import NodeConfig
         from wirereduce.sim.engines.runner import SimSetup
 
         for w, m in pairs:
-            SimSetup(nodes=nodes[0], width=w, mtu=m, slots=args.slots, link_latency=args.link_latency)
+            SimSetup(nodes=nodes[0], config=NodeConfig(w, m, args.slots), link_latency=args.link_latency)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     configs = [bench.BenchConfig(w, m, n) for w, m in pairs for n in nodes]
@@ -253,6 +258,7 @@ def _bench_plan(args):
 
 
 def cmd_bench(args) -> int:
+    from wirereduce.host.driver import ChunksLost
     from wirereduce.sim.bench import algbw as bench
     from wirereduce.sim.engines.runner import SimulationError
 
@@ -271,7 +277,7 @@ def cmd_bench(args) -> int:
             bench.run_codec_rows(codec_sizes, run=run_allreduce, records=records, json_path=out / f"{name}.json",
                                  build_root=args.build_dir, link_latency=args.link_latency,
                                  seed=args.seed, progress=not args.no_progress)
-        except (bench.BenchError, SimulationError) as e:
+        except (bench.BenchError, SimulationError, ChunksLost) as e:
             print(f"wirereduce: bench failed: {e}", file=sys.stderr)
             return 1
         print(f"#\n# wrote {out / (name + '.json')}")
@@ -291,7 +297,7 @@ def cmd_bench(args) -> int:
         bench.run_bench(configs, sizes, name=name, progress=not args.no_progress, out_dir=args.out_dir,
                         build_root=args.build_dir, slots=args.slots, link_latency=args.link_latency,
                         seed=args.seed, eth_configs=eth_configs, eth_sizes=eth_sizes, codec_sizes=codec_sizes)
-    except (bench.BenchError, SimulationError) as e:
+    except (bench.BenchError, SimulationError, ChunksLost) as e:
         print(f"wirereduce: bench failed: {e}", file=sys.stderr)
         return 1
     return 0
