@@ -122,13 +122,14 @@ def check_bench_width(width: int) -> int:
 
 def chunk_sizes(elements: int, mtu: int) -> list[int]:
     """Elements per chunk when ``elements`` fp32 are split into frames of MTU ``mtu``: the host
-    driver's own chunking (:func:`~wirereduce.host.driver.plan_chunks`), full chunks of
+    driver's own chunking (:func:`~wirereduce.host.driver.plan_chunks` of
+    :func:`~wirereduce.host.driver.chunk_elements`), full chunks of the MTU's
     :func:`~wirereduce.protocol.max_elements` and a shorter last one."""
-    from wirereduce.host.driver import plan_chunks
+    from wirereduce.host.driver import chunk_elements, plan_chunks
 
     if not isinstance(elements, (int, np.integer)) or elements < 1:
         raise ValueError(f"elements must be a positive int, not {elements!r}")
-    return [n for _, n in plan_chunks(int(elements), max_elements(mtu))]
+    return [n for _, n in plan_chunks(int(elements), chunk_elements(NodeConfig(mtu=mtu)))]
 
 
 def frame_bound_gbps(elements: int, mtu: int, width: int) -> float:
