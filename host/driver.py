@@ -1,22 +1,32 @@
 """The host-side allreduce driver: a sans-IO protocol core and the loop that runs it.
 
-The core (:class:`NodeSession`) knows the protocol and nothing about I/O: it turns one node's
-gradient into frames (CONTROL, then HOST_PUSH chunks), takes the frames the node sends back
-(STATS, HOST_RESULT) and reassembles the result. A :class:`Transport` only moves frame bytes
-to and from node ``k``'s host port; :class:`Cluster` runs one session per node over it. The
-same code drives the cocotb simulation (:mod:`wirereduce.host.transports.cocotb`) and, with
-another transport, real boards (the pattern of Glasgow's applet interfaces).
+The core knows the protocol and nothing about I/O. It makes every decision of an allreduce:
+
+- :class:`NodeSession`: one node's gradient as frames (CONTROL, then HOST_PUSH chunks of
+  :func:`chunk_elements`), and the frames the node sends back (STATS, HOST_RESULT) reassembled;
+- :class:`Round`: one collective, a session per rank (id from :class:`CollectiveIds`), with the
+  frames every host sends, in order, each with the results it waits for (:class:`Push`, the window);
+- :class:`Allreduce`: the rounds of one allreduce: the first over the whole gradient and, when
+  chunks are lost (:class:`ChunksLost`) and ``retries`` are left, one over just the lost elements,
+  whose sums are put back in place.
+
+Engines only carry these out. :class:`Cluster` runs them over a :class:`Transport`, which moves frame
+bytes to and from node ``k``'s host port: the cocotb simulation
+(:mod:`wirereduce.host.transports.cocotb`) and, with another transport, real boards (the pattern
+of Glasgow's applet interfaces). The fast simulation engine (``wirereduce.sim.engines.fastsim``)
+replays each :class:`Round` as a frame script.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import (
     HEADER_BYTES,
     STATS_COUNTERS,
@@ -25,11 +35,11 @@ from wirereduce.protocol import (
     Opcode,
     ProtocolError,
     frame,
-    max_elements,
 )
 
-__all__ = ["plan_chunks", "parse_stats", "NodeSession", "Transport", "Cluster", "DriverError", "ChunksLost",
-           "loss_report", "lost_ranges", "gather_ranges", "scatter_ranges", "check_retries"]
+__all__ = ["plan_chunks", "chunk_elements", "parse_stats", "NodeSession", "CollectiveIds", "Push", "Round",
+           "Allreduce", "Transport", "Cluster", "DriverError", "ChunksLost", "loss_report", "lost_ranges",
+           "gather_ranges", "scatter_ranges", "check_retries", "check_window", "default_window"]
 
 
 class DriverError(RuntimeError):
@@ -41,7 +51,7 @@ class ChunksLost(DriverError):
 
     Raised instead of waiting for ever. Frames are dropped whole (a bad FCS at an Ethernet port,
     a bad header at a node), so every result a host *did* receive is complete and correct; the
-    lost chunks are not recovered (rerun the allreduce).
+    lost chunks are summed again only with ``retries`` (:meth:`Allreduce.retry`).
 
     Attributes
     ----------
@@ -86,6 +96,22 @@ def check_retries(retries) -> int:
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ValueError(f"retries must be an int ≥ 0, not {retries!r}")
     return retries
+
+
+def check_window(window) -> int | None:
+    """Validate a host ``window`` (None: no window, or an int ≥ 1 chunks); returns it.
+
+    Raises ValueError otherwise (0 included: say None for no window).
+    """
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise ValueError(f"window must be None or an int ≥ 1 chunks, not {window!r}")
+    return window
+
+
+def default_window(config: NodeConfig) -> int:
+    """The window of a host on a link without back-pressure (a real NIC): the nodes' buffer
+    ``slots``, so that a push always finds its buffer slot free (:meth:`NodeSession.results_needed`)."""
+    return config.slots
 
 
 def lost_ranges(err: ChunksLost) -> list[tuple[int, int]]:
@@ -152,6 +178,22 @@ def plan_chunks(n: int, elements_per_frame: int) -> list[tuple[int, int]]:
     return [(off, min(elements_per_frame, n - off)) for off in range(0, n, elements_per_frame)]
 
 
+def chunk_elements(config: NodeConfig, compression: int | None = None) -> int:
+    """Elements per chunk for nodes built as ``config``: :attr:`NodeConfig.max_elements
+    <wirereduce.config.NodeConfig.max_elements>` (371 at MTU 1500), or with ``compression`` the
+    worst-case bound :func:`wirereduce.codec.max_elements_compressed` (349 at MTU 1500, 2112 at
+    9000) so that even an incompressible chunk fits in one frame.
+
+    Raises ValueError on a ``compression`` outside 4 … 24.
+    """
+    if compression is None:
+        return config.max_elements
+    from wirereduce.codec import check_k, max_elements_compressed
+
+    check_k(compression)
+    return max_elements_compressed(config.mtu)
+
+
 def parse_stats(data: bytes) -> dict[str, int]:
     """Decode a STATS frame into ``{counter name: value}`` (names: :data:`STATS_COUNTERS`).
 
@@ -183,9 +225,7 @@ class NodeSession:
     data : numpy.ndarray, float32, shape (n,)
         This node's gradient.
     elements_per_frame : int
-        Chunk size in elements (≤ :func:`wirereduce.protocol.max_elements` of the MTU; with
-        ``compression``, ≤ :func:`wirereduce.sim.codec.max_elements_compressed` of the MTU, so
-        that even an incompressible chunk fits in one frame).
+        Chunk size in elements (:func:`chunk_elements` of the nodes' configuration).
     compression : int, optional
         Error-bound exponent ``k`` (4 … 24) of the INCEPTIONN-style codec (SPEC.md codec v1):
         pushes are sent compressed (``codec = INCEPTIONN_V1``, ``eb_k = k``; the nodes must be
@@ -320,6 +360,159 @@ class NodeSession:
         return [int(k) for k in np.flatnonzero(~self.received)]
 
 
+class CollectiveIds:
+    """Collective ids handed out in turn: ``first``, then one more each time, 65535 wrapping to 1.
+
+    Raises ValueError if ``first`` is not 0 … 65535.
+    """
+
+    def __init__(self, first: int = 1):
+        if not isinstance(first, int) or isinstance(first, bool) or not 0 <= first < 1 << 16:
+            raise ValueError(f"collective must be 0 … 65535, not {first!r}")
+        self.next = first
+
+    def take(self) -> int:
+        """The next id (and advance)."""
+        collective = self.next
+        self.next = collective % 0xFFFF + 1
+        return collective
+
+
+@dataclass(frozen=True)
+class Push:
+    """One HOST_PUSH frame of a :class:`Round` and when its host may send it.
+
+    ``after``: results the host must have received first (:meth:`NodeSession.results_needed`).
+    """
+
+    seq: int
+    frame: bytes
+    after: int
+
+
+class Round:
+    """One collective of an allreduce, sans-IO: a :class:`NodeSession` per rank, and what every
+    host sends, in order and when.
+
+    Every host sends :meth:`control` first and waits for its node's STATS answer; no host sends a
+    push before every node has answered (so no node sees a REDUCE frame of a collective it has not
+    been told about); then :meth:`pushes`, each once the host holds :attr:`Push.after` results.
+
+    Parameters
+    ----------
+    collective : int
+    arrays : list of numpy.ndarray, float32
+        One (checked) array per rank.
+    elements_per_frame : int
+    compression : int, optional
+    window : int, optional
+        See :class:`Cluster`; None: no window.
+    """
+
+    def __init__(self, collective: int, arrays, elements_per_frame: int, compression: int | None = None,
+                 window: int | None = None):
+        self.collective = collective
+        self.arrays = arrays
+        self.window = window
+        self.sessions = [NodeSession(k, len(arrays), collective, a, elements_per_frame, compression)
+                         for k, a in enumerate(arrays)]
+
+    @property
+    def chunks(self) -> list[tuple[int, int]]:
+        """(offset, count) in elements of every chunk."""
+        return self.sessions[0].chunks
+
+    def control(self, rank: int) -> bytes:
+        return self.sessions[rank].control_frame()
+
+    def pushes(self, rank: int) -> Iterator[Push]:
+        """Rank ``rank``'s pushes in sequence order, each with the results it waits for."""
+        s = self.sessions[rank]
+        for seq, f in enumerate(s.push_frames()):
+            yield Push(seq, f, s.results_needed(seq, self.window))
+
+    def results(self) -> list[np.ndarray]:
+        return [s.result for s in self.sessions]
+
+    def lost(self, stats: dict, what: str, error: type[ChunksLost] = ChunksLost) -> ChunksLost:
+        """The ``error`` (a :class:`ChunksLost`) for this round stopping with results missing; ``stats``:
+        rank → STATS counters read after the stall or None; ``what``: how the loss showed."""
+        return error(loss_report(self.sessions, stats, what), self.sessions, stats)
+
+
+class Allreduce:
+    """One allreduce, retries included, sans-IO: the collective to run now and how the sums of
+    the retries go back in place.
+
+    An engine runs :attr:`round`; when chunks are lost it hands the :class:`ChunksLost` to
+    :meth:`retry`, which sets up the next round over just the lost elements (:func:`lost_ranges`)
+    or says that no retries are left; at the end :meth:`results` puts every round's sums in
+    place. Sums are element by element in rank order, so the result is the same bit for bit
+    however the elements are split into chunks.
+
+    Parameters
+    ----------
+    config : NodeConfig
+        How the nodes were built (chunk size: :func:`chunk_elements`).
+    arrays : sequence of numpy.ndarray, float32, shape (n,)
+    nodes : int, optional
+        Ring size the arrays must match.
+    compression : int, optional
+        Error-bound exponent k (4 … 24) of compressed pushes and results (:class:`NodeSession`).
+    window : int, optional
+        Chunks a host may push ahead of its results (:func:`check_window`); None: no window.
+    retries : int
+        Rounds over lost elements allowed after the first.
+    ids : CollectiveIds, optional
+        Where the rounds' collective ids come from (default: from 1).
+
+    Raises
+    ------
+    ValueError
+        On bad arrays (:func:`wirereduce.arrays.check_inputs`), ``compression``, ``window`` or
+        ``retries``.
+    """
+
+    def __init__(self, config: NodeConfig, arrays, *, nodes: int | None = None, compression: int | None = None,
+                 window: int | None = None, retries: int = 0, ids: CollectiveIds | None = None):
+        from wirereduce.arrays import check_inputs
+
+        arrays = check_inputs(arrays, nodes)
+        self.retries = check_retries(retries)
+        self.window = check_window(window)
+        self.elements_per_frame = chunk_elements(config, compression)
+        self.compression = compression
+        self.ids = ids if ids is not None else CollectiveIds()
+        self.elements = int(arrays[0].size)
+        #: Lost chunks summed again so far.
+        self.retried = 0
+        self._lost: list[tuple[list[tuple[int, int]], list[np.ndarray]]] = []
+        self.round = self._round(arrays)
+        #: Chunks per host of the first round (the whole gradient).
+        self.frames = len(self.round.chunks)
+
+    def _round(self, arrays) -> Round:
+        return Round(self.ids.take(), arrays, self.elements_per_frame, self.compression, self.window)
+
+    def retry(self, err: ChunksLost) -> bool:
+        """Take the loss of :attr:`round`: with retries left, make :attr:`round` a new collective of
+        just the lost elements and return True; else False (raise ``err``)."""
+        if len(self._lost) == self.retries:
+            return False
+        ranges = lost_ranges(err)
+        self._lost.append((ranges, err.results))
+        self.retried += len(ranges)
+        self.round = self._round(gather_ranges(self.round.arrays, ranges))
+        return True
+
+    def results(self) -> list[np.ndarray]:
+        """What each host holds once :attr:`round` completed: every round's sums in place."""
+        out = self.round.results()
+        for ranges, received in reversed(self._lost):
+            out = [scatter_ranges(r, ranges, v) for r, v in zip(received, out)]
+        return out
+
+
 class Transport(Protocol):
     """Moves frames (wirereduce header + payload, no Ethernet header) to and from host ports."""
 
@@ -339,19 +532,20 @@ class Transport(Protocol):
 
 
 class Cluster:
-    """Runs allreduces over a :class:`Transport`, one :class:`NodeSession` per node.
+    """Runs allreduces (:class:`Allreduce`) over a :class:`Transport`, one :class:`NodeSession` per node.
 
     Parameters
     ----------
     transport : Transport
-    mtu : int
-        Frame size limit in bytes (header + payload) the nodes were built for.
+    config : NodeConfig
+        How the nodes were built (MTU and codec set the chunk size, :func:`chunk_elements`).
     on_chunk : callable, optional
         Called as ``on_chunk(node, seq)`` for every result chunk received (progress bars).
     window : int, optional
         Chunks a host may push ahead of the results it has received
-        (:meth:`NodeSession.results_needed`); set it to the nodes' buffer ``slots`` on a link
-        without back-pressure. ``None`` (default): rely on the transport's back-pressure.
+        (:meth:`NodeSession.results_needed`); set it to :func:`default_window` (the nodes' buffer
+        ``slots``) on a link without back-pressure. ``None`` (default): rely on the transport's
+        back-pressure.
 
     Raises
     ------
@@ -359,28 +553,24 @@ class Cluster:
         If ``window`` is not None or an int ≥ 1.
     """
 
-    def __init__(self, transport: Transport, mtu: int = 1500,
+    def __init__(self, transport: Transport, config: NodeConfig | None = None,
                  on_chunk: Callable[[int, int], None] | None = None, window: int | None = None):
-        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
-            raise ValueError(f"window must be None or an int ≥ 1 chunks, not {window!r}")
-        self.window = window
+        self.window = check_window(window)
         self.transport = transport
         self.nodes = transport.nodes
-        self.mtu = mtu
-        self.elements_per_frame = max_elements(mtu)
+        self.config = config if config is not None else NodeConfig()
         self.on_chunk = on_chunk
-        self._next_collective = 1
+        #: Collective ids of the rounds, in turn over the cluster's life.
+        self.ids = CollectiveIds()
 
     def chunk_elements(self, compression: int | None = None) -> int:
-        """Elements per chunk: the MTU's :func:`~wirereduce.protocol.max_elements`, or with
-        ``compression`` the worst-case bound :func:`wirereduce.sim.codec.max_elements_compressed`
-        (349 at MTU 1500, 2112 at 9000). Raises ValueError on a ``compression`` outside 4 … 24."""
-        if compression is None:
-            return self.elements_per_frame
-        from wirereduce.codec import check_k, max_elements_compressed
+        """Elements per chunk (:func:`chunk_elements` of the nodes' configuration)."""
+        return chunk_elements(self.config, compression)
 
-        check_k(compression)
-        return max_elements_compressed(self.mtu)
+    def plan(self, arrays: Sequence[np.ndarray], compression: int | None = None, retries: int = 0) -> Allreduce:
+        """The :class:`Allreduce` of ``arrays`` on this cluster (checked; nothing sent): see :meth:`allreduce`."""
+        return Allreduce(self.config, arrays, nodes=self.nodes, compression=compression, window=self.window,
+                         retries=retries, ids=self.ids)
 
     async def stats(self, node: int) -> dict[str, int]:
         """Read node ``node``'s status and drop counters (a STATS_REQUEST round trip)."""
@@ -396,14 +586,11 @@ class Cluster:
 
         ``compression=k`` (4 … 24) sends every chunk INCEPTIONN-compressed with error bound
         2^-k and decodes the compressed results (nodes built with ``NodeConfig(codec=True)``);
-        the result is then :func:`wirereduce.sim.codec.ring_allreduce_compressed` with
-        ``host_compressed=True``, bit for bit. Chunks hold at most
-        :func:`wirereduce.sim.codec.max_elements_compressed` of the MTU.
+        the result is then :func:`wirereduce.sim.golden.codec.ring_allreduce_compressed` with
+        ``host_compressed=True``, bit for bit.
 
         ``retries=r``: when chunks are lost (:class:`ChunksLost`), run up to ``r`` more
-        collectives over just the lost elements (:func:`lost_ranges`) and put their sums in
-        place. Sums are element by element in rank order, so the result is the same bit for bit
-        however the elements are split into chunks.
+        collectives over just the lost elements and put their sums in place (:class:`Allreduce`).
 
         Returns
         -------
@@ -413,51 +600,48 @@ class Cluster:
         Raises
         ------
         ValueError
-            On bad inputs, before any frame is sent (see :func:`wirereduce.sim.golden.check_inputs`).
+            On bad inputs, before any frame is sent (see :func:`wirereduce.arrays.check_inputs`).
         ChunksLost
-            If results stop coming before every chunk arrived (a frame was lost): names the
-            missing chunks and the nodes' drop counters; the results received are complete.
+            If results stop coming before every chunk arrived (a frame was lost) and the retries
+            are used up: names the missing chunks and the nodes' drop counters; the results
+            received are complete.
         DriverError, TimeoutError
             If a node does not answer its CONTROL frame or a result is malformed.
         """
-        from wirereduce.arrays import check_inputs
+        return await self.run(self.plan(arrays, compression, retries))
 
-        arrays = check_inputs(arrays, self.nodes)
-        check_retries(retries)
-        try:
-            return await self._allreduce_once(arrays, compression)
-        except ChunksLost as err:
-            if retries == 0:
-                raise
-            ranges = lost_ranges(err)
-            redone = await self.allreduce(gather_ranges(arrays, ranges), compression, retries - 1)
-            return [scatter_ranges(r, ranges, s) for r, s in zip(err.results, redone)]
+    async def run(self, job: Allreduce) -> list[np.ndarray]:
+        """Run ``job``'s rounds until one completes (or :meth:`Allreduce.retry` gives up); its results."""
+        while True:
+            try:
+                await self._run_round(job.round)
+            except ChunksLost as err:
+                if not job.retry(err):
+                    raise
+                continue
+            return job.results()
 
-    async def _allreduce_once(self, arrays, compression):
-        collective = self._next_collective
-        self._next_collective = collective % 0xFFFF + 1
-        sessions = [NodeSession(k, self.nodes, collective, a, self.chunk_elements(compression), compression)
-                    for k, a in enumerate(arrays)]
+    async def _run_round(self, rnd: Round) -> None:
+        """Carry out one :class:`Round`; raises its :class:`ChunksLost` if a node goes quiet."""
+        sessions = rnd.sessions
 
-        # Every node takes its configuration before any chunk moves, so no node sees a REDUCE
-        # frame of a collective it has not been told about.
         async def start(s: NodeSession):
-            await self.transport.send(s.rank, s.control_frame())
+            await self.transport.send(s.rank, rnd.control(s.rank))
             s.check_ack(await self.transport.recv(s.rank))
 
-        await self.transport.gather([start(s) for s in sessions])
+        await self.transport.gather([start(s) for s in sessions])  # the start barrier
 
         stalled = False
 
         async def push(s: NodeSession):
-            for seq, f in enumerate(s.push_frames()):
-                while s.results_received < s.results_needed(seq, self.window):
+            for p in rnd.pushes(s.rank):
+                while s.results_received < p.after:
                     if stalled:
                         return
                     await self.transport.idle(1)
                 if stalled:
                     return
-                await self.transport.send(s.rank, f)
+                await self.transport.send(s.rank, p.frame)
 
         async def collect(s: NodeSession):
             nonlocal stalled
@@ -480,5 +664,4 @@ class Cluster:
                     stats[s.rank] = await self.stats(s.rank)
                 except (TimeoutError, ProtocolError):
                     stats[s.rank] = None
-            raise ChunksLost(loss_report(sessions, stats, "a node sent no result in time"), sessions, stats)
-        return [s.result for s in sessions]
+            raise rnd.lost(stats, "a node sent no result in time")

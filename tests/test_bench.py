@@ -110,15 +110,16 @@ def _fake_runner(efficiency=0.995, fill=200, corrupt=None):
         results = [want.copy() for _ in arrays]
         if corrupt is not None:
             results[corrupt][n // 2] = np.nextafter(results[corrupt][n // 2], np.float32(np.inf))
-        bound = bench.frame_bound_gbps(n, setup.mtu, setup.width)
-        mhz = {64: 156.25, 512: 322.265625}[setup.width] if setup.clock_mhz is None else setup.clock_mhz
+        cfg = setup.config
+        bound = bench.frame_bound_gbps(n, cfg.mtu, cfg.width)
+        mhz = {64: 156.25, 512: 322.265625}[cfg.width] if setup.clock_mhz is None else setup.clock_mhz
         if setup.link_gbps is not None:
-            bound *= setup.link_gbps / bench.line_rate_gbps(setup.width)
+            bound *= setup.link_gbps / bench.line_rate_gbps(cfg.width)
         if compression is not None:  # a codec that pays off: 3/4 of its compression ratio
             bound *= 0.75 * codec.compression_ratio(np.concatenate(arrays), compression)
         cycles = math.ceil(4 * n * 8 / (efficiency * bound) * mhz / 1e3) + fill
         return {"results": results, "cycles": cycles, "bytes": 4 * n, "elements": n,
-                "frames": len(bench.chunk_sizes(n, setup.mtu)), "sim_cycles": cycles + 50, "wall_s": 0.5,
+                "frames": len(bench.chunk_sizes(n, cfg.mtu)), "sim_cycles": cycles + 50, "wall_s": 0.5,
                 "build_s": 1.0}
 
     run.calls = calls
@@ -337,7 +338,7 @@ def test_codec_rows_with_fake_engine(work, capsys):
     out = bench.run_codec_rows([16 * 1024], run=run, records=records, json_path=work / "c.json", ks=(8, 12))
     assert [r["compression"] for r in out] == [None, 8, 12] and all(r["bitexact"] for r in out)
     setup = run.calls[0][0]
-    assert setup.codec and setup.width == 512 and setup.clock == 156.25 and setup.link_gbps == 10.0
+    assert setup.config.codec and setup.config.width == 512 and setup.clock == 156.25 and setup.link_gbps == 10.0
     assert [c[5] for c in run.calls] == [None, 8, 12]
     for r in out[1:]:
         assert r["ratio"] > 2 and r["speedup"] > 1

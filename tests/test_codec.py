@@ -309,6 +309,19 @@ def test_compression_table_small_run():
     assert "ring" in text and len(text.splitlines()) == 2 + len(records)
 
 
+def test_workload_compression_ratios_command(capsys):
+    """``wirereduce workload compression-ratios`` prints compression_table's table; bad k: a user error."""
+    from wirereduce.cli import main
+
+    assert main(["workload", "compression-ratios", "--k", "3"]) == 2
+    assert capsys.readouterr().err.startswith("wirereduce: error: k must be")
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    assert main(["workload", "compression-ratios", "--k", "10", "--nodes", "2", "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "demo CNN, 2 workers, 2 epochs" in out and len(out.splitlines()) == 1 + 2 + 3
+
+
 def test_ring_allreduce_compressed_host_compressed():
     """Hosts that push compressed: each x_r is quantized before it is added, i.e. the plain
     compressed ring of the quantized inputs (elementwise definition, written out here)."""

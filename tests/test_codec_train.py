@@ -168,9 +168,13 @@ def test_run_experiment_bad_name(tmp_path):
         CT.run_experiment(epochs=1, out_dir=tmp_path, name="a/b", verbose=False)
 
 
-def test_main(tmp_path, capsys):
-    assert CT.main(["--epochs", "1", "--k", "12", "--seeds", "3", "--out-dir", str(tmp_path)]) == 0
+def test_workload_codec_train_command(tmp_path, capsys):
+    """``wirereduce workload codec-train``: run_experiment's JSON and PNG; a bad k is a one-line user error."""
+    from wirereduce.cli import main
+
+    assert main(["workload", "codec-train", "--epochs", "1", "--k", "12", "--seeds", "3",
+                 "--out-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "codec-training.json").read_text())
     assert [(r["seed"], r["k"]) for r in data] == [(3, None), (3, 12)] and (tmp_path / "codec-training.png").exists()
-    assert CT.main(["--k", "3", "--out-dir", str(tmp_path / "x")]) == 2
-    assert "error:" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["workload", "codec-train", "--k", "3", "--out-dir", str(tmp_path / "x")]) == 2
+    assert "wirereduce: error:" in capsys.readouterr().err and not (tmp_path / "x").exists()

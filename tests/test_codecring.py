@@ -22,8 +22,9 @@ from wirereduce.sim.golden import codec as G
 from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
 
 from wirereduce import codec
+from wirereduce.config import NodeConfig
 
-SETUP = SimSetup(nodes=3, width=64, mtu=1500, slots=4, codec=True)
+SETUP = SimSetup(nodes=3, config=NodeConfig(64, 1500, 4, codec=True))
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +89,14 @@ def test_bad_compression_raises_before_running(tmp_path, kw, match):
 
 def test_setup_link_rate():
     """A 512-bit core at 156.25 MHz behind 10G links: 8 bytes a cycle; bad values raise."""
-    s = SimSetup(nodes=4, width=512, mtu=9000, codec=True, link_gbps=10.0, clock_mhz=156.25)
+    s = SimSetup(nodes=4, config=NodeConfig(512, 9000, codec=True), link_gbps=10.0, clock_mhz=156.25)
     assert s.link_rate == Fraction(8) and s.clock == 156.25 and "codec" in s.tag()
     assert SimSetup(nodes=4).link_rate is None and SimSetup(nodes=4).clock == 156.25
     with pytest.raises(ValueError, match="bytes a cycle"):
-        SimSetup(nodes=4, width=64, link_gbps=100.0)
+        SimSetup(nodes=4, config=NodeConfig(64), link_gbps=100.0)
     with pytest.raises(ValueError, match="link models"):
-        SimSetup(nodes=4, width=64, links="eth", link_gbps=10.0)
+        SimSetup(nodes=4, config=NodeConfig(64), links="eth", link_gbps=10.0)
     with pytest.raises(ValueError, match="codec nodes"):
-        SimSetup(nodes=4, width=64, links="eth", codec=True)
+        SimSetup(nodes=4, config=NodeConfig(64, codec=True), links="eth")
     with pytest.raises(ValueError, match="clock_mhz"):
         SimSetup(nodes=4, clock_mhz=0)

@@ -11,10 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from wirereduce.host.driver import (
+    Allreduce,
     ChunksLost,
     Cluster,
+    CollectiveIds,
     DriverError,
     NodeSession,
+    chunk_elements,
+    default_window,
     gather_ranges,
     loss_report,
     parse_stats,
@@ -25,6 +29,7 @@ from wirereduce.sim.golden import codec as G
 from wirereduce.sim.golden.allreduce import ring_allreduce
 
 from wirereduce import codec
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import (
     HEADER_BYTES,
     STATS_COUNTERS,
@@ -379,7 +384,7 @@ def _assert_same_bits(got, want):
 def test_cluster_allreduce_matches_golden(nodes, n, mtu, kw):
     arrays = _arrays(nodes, n, seed=nodes * 1000 + n)
     t = FakeTransport(nodes, **kw)
-    cluster = Cluster(t, mtu=mtu)
+    cluster = Cluster(t, NodeConfig(mtu=mtu))
     results = asyncio.run(cluster.allreduce(arrays))
     want = ring_allreduce(arrays)
     assert len(results) == nodes
@@ -406,7 +411,7 @@ def test_cluster_collective_ids_advance_and_wrap():
     async def run_many():
         await cluster.allreduce(arrays)
         await cluster.allreduce(arrays)
-        cluster._next_collective = 0xFFFF
+        cluster.ids.next = 0xFFFF
         await cluster.allreduce(arrays)
         await cluster.allreduce(arrays)
 
@@ -418,7 +423,7 @@ def test_cluster_collective_ids_advance_and_wrap():
 def test_cluster_on_chunk_progress():
     calls = []
     t = FakeTransport(3)
-    cluster = Cluster(t, mtu=HEADER_BYTES + 4 * 4, on_chunk=lambda node, seq: calls.append((node, seq)))
+    cluster = Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 4), on_chunk=lambda node, seq: calls.append((node, seq)))
     asyncio.run(cluster.allreduce(_arrays(3, 10, seed=2)))
     assert sorted(calls) == [(node, seq) for node in range(3) for seq in range(3)]
 
@@ -426,7 +431,7 @@ def test_cluster_on_chunk_progress():
 def test_cluster_on_chunk_progress_with_foreign_frames():
     calls = []
     t = FakeTransport(3, noise=True)
-    cluster = Cluster(t, mtu=HEADER_BYTES + 4 * 4, on_chunk=lambda node, seq: calls.append((node, seq)))
+    cluster = Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 4), on_chunk=lambda node, seq: calls.append((node, seq)))
     asyncio.run(cluster.allreduce(_arrays(3, 10, seed=2)))
     assert sorted(calls) == [(node, seq) for node in range(3) for seq in range(3)]
 
@@ -454,7 +459,7 @@ def test_cluster_lost_result_is_reported_with_counters():
     t.counters[1]["link_drop_cw"] = 1  # what an Ethernet port that dropped a frame reports
     arrays = _arrays(2, 30, seed=5)
     with pytest.raises(ChunksLost) as info:
-        asyncio.run(Cluster(t, mtu=HEADER_BYTES + 4 * 10).allreduce(arrays))
+        asyncio.run(Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 10)).allreduce(arrays))
     err = info.value
     assert err.missing == {0: [], 1: [1]}
     assert "node 1: 2/3 result chunks, missing [1]" in str(err)
@@ -476,7 +481,7 @@ def test_cluster_retries_the_lost_chunk():
     golden sum, bit for bit, at every node. ``retries`` is checked before anything is sent."""
     t = FakeTransport(3, lose=(1, 1), timeout=0.05)
     arrays = _arrays(3, 30, seed=7)
-    results = asyncio.run(Cluster(t, mtu=HEADER_BYTES + 4 * 10).allreduce(arrays, retries=1))
+    results = asyncio.run(Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 10)).allreduce(arrays, retries=1))
     want = ring_allreduce(arrays)
     for r in results:
         _assert_same_bits(r, want)
@@ -531,7 +536,7 @@ def test_cluster_window_limits_pushes_ahead_of_results(window):
     nodes, mtu = 3, HEADER_BYTES + 4 * 5
     arrays = _arrays(nodes, 61, seed=window)
     t = FakeTransport(nodes, window=window)
-    got = asyncio.run(Cluster(t, mtu=mtu, window=window).allreduce(arrays))
+    got = asyncio.run(Cluster(t, NodeConfig(mtu=mtu), window=window).allreduce(arrays))
     for g in got:
         _assert_same_bits(g, ring_allreduce(arrays))
 
@@ -540,6 +545,71 @@ def test_cluster_window_limits_pushes_ahead_of_results(window):
 def test_cluster_rejects_bad_window(window):
     with pytest.raises(ValueError, match="window"):
         Cluster(FakeTransport(2), window=window)
+
+
+def test_collective_ids_wrap():
+    ids = CollectiveIds(0xFFFE)
+    assert [ids.take() for _ in range(4)] == [0xFFFE, 0xFFFF, 1, 2]
+    ids = CollectiveIds(0)
+    assert [ids.take() for _ in range(2)] == [0, 1]
+    for bad in (-1, 1 << 16, 1.0, True):
+        with pytest.raises(ValueError, match="collective"):
+            CollectiveIds(bad)
+
+
+def test_chunk_elements_from_the_node_config():
+    assert chunk_elements(NodeConfig(mtu=1500)) == max_elements(1500) == NodeConfig(mtu=1500).max_elements == 371
+    assert chunk_elements(NodeConfig(mtu=9000), 10) == codec.max_elements_compressed(9000)
+    assert default_window(NodeConfig(slots=16)) == 16
+    with pytest.raises(ValueError, match="k must be"):
+        chunk_elements(NodeConfig(), 3)
+
+
+def _answer(rnd, lose=()):
+    """Deliver the golden sum of every chunk of ``rnd`` to every host, except (rank, seq) in ``lose``."""
+    want = ring_allreduce(rnd.arrays)
+    for s in rnd.sessions:
+        for seq, (off, n) in enumerate(s.chunks):
+            if (s.rank, seq) not in lose:
+                s.receive(_result_frame(rnd.collective, seq, want[off:off + n], src=s.rank))
+
+
+def test_allreduce_plan_rounds_and_retries_sans_io():
+    """The plan any engine carries out: the first round over every element (windowed pushes), then,
+    for each loss while retries are left, a round of just the lost chunks' elements under the next
+    collective id; the results put every round's sums in place."""
+    arrays = _arrays(3, 45, seed=9)
+    job = Allreduce(NodeConfig(mtu=HEADER_BYTES + 4 * 10), arrays, nodes=3, window=2, retries=2,
+                    ids=CollectiveIds(0xFFFF))
+    rnd = job.round
+    assert (rnd.collective, rnd.chunks, job.frames) == (0xFFFF, [(0, 10), (10, 10), (20, 10), (30, 10), (40, 5)], 5)
+    assert Header.unpack(rnd.control(1)) == Header(opcode=Opcode.CONTROL, collective=0xFFFF, src=1, hop=3, seq=5)
+    assert [(p.seq, p.after) for p in rnd.pushes(2)] == [(0, 0), (1, 0), (2, 1), (3, 2), (4, 3)]
+    _answer(rnd, lose={(0, 1), (2, 4)})
+    err = rnd.lost({0: None, 1: None, 2: None}, "the test stopped it")
+    assert err.missing == {0: [1], 1: [], 2: [4]} and "node 0: 4/5 result chunks, missing [1]" in str(err)
+    assert job.retry(err)
+    rnd = job.round
+    assert rnd.collective == 1 and rnd.chunks == [(0, 10), (10, 5)] and job.retried == 2
+    np.testing.assert_array_equal(rnd.arrays[1], np.concatenate([arrays[1][10:20], arrays[1][40:45]]))
+    _answer(rnd, lose={(1, 0)})
+    assert job.retry(rnd.lost({}, "again"))
+    rnd = job.round
+    assert rnd.collective == 2 and rnd.chunks == [(0, 10)] and job.retried == 3
+    _answer(rnd)
+    for r in job.results():
+        _assert_same_bits(r, ring_allreduce(arrays))
+    assert not job.retry(rnd.lost({}, "no retries left"))
+
+
+def test_allreduce_plan_checks_before_any_round():
+    good = _arrays(2, 8, seed=1)
+    for kw, match in (({"retries": -1}, "retries"), ({"window": 0}, "window"), ({"compression": 25}, "k must be"),
+                      ({"nodes": 3}, "expected 3 arrays")):
+        ids = CollectiveIds()
+        with pytest.raises(ValueError, match=match):
+            Allreduce(NodeConfig(), good, ids=ids, **kw)
+        assert ids.next == 1, "no collective id is used up by a plan that is refused"
 
 
 def test_results_needed_rule():
@@ -559,7 +629,7 @@ def test_cluster_compressed_allreduce_matches_golden(nodes, n, mtu, k):
     arrays = [(rng.standard_normal(n) * 10.0 ** rng.integers(-6, 1, n)).astype(F32) for _ in range(nodes)]
     arrays[0][:3] = [np.inf, -0.0, 3e-42][:min(3, n)]
     t = FakeTransport(nodes, mtu=mtu)
-    results = asyncio.run(Cluster(t, mtu=mtu).allreduce(arrays, compression=k))
+    results = asyncio.run(Cluster(t, NodeConfig(mtu=mtu)).allreduce(arrays, compression=k))
     want = G.ring_allreduce_compressed(arrays, k, host_compressed=True)
     for r in results:
         _assert_same_bits(r, want)

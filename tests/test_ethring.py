@@ -19,9 +19,10 @@ from wirereduce.sim.engines.fastsim import FastSim, run_allreduce
 from wirereduce.sim.engines.runner import SimSetup
 from wirereduce.sim.golden.allreduce import ring_allreduce
 
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import ETHERTYPE, Header, Opcode, max_elements
 
-SETUP = SimSetup(nodes=4, width=64, mtu=1500, slots=8, links="eth")
+SETUP = SimSetup(nodes=4, config=NodeConfig(64, 1500, 8), links="eth")
 # 12 chunks: the window wraps the 8-slot buffer; the last chunk has 5 elements (36 bytes), so
 # its frames are padded on the wire and must be trimmed at every receiver.
 N = 11 * max_elements(1500) + 5
@@ -48,7 +49,7 @@ def check_bitexact(arrays, results):
 
 def test_setup_checks_links_before_any_build():
     with pytest.raises(ValueError, match="64-bit"):
-        SimSetup(width=512, links="eth")
+        SimSetup(config=NodeConfig(width=512), links="eth")
     with pytest.raises(ValueError, match="links must be"):
         SimSetup(links="fibre")
     assert SimSetup(links="eth").tag() != SimSetup().tag()

@@ -10,15 +10,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_node import edge_arrays
-from wirereduce.sim.engines.fastsim import FastSim, check_options, run_allreduce, strip_zero_memory_init
+from wirereduce.host.driver import ChunksLost
+from wirereduce.sim.engines.fastsim import FastSim, RingStalled, check_options, run_allreduce, strip_zero_memory_init
 from wirereduce.sim.engines.runner import SimSetup, SimulationError
 from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
 
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import max_elements
 
 pytestmark = pytest.mark.verilator
 
-SETUP_10G = SimSetup(nodes=4, width=64, mtu=1500, slots=8)
+SETUP_10G = SimSetup(nodes=4, config=NodeConfig(64, 1500, 8))
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +72,16 @@ def test_one_element(sim10g):
 
 
 def test_stall_is_reported_not_hung(sim10g):
+    """A ring that stops moving is the driver's ChunksLost (as RingStalled), not a simulator failure."""
     arrays = edge_arrays(4, 3 * max_elements(1500), seed=5)
-    with pytest.raises(SimulationError, match="stalled"):
+    with pytest.raises(RingStalled, match="stalled") as info:
         sim10g.allreduce(arrays, tx_ready_prob=1e-6, timeout_cycles=3000)
+    assert isinstance(info.value, ChunksLost) and not isinstance(info.value, SimulationError)
+    assert sorted(info.value.missing) == [0, 1, 2, 3] and info.value.chunks == [(0, 371), (371, 371), (742, 371)]
 
 
 def test_jumbo_frames_max_size(tmp_path):
-    setup = SimSetup(nodes=3, width=64, mtu=9000, slots=4)
+    setup = SimSetup(nodes=3, config=NodeConfig(64, 9000, 4))
     n = 9 * max_elements(9000)  # nine maximum-size frames through a 4-slot buffer
     arrays = edge_arrays(3, n, seed=11)
     out = run_allreduce(setup, arrays, build_root=tmp_path, tx_ready_prob=0.8, rx_valid_prob=0.9, seed=3)
@@ -86,7 +91,7 @@ def test_jumbo_frames_max_size(tmp_path):
 
 def test_100g_datapath(tmp_path):
     """512-bit nodes on 100G links: short frames, max-size frames, random back-pressure."""
-    setup = SimSetup(nodes=2, width=512, mtu=1500, slots=8)
+    setup = SimSetup(nodes=2, config=NodeConfig(512, 1500, 8))
     sim = FastSim(setup, tmp_path)
     for n, rx, tx, seed in ((12, 1.0, 1.0, 1), (1, 1.0, 1.0, 2), (23 * max_elements(1500) + 11, 0.6, 0.5, 3),
                             (23 * max_elements(1500), 1.0, 1.0, 4)):

@@ -212,9 +212,12 @@ def test_other_bad_arguments():
         G.train_data_parallel(2, 1, lambda grads: grads[0][:-1])
 
 
-def test_main_writes_npz(tmp_path, capsys):
+def test_workload_gradients_command_writes_npz(tmp_path, capsys):
+    """``wirereduce workload gradients``: the arrays of shard_gradients in an .npz, one summary line."""
+    from wirereduce.cli import main
+
     out = tmp_path / "grads.npz"
-    assert G.main(["--nodes", "3", "--steps", "1", "--seed", "0", "--output", str(out)]) == 0
+    assert main(["workload", "gradients", "--nodes", "3", "--steps", "1", "--seed", "0", "--output", str(out)]) == 0
     line = capsys.readouterr().out.strip()
     assert f"parameters={PARAMS}" in line and "nodes=3" in line and "steps=1" in line
     with np.load(out) as npz:
@@ -223,8 +226,9 @@ def test_main_writes_npz(tmp_path, capsys):
         for i in range(3):
             assert npz[f"node{i}"].dtype == np.float32
             np.testing.assert_array_equal(npz[f"node{i}"].view(np.uint32), expected[i].view(np.uint32))
-    assert G.main(["--nodes", "0", "--output", str(tmp_path / "bad.npz")]) == 2
-    assert "nodes" in capsys.readouterr().err
+    assert main(["workload", "gradients", "--nodes", "0", "--output", str(tmp_path / "bad.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wirereduce: error: ") and "nodes" in err and not (tmp_path / "bad.npz").exists()
 
 
 def test_import_is_cheap():

@@ -1,4 +1,5 @@
-"""The ``wirereduce`` command line: generate Verilog, simulate allreduces, run the demo and the benchmark."""
+"""The ``wirereduce`` command line: generate Verilog, simulate allreduces, run the demo, the benchmark and
+the real-gradient workloads."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ def _add_node_args(p: argparse.ArgumentParser) -> None:
                    "(default: 8)")
 
 
-def _node_config(args):
+def _node_config(args, codec: bool = False):
+    """The :class:`~wirereduce.config.NodeConfig` of ``--width``, ``--mtu``, ``--slots``; CliError if bad."""
     from wirereduce.config import NodeConfig
 
     try:
-        return NodeConfig(args.width, args.mtu, args.slots)
+        return NodeConfig(args.width, args.mtu, args.slots, codec)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
 
@@ -77,6 +79,9 @@ def load_inputs(path: str | Path, nodes: int) -> list[np.ndarray]:
 
 def simulate_allreduce(arrays, args, progress=True):
     """Run one allreduce in the simulated cluster; returns (results, record, setup, wall seconds)."""
+    from dataclasses import replace
+
+    from wirereduce.host.driver import ChunksLost
     from wirereduce.sim.engines.runner import SimSetup, SimulationError, default_simulator, run_jobs
 
     links = getattr(args, "links", "model")
@@ -91,10 +96,11 @@ def simulate_allreduce(arrays, args, progress=True):
             raise CliError(f"--compress: {e}") from e
         if links != "model":
             raise CliError("--compress runs on link models: it does not combine with --links eth")
+    config = _node_config(args, codec=k is not None)
     try:
         sim = args.simulator or default_simulator()
-        setup = SimSetup(nodes=len(arrays), width=args.width, mtu=args.mtu, slots=args.slots,
-                         link_latency=args.link_latency, simulator=sim, links=links, codec=k is not None)
+        setup = SimSetup(nodes=len(arrays), config=config, link_latency=args.link_latency, simulator=sim,
+                         links=links)
     except (TypeError, ValueError, SimulationError) as e:
         raise CliError(str(e)) from e
     if pcap is not None and (links != "eth" or getattr(args, "engine", "cocotb") != "fast"):
@@ -117,8 +123,7 @@ def simulate_allreduce(arrays, args, progress=True):
         if args.simulator == "icarus" or args.waves:
             raise CliError("--engine fast runs Verilator with a C++ frame player: it takes neither "
                            "--simulator icarus nor --waves (use --engine cocotb for those)")
-        setup = SimSetup(nodes=setup.nodes, width=setup.width, mtu=setup.mtu, slots=setup.slots,
-                         link_latency=setup.link_latency, simulator="verilator", links=links, codec=setup.codec)
+        setup = replace(setup, simulator="verilator")
     t0 = time.perf_counter()
     try:
         if getattr(args, "engine", "cocotb") == "fast":
@@ -137,7 +142,7 @@ def simulate_allreduce(arrays, args, progress=True):
         else:
             (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k, "retries": retries}],
                               build_root=args.build_dir, waves=args.waves, progress=progress)
-    except SimulationError as e:
+    except (SimulationError, ChunksLost) as e:
         raise CliError(f"simulation failed: {e}") from e
     return rec["results"], rec, setup, time.perf_counter() - t0
 
@@ -163,7 +168,7 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     bad = [len(bit_mismatches(r, want)) for r in results]
     codec = "" if compression is None else f" compression=k{compression}"
     print(f"nodes={setup.nodes} elements={rec['elements']} bytes={rec['bytes']} frames={rec['frames']} "
-          f"width={setup.width} mtu={setup.mtu} simulator={setup.simulator}{codec}")
+          f"width={setup.config.width} mtu={setup.config.mtu} simulator={setup.simulator}{codec}")
     if compression is not None:
         print(f"compression ratio of the pushed gradients: "
               f"{compression_ratio(np.concatenate(arrays), compression):.2f} (algbw counts uncompressed bytes)")
@@ -230,10 +235,11 @@ def _bench_plan(args):
         if not 2 <= n <= 255:
             raise CliError(f"--nodes: {n} is not a ring size from 2 to 255")
     try:
+        from wirereduce.config import NodeConfig
         from wirereduce.sim.engines.runner import SimSetup
 
         for w, m in pairs:
-            SimSetup(nodes=nodes[0], width=w, mtu=m, slots=args.slots, link_latency=args.link_latency)
+            SimSetup(nodes=nodes[0], config=NodeConfig(w, m, args.slots), link_latency=args.link_latency)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     configs = [bench.BenchConfig(w, m, n) for w, m in pairs for n in nodes]
@@ -251,6 +257,7 @@ def _bench_plan(args):
 
 
 def cmd_bench(args) -> int:
+    from wirereduce.host.driver import ChunksLost
     from wirereduce.sim.bench import algbw as bench
     from wirereduce.sim.engines.runner import SimulationError
 
@@ -269,7 +276,7 @@ def cmd_bench(args) -> int:
             bench.run_codec_rows(codec_sizes, run=run_allreduce, records=records, json_path=out / f"{name}.json",
                                  build_root=args.build_dir, link_latency=args.link_latency,
                                  seed=args.seed, progress=not args.no_progress)
-        except (bench.BenchError, SimulationError) as e:
+        except (bench.BenchError, SimulationError, ChunksLost) as e:
             print(f"wirereduce: bench failed: {e}", file=sys.stderr)
             return 1
         print(f"#\n# wrote {out / (name + '.json')}")
@@ -289,7 +296,7 @@ def cmd_bench(args) -> int:
         bench.run_bench(configs, sizes, name=name, progress=not args.no_progress, out_dir=args.out_dir,
                         build_root=args.build_dir, slots=args.slots, link_latency=args.link_latency,
                         seed=args.seed, eth_configs=eth_configs, eth_sizes=eth_sizes, codec_sizes=codec_sizes)
-    except (bench.BenchError, SimulationError) as e:
+    except (bench.BenchError, SimulationError, ChunksLost) as e:
         print(f"wirereduce: bench failed: {e}", file=sys.stderr)
         return 1
     return 0
@@ -318,6 +325,108 @@ def cmd_resources(args) -> int:
         print(line)
     print(f"# {len(records)} of {len(pairs)} block(s) in {time.perf_counter() - t0:.0f} s; wrote {args.output}")
     return 0 if len(records) == len(pairs) else 1
+
+
+def cmd_workload_gradients(args) -> int:
+    from wirereduce.sim.workloads.gradients import shard_gradients
+
+    try:
+        grads = shard_gradients(nodes=args.nodes, steps=args.steps, seed=args.seed, batch=args.batch)
+    except (ValueError, RuntimeError) as e:
+        raise CliError(str(e)) from e
+    output = Path(args.output)
+    output = output if output.suffix == ".npz" else Path(f"{output}.npz")  # as np.savez does
+    output.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(output, **{f"node{i}": g for i, g in enumerate(grads)})
+    norms = np.array([float(np.linalg.norm(g.astype(np.float64))) for g in grads])
+    print(f"parameters={grads[0].size} nodes={len(grads)} steps={args.steps} "
+          f"l2_norm min={norms.min():.6g} mean={norms.mean():.6g} max={norms.max():.6g} -> {output}")
+    return 0
+
+
+def cmd_workload_compression_ratios(args) -> int:
+    from wirereduce.sim.workloads.compression import compression_table, format_table
+
+    try:
+        records = compression_table(args.k, nodes=args.nodes, epochs=args.epochs, seed=args.seed)
+    except (ValueError, RuntimeError) as e:
+        raise CliError(str(e)) from e
+    print(f"demo CNN, {args.nodes} workers, {args.epochs} epochs, seed {args.seed}, "
+          f"final test accuracy {records[0]['test_accuracy']:.1%}; ratio = raw fp32 payload / compressed payload")
+    print(format_table(records))
+    return 0
+
+
+def cmd_workload_codec_train(args) -> int:
+    from wirereduce.sim.workloads.codec_train import run_experiment
+
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+    try:
+        run_experiment(args.k, epochs=args.epochs, out_dir=Path(args.out_dir), name=args.name,
+                       workers=args.workers, seeds=args.seeds)
+    except (ValueError, RuntimeError) as e:
+        raise CliError(str(e)) from e
+    return 0
+
+
+def _add_workload_parsers(sub) -> None:
+    """``wirereduce workload gradients | compression-ratios | codec-train``."""
+    from wirereduce.sim.workloads import codec_train
+
+    p = sub.add_parser("workload", help="the demo CNN's real gradients: write them, their compression ratios, "
+                       "training with the compressed allreduce",
+                       description="Workloads of real gradients: the demo CNN (3,818 parameters) trained "
+                                   "data-parallel on scikit-learn's handwritten digits (needs the demo extras: "
+                                   "torch, scikit-learn).")
+    wsub = p.add_subparsers(dest="workload_command", required=True)
+    q = wsub.add_parser("gradients", help="write one data-parallel step's per-worker gradients to an .npz",
+                        description="Writes the per-worker gradients of one data-parallel step of the demo CNN "
+                                    "as float32 arrays node0 … node{N-1} of an .npz (the input of "
+                                    "`wirereduce sim allreduce`) and prints the parameter count and the "
+                                    "gradients' L2 norms.")
+    q.add_argument("--nodes", type=int, default=4, help="number of workers (default: 4)")
+    q.add_argument("--steps", type=int, default=0, help="training steps taken first (default: 0)")
+    q.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
+    q.add_argument("--batch", type=int, default=64, help="mini-batch per worker (default: 64)")
+    q.add_argument("-o", "--output", default="grads.npz",
+                   help=".npz to write arrays node0 … node{N-1} to; .npz is appended if missing (default: grads.npz)")
+    q.set_defaults(func=cmd_workload_gradients)
+
+    q = wsub.add_parser("compression-ratios", help="codec v1 compression ratios of real gradients during training",
+                        description="Trains the demo CNN (exact allreduce) and prints, for its gradients at the "
+                                    "start, middle and end of training and each K, codec v1 compression ratios "
+                                    "(raw fp32 / compressed payload bytes: each worker's gradient, the sum, all "
+                                    "2(N-1) ring hops), the tag shares and the relative error.")
+    q.add_argument("--k", type=int, nargs="+", default=[8, 10, 12, 14], metavar="K",
+                   help="error-bound exponents 2^-K, 4 … 24 (default: 8 10 12 14)")
+    q.add_argument("--nodes", type=int, default=4, help="workers (default: 4)")
+    q.add_argument("--epochs", type=int, default=20, help="training epochs (default: 20)")
+    q.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    q.set_defaults(func=cmd_workload_compression_ratios)
+
+    q = wsub.add_parser("codec-train", help="train with the compressed allreduce for several k against fp32",
+                        description="Trains the demo CNN data-parallel with every step's gradients summed by the "
+                                    "golden compressed ring allreduce (bit-exact to the codec hardware), once per "
+                                    "k, and uncompressed as the baseline; prints final accuracy, its difference "
+                                    "to the baseline and the compression ratio, and writes OUT_DIR/NAME.json and "
+                                    "OUT_DIR/NAME.png (accuracy and loss against epoch).")
+    q.add_argument("--k", type=int, nargs="+", default=list(codec_train.DEFAULT_KS), metavar="K",
+                   help=f"error-bound exponents 2^-K (default: {' '.join(map(str, codec_train.DEFAULT_KS))})")
+    q.add_argument("--epochs", type=int, default=codec_train.DEFAULT_EPOCHS,
+                   help=f"epochs (default: {codec_train.DEFAULT_EPOCHS})")
+    q.add_argument("--workers", type=int, default=codec_train.DEFAULT_WORKERS,
+                   help=f"workers (default: {codec_train.DEFAULT_WORKERS})")
+    q.add_argument("--seeds", type=int, nargs="+", default=list(codec_train.DEFAULT_SEEDS), metavar="SEED",
+                   help=f"seeds (default: {' '.join(map(str, codec_train.DEFAULT_SEEDS))})")
+    q.add_argument("--out-dir", default="bench/results", help="output directory (default: bench/results)")
+    q.add_argument("--name", default="codec-training", help="base name of the JSON and PNG files "
+                   "(default: codec-training)")
+    q.set_defaults(func=cmd_workload_codec_train)
 
 
 def _add_sim_args(p):
@@ -441,6 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "build/resources)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds yosys may take per block (default: 1800)")
     p.set_defaults(func=cmd_resources)
+
+    _add_workload_parsers(sub)
 
     from wirereduce.boards.build import add_subcommands as add_board_subcommands
 

@@ -1,12 +1,16 @@
 """Elaboration-time parameters every layer shares: datapath width, MTU, buffer slots, codec.
 
 The MTU travels as one :class:`NodeConfig` from the command line to the gateware, the simulated
-cluster and the driver; :func:`check_mtu` is the only place its range is decided.
+cluster (``SimSetup.config``) and the host driver (``Cluster(transport, config)``, which chunks by
+:attr:`NodeConfig.max_elements`); :func:`check_mtu` is the only place its range is decided and
+:func:`wirereduce.protocol.max_elements` the only place its elements per frame are.
 """
 
 from __future__ import annotations
 
-from wirereduce.protocol import HEADER_BYTES
+from dataclasses import dataclass
+
+from wirereduce.protocol import HEADER_BYTES, max_elements
 
 __all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "NodeConfig"]
 
@@ -54,8 +58,9 @@ def check_width(width: int) -> int:
     return width
 
 
+@dataclass(frozen=True, repr=False)
 class NodeConfig:
-    """Elaboration-time parameters of a node.
+    """Elaboration-time parameters of a node (immutable; equal when the parameters are).
 
     Parameters
     ----------
@@ -79,15 +84,19 @@ class NodeConfig:
         ``codec`` not a bool.
     """
 
-    def __init__(self, width: int = 64, mtu: int = 1500, slots: int = 8, codec: bool = False):
-        self.width = check_width(width)
-        self.mtu = check_mtu(mtu)
+    width: int = 64
+    mtu: int = 1500
+    slots: int = 8
+    codec: bool = False
+
+    def __post_init__(self):
+        check_width(self.width)
+        check_mtu(self.mtu)
+        slots = self.slots
         if not isinstance(slots, int) or slots < 1 or slots & (slots - 1):
             raise ValueError(f"slots must be a power of two, not {slots!r}")
-        if not isinstance(codec, bool):
-            raise TypeError(f"codec must be True or False, not {codec!r}")
-        self.slots = slots
-        self.codec = codec
+        if not isinstance(self.codec, bool):
+            raise TypeError(f"codec must be True or False, not {self.codec!r}")
 
     @property
     def bytes_per_beat(self) -> int:
@@ -105,8 +114,8 @@ class NodeConfig:
 
     @property
     def max_elements(self) -> int:
-        """fp32 elements in the largest frame."""
-        return (self.mtu - HEADER_BYTES) // 4
+        """fp32 elements in the largest frame (:func:`wirereduce.protocol.max_elements` of the MTU)."""
+        return max_elements(self.mtu)
 
     def __repr__(self):
         codec = ", codec=True" if self.codec else ""

@@ -46,14 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from wirereduce.sim.cluster.network import LINE_RATE_GBPS, clock_mhz
+from wirereduce.sim.cluster.network import LINE_RATE_GBPS, clock_mhz, line_rate_gbps
 
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import HEADER_BYTES, max_elements, wire_bytes
 
 __all__ = [
     "BenchConfig", "BenchError", "LINE_RATE_GBPS", "FULL_CONFIGS", "FULL_SIZES", "QUICK_CONFIGS",
     "QUICK_SIZES", "ETH_CONFIGS", "ETH_SIZES", "ETH_QUICK_CONFIGS", "ETH_QUICK_SIZES", "run_eth_rows",
-    "HOP_LATENCY_TARGET", "line_rate_gbps", "chunk_sizes", "frame_bound_gbps",
+    "HOP_LATENCY_TARGET", "line_rate_gbps", "check_bench_width", "chunk_sizes", "frame_bound_gbps",
     "ring_bound_gbps", "ring_time_target", "bench_record", "make_gradients", "parse_size",
     "format_size", "run_bench", "write_plot",
 ]
@@ -104,30 +105,31 @@ ETH_QUICK_SIZES: tuple[int, ...] = (8 * KiB, 4 * MiB)
 # Bounds
 
 
-def line_rate_gbps(width: int) -> float:
-    """Line rate in Gbit/s of the link a datapath width serves (10 at 64 bit, 100 at 512 bit).
+def check_bench_width(width: int) -> int:
+    """A width the benchmark runs: one with an Ethernet line rate
+    (:data:`~wirereduce.sim.cluster.network.LINE_RATE_GBPS`: 10G at 64 bit, 100G at 512 bit); returns it.
 
     Raises
     ------
     ValueError
-        For a width with no Ethernet rate defined here.
+        For a width with no Ethernet rate.
     """
-    try:
-        return LINE_RATE_GBPS[width]
-    except KeyError:
+    if width not in LINE_RATE_GBPS:
         raise ValueError(f"no line rate is defined for a {width}-bit datapath "
-                         f"(benchmarked widths: {', '.join(map(str, LINE_RATE_GBPS))})") from None
+                         f"(benchmarked widths: {', '.join(map(str, LINE_RATE_GBPS))})")
+    return width
 
 
 def chunk_sizes(elements: int, mtu: int) -> list[int]:
     """Elements per chunk when ``elements`` fp32 are split into frames of MTU ``mtu``: the host
-    driver's own chunking (:func:`~wirereduce.host.driver.plan_chunks`), full chunks of
+    driver's own chunking (:func:`~wirereduce.host.driver.plan_chunks` of
+    :func:`~wirereduce.host.driver.chunk_elements`), full chunks of the MTU's
     :func:`~wirereduce.protocol.max_elements` and a shorter last one."""
-    from wirereduce.host.driver import plan_chunks
+    from wirereduce.host.driver import chunk_elements, plan_chunks
 
     if not isinstance(elements, (int, np.integer)) or elements < 1:
         raise ValueError(f"elements must be a positive int, not {elements!r}")
-    return [n for _, n in plan_chunks(int(elements), max_elements(mtu))]
+    return [n for _, n in plan_chunks(int(elements), chunk_elements(NodeConfig(mtu=mtu)))]
 
 
 def frame_bound_gbps(elements: int, mtu: int, width: int) -> float:
@@ -141,7 +143,7 @@ def frame_bound_gbps(elements: int, mtu: int, width: int) -> float:
     """
     sizes = chunk_sizes(elements, mtu)
     wire = sum(wire_bytes(HEADER_BYTES + 4 * n) for n in sizes)
-    return line_rate_gbps(width) * 4 * int(elements) / wire
+    return line_rate_gbps(check_bench_width(width)) * 4 * int(elements) / wire
 
 
 def ring_bound_gbps(nodes: int, elements: int, mtu: int, width: int) -> float:
@@ -188,6 +190,7 @@ def bench_record(config: BenchConfig, rec: dict, arrays: Sequence[np.ndarray], *
     cycles = int(rec["cycles"])
     if cycles <= 0:
         raise BenchError(f"{config}, {nbytes} B: the engine reported {cycles} cycles")
+    check_bench_width(config.width)
     mhz = getattr(setup, "clock", None) or clock_mhz(config.width)
     gbps = getattr(setup, "link_gbps", None) or line_rate_gbps(config.width)
     time_us = cycles / mhz
@@ -231,7 +234,7 @@ def bench_record(config: BenchConfig, rec: dict, arrays: Sequence[np.ndarray], *
         "width_bits": config.width,
         "clock_mhz": mhz,
         "line_rate_gbps": gbps,
-        "slots": getattr(setup, "slots", None),
+        "slots": setup.config.slots if setup is not None else None,
         "link_latency": getattr(setup, "link_latency", None),
         "links": getattr(setup, "links", "model"),
         "frames": int(rec.get("frames", len(chunk_sizes(elements, config.mtu)))),
@@ -539,7 +542,7 @@ def run_eth_rows(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: I
     for s in sizes:
         if s < 4 or s % 4:
             raise ValueError(f"size {s} B is not a positive multiple of 4 bytes")
-    setups = {c: SimSetup(nodes=c.nodes, width=c.width, mtu=c.mtu, slots=slots, link_latency=link_latency,
+    setups = {c: SimSetup(nodes=c.nodes, config=NodeConfig(c.width, c.mtu, slots), link_latency=link_latency,
                           links="eth") for c in configs}
     model = {(r["width_bits"], r["mtu"], r["nodes"], r["bytes"]): r for r in rows if r.get("links", "model") == "model"}
     out = []
@@ -574,11 +577,11 @@ def run_eth_rows(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: I
     return out
 
 
-#: Compressed rows (:func:`run_codec_rows`): 4 nodes with a 512-bit core at 156.25 MHz (64 B a cycle)
-#: behind 10G link models (8 B a cycle), MTU 9000, so the links, not the core, set the pace.
+#: Compressed rows (:func:`run_codec_rows`): 4 nodes with a 512-bit core at the 10G clock, 156.25 MHz
+#: (64 B a cycle), behind 10G link models (8 B a cycle), MTU 9000, so the links, not the core, set the pace.
 CODEC_CONFIG = BenchConfig(512, 9000, 4)
-CODEC_CLOCK_MHZ = 156.25
-CODEC_LINK_GBPS = 10.0
+CODEC_CLOCK_MHZ = clock_mhz(64)
+CODEC_LINK_GBPS = line_rate_gbps(64)
 CODEC_KS: tuple[int, ...] = (8, 10, 12)
 #: Buffer slots (= host window) of the compressed rows. A compressing hop is store-and-forward
 #: (the decompressor's commit buffer, the compressor's tag block), so a chunk's round trip is
@@ -628,8 +631,8 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
         if s < 4 or s % 4:
             raise ValueError(f"size {s} B is not a positive multiple of 4 bytes")
     ks = [codec.check_k(k) for k in ks]
-    setup = SimSetup(nodes=config.nodes, width=config.width, mtu=config.mtu, slots=slots,
-                     link_latency=link_latency, codec=True, link_gbps=link_gbps, clock_mhz=clock)
+    setup = SimSetup(nodes=config.nodes, config=NodeConfig(config.width, config.mtu, slots, codec=True),
+                     link_latency=link_latency, link_gbps=link_gbps, clock_mhz=clock)
     _out(f"#\n# compressed allreduce (INCEPTIONN-style codec v1 at every port), {config.nodes} nodes, "
          f"{config.width}-bit core @ {clock:g} MHz behind {link_gbps:g}G links, MTU {config.mtu}, "
          f"{slots} slots (host window)\n"
@@ -728,9 +731,9 @@ def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iter
             raise ValueError(f"size {s} B is not a positive multiple of 4 bytes")
     setups = {}
     for c in configs:
-        line_rate_gbps(c.width)
-        setups[c] = SimSetup(nodes=c.nodes, width=c.width, mtu=c.mtu, slots=slots,
-                             link_latency=link_latency, simulator=simulator)
+        check_bench_width(c.width)
+        setups[c] = SimSetup(nodes=c.nodes, config=NodeConfig(c.width, c.mtu, slots), link_latency=link_latency,
+                             simulator=simulator)
     if not re.fullmatch(r"[\w.+-]+", name):
         raise ValueError(f"name {name!r} must be a plain file name (letters, digits, . _ + -)")
     run = runner if runner is not None else _default_runner()

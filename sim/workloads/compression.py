@@ -1,13 +1,11 @@
 """Compression ratios of the demo CNN's real gradients at the start, middle and end of training.
 
-``wirereduce codec-ratios`` prints the table.
+``wirereduce workload compression-ratios`` prints the table.
 """
 
 from __future__ import annotations
 
-import argparse
 import operator
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,32 +139,3 @@ def format_table(records: Sequence[dict[str, Any]]) -> str:
             f"{r['rel_error']:>9.2e}"
         )
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the compression-ratio table of the demo CNN's gradients (``python -m wirereduce.sim.workloads.compression``).
-
-    Returns 0, or 2 on a bad argument or a missing optional dependency (message on stderr).
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m wirereduce.sim.workloads.compression",
-        description="Codec v1 compression ratios of real CNN gradients at the start, middle and end of training.",
-    )
-    parser.add_argument("--k", type=int, nargs="+", default=[8, 10, 12, 14], help="error-bound exponents")
-    parser.add_argument("--nodes", type=int, default=4, help="workers (default 4)")
-    parser.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    args = parser.parse_args(argv)
-    try:
-        records = compression_table(args.k, nodes=args.nodes, epochs=args.epochs, seed=args.seed)
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"demo CNN, {args.nodes} workers, {args.epochs} epochs, seed {args.seed}, "
-          f"final test accuracy {records[0]['test_accuracy']:.1%}; ratio = raw fp32 payload / compressed payload")
-    print(format_table(records))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -30,7 +30,7 @@ functions that need them, so ``import wirereduce.sim.workloads.gradients`` stays
 
 Command line::
 
-    python -m wirereduce.sim.workloads.gradients --nodes 4 --steps 0 --seed 0 --output grads.npz
+    wirereduce workload gradients --nodes 4 --steps 0 --seed 0 --output grads.npz
 
 writes arrays ``node0`` .. ``node{N-1}`` (float32, 1-D) to the ``.npz`` file and prints one line
 with the parameter count, node count, steps and a summary of the per-node L2 norms.
@@ -38,14 +38,11 @@ with the parameter count, node count, steps and a summary of the per-node L2 nor
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import math
 import operator
-import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -65,7 +62,6 @@ __all__ = [
     "shard_gradients",
     "gradient_stream",
     "train_data_parallel",
-    "main",
 ]
 
 #: Default SGD learning rate (applied to the mean of the workers' gradients).
@@ -569,54 +565,3 @@ def train_data_parallel(
             }
         )
     return records
-
-
-# --------------------------------------------------------------------------------------------------
-# command line
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Write one step's per-worker gradients to an ``.npz`` file and print a summary line.
-
-    Parameters
-    ----------
-    argv : sequence of str, optional
-        Command-line arguments (default ``sys.argv[1:]``): ``--nodes``, ``--steps``, ``--seed``,
-        ``--batch``, ``--output``.
-
-    Returns
-    -------
-    int
-        0 on success, 2 on a bad argument or a missing optional dependency (message on stderr).
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m wirereduce.sim.workloads.gradients",
-        description="Per-worker gradients of one data-parallel step of the demo CNN on digits.",
-    )
-    parser.add_argument("--nodes", type=int, default=4, help="number of workers (default 4)")
-    parser.add_argument("--steps", type=int, default=0, help="training steps taken first (default 0)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    parser.add_argument("--batch", type=int, default=64, help="mini-batch per worker (default 64)")
-    parser.add_argument(
-        "--output", type=Path, default=Path("grads.npz"),
-        help="npz file to write arrays node0..node{N-1} to; .npz is appended if missing (default grads.npz)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        grads = shard_gradients(nodes=args.nodes, steps=args.steps, seed=args.seed, batch=args.batch)
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    output = args.output if args.output.suffix == ".npz" else Path(f"{args.output}.npz")  # as np.savez does
-    np.savez(output, **{f"node{i}": g for i, g in enumerate(grads)})
-    norms = np.array([float(np.linalg.norm(g.astype(np.float64))) for g in grads])
-    print(
-        f"parameters={grads[0].size} nodes={len(grads)} steps={args.steps} "
-        f"l2_norm min={norms.min():.6g} mean={norms.mean():.6g} max={norms.max():.6g} "
-        f"-> {output}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
