@@ -18,8 +18,8 @@ Clock domains:
 - ``sync``: 156.25 MHz from an MMCM on the system clock (200 MHz × 25 / 4 = 1250 MHz VCO, / 8;
   MMCME2 VCO range 600-1440 MHz at -2, DS183); the node and the core side of each Ethernet port.
 - ``gt{n}_tx`` / ``gt{n}_rx`` for n = 0-3: 322.265625 MHz TXOUTCLK / RXOUTCLK of each GTH channel
-  (:mod:`wirereduce.hdl.xilinx.gth`); the MAC and PCS of each port (:class:`~wirereduce.hdl.eth.port.EthPort10G`
-  with ``cdc=True``, frames cross to ``sync`` through asynchronous FIFOs).
+  (:mod:`wirereduce.hdl.xilinx.gth`); the MAC and PCS of each port (:class:`~wirereduce.hdl.eth.port.EthPort10GCdc`,
+  the board version of the single-clock port; frames cross to ``sync`` through asynchronous FIFOs).
 
 Start-up: the CPU reset button (AV40) resets ``init`` and ``sync``. :class:`~wirereduce.boards.si5324.Si5324Init`
 programs the Si5324 (docs/boards.md: mux 0x74 channel 7, 0x75 off, Si5324 at 0x68, ICAL); its ``done`` is
@@ -113,7 +113,7 @@ class VC709Top(Elaboratable):
 
     def elaborate(self, platform):
         from wirereduce.boards.si5324 import Si5324Init
-        from wirereduce.hdl.eth.port import EthPort10G, port_counters
+        from wirereduce.hdl.eth.port import EthPort10GCdc, port_counters
 
         m = Module()
         platform.add_file(CONSTRAINTS_FILE, self.constraints)
@@ -168,7 +168,7 @@ class VC709Top(Elaboratable):
         ports = {}
         stats = {}  # the ports' stats, by the node port they serve: host, cw, ccw
         for n, (to_node, from_node) in CAGE_ROLES.items():
-            port = EthPort10G(self.mtu, cdc=True, cut_through=to_node != "host_rx")  # ring ports cut-through
+            port = EthPort10GCdc(self.mtu, cut_through=to_node != "host_rx")  # ring ports cut-through
             ports[n] = port
             m.submodules[f"eth{n}"] = DomainRenamer({"gt_tx": f"gt{n}_tx", "gt_rx": f"gt{n}_rx"})(port)
             ch = quad.channels[n]

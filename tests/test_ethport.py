@@ -1,4 +1,4 @@
-"""EthPort10G (hdl/eth/port.py): framing, MAC and PCS of one node port, in amaranth.sim.
+"""EthPort10G and EthPort10GCdc (hdl/eth/port.py): framing, MAC and PCS of one node port, in amaranth.sim.
 
 Frames are compared byte for byte with what was sent. Bad frames are made on the line itself:
 XGMII columns built here (FCS with :func:`zlib.crc32`) are encoded and scrambled by the PCS
@@ -12,12 +12,13 @@ import struct
 
 import pytest
 from amaranth import Cat, ClockDomain, ClockSignal, Module, ResetSignal, Signal
+from amaranth.hdl import Fragment
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from amaranth_harness import stream_recv, stream_send, to_beats
 from test_mac import columns, fcs, on_line
 from wirereduce.hdl.eth.pcs import SYNC_DATA, Encoder, Scrambler
-from wirereduce.hdl.eth.port import EthFramer, EthPort10G, eth_header, eth_stats_layout
+from wirereduce.hdl.eth.port import EthFramer, EthPort10G, EthPort10GCdc, eth_header, eth_stats_layout
 
 from wirereduce.protocol import Codec, Header, Opcode
 
@@ -43,13 +44,13 @@ def random_frames(seed: int, n: int) -> list[bytes]:
 
 
 class Pair(wiring.Component):
-    """Two cdc=False ports cabled back to back with ``delay`` cycles of wire each way; ``flip``
+    """Two single-clock ports cabled back to back with ``delay`` cycles of wire each way; ``flip``
     inverts payload bit 5 of the ``flip_at``-th data block on the a → b wire (0: never)."""
 
     def __init__(self, delay: int = 3, b_cut_through: bool = False):
         self.delay = delay
-        self.a = EthPort10G(MTU, cdc=False, local_mac=0x020000000001, peer_mac=0x020000000002)
-        self.b = EthPort10G(MTU, cdc=False, local_mac=0x020000000002, peer_mac=0x020000000001,
+        self.a = EthPort10G(MTU, local_mac=0x020000000001, peer_mac=0x020000000002)
+        self.b = EthPort10G(MTU, local_mac=0x020000000002, peer_mac=0x020000000001,
                             cut_through=b_cut_through)
         super().__init__({"flip_at": wiring.In(16)})
 
@@ -88,11 +89,21 @@ def stats(ctx, port) -> dict[str, int]:
 def test_eth_header_and_parameters():
     assert eth_header(0x0102030405AB, 0x0A0B0C0D0E0F) == bytes.fromhex("0102030405ab0a0b0c0d0e0f88b5")
     with pytest.raises(ValueError, match="48-bit"):
-        EthPort10G(MTU, cdc=False, local_mac=1 << 48)
+        EthPort10G(MTU, local_mac=1 << 48)
     with pytest.raises(ValueError, match="mtu"):
         EthPort10G(19)
     with pytest.raises(ValueError, match="rx_frames"):
         EthPort10G(MTU, rx_frames=0)
+    with pytest.raises(ValueError, match="rx_frames"):
+        EthPort10GCdc(MTU, rx_frames=0)
+
+    # The crossing is its own component around the single-clock pieces, not a flag: same node side.
+    single, board = EthPort10G(MTU), EthPort10GCdc(MTU)
+    shared = {"tx", "rx", "link_up", "block_lock", "hi_ber", "stats", "tx_tap", "tx_tap_valid"}
+    assert set(single.signature.members) == shared | {"line_tx", "line_rx"}
+    assert set(board.signature.members) == shared | {"gt_tx_data", "gt_rx_data"}
+    for port in (single, board):
+        Fragment.get(port, None)
     with pytest.raises(ValueError, match="dst"):
         EthFramer(dst=-1)
 
@@ -225,10 +236,10 @@ def test_cut_through_marks_a_bad_frame_and_the_next_hop_gets_it_stomped():
 
 
 class RawLine(wiring.Component):
-    """XGMII columns from the testbench → Encoder → Scrambler → a cdc=False port's line_rx."""
+    """XGMII columns from the testbench → Encoder → Scrambler → a single-clock port's line_rx."""
 
     def __init__(self):
-        self.port = EthPort10G(MTU, cdc=False)
+        self.port = EthPort10G(MTU)
         super().__init__({"data": wiring.In(64), "ctrl": wiring.In(8, init=0xFF)})
 
     def elaborate(self, platform):
@@ -289,11 +300,11 @@ def test_bad_frames_dropped_and_counted():
 
 
 class Loopback(wiring.Component):
-    """A cdc=True port with its transceiver data looped back 13 bits late (so block lock must slip
+    """An EthPort10GCdc port with its transceiver data looped back 13 bits late (so block lock must slip
     to find the boundary); gt_rx is clocked by gt_tx."""
 
     def __init__(self):
-        self.port = EthPort10G(MTU, cdc=True)
+        self.port = EthPort10GCdc(MTU)
         super().__init__({})
 
     def elaborate(self, platform):

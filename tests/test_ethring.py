@@ -1,6 +1,6 @@
 """A ring cabled with real 10G Ethernet: every link is MAC + 10GBASE-R PCS (hdl/eth/port.py).
 
-``SimSetup(links="eth")``: each node's ring and host ports are EthPort10G(cdc=False) ports whose
+``SimSetup(links="eth")``: each node's ring and host ports are single-clock EthPort10G ports whose
 66-bit block streams are the cables. The fast engine (Verilator + the C++ frame player) runs the
 allreduce; every result is compared bit for bit (``view(np.uint32)``) with the golden model, and
 one link's frames are captured to a pcap file and read back with scapy (and tshark if installed).

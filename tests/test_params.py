@@ -14,7 +14,7 @@ from wirereduce.hdl.arith.fp32 import AdderLanes
 from wirereduce.hdl.codec.compressor import BytePacker
 from wirereduce.hdl.eth.mac import MacRx
 from wirereduce.hdl.eth.pcs import BerMonitor
-from wirereduce.hdl.eth.port import EthFramer, EthPort10G
+from wirereduce.hdl.eth.port import EthFramer, EthPort10G, EthPort10GCdc
 from wirereduce.hdl.params import reject, rejecting
 from wirereduce.hdl.stream.realign import Realigner
 from wirereduce.hdl.xilinx.cmac import CmacTxGlue, EthPrepend
@@ -60,6 +60,7 @@ def test_without_the_helper_a_rejected_component_warns():
     lambda: Realigner(96, strip=1),
     lambda: EthFramer(dst=-1),
     lambda: EthPort10G(19),
+    lambda: EthPort10GCdc(19),
     lambda: EthPrepend(b"\x00"),
     lambda: CmacTxGlue(src_mac=1 << 48),
     lambda: MacRx(10),

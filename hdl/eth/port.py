@@ -4,13 +4,23 @@ A node's ports carry wirereduce frames **without** the 14-byte Ethernet header (
 this module adds it on the way out and strips it on the way in, and puts :mod:`wirereduce.hdl.eth.mac`
 and :mod:`wirereduce.hdl.eth.pcs` between the node and the line::
 
-    tx ─► EthFramer ─► MacTx ─► Encoder ─► Scrambler ─┬─(cdc=False) line_tx: a 66-bit block a cycle
-      (dst, src, 0x88B5)  (preamble, FCS, IFG)        └─(cdc=True)  TxGearbox ─► gt_tx_data (32 bit)
+    EthPort10G (single clock, sync: the simulated ring)
 
-    rx ◄─ EthDeframer ◄─ RxDropBad ◄─ MacRx ◄─ Decoder ◄─ Descrambler ◄─┬─ line_rx (cdc=False)
-      (EtherType check,  (bad frames            ▲ BlockLock, BerMonitor └─ RxGearbox ◄─ gt_rx_data
+    tx ─► EthFramer ─► MacTx ─► Encoder ─► Scrambler ─► line_tx: a 66-bit block a cycle
+      (dst, src, 0x88B5)  (preamble, FCS, IFG)
+          └── MacPcsTx ─────────────────────┘
+    rx ◄─ EthDeframer ◄─ RxDropBad ◄─ MacRx ◄─ Decoder ◄─ Descrambler ◄─ line_rx
+      (EtherType check,  (bad frames            ▲ BlockLock, BerMonitor
        padding trimmed)   dropped whole;
                           RxCutThrough: marked)
+                        └── MacPcsRx ──────────────────────────────┘
+
+    EthPort10GCdc (the board): the same pieces, MacPcsTx and MacPcsRx in the transceiver's domains
+
+    tx ─► EthFramer ─► AsyncFIFO ─► MacPcsTx ─► TxGearbox ─► gt_tx_data (32 bit)
+    rx ◄─ EthDeframer ◄─ AsyncFIFO ◄─ MacPcsRx ◄─ RxGearbox ◄─ gt_rx_data
+          (sync)        (crossing)    (gt_tx, gt_rx)
+    block_lock, hi_ber ◄─ FFSynchronizer; stats ◄─ the MAC counters' increments, counted again
 
 Blocks
 ------
@@ -20,9 +30,14 @@ Blocks
 :class:`EthDeframer`
     Strips the Ethernet header, drops and counts frames with another EtherType, and trims the
     zero padding a short frame got on the wire (clause 3.2.8) back to the wirereduce length.
+:class:`MacPcsTx`, :class:`MacPcsRx`
+    The MAC and the PCS of one direction, single clock, on 66-bit blocks.
 :class:`EthPort10G`
-    The whole port, single-clock for the simulated ring (``cdc=False``) or with the MAC and PCS
-    in the transceiver's clock domains for a board (``cdc=True``).
+    The whole port, single clock (``sync``), for the simulated ring: ``line_tx``/``line_rx``.
+:class:`EthPort10GCdc`
+    The board's port: the same single-clock pieces, MAC and PCS moved into the transceiver's
+    clock domains (``gt_tx``, ``gt_rx``) with 32-bit gearboxes, and the clock-domain crossings
+    around them. A crossing wraps single-clock components; it is not a flag inside them.
 
 Store and forward, or cut-through, on receive
 ---------------------------------------------
@@ -42,21 +57,19 @@ from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.hdl import DomainRenamer, EnableInserter
-from amaranth.lib import cdc, data, fifo, wiring
+from amaranth.lib import cdc, data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.eth.mac import FCS_BYTES, MacRx, MacTx, RxCutThrough, RxDropBad
 from wirereduce.hdl.eth.pcs import (
-    IDLE_COLUMN,
     BerMonitor,
     BlockLock,
     Decoder,
     Descrambler,
     Encoder,
-    PCSRx,
-    PCSTx,
+    RxGearbox,
     Scrambler,
+    TxGearbox,
     block_layout,
-    xgmii_layout,
 )
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameStream, beat_layout
@@ -67,7 +80,7 @@ from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETH_PORTS, 
 
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
            "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "port_counters", "EthFramer", "EthDeframer",
-           "EthPort10G"]
+           "TX_LINE_COUNTERS", "RX_LINE_COUNTERS", "MacPcsTx", "MacPcsRx", "EthPort10G", "EthPort10GCdc"]
 
 #: Locally administered unicast addresses (IEEE 802 U/L bit set) used when none is given.
 DEFAULT_LOCAL_MAC = 0x02_77_72_00_00_00
@@ -401,45 +414,220 @@ class EthDeframer(wiring.Component):
         return m
 
 
-class _PulseCount(wiring.Component):
-    """Counts in ``sync`` the increments of a counter that lives in another domain."""
+#: The :func:`eth_stats_layout` counters kept on the line side of a port, by :class:`MacPcsTx` and
+#: :class:`MacPcsRx` (in the transceiver domains of :class:`EthPort10GCdc`).
+TX_LINE_COUNTERS = ("tx_frames", "tx_stomped", "tx_aborted")
+RX_LINE_COUNTERS = ("rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow", "rx_stomped")
 
-    def __init__(self, domain: str):
-        self._domain = domain
-        super().__init__({"src": In(32), "count": Out(32)})
+
+class MacPcsTx(wiring.Component):
+    """Transmit MAC and PCS, single clock: Ethernet frames in, scrambled 66-bit blocks out.
+
+    :class:`~wirereduce.hdl.eth.mac.MacTx` → :class:`~wirereduce.hdl.eth.pcs.Encoder` →
+    :class:`~wirereduce.hdl.eth.pcs.Scrambler`. The MAC makes an XGMII column in each cycle the
+    encoder takes one (it runs under :class:`~amaranth.hdl.EnableInserter` on the encoder's
+    ``i.ready``): every cycle when ``o.ready`` is always 1 (:class:`EthPort10G`, a block a cycle),
+    32 of 33 behind a 32-bit :class:`~wirereduce.hdl.eth.pcs.TxGearbox` (:class:`EthPort10GCdc`).
+    ``bad`` on a frame's last beat sends it with a stomped FCS.
+
+    Attributes
+    ----------
+    i : In(FrameStream(64))
+        Ethernet frames without FCS; a started frame's beats must come back to back (in enabled
+        cycles), else the MAC ends it with /E/ (``tx_aborted``).
+    o : Out(stream.Signature(block_layout))
+        Scrambled blocks, bit 0 of ``header`` first on the line.
+    stats : Out(StructLayout of :data:`TX_LINE_COUNTERS`)
+        Wrapping 32-bit counters.
+    """
+
+    def __init__(self):
+        super().__init__({
+            "i": In(FrameStream(64)),
+            "o": Out(stream.Signature(block_layout)),
+            "stats": Out(data.StructLayout({name: 32 for name in TX_LINE_COUNTERS})),
+        })
 
     def elaborate(self, platform):
         m = Module()
-        prev = Signal(32)
-        m.submodules.ps = ps = cdc.PulseSynchronizer(i_domain=self._domain, o_domain="sync")
-        m.d[self._domain] += prev.eq(self.src)
-        m.d.comb += ps.i.eq(prev != self.src)
-        with m.If(ps.o):
-            m.d.sync += self.count.eq(self.count + 1)
+        m.submodules.encoder = enc = Encoder()
+        m.submodules.scrambler = scr = Scrambler()
+        en = Signal()
+        mac_tx = MacTx()
+        m.submodules.mac_tx = EnableInserter(en)(mac_tx)
+        wiring.connect(m, enc.o, scr.i)
+        wiring.connect(m, scr.o, wiring.flipped(self.o))
+        m.d.comb += [
+            en.eq(enc.i.ready),
+            mac_tx.i.valid.eq(self.i.valid),
+            mac_tx.i.payload.eq(self.i.payload),
+            self.i.ready.eq(mac_tx.i.ready & en),
+            mac_tx.stomp.eq(self.i.payload.bad),
+            enc.i.valid.eq(1),
+            enc.i.payload.eq(Cat(mac_tx.xgmii.data, mac_tx.xgmii.ctrl)),
+            self.stats.tx_frames.eq(mac_tx.stats.frames),
+            self.stats.tx_stomped.eq(mac_tx.stats.stomped),
+            self.stats.tx_aborted.eq(mac_tx.stats.aborted),
+        ]
         return m
 
 
-class EthPort10G(wiring.Component):
-    """A 10GBASE-R Ethernet port for one node port: framing, MAC, PCS, status and counters.
+class MacPcsRx(wiring.Component):
+    """Receive PCS and MAC, single clock: 66-bit blocks in, checked Ethernet frames out.
+
+    :class:`~wirereduce.hdl.eth.pcs.Descrambler` → :class:`~wirereduce.hdl.eth.pcs.Decoder` →
+    :class:`~wirereduce.hdl.eth.mac.MacRx` → :class:`~wirereduce.hdl.eth.mac.RxDropBad` (or
+    :class:`~wirereduce.hdl.eth.mac.RxCutThrough`), with :class:`~wirereduce.hdl.eth.pcs.BlockLock`
+    and :class:`~wirereduce.hdl.eth.pcs.BerMonitor` on the sync headers. The MAC takes a column in
+    each cycle the decoder gives one (:class:`~amaranth.hdl.EnableInserter` on its ``o.valid``):
+    every cycle once the pipeline is full when a block comes every cycle (:class:`EthPort10G`), 32
+    of 33 behind a 32-bit :class:`~wirereduce.hdl.eth.pcs.RxGearbox` (:class:`EthPort10GCdc`).
+
+    Parameters
+    ----------
+    max_frame : int
+        Longest frame the MAC accepts, bytes (:func:`max_frame_bytes`).
+    depth : int
+        Beats of the receive FIFO in the drop stage.
+    cut_through : bool
+        :class:`~wirereduce.hdl.eth.mac.RxCutThrough` instead of
+        :class:`~wirereduce.hdl.eth.mac.RxDropBad`.
+
+    Attributes
+    ----------
+    i : In(stream.Signature(block_layout, always_ready=True))
+        Received blocks, one with each ``i.valid``.
+    slip : Out(1)
+        :class:`~wirereduce.hdl.eth.pcs.BlockLock`'s bit-slip request, for a gearbox in front;
+        blocks that are aligned already never need it.
+    o : Out(FrameStream(64))
+        Ethernet frames without FCS; the line cannot wait, so frames the FIFO has no room for are
+        lost (``rx_overflow``).
+    block_lock, hi_ber : Out(1)
+    stats : Out(StructLayout of :data:`RX_LINE_COUNTERS`)
+        Wrapping 32-bit counters.
+    """
+
+    def __init__(self, max_frame: int, *, depth: int, cut_through: bool = False):
+        self.max_frame = max_frame
+        self.depth = depth
+        self.cut_through = bool(cut_through)
+        super().__init__({
+            "i": In(stream.Signature(block_layout, always_ready=True)),
+            "slip": Out(1),
+            "o": Out(FrameStream(64)),
+            "block_lock": Out(1), "hi_ber": Out(1),
+            "stats": Out(data.StructLayout({name: 32 for name in RX_LINE_COUNTERS})),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.descrambler = dsc = Descrambler()
+        m.submodules.decoder = dec = Decoder()
+        m.submodules.lock = lock = BlockLock()
+        m.submodules.ber = ber = BerMonitor()
+        en = Signal()
+        mac_rx = MacRx(self.max_frame)
+        m.submodules.mac_rx = EnableInserter(en)(mac_rx)
+        drop = RxCutThrough if self.cut_through else RxDropBad
+        m.submodules.drop_bad = drop_bad = drop(self.max_frame, depth=self.depth)
+        wiring.connect(m, wiring.flipped(self.i), dsc.i)
+        wiring.connect(m, dsc.o, dec.i)
+        wiring.connect(m, drop_bad.o, wiring.flipped(self.o))
+        st = self.stats
+        m.d.comb += [
+            lock.header.eq(self.i.payload.header), lock.valid.eq(self.i.valid),
+            ber.header.eq(self.i.payload.header), ber.valid.eq(self.i.valid),
+            ber.block_lock.eq(lock.block_lock),
+            self.slip.eq(lock.slip),
+            dec.link_ok.eq(lock.block_lock & ~ber.hi_ber),
+            self.block_lock.eq(lock.block_lock), self.hi_ber.eq(ber.hi_ber),
+            en.eq(dec.o.valid),
+            Cat(mac_rx.xgmii.data, mac_rx.xgmii.ctrl).eq(dec.o.payload.as_value()),
+            drop_bad.i.payload.eq(mac_rx.o.payload),
+            drop_bad.i.valid.eq(mac_rx.o.valid & en),  # MacRx's output register holds between enables
+            st.rx_fcs_errors.eq(mac_rx.stats.fcs_errors), st.rx_runts.eq(mac_rx.stats.runts),
+            st.rx_oversize.eq(mac_rx.stats.oversize), st.rx_code_errors.eq(mac_rx.stats.errors),
+            st.rx_overflow.eq(drop_bad.overflow), st.rx_stomped.eq(mac_rx.stats.stomped),
+        ]
+        return m
+
+
+class _EthPort(wiring.Component):
+    """What :class:`EthPort10G` and :class:`EthPort10GCdc` share: the parameters, the node-side
+    members and, in ``sync``, the framing (:meth:`_framing`). ``line`` adds the line members."""
+
+    def __init__(self, mtu: int, *, local_mac: int, peer_mac: int, rx_frames: int, cut_through: bool,
+                 line: dict):
+        with rejecting(self):
+            check_mtu(mtu)
+            check_mac("local_mac", local_mac)
+            check_mac("peer_mac", peer_mac)
+            if not isinstance(rx_frames, int) or isinstance(rx_frames, bool) or rx_frames < 1:
+                raise ValueError(f"rx_frames must be an int ≥ 1, not {rx_frames!r}")
+        self.mtu = mtu
+        self.local_mac = local_mac
+        self.peer_mac = peer_mac
+        self.rx_frames = rx_frames
+        self.cut_through = bool(cut_through)
+        beat = FrameStream(64)
+        super().__init__({
+            "tx": In(beat), "rx": Out(beat),
+            "link_up": Out(1), "block_lock": Out(1), "hi_ber": Out(1),
+            "stats": Out(eth_stats_layout()),
+            "tx_tap": Out(beat_layout(64)), "tx_tap_valid": Out(1),
+            **line,
+        })
+
+    @property
+    def max_frame(self) -> int:
+        return max_frame_bytes(self.mtu)
+
+    @property
+    def _frame_beats(self) -> int:
+        return -(-self.max_frame // _BEAT)
+
+    def _mac_pcs(self):
+        """The port's line side, single clock: ``(MacPcsTx(), MacPcsRx(...))``."""
+        rx_depth = self.rx_frames * self._frame_beats + 16
+        return MacPcsTx(), MacPcsRx(self.max_frame, depth=rx_depth, cut_through=self.cut_through)
+
+    def _framing(self, m):
+        """Adds the :class:`EthFramer` and :class:`EthDeframer` (``sync``) between ``tx``/``rx``
+        and the MAC side, the tap, the deframer's counters and ``link_up`` (from ``block_lock``
+        and ``hi_ber``, which the port drives); returns the framer's output and the deframer's
+        input, the port's Ethernet frames out and in."""
+        m.submodules.framer = framer = EthFramer(self.peer_mac, self.local_mac)
+        m.submodules.deframer = deframer = EthDeframer()
+        wiring.connect(m, wiring.flipped(self.tx), framer.i)
+        wiring.connect(m, deframer.o, wiring.flipped(self.rx))
+        st = self.stats
+        m.d.comb += [
+            self.link_up.eq(self.block_lock & ~self.hi_ber),
+            framer.enable.eq(self.link_up),
+            self.tx_tap_valid.eq(framer.o.valid & framer.o.ready),
+            self.tx_tap.eq(framer.o.payload),
+            st.rx_frames.eq(deframer.frames), st.rx_ethertype_drops.eq(deframer.ethertype_drops),
+            st.rx_short_drops.eq(deframer.short_drops),
+        ]
+        return framer.o, deframer.i
+
+
+class EthPort10G(_EthPort):
+    """A 10GBASE-R Ethernet port for one node port, single clock: framing, MAC, PCS, status and
+    counters, all in ``sync`` (the simulated ring).
+
+    At 156.25 MHz, 10.3125 Gbaud is exactly one 66-bit block a cycle: ``line_tx`` carries the
+    scrambled blocks, ``line_rx`` takes them (a link model delays them), no gearbox, and block
+    lock finds the sync headers at once (no slip needed). :class:`EthFramer` →
+    :class:`MacPcsTx` → ``line_tx``; ``line_rx`` → :class:`MacPcsRx` → :class:`EthDeframer`.
+    :class:`EthPort10GCdc` is the same port with the MAC and PCS in a transceiver's clock domains.
 
     Parameters
     ----------
     mtu : int
         The node's MTU (largest wirereduce frame, bytes); the MAC accepts frames up to
         :func:`max_frame_bytes` (mtu + 18) and drops longer ones as oversize.
-    cdc : bool
-        ``True`` (a board): the MAC and PCS run in the transceiver's domains — ``gt_tx`` (the
-        GTH's TXUSRCLK2, 322.265625 MHz at 32 bits: :data:`GT_CLOCK_MHZ`, :data:`GT_WORD_BITS`) and
-        ``gt_rx`` (the recovered RXUSRCLK2) — with the 32-bit gearboxes; frames cross to and from
-        ``sync`` through :class:`amaranth.lib.fifo.AsyncFIFO`. The PCS takes or gives an XGMII
-        column in 16 of 33 word cycles, so the MAC runs in the GT domains under
-        :class:`~amaranth.hdl.EnableInserter` (effectively 156.25 MHz). Transmit is store and
-        forward across the crossing (a frame starts only once all of it is in the FIFO), so the
-        MAC never underruns whatever ``sync`` runs at.
-        ``False`` (the simulated ring): everything in ``sync`` at 156.25 MHz, where 10.3125 Gbaud is
-        exactly one 66-bit block a cycle: ``line_tx`` carries the scrambled blocks, ``line_rx``
-        takes them (a link model delays them), no gearbox, and block lock finds the sync headers
-        at once (no slip needed).
     local_mac, peer_mac : int
         Source and destination addresses put on transmitted frames. Received frames are not
         filtered by address (a point-to-point link).
@@ -461,20 +649,16 @@ class EthPort10G(wiring.Component):
     link_up : Out(1)
         ``block_lock & ~hi_ber``; frames wait in ``tx`` while it is low.
     block_lock, hi_ber : Out(1)
-        Receive PCS status (clauses 49.2.9, 49.2.14), synchronised to ``sync`` when ``cdc``.
+        Receive PCS status (clauses 49.2.9, 49.2.14), in ``sync``.
     stats : Out(eth_stats_layout())
         Counters (``sync``).
     tx_tap : Out(beat_layout(64)); tx_tap_valid : Out(1)
         A copy of the Ethernet frames (header included, FCS not) as they leave the framer for
         the MAC, one beat in each cycle ``tx_tap_valid`` is high (``sync``): a capture point (pcap).
-    line_tx : Out(block_layout)  — cdc=False only
+    line_tx : Out(block_layout)
         Scrambled 66-bit block sent this cycle (bit 0 of ``header`` first on the line).
-    line_rx : In(block_layout)  — cdc=False only
+    line_rx : In(block_layout)
         The block received this cycle.
-    gt_tx_data : Out(32)  — cdc=True only
-        TXDATA for a GTH with its gearbox off, ``gt_tx`` domain, bit 0 first.
-    gt_rx_data : In(32)  — cdc=True only
-        RXDATA, ``gt_rx`` domain, any bit alignment.
 
     Raises
     ------
@@ -483,95 +667,96 @@ class EthPort10G(wiring.Component):
         ``rx_frames`` < 1.
     """
 
-    def __init__(self, mtu: int, *, cdc: bool = True, local_mac: int = DEFAULT_LOCAL_MAC,
-                 peer_mac: int = DEFAULT_PEER_MAC, rx_frames: int = 2, cut_through: bool = False):
-        with rejecting(self):
-            check_mtu(mtu)
-            check_mac("local_mac", local_mac)
-            check_mac("peer_mac", peer_mac)
-            if not isinstance(rx_frames, int) or isinstance(rx_frames, bool) or rx_frames < 1:
-                raise ValueError(f"rx_frames must be an int ≥ 1, not {rx_frames!r}")
-        self.mtu = mtu
-        self.cdc = bool(cdc)
-        self.local_mac = local_mac
-        self.peer_mac = peer_mac
-        self.rx_frames = rx_frames
-        self.cut_through = bool(cut_through)
-        beat = FrameStream(64)
-        members = {
-            "tx": In(beat), "rx": Out(beat),
-            "link_up": Out(1), "block_lock": Out(1), "hi_ber": Out(1),
-            "stats": Out(eth_stats_layout()),
-            "tx_tap": Out(beat_layout(64)), "tx_tap_valid": Out(1),
-        }
-        if self.cdc:
-            members.update({"gt_tx_data": Out(GT_WORD_BITS), "gt_rx_data": In(GT_WORD_BITS)})
-        else:
-            members.update({"line_tx": Out(block_layout), "line_rx": In(block_layout)})
-        super().__init__(members)
-
-    @property
-    def max_frame(self) -> int:
-        return max_frame_bytes(self.mtu)
+    def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
+                 rx_frames: int = 2, cut_through: bool = False):
+        super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
+                         cut_through=cut_through,
+                         line={"line_tx": Out(block_layout), "line_rx": In(block_layout)})
 
     def elaborate(self, platform):
         m = Module()
-        max_frame = self.max_frame
-        frame_beats = -(-max_frame // _BEAT)
-        m.submodules.framer = framer = EthFramer(self.peer_mac, self.local_mac)
-        m.submodules.deframer = deframer = EthDeframer()
-        wiring.connect(m, wiring.flipped(self.tx), framer.i)
-        wiring.connect(m, deframer.o, wiring.flipped(self.rx))
+        eth_tx, eth_rx = self._framing(m)
+        m.submodules.mac_pcs_tx, m.submodules.mac_pcs_rx = tx, rx = self._mac_pcs()
+        wiring.connect(m, eth_tx, tx.i)
+        wiring.connect(m, rx.o, eth_rx)
         m.d.comb += [
-            framer.enable.eq(self.link_up),
-            self.tx_tap_valid.eq(framer.o.valid & framer.o.ready),
-            self.tx_tap.eq(framer.o.payload),
+            tx.o.ready.eq(1), self.line_tx.eq(tx.o.payload),
+            rx.i.valid.eq(1), rx.i.payload.eq(self.line_rx),
+            self.block_lock.eq(rx.block_lock), self.hi_ber.eq(rx.hi_ber),
         ]
-        st = self.stats
-        m.d.comb += [st.rx_frames.eq(deframer.frames), st.rx_ethertype_drops.eq(deframer.ethertype_drops),
-                     st.rx_short_drops.eq(deframer.short_drops)]
-        rx_depth = self.rx_frames * frame_beats + 16
-        drop_bad = RxCutThrough(max_frame, depth=rx_depth) if self.cut_through else RxDropBad(max_frame, depth=rx_depth)
-        idle = xgmii_layout.const(IDLE_COLUMN).as_value()
-        if not self.cdc:
-            m.submodules.mac_tx = mac_tx = MacTx()
-            m.submodules.mac_rx = mac_rx = MacRx(max_frame)
-            m.submodules.drop_bad = drop_bad
-            m.submodules.encoder = enc = Encoder()
-            m.submodules.scrambler = scr = Scrambler()
-            m.submodules.descrambler = dsc = Descrambler()
-            m.submodules.decoder = dec = Decoder()
-            m.submodules.lock = lock = BlockLock()
-            m.submodules.ber = ber = BerMonitor()
-            wiring.connect(m, framer.o, mac_tx.i)
-            wiring.connect(m, enc.o, scr.i)
-            m.d.comb += [
-                enc.i.valid.eq(1), enc.i.payload.eq(Cat(mac_tx.xgmii.data, mac_tx.xgmii.ctrl)),
-                scr.o.ready.eq(1), self.line_tx.eq(scr.o.payload),
-                dsc.i.valid.eq(1), dsc.i.payload.eq(self.line_rx),
-                lock.header.eq(self.line_rx.header), lock.valid.eq(1),
-                ber.header.eq(self.line_rx.header), ber.valid.eq(1), ber.block_lock.eq(lock.block_lock),
-                dec.link_ok.eq(lock.block_lock & ~ber.hi_ber),
-                Cat(mac_rx.xgmii.data, mac_rx.xgmii.ctrl).eq(Mux(dec.o.valid, dec.o.payload.as_value(), idle)),
-                self.block_lock.eq(lock.block_lock), self.hi_ber.eq(ber.hi_ber),
-                self.link_up.eq(lock.block_lock & ~ber.hi_ber),
-            ]
-            wiring.connect(m, dsc.o, dec.i)
-            wiring.connect(m, mac_rx.o, drop_bad.i)
-            wiring.connect(m, drop_bad.o, deframer.i)
-            m.d.comb += [
-                st.rx_fcs_errors.eq(mac_rx.stats.fcs_errors), st.rx_runts.eq(mac_rx.stats.runts),
-                st.rx_oversize.eq(mac_rx.stats.oversize), st.rx_code_errors.eq(mac_rx.stats.errors),
-                st.rx_overflow.eq(drop_bad.overflow), st.rx_stomped.eq(mac_rx.stats.stomped),
-                st.tx_frames.eq(mac_tx.stats.frames), st.tx_stomped.eq(mac_tx.stats.stomped),
-                st.tx_aborted.eq(mac_tx.stats.aborted),
-                mac_tx.stomp.eq(mac_tx.i.payload.bad),
-            ]
-            return m
+        m.d.comb += [self.stats[name].eq(tx.stats[name]) for name in TX_LINE_COUNTERS]
+        m.d.comb += [self.stats[name].eq(rx.stats[name]) for name in RX_LINE_COUNTERS]
+        return m
 
-        # ---- cdc=True: MAC and PCS in the transceiver domains -------------------------------------
+
+class _PulseCount(wiring.Component):
+    """Counts in ``sync`` the increments of a counter that lives in another domain."""
+
+    def __init__(self, domain: str):
+        self._domain = domain
+        super().__init__({"src": In(32), "count": Out(32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        prev = Signal(32)
+        m.submodules.ps = ps = cdc.PulseSynchronizer(i_domain=self._domain, o_domain="sync")
+        m.d[self._domain] += prev.eq(self.src)
+        m.d.comb += ps.i.eq(prev != self.src)
+        with m.If(ps.o):
+            m.d.sync += self.count.eq(self.count + 1)
+        return m
+
+
+class EthPort10GCdc(_EthPort):
+    """The board version of :class:`EthPort10G`: the same port with its MAC and PCS in a GTH
+    transceiver's clock domains, and the clock-domain crossings around them.
+
+    The framing (:class:`EthFramer`, :class:`EthDeframer`) stays in ``sync``; the single-clock
+    :class:`MacPcsTx` and :class:`MacPcsRx` run in ``gt_tx`` (the GTH's TXUSRCLK2, 322.265625 MHz
+    at 32 bits: :data:`GT_CLOCK_MHZ`, :data:`GT_WORD_BITS`) and ``gt_rx`` (the recovered
+    RXUSRCLK2) behind the 32-bit :class:`~wirereduce.hdl.eth.pcs.TxGearbox` and
+    :class:`~wirereduce.hdl.eth.pcs.RxGearbox`, all put there with
+    :class:`~amaranth.hdl.DomainRenamer`. The PCS takes or gives an XGMII column in 32 of 33 word
+    cycles, so the MACs run at effectively 156.25 MHz. What this component adds is the crossing:
+
+    - frames to and from ``sync`` through :class:`amaranth.lib.fifo.AsyncFIFO`. Transmit is store
+      and forward across the crossing (a frame starts only once all of it is in the FIFO), so
+      the MAC never underruns whatever ``sync`` runs at;
+    - ``block_lock`` and ``hi_ber`` through :class:`amaranth.lib.cdc.FFSynchronizer`;
+    - the MAC counters as their increments, counted again in ``sync``.
+
+    Parameters, the attributes other than the line's, and exceptions are those of
+    :class:`EthPort10G`: ``tx``, ``rx``, ``link_up``, ``block_lock``, ``hi_ber`` (synchronised),
+    ``stats`` and ``tx_tap``/``tx_tap_valid``, all in ``sync``. In place of ``line_tx``/``line_rx``:
+
+    Attributes
+    ----------
+    gt_tx_data : Out(32)
+        TXDATA for a GTH with its gearbox off, ``gt_tx`` domain, bit 0 first.
+    gt_rx_data : In(32)
+        RXDATA, ``gt_rx`` domain, any bit alignment.
+    """
+
+    def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
+                 rx_frames: int = 2, cut_through: bool = False):
+        super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
+                         cut_through=cut_through,
+                         line={"gt_tx_data": Out(GT_WORD_BITS), "gt_rx_data": In(GT_WORD_BITS)})
+
+    def elaborate(self, platform):
+        m = Module()
+        eth_tx, eth_rx = self._framing(m)
+        tx, rx = self._mac_pcs()
+        m.submodules.mac_pcs_tx = DomainRenamer("gt_tx")(tx)
+        m.submodules.mac_pcs_rx = DomainRenamer("gt_rx")(rx)
+        m.submodules.tx_gearbox = tx_gb = DomainRenamer("gt_tx")(TxGearbox(GT_WORD_BITS))
+        m.submodules.rx_gearbox = rx_gb = DomainRenamer("gt_rx")(RxGearbox(GT_WORD_BITS))
+        wiring.connect(m, tx.o, tx_gb.i)
+        wiring.connect(m, rx_gb.o, rx.i)
+        m.d.comb += [self.gt_tx_data.eq(tx_gb.data), rx_gb.data.eq(self.gt_rx_data), rx_gb.slip.eq(rx.slip)]
+
         blay = beat_layout(64)
-        depth = 1 << (frame_beats + 8).bit_length()       # a whole frame and then some, power of 2
+        depth = 1 << (self._frame_beats + 8).bit_length()    # a whole frame and then some, power of 2
         # Transmit: beats and end-of-frame tokens cross together; gt_tx starts a frame only once its
         # token (written with its last beat) has arrived, so every beat of it is readable.
         m.submodules.tx_beats = tx_beats = fifo.AsyncFIFO(width=blay.size, depth=depth, w_domain="sync",
@@ -579,72 +764,43 @@ class EthPort10G(wiring.Component):
         m.submodules.tx_tokens = tx_tokens = fifo.AsyncFIFO(width=1, depth=depth, w_domain="sync",
                                                             r_domain="gt_tx")
         m.d.comb += [
-            framer.o.ready.eq(tx_beats.w_rdy & tx_tokens.w_rdy),
-            tx_beats.w_data.eq(framer.o.payload.as_value()),
-            tx_beats.w_en.eq(framer.o.valid & framer.o.ready),
-            tx_tokens.w_en.eq(framer.o.valid & framer.o.ready & framer.o.payload.last),
+            eth_tx.ready.eq(tx_beats.w_rdy & tx_tokens.w_rdy),
+            tx_beats.w_data.eq(eth_tx.payload.as_value()),
+            tx_beats.w_en.eq(eth_tx.valid & eth_tx.ready),
+            tx_tokens.w_en.eq(eth_tx.valid & eth_tx.ready & eth_tx.payload.last),
         ]
-        m.submodules.pcs_tx = pcs_tx = DomainRenamer("gt_tx")(PCSTx(GT_WORD_BITS))
-        tx_en = Signal()
-        m.d.comb += tx_en.eq(pcs_tx.xgmii.ready)
-        mac_tx = MacTx()
-        m.submodules.mac_tx = DomainRenamer("gt_tx")(EnableInserter(tx_en)(mac_tx))
         sending = Signal()
-        stored = data.View(blay, tx_beats.r_data)
         take = Signal()
         m.d.comb += [
-            mac_tx.i.valid.eq(sending & tx_beats.r_rdy),
-            mac_tx.i.payload.eq(stored),
-            mac_tx.stomp.eq(stored.bad),
-            take.eq(mac_tx.i.valid & mac_tx.i.ready & tx_en),
+            tx.i.valid.eq(sending & tx_beats.r_rdy),
+            tx.i.payload.eq(tx_beats.r_data),
+            take.eq(tx.i.valid & tx.i.ready),
             tx_beats.r_en.eq(take),
             tx_tokens.r_en.eq(~sending & tx_tokens.r_rdy),
-            pcs_tx.xgmii.valid.eq(1),
-            pcs_tx.xgmii.payload.eq(Cat(mac_tx.xgmii.data, mac_tx.xgmii.ctrl)),
-            self.gt_tx_data.eq(pcs_tx.tx_data),
         ]
         with m.If(~sending & tx_tokens.r_rdy):
             m.d.gt_tx += sending.eq(1)
-        with m.Elif(take & stored.last):
+        with m.Elif(take & tx.i.payload.last):
             m.d.gt_tx += sending.eq(0)
 
-        # Receive: the MAC takes a column whenever the PCS gives one; RxDropBad, in gt_rx, holds
-        # each frame until its verdict and then writes it into the crossing FIFO.
-        m.submodules.pcs_rx = pcs_rx = DomainRenamer("gt_rx")(PCSRx(GT_WORD_BITS))
-        rx_en = Signal()
-        m.d.comb += [pcs_rx.rx_data.eq(self.gt_rx_data), rx_en.eq(pcs_rx.xgmii.valid)]
-        mac_rx = MacRx(max_frame)
-        m.submodules.mac_rx = DomainRenamer("gt_rx")(EnableInserter(rx_en)(mac_rx))
-        m.submodules.drop_bad = DomainRenamer("gt_rx")(drop_bad)
-        m.d.comb += [
-            Cat(mac_rx.xgmii.data, mac_rx.xgmii.ctrl).eq(pcs_rx.xgmii.payload.as_value()),
-            drop_bad.i.payload.eq(mac_rx.o.payload),
-            drop_bad.i.valid.eq(mac_rx.o.valid & rx_en),  # MacRx's output register holds between enables
-        ]
+        # Receive: MacPcsRx, in gt_rx, holds each frame until its verdict (or marks it, cut-through)
+        # and writes it into the crossing FIFO.
         m.submodules.rx_beats = rx_beats = fifo.AsyncFIFO(width=blay.size, depth=depth, w_domain="gt_rx",
                                                           r_domain="sync")
         m.d.comb += [
-            rx_beats.w_data.eq(drop_bad.o.payload.as_value()),
-            rx_beats.w_en.eq(drop_bad.o.valid),
-            drop_bad.o.ready.eq(rx_beats.w_rdy),
-            deframer.i.valid.eq(rx_beats.r_rdy),
-            deframer.i.payload.eq(rx_beats.r_data),
-            rx_beats.r_en.eq(deframer.i.ready),
+            rx_beats.w_data.eq(rx.o.payload.as_value()),
+            rx_beats.w_en.eq(rx.o.valid),
+            rx.o.ready.eq(rx_beats.w_rdy),
+            eth_rx.valid.eq(rx_beats.r_rdy),
+            eth_rx.payload.eq(rx_beats.r_data),
+            rx_beats.r_en.eq(eth_rx.ready),
         ]
 
         # Status and counters into sync.
-        lock_s, ber_s = Signal(), Signal()
-        m.submodules.sync_lock = cdc.FFSynchronizer(pcs_rx.block_lock, lock_s, o_domain="sync")
-        m.submodules.sync_ber = cdc.FFSynchronizer(pcs_rx.hi_ber, ber_s, o_domain="sync")
-        m.d.comb += [self.block_lock.eq(lock_s), self.hi_ber.eq(ber_s), self.link_up.eq(lock_s & ~ber_s)]
-        for name, domain, src in (
-            ("rx_fcs_errors", "gt_rx", mac_rx.stats.fcs_errors), ("rx_runts", "gt_rx", mac_rx.stats.runts),
-            ("rx_oversize", "gt_rx", mac_rx.stats.oversize), ("rx_code_errors", "gt_rx", mac_rx.stats.errors),
-            ("rx_overflow", "gt_rx", drop_bad.overflow), ("rx_stomped", "gt_rx", mac_rx.stats.stomped),
-            ("tx_frames", "gt_tx", mac_tx.stats.frames), ("tx_stomped", "gt_tx", mac_tx.stats.stomped),
-            ("tx_aborted", "gt_tx", mac_tx.stats.aborted),
-        ):
-            m.submodules[f"count_{name}"] = pc = _PulseCount(domain)
-            m.d.comb += [pc.src.eq(src), st[name].eq(pc.count)]
+        m.submodules.sync_lock = cdc.FFSynchronizer(rx.block_lock, self.block_lock, o_domain="sync")
+        m.submodules.sync_ber = cdc.FFSynchronizer(rx.hi_ber, self.hi_ber, o_domain="sync")
+        for names, domain, src in ((RX_LINE_COUNTERS, "gt_rx", rx.stats), (TX_LINE_COUNTERS, "gt_tx", tx.stats)):
+            for name in names:
+                m.submodules[f"count_{name}"] = pc = _PulseCount(domain)
+                m.d.comb += [pc.src.eq(src[name]), self.stats[name].eq(pc.count)]
         return m
-

@@ -303,7 +303,7 @@ def eth_mac(node: int, port: int) -> int:
 
 
 def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
-    """Cable ``ring`` with :class:`~wirereduce.hdl.eth.port.EthPort10G` (cdc=False) ports.
+    """Cable ``ring`` with single-clock :class:`~wirereduce.hdl.eth.port.EthPort10G` ports.
 
     Node k's port ``eth_cw{k}`` (tx: ``cw_out``, rx: ``ccw_in``) faces node k+1's ``eth_ccw{k+1}``
     (tx: ``ccw_out``, rx: ``cw_in``); each host has a NIC port ``eth_nic{k}`` facing the node's
@@ -332,7 +332,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     stats = [{} for _ in ring]  # each node's Ethernet ports' stats, by ETH_PORTS name
 
     def port(name, node, idx, peer_node, peer_idx, cut_through=False):
-        p = EthPort10G(mtu, cdc=False, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
+        p = EthPort10G(mtu, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
                        cut_through=cut_through)
         m.submodules[name] = p
         return p
