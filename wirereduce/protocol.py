@@ -137,6 +137,9 @@ ETH_PORT_COUNTERS: tuple[str, ...] = (
 #: The node's three ports, in the order their counters follow the node's own in a STATS frame.
 ETH_PORTS: tuple[str, ...] = ("host", "cw", "ccw")
 STATS_COUNTERS += tuple(f"{port}_{name}" for port in ETH_PORTS for name in ETH_PORT_COUNTERS)
+#: The STATS values that come from the ports in front of the node, the last ones: ``link_drop_{port}``,
+#: then ``{port}_{counter}`` (the node's ``port_counters`` input, filled by the Ethernet layer).
+PORT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[STATS_COUNTERS.index("link_drop_host"):]
 
 
 def header_layout():

@@ -14,19 +14,15 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.stream.frame import FrameStream
 
-from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, Header, Opcode, header_layout
+from wirereduce.protocol import HEADER_BYTES, PORT_COUNTERS, STATS_COUNTERS, Header, Opcode, header_layout
 
 __all__ = ["CONFIG_COUNTERS", "EVENT_COUNTERS", "PORT_COUNTERS", "port_counters_layout", "EventCounters",
            "StatusResponder", "report_status"]
 
-_FIRST_PORT_COUNTER = STATS_COUNTERS.index("link_drop_host")
 #: The configuration a CONTROL frame sets: the first STATS values.
 CONFIG_COUNTERS: tuple[str, ...] = STATS_COUNTERS[:4]
 #: The node's own event counters: the STATS values after the configuration.
-EVENT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[4:_FIRST_PORT_COUNTER]
-#: The counters of the ports in front of the node, the last STATS values (``link_drop_{port}``,
-#: then ``{port}_{counter}``): the elements of the node's ``port_counters`` input, in order.
-PORT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[_FIRST_PORT_COUNTER:]
+EVENT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[4:len(STATS_COUNTERS) - len(PORT_COUNTERS)]
 
 
 def port_counters_layout() -> data.ArrayLayout:

@@ -76,7 +76,7 @@ from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_mtu
-from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETH_PORTS, ETHERTYPE, HEADER_BYTES, STATS_COUNTERS
+from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETH_PORTS, ETHERTYPE, HEADER_BYTES
 
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
            "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "port_counters", "EthFramer", "EthDeframer",
@@ -165,18 +165,13 @@ def check_mac(name: str, mac) -> int:
     return mac
 
 
-#: What :func:`port_counters` gives, in order: the last STATS values (``link_drop_{port}``, then
-#: ``{port}_{counter}``), the node's ``port_counters`` input.
-PORT_COUNTERS = (tuple(f"link_drop_{port}" for port in ETH_PORTS)
-                 + tuple(f"{port}_{name}" for port in ETH_PORTS for name in ETH_PORT_COUNTERS))
-assert STATS_COUNTERS[-len(PORT_COUNTERS):] == PORT_COUNTERS
 
 
 def port_counters(stats):
     """The node's ``port_counters`` (:class:`~wirereduce.hdl.core.node.Node`) from the
     :attr:`EthPort10G.stats` of the Ethernet ports in front of it: ``stats`` maps each of
     :data:`~wirereduce.protocol.ETH_PORTS` (``host``, ``cw``, ``ccw``) that is Ethernet to its
-    port's stats. Returns one value of :data:`PORT_COUNTERS` 32-bit counters: each port's
+    port's stats. Returns one value of :data:`~wirereduce.protocol.PORT_COUNTERS` 32-bit counters: each port's
     :func:`rx_drops` (``link_drop_{port}``), then its counters (``{port}_{counter}``); 0 for a port
     not in ``stats``."""
     unknown = set(stats) - set(ETH_PORTS)
