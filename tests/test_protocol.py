@@ -206,6 +206,6 @@ def test_wire_bytes_minimum_frame_is_84():
 
 def test_stats_counters():
     assert len(set(STATS_COUNTERS)) == len(STATS_COUNTERS)
-    assert STATS_COUNTERS[:4] == ("collective", "rank", "nodes", "chunks")
+    assert STATS_COUNTERS[:5] == ("collective", "rank", "nodes", "chunks", "request_tag")
     # a STATS frame fits a standard 1500-byte MTU
     assert HEADER_BYTES + 4 * len(STATS_COUNTERS) <= 1500

@@ -24,7 +24,7 @@ import numpy as np
 
 __all__ = [
     "ETHERTYPE", "VERSION", "HEADER_BYTES", "ETH_HEADER_BYTES", "ETH_OVERHEAD_BYTES",
-    "ETH_MIN_PAYLOAD_BYTES", "STATS_COUNTERS", "Opcode", "DType", "Codec", "Header",
+    "ETH_MIN_PAYLOAD_BYTES", "STATS_COUNTERS", "Opcode", "DType", "Codec", "Flag", "Header",
     "HEADER_FIELDS", "header_layout", "max_elements", "wire_bytes", "ProtocolError",
 ]
 
@@ -59,9 +59,12 @@ class Opcode(enum.IntEnum):
     #: Node → host: one chunk of the finished sum.
     HOST_RESULT = 4
     #: Host → node: start a collective. ``collective`` is its id, ``src`` the node's rank,
-    #: ``hop`` the number of nodes, ``seq`` the number of chunks. Answered with STATS.
+    #: ``hop`` the number of nodes, ``seq`` the number of chunks, ``dtype``/``codec``/``eb_k``
+    #: what its data frames carry, ``count`` the request tag (echoed in STATS ``request_tag``),
+    #: ``flags`` may hold :attr:`Flag.ABORT`. Header only (16 bytes). Answered with STATS.
     CONTROL = 5
-    #: Host → node: ask for the status and drop counters. Answered with STATS.
+    #: Host → node: ask for the status and drop counters; ``count`` is the request tag. Header
+    #: only (16 bytes). Answered with STATS.
     STATS_REQUEST = 6
     #: Node → host: status and counters, payload :data:`STATS_COUNTERS` as little-endian u32.
     STATS = 7
@@ -80,6 +83,23 @@ class Codec(enum.IntEnum):
     INCEPTIONN_V1 = 1
 
 
+class Flag(enum.IntFlag):
+    """Bits of the header field ``flags``; every other bit must be 0 (docs/protocol.md)."""
+
+    #: CONTROL: start the new collective even if another one is still running (abort it).
+    ABORT = 0x01
+    #: REDUCE/BROADCAST/HOST_PUSH/HOST_RESULT: a placeholder for a chunk known lost (a frame
+    #: spoilt on a cable, dropped by a gate). Header only, always marked ``bad``; it keeps the
+    #: sequence numbers of every node in step and is never delivered to a host as a result.
+    LOST = 0x02
+
+
+#: Flags valid on each opcode; a frame with any other bit set is dropped (``drop_flags``).
+FLAGS_ALLOWED: dict[int, int] = {
+    Opcode.REDUCE: Flag.LOST, Opcode.BROADCAST: Flag.LOST, Opcode.HOST_PUSH: 0,
+    Opcode.HOST_RESULT: Flag.LOST, Opcode.CONTROL: Flag.ABORT, Opcode.STATS_REQUEST: 0, Opcode.STATS: 0,
+}
+
 #: The header, in wire order: (name, bits). Sums to ``HEADER_BYTES * 8``.
 HEADER_FIELDS: tuple[tuple[str, int], ...] = (
     ("version", 8),     # VERSION
@@ -89,7 +109,7 @@ HEADER_FIELDS: tuple[tuple[str, int], ...] = (
     ("eb_k", 8),        # error bound 2**-eb_k when codec != NONE
     ("src", 8),         # rank of the node (or host) that sent this frame
     ("hop", 8),         # hops travelled by a REDUCE/BROADCAST frame; node count in CONTROL
-    ("flags", 8),       # reserved, 0
+    ("flags", 8),       # Flag bits (FLAGS_ALLOWED per opcode), otherwise 0
     ("collective", 16), # collective id, set by CONTROL; frames of another id are dropped
     ("count", 16),      # elements in this frame's payload
     ("seq", 32),        # chunk sequence number within the collective; chunk total in CONTROL
@@ -104,6 +124,7 @@ STATS_COUNTERS: tuple[str, ...] = (
     "rank",              # current rank
     "nodes",             # current node count
     "chunks",            # chunks in the current collective
+    "request_tag",       # ``count`` of the last CONTROL / STATS_REQUEST (the request this STATS answers)
     "reduce_frames",     # REDUCE frames accepted from the ring
     "broadcast_frames",  # BROADCAST frames accepted from the ring
     "push_frames",       # HOST_PUSH frames accepted from the host
@@ -114,10 +135,16 @@ STATS_COUNTERS: tuple[str, ...] = (
     "drop_seq",          # frames dropped: sequence number out of order
     "drop_count",        # frames dropped: element count too large or not matching the local chunk
     "drop_short",        # frames dropped: shorter than the header
-    "drop_codec",        # compressed frames dropped: payload length does not match its tags (codec nodes)
+    "drop_codec",        # frames dropped: codec/eb_k not what this node was built with or this collective uses
+    "drop_length",       # frames dropped (or passed on marked bad): length disagrees with the header / tags
+    "drop_oversize",     # frames cut off and dropped: longer than the node's MTU
+    "drop_dtype",        # frames dropped: dtype not the collective's
+    "drop_flags",        # frames dropped: a flag bit not valid for the opcode
+    "control_refused",   # CONTROL frames refused: a collective is running and the frame has no ABORT flag
     "link_drop_host",    # frames that went bad on the host's link into this node (FCS, runt, oversize, code, overflow)
     "link_drop_cw",      # likewise on the link from rank-1 (cw input); stomped frames not counted
     "link_drop_ccw",     # likewise on the link from rank+1 (ccw input)
+    "drop_source",       # frames dropped by the ports: source MAC not the neighbour the port listens to
 )
 #: The MAC/port counters of one Ethernet port (``hdl/eth/port.py``, ``eth_stats_layout``), in order.
 ETH_PORT_COUNTERS: tuple[str, ...] = (
@@ -133,6 +160,9 @@ ETH_PORT_COUNTERS: tuple[str, ...] = (
     "tx_frames",           # frames sent
     "tx_stomped",          # of those, sent with a stomped FCS
     "tx_aborted",          # frames ended with /E/ (an underrun)
+    "rx_source_drops",     # good frames from a source MAC other than the peer this port listens to
+    "rx_pause_frames",     # IEEE 802.3x PAUSE frames received (honoured by the transmitter)
+    "tx_pause_frames",     # PAUSE frames sent (receive FIFO over its threshold)
 )
 #: The node's three ports, in the order their counters follow the node's own in a STATS frame.
 ETH_PORTS: tuple[str, ...] = ("host", "cw", "ccw")

@@ -27,6 +27,10 @@ class RunState:
         A CONTROL frame has started a collective since reset.
     is_first, is_last : Value
         The node is rank 0 / rank N-1.
+    tag : Signal(16)
+        ``count`` of the last CONTROL or STATS_REQUEST: the request tag a STATS answer echoes.
+    dtype, codec, eb_k : Signal(8)
+        What this collective's data frames carry (CONTROL's fields); the gates drop others.
     push_seq, reduce_seq, bcast_seq : Signal(32)
         The ``seq`` the host, cw and ccw inputs expect next: frames arrive in order on every port.
     """
@@ -37,6 +41,10 @@ class RunState:
         self.nodes = Signal(8)
         self.chunks = Signal(32)
         self.active = Signal()
+        self.tag = Signal(16)
+        self.dtype = Signal(8)
+        self.codec = Signal(8)
+        self.eb_k = Signal(8)
         self.is_first = self.rank == 0
         self.is_last = self.rank == self.nodes - 1
         self.push_seq = Signal(32)
@@ -50,5 +58,6 @@ class RunState:
         return [
             self.collective.eq(head.collective), self.rank.eq(head.src), self.nodes.eq(head.hop),
             self.chunks.eq(head.seq), self.active.eq(1),
+            self.dtype.eq(head.dtype), self.codec.eq(head.codec), self.eb_k.eq(head.eb_k),
             self.push_seq.eq(0), self.reduce_seq.eq(0), self.bcast_seq.eq(0),
         ]

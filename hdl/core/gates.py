@@ -62,6 +62,7 @@ def host_input(m: Module, gate, status, run, slots, events, max_elements: int):
               & (host_ctl | host_stats)):
         with m.If(~status.busy):
             m.d.comb += [gate.drop.eq(1), status.trigger.eq(1)]
+            m.d.sync += run.tag.eq(hh.count)
             with m.If(host_ctl):
                 m.d.sync += run.start(hh) + [slots.valid.eq(0)]
     with m.Else():

@@ -20,9 +20,9 @@ __all__ = ["CONFIG_COUNTERS", "EVENT_COUNTERS", "PORT_COUNTERS", "port_counters_
            "StatusResponder", "report_status"]
 
 #: The configuration a CONTROL frame sets: the first STATS values.
-CONFIG_COUNTERS: tuple[str, ...] = STATS_COUNTERS[:4]
+CONFIG_COUNTERS: tuple[str, ...] = STATS_COUNTERS[:5]
 #: The node's own event counters: the STATS values after the configuration.
-EVENT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[4:len(STATS_COUNTERS) - len(PORT_COUNTERS)]
+EVENT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[5:len(STATS_COUNTERS) - len(PORT_COUNTERS)]
 
 
 def port_counters_layout() -> data.ArrayLayout:
@@ -119,7 +119,7 @@ def report_status(m: Module, status: StatusResponder, run, events: EventCounters
         status.header.hop.eq(run.nodes),
         status.header.seq.eq(run.chunks),
     ]
-    values = ([run.collective, run.rank, run.nodes, run.chunks] + [events.values[n] for n in EVENT_COUNTERS]
+    values = ([run.collective, run.rank, run.nodes, run.chunks, run.tag] + [events.values[n] for n in EVENT_COUNTERS]
               + [port_counters[k] for k in range(len(PORT_COUNTERS))])
     assert len(values) == len(STATS_COUNTERS)
     for k, v in enumerate(values):

@@ -178,8 +178,15 @@ def port_counters(stats):
     if unknown:
         raise ValueError(f"ports must be among {ETH_PORTS}, not {sorted(unknown)}")
     zero = Const(0, 32)
-    values = ([rx_drops(stats[port]) if port in stats else zero for port in ETH_PORTS]
-              + [stats[port][name] if port in stats else zero for port in ETH_PORTS for name in ETH_PORT_COUNTERS])
+
+    def value(port, name):
+        return stats[port][name] if port in stats else zero
+
+    drop_source = zero
+    for port in stats:
+        drop_source = drop_source + value(port, "rx_source_drops")
+    values = ([rx_drops(stats[port]) if port in stats else zero for port in ETH_PORTS] + [drop_source[:32]]
+              + [value(port, name) for port in ETH_PORTS for name in ETH_PORT_COUNTERS])
     return Cat(*values)
 
 
