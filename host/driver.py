@@ -266,8 +266,9 @@ class NodeSession:
 
     def control_frame(self) -> bytes:
         """The CONTROL frame that starts the collective on this node."""
+        codec, k = (Codec.NONE, 0) if self.compression is None else (Codec.INCEPTIONN_V1, self.compression)
         return Header(opcode=Opcode.CONTROL, collective=self.collective, src=self.rank,
-                      hop=self.nodes, seq=len(self.chunks)).pack()
+                      hop=self.nodes, seq=len(self.chunks), codec=codec, eb_k=k).pack()
 
     def check_ack(self, data: bytes) -> dict[str, int]:
         """Check the STATS answer to :meth:`control_frame`; returns the counters.

@@ -14,33 +14,65 @@ frame's header, the functions here check it (:func:`check_header`, the drop rule
 
 from __future__ import annotations
 
-from amaranth import Const, Module
+from amaranth import Const, Module, Mux
 
-from wirereduce.protocol import VERSION, Opcode
+from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode
 
 __all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
 
 
-def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait):
-    """The checks every input makes of the header waiting in ``gate``, in order: runt, version,
-    ``opcode_ok``, collective (``run``), ``seq`` (``expect_seq``, below ``run.chunks``) and
-    ``count_bad``; a frame that fails one is dropped and counted in ``events``, one that passes
-    them is accepted unless ``wait``. Returns the strobe of the accepted frame's first beat
-    leaving the gate."""
+def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
+                 opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait):
+    """The checks every input makes of the header waiting in ``gate``, in order (docs/protocol.md
+    "Drop rules"): runt, version, ``opcode_ok``, collective (``run``), ``flags``
+    (``flags_allowed``), ``dtype`` (the collective's), ``codec``/``eb_k`` (the collective's, and
+    only INCEPTIONN_V1 where the node has the codec, ``codec_built``), ``seq`` (``expect_seq``,
+    below ``run.chunks``) and ``count_bad`` (skipped for a LOST placeholder, whose count must be
+    0); a frame that fails one is dropped and counted in ``events``, one that passes them is
+    accepted unless ``wait``, with the length its header implies for the gate's length check
+    (16 + 4·count bytes; 16 for a LOST placeholder, which is marked ``bad`` on its way through).
+
+    A frame dropped here whose last beat turns out ``bad`` was a frame of this port's, spoilt
+    on the cable: the gate emits a LOST placeholder of ``opcode`` for ``expect_seq`` in its place
+    (when ``lost_ok``, once not ``lost_wait``), so that this node and every node after it stay in
+    step and the collective loses that one chunk only. Returns the strobe of the accepted (or
+    placeholder) frame's first beat leaving the gate."""
     h = gate.head
+    lost = (h.flags & Flag.LOST) != 0
+    m.d.comb += [
+        gate.expect_bytes.eq(Mux(lost, HEADER_BYTES, HEADER_BYTES + 4 * h.count)),
+        gate.mark_bad.eq(lost),
+        gate.lost_hdr.version.eq(VERSION), gate.lost_hdr.opcode.eq(opcode),
+        gate.lost_hdr.dtype.eq(run.dtype), gate.lost_hdr.codec.eq(run.codec), gate.lost_hdr.eb_k.eq(run.eb_k),
+        gate.lost_hdr.src.eq(run.rank), gate.lost_hdr.flags.eq(Flag.LOST),
+        gate.lost_hdr.collective.eq(run.collective), gate.lost_hdr.seq.eq(expect_seq),
+        gate.lost_ok.eq(run.active & (expect_seq < run.chunks) & lost_ok),
+        gate.lost_wait.eq(lost_wait),
+        events.flag("drop_length").eq(gate.length_error),
+        events.flag("drop_oversize").eq(gate.oversize),
+    ]
+    codec_bad = (h.codec != run.codec) | (h.eb_k != run.eb_k)
+    if not codec_built:
+        codec_bad = codec_bad | (h.codec != Codec.NONE)
     with m.If(gate.head_valid):
         with m.If(gate.head_short):
-            m.d.comb += [gate.drop.eq(1), events.flag("drop_short").eq(1)]
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_short").eq(1)]
         with m.Elif(h.version != VERSION):
-            m.d.comb += [gate.drop.eq(1), events.flag("drop_version").eq(1)]
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_version").eq(1)]
         with m.Elif(~opcode_ok):
-            m.d.comb += [gate.drop.eq(1), events.flag("drop_opcode").eq(1)]
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_opcode").eq(1)]
         with m.Elif(~run.active | (h.collective != run.collective)):
-            m.d.comb += [gate.drop.eq(1), events.flag("drop_collective").eq(1)]
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_collective").eq(1)]
+        with m.Elif((h.flags & (~int(flags_allowed) & 0xFF)) != 0):
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_flags").eq(1)]
+        with m.Elif(h.dtype != run.dtype):
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_dtype").eq(1)]
+        with m.Elif(codec_bad):
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_codec").eq(1)]
         with m.Elif((h.seq != expect_seq) | (h.seq >= run.chunks)):
-            m.d.comb += [gate.drop.eq(1), events.flag("drop_seq").eq(1)]
-        with m.Elif(count_bad):
-            m.d.comb += [gate.drop.eq(1), events.flag("drop_count").eq(1)]
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_seq").eq(1)]
+        with m.Elif(Mux(lost, h.count != 0, count_bad)):
+            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_count").eq(1)]
         with m.Elif(~wait):
             m.d.comb += gate.accept.eq(1)
     return gate.o.valid & gate.o.ready & gate.o.payload.first
@@ -50,7 +82,7 @@ def _count_too_big(h, max_elements: int):
     return (h.count == 0) | (h.count > max_elements)
 
 
-def host_input(m: Module, gate, status, run, slots, events, max_elements: int):
+def host_input(m: Module, gate, status, run, slots, events, max_elements: int, codec_built: bool = False):
     """The host input. CONTROL and STATS_REQUEST are consumed here and answered with one STATS
     frame from ``status`` once it is free; a CONTROL frame first starts a collective
     (``run.start``) and empties the local buffer (``slots``). HOST_PUSH frames are checked and
@@ -68,32 +100,41 @@ def host_input(m: Module, gate, status, run, slots, events, max_elements: int):
     with m.Else():
         push_slot_busy = slots.holds(slots.of(hh.seq)) & ~run.is_first
         check_header(m, gate, run, events, hh.opcode == Opcode.HOST_PUSH, run.push_seq,
-                     _count_too_big(hh, max_elements), push_slot_busy)
+                     _count_too_big(hh, max_elements), push_slot_busy,
+                     opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=codec_built,
+                     lost_ok=1, lost_wait=slots.holds(slots.of(run.push_seq)) & ~run.is_first)
     with m.If(gate.o.valid & gate.o.ready & gate.o.payload.first):
         m.d.sync += run.push_seq.eq(run.push_seq + 1)
         m.d.comb += events.flag("push_frames").eq(1)
 
 
-def reduce_input(m: Module, gate, run, slots, events):
+def reduce_input(m: Module, gate, run, slots, events, max_elements: int, codec_built: bool = False):
     """The cw input: REDUCE frames (none at rank 0), each waiting until the local chunk of its
-    ``seq`` is in the buffer, whose element count it must match."""
+    ``seq`` is in the buffer, whose element count it must match (unless the local chunk was
+    lost: its slot is marked bad and the sum leaves marked bad whatever the count)."""
     ch = gate.head
     cw_slot = slots.of(ch.seq)
     cw_slot_ready = slots.holds(cw_slot)
+    count_bad = _count_too_big(ch, max_elements) | (
+        cw_slot_ready & ~slots.is_bad(cw_slot) & (slots.count[cw_slot] != ch.count))
     cw_taken = check_header(
         m, gate, run, events, (ch.opcode == Opcode.REDUCE) & ~run.is_first, run.reduce_seq,
-        cw_slot_ready & (slots.count[cw_slot] != ch.count), ~cw_slot_ready)
+        count_bad, ~cw_slot_ready,
+        opcode=Opcode.REDUCE, flags_allowed=Flag.LOST, codec_built=codec_built,
+        lost_ok=~run.is_first, lost_wait=~slots.holds(slots.of(run.reduce_seq)))
     with m.If(cw_taken):
         m.d.sync += run.reduce_seq.eq(run.reduce_seq + 1)
         m.d.comb += events.flag("reduce_frames").eq(1)
 
 
-def broadcast_input(m: Module, gate, run, events, max_elements: int):
+def broadcast_input(m: Module, gate, run, events, max_elements: int, codec_built: bool = False):
     """The ccw input: BROADCAST frames (none at rank N-1), never waiting here."""
     bh = gate.head
     bc_taken = check_header(
         m, gate, run, events, (bh.opcode == Opcode.BROADCAST) & ~run.is_last, run.bcast_seq,
-        _count_too_big(bh, max_elements), Const(0, 1))
+        _count_too_big(bh, max_elements), Const(0, 1),
+        opcode=Opcode.BROADCAST, flags_allowed=Flag.LOST, codec_built=codec_built,
+        lost_ok=~run.is_last, lost_wait=0)
     with m.If(bc_taken):
         m.d.sync += run.bcast_seq.eq(run.bcast_seq + 1)
         m.d.comb += events.flag("broadcast_frames").eq(1)

@@ -104,9 +104,9 @@ class Node(wiring.Component):
         run = RunState()
         events = EventCounters()
 
-        m.submodules.host_gate = host_gate = FrameGate(w, cfg.max_beats)
-        m.submodules.cw_gate = cw_gate = FrameGate(w, cfg.max_beats)
-        m.submodules.ccw_gate = ccw_gate = FrameGate(w, cfg.max_beats)
+        m.submodules.host_gate = host_gate = FrameGate(w, cfg.max_beats, check_length=True, max_bytes=cfg.mtu)
+        m.submodules.cw_gate = cw_gate = FrameGate(w, cfg.max_beats, check_length=True, max_bytes=cfg.mtu)
+        m.submodules.ccw_gate = ccw_gate = FrameGate(w, cfg.max_beats, check_length=True, max_bytes=cfg.mtu)
         host_rx, cw_in, ccw_in, host_tx, cw_out, ccw_out = _port_stages(m, self, events)
         wiring.connect(m, host_rx, host_gate.i)
         wiring.connect(m, cw_in, cw_gate.i)
@@ -119,16 +119,17 @@ class Node(wiring.Component):
 
         # Host: CONTROL / STATS_REQUEST answered with STATS; pushed chunks go to the local buffer
         # (ranks > 0) or straight into the ring (rank 0).
-        host_input(m, host_gate, status, run, slots, events, cfg.max_elements)
+        host_input(m, host_gate, status, run, slots, events, cfg.max_elements, cfg.codec)
         filled = slots.write(m, pipe, host_gate.o, run.is_first, (cfg.slot_beats - 1).bit_length())
         # Clockwise input: REDUCE frames wait for their local chunk; the pipeline's last read frees it.
-        reduce_input(m, cw_gate, run, slots, events)
+        reduce_input(m, cw_gate, run, slots, events, cfg.max_elements, cfg.codec)
         slots.update(m, *filled, pipe.release, pipe.release_slot)
 
-        pipeline_input(m, pipe, host_gate.o, cw_gate.o, run, w, index_bits)
+        pipeline_input(m, pipe, host_gate.o, cw_gate.o, run, w, index_bits,
+                       slots.is_bad(slots.of(cw_gate.o.payload.hdr.seq)))
         last_fork = pipeline_output(m, pipe, run, tagged, cw_out)
         # Counter-clockwise input: BROADCAST frames, forwarded and delivered to the host.
-        broadcast_input(m, ccw_gate, run, events, cfg.max_elements)
+        broadcast_input(m, ccw_gate, run, events, cfg.max_elements, cfg.codec)
         bc_fork = broadcast_fork(m, ccw_gate.o, run, tagged)
         ccw_output(m, last_fork, bc_fork, run, tagged, ccw_out)
         host_output(m, last_fork, bc_fork, status, run, events, tagged, w, host_tx)
@@ -154,7 +155,7 @@ def _port_stages(m: Module, node: Node, events: EventCounters):
     for name in ("host_rx", "cw_in", "ccw_in"):
         stage = m.submodules[f"codec_{name}"] = CodecIn(w, cfg.max_elements, cfg.max_beats)
         wiring.connect(m, wiring.flipped(getattr(node, name)), stage.i)
-        m.d.comb += events.flag("drop_codec").eq(stage.dropped)
+        m.d.comb += events.flag("drop_length").eq(stage.dropped)
         ins[name] = beat.create()
         wiring.connect(m, stage.o, wiring.flipped(ins[name]))
     outs = {}

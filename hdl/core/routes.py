@@ -53,10 +53,11 @@ def _untag(m, src, dst):
     ]
 
 
-def pipeline_input(m: Module, pipe, src_host, src_ring, run, width: int, index_bits: int):
+def pipeline_input(m: Module, pipe, src_host, src_ring, run, width: int, index_bits: int, slot_bad):
     """Feed ``pipe``: rank 0 passes its host's chunks (gated stream ``src_host``) through, the
     others add the local chunk to the ring's REDUCE frames (``src_ring``); the frames leave as
-    BROADCAST from rank N-1, as REDUCE from the others."""
+    BROADCAST from rank N-1, as REDUCE from the others. ``slot_bad`` (high while the local chunk
+    of ``src_ring``'s frame was lost) marks the sum's last beat ``bad``."""
     rin = stream.Signature(reduce_input_layout(width, index_bits)).create()
     m.d.comb += [
         rin.valid.eq(Mux(run.is_first, src_host.valid, src_ring.valid)),
@@ -65,6 +66,8 @@ def pipeline_input(m: Module, pipe, src_host, src_ring, run, width: int, index_b
         src_host.ready.eq(Mux(run.is_first, rin.ready, 1)),  # ranks > 0: the buffer always takes it
         src_ring.ready.eq(~run.is_first & rin.ready),
     ]
+    with m.If(~run.is_first & src_ring.payload.last & slot_bad):
+        m.d.comb += rin.payload.bad.eq(1)
     wiring.connect(m, rin, pipe.i)
     m.d.comb += [
         pipe.rank.eq(run.rank),

@@ -12,7 +12,7 @@ FCS so that the next hop drops it (like the ``tuser`` error bit of an AXI4-Strea
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import reject, rejecting
@@ -126,12 +126,40 @@ class FrameGate(wiring.Component):
     parent accepts it at once; ``tests/test_wirespeed.py`` and
     :func:`wirereduce.sim.bench.latency.hop_latency` measure it.
 
+    **Length check** (``check_length=True``; docs/protocol.md "Drop rules"). With ``accept`` the
+    parent gives ``expect_bytes``, the length in bytes the header says the frame has (16 + 4·count
+    for a data frame). The frame passes cut-through, and the gate compares as the beats leave:
+
+    - a frame that ends short of ``expect_bytes``, or whose last beat's ``keep`` is not exactly
+      the expected bytes, leaves with ``bad`` on its last beat, and ``length_error`` pulses;
+    - a frame still going at its expected last byte (too long), or with a gap in a non-last
+      beat's ``keep``, is cut off there: that beat leaves as the last one, marked ``bad``, and
+      the rest is dropped; when it ends, ``oversize`` pulses if it was longer than ``max_bytes``
+      (the MTU), else ``length_error``. No beat past ``expect_bytes`` ever leaves, so a frame can
+      never be written past its buffer slot.
+
+    ``mark_bad`` (sampled with ``accept``) marks the frame's last beat ``bad`` with no count (a
+    LOST placeholder arriving from the ring).
+
+    **Lost-frame placeholders** (``track``): a frame the parent drops with ``drop_track`` high
+    (a header check failed on a port where frames arrive in order) whose last beat turns out
+    ``bad`` was one of ours, spoilt on the cable (a cut-through Ethernet receiver found its FCS
+    wrong): the chunk it carried is gone. The gate then emits a placeholder in its place: the
+    header ``lost_hdr`` from the parent (whole header beats, ``keep`` of 16 bytes, the last beat
+    marked ``bad``) once ``lost_ok`` and not ``lost_wait``; if ``lost_ok`` is low (no frame is
+    expected on this port) the placeholder is abandoned. ``lost`` pulses when one leaves.
+
     Parameters
     ----------
     width : int
         Datapath width in bits (see :func:`check_width`).
     max_beats : int
         Longest frame in beats; sets the width of ``o.payload.index``.
+    check_length : bool
+        Check each accepted frame's length against ``expect_bytes`` (above).
+    max_bytes : int, optional
+        The MTU in bytes, for telling ``oversize`` from ``length_error``; default
+        ``max_beats * width // 8``.
 
     Attributes
     ----------
@@ -140,13 +168,26 @@ class FrameGate(wiring.Component):
         Beats of accepted frames with ``first``, ``index`` and the frame's ``hdr``.
     head : Out(header_layout()); head_valid, head_short : Out(1)
     accept, drop : In(1)
+    expect_bytes : In(16); mark_bad : In(1)
+        With ``accept``: the frame's length by its header, and whether to mark it bad anyway.
+    length_error, oversize : Out(1)
+        One-cycle pulses, at most one per frame (the parent counts them).
+    drop_track : In(1)
+        With ``drop``: a ``bad`` verdict at the end of this frame means a frame of ours was lost.
+    lost_hdr : In(header_layout()); lost_ok, lost_wait : In(1); lost : Out(1)
+        The placeholder to emit for a lost frame, and when (above).
     """
 
-    def __init__(self, width: int, max_beats: int):
+    def __init__(self, width: int, max_beats: int, check_length: bool = False, max_bytes: int | None = None):
         with rejecting(self):
             self._width = check_width(width)
+            if not isinstance(max_beats, int) or max_beats < header_beats(width):
+                raise ValueError(f"max_beats must be an int ≥ {header_beats(width)}, not {max_beats!r}")
         self._hb = header_beats(width)
+        self._max_beats = max_beats
         self._index_bits = max(1, (max_beats - 1).bit_length())
+        self._check_length = bool(check_length)
+        self._max_bytes = max_bytes if max_bytes is not None else max_beats * (width // 8)
         super().__init__({
             "i": In(FrameStream(width)),
             "o": Out(stream.Signature(gated_layout(width, self._index_bits))),
@@ -155,11 +196,21 @@ class FrameGate(wiring.Component):
             "head_short": Out(1),
             "accept": In(1),
             "drop": In(1),
+            "expect_bytes": In(16),
+            "mark_bad": In(1),
+            "length_error": Out(1),
+            "oversize": Out(1),
+            "drop_track": In(1),
+            "lost_hdr": In(header_layout()),
+            "lost_ok": In(1),
+            "lost_wait": In(1),
+            "lost": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         w, hb = self._width, self._hb
+        nb = w // 8
         blay = beat_layout(w)
         hlay = header_layout()
         hwidth = hlay.size
@@ -183,7 +234,7 @@ class FrameGate(wiring.Component):
         in_hdr_done = Signal()  # this beat completes the header, or ends a runt frame
         m.d.comb += in_hdr_done.eq((in_idx == hb - 1) | (in_beat.last & (in_idx < hb)))
         # A frame is short when it ends before the header's last byte (byte 15) arrived.
-        last_hdr_byte = HEADER_BYTES - (hb - 1) * (w // 8) - 1
+        last_hdr_byte = HEADER_BYTES - (hb - 1) * nb - 1
         in_short = Signal()
         m.d.comb += in_short.eq((in_idx < hb - 1) | ~in_beat.keep[last_hdr_byte])
         m.d.comb += [
@@ -210,6 +261,41 @@ class FrameGate(wiring.Component):
             o.data.eq(out_beat.data), o.keep.eq(out_beat.keep), o.last.eq(out_beat.last),
             o.bad.eq(out_beat.bad),
         ]
+
+        # Length check: the expected last beat and its keep, from expect_bytes (given with accept).
+        shift = (nb - 1).bit_length()
+        full_keep = (1 << nb) - 1
+        exp_last, exp_keep, exp_mark = Signal(16), Signal(nb), Signal()
+        cur_last, cur_keep = Signal(16), Signal(nb)
+        accept_last = Signal(16)
+        accept_keep = Signal(nb)
+        eb = self.expect_bytes
+        m.d.comb += accept_last.eq((eb - 1) >> shift)
+        tail = Signal(range(nb + 1))
+        m.d.comb += tail.eq(eb - (accept_last << shift))
+        m.d.comb += accept_keep.eq(Cat(*(tail > k for k in range(nb))))
+        cur_idx = Signal(16)
+        # Placeholder state.
+        track = Signal()
+        lost_hdr = Signal(hlay)
+        inj_idx = Signal(range(hb + 1))
+        # Cut-off frames: beats counted (saturating) to tell oversize from a length error.
+        trunc_beats = Signal(range(self._max_bytes // nb + 3))
+        trunc_max = (self._max_bytes // nb + 2)
+
+        def beat_check():
+            """Return (cut, err): cut this frame after the beat now leaving; mark it bad (length)."""
+            if not self._check_length:
+                return None
+            idx = cur_idx
+            at_end = idx == cur_last
+            last_ok = at_end & (out_beat.keep == cur_keep)
+            cut = ~out_beat.last & (at_end | (out_beat.keep != full_keep))
+            err = out_beat.last & ~last_ok
+            with m.If(at_end):  # never a byte past the expected length
+                m.d.comb += o.keep.eq(out_beat.keep & cur_keep)
+            return cut, err
+
         with m.FSM():
             with m.State("START"):
                 m.d.comb += [
@@ -218,28 +304,115 @@ class FrameGate(wiring.Component):
                     self.head_valid.eq(hdrs.r_rdy & beats.r_rdy),
                     o.first.eq(1), o.hdr.eq(head),
                     self.o.valid.eq(hdrs.r_rdy & beats.r_rdy & self.accept),
+                    cur_idx.eq(0), cur_last.eq(accept_last), cur_keep.eq(accept_keep),
                 ]
+                chk = beat_check()
+                if chk is not None:
+                    cut, err = chk
+                    with m.If(cut):
+                        m.d.comb += [o.last.eq(1), o.bad.eq(1)]
+                    with m.If(err):
+                        m.d.comb += o.bad.eq(1)
+                with m.If(out_beat.last & self.mark_bad):
+                    m.d.comb += o.bad.eq(1)
                 with m.If(self.o.valid & self.o.ready):
                     m.d.comb += [beats.r_en.eq(1), hdrs.r_en.eq(1)]
-                    m.d.sync += [cur_hdr.eq(head), out_idx.eq(1)]
-                    with m.If(~out_beat.last):
-                        m.next = "PASS"
+                    m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_last.eq(accept_last),
+                                 exp_keep.eq(accept_keep), exp_mark.eq(self.mark_bad)]
+                    if chk is not None:
+                        with m.If(cut):
+                            m.d.sync += trunc_beats.eq(1)
+                            m.next = "TRUNC"
+                        with m.Elif(~out_beat.last):
+                            m.next = "PASS"
+                        with m.If(err):
+                            m.d.comb += self.length_error.eq(1)
+                    else:
+                        with m.If(~out_beat.last):
+                            m.next = "PASS"
                 with m.Elif(self.head_valid & self.drop):
                     m.d.comb += [beats.r_en.eq(1), hdrs.r_en.eq(1)]
+                    m.d.sync += track.eq(self.drop_track)
                     with m.If(~out_beat.last):
                         m.next = "DROP"
+                    with m.Elif(self.drop_track & out_beat.bad):
+                        m.next = "INJECT"
             with m.State("PASS"):
                 m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr),
-                             self.o.valid.eq(beats.r_rdy)]
+                             self.o.valid.eq(beats.r_rdy),
+                             cur_idx.eq(out_idx), cur_last.eq(exp_last), cur_keep.eq(exp_keep)]
+                chk = beat_check()
+                if chk is not None:
+                    cut, err = chk
+                    with m.If(cut):
+                        m.d.comb += [o.last.eq(1), o.bad.eq(1)]
+                    with m.If(err):
+                        m.d.comb += o.bad.eq(1)
+                with m.If(out_beat.last & exp_mark):
+                    m.d.comb += o.bad.eq(1)
                 with m.If(self.o.valid & self.o.ready):
                     m.d.comb += beats.r_en.eq(1)
                     m.d.sync += out_idx.eq(out_idx + 1)
+                    if chk is not None:
+                        with m.If(cut):
+                            m.d.sync += trunc_beats.eq(out_idx + 1)
+                            m.next = "TRUNC"
+                        with m.Elif(out_beat.last):
+                            m.next = "START"
+                        with m.If(err):
+                            m.d.comb += self.length_error.eq(1)
+                    else:
+                        with m.If(out_beat.last):
+                            m.next = "START"
+            with m.State("TRUNC"):
+                # The rest of a cut-off frame: dropped; its length tells oversize from a length error.
+                m.d.comb += beats.r_en.eq(beats.r_rdy)
+                with m.If(beats.r_rdy):
+                    with m.If(trunc_beats < trunc_max):
+                        m.d.sync += trunc_beats.eq(trunc_beats + 1)
                     with m.If(out_beat.last):
+                        nbytes = Signal(range(nb + 1))
+                        for lane in range(nb):
+                            with m.If(out_beat.keep[lane]):
+                                m.d.comb += nbytes.eq(lane + 1)
+                        total = Signal(range((trunc_max + 1) * nb + 1))
+                        m.d.comb += total.eq(trunc_beats * nb + nbytes)
+                        with m.If(total > self._max_bytes):
+                            m.d.comb += self.oversize.eq(1)
+                        with m.Else():
+                            m.d.comb += self.length_error.eq(1)
                         m.next = "START"
             with m.State("DROP"):
                 m.d.comb += beats.r_en.eq(beats.r_rdy)
                 with m.If(beats.r_rdy & out_beat.last):
+                    with m.If(track & out_beat.bad):
+                        m.next = "INJECT"
+                    with m.Else():
+                        m.next = "START"
+            with m.State("INJECT"):
+                # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad.
+                ph_hdr = Mux(inj_idx == 0, self.lost_hdr.as_value(), lost_hdr.as_value())
+                hdr_beats = Cat(ph_hdr, Const(0, hb * w - hwidth))
+                m.d.comb += [
+                    o.data.eq(hdr_beats.word_select(inj_idx, w)),
+                    o.keep.eq(Mux(inj_idx == hb - 1, (1 << (HEADER_BYTES - (hb - 1) * nb)) - 1, full_keep)),
+                    o.last.eq(inj_idx == hb - 1), o.bad.eq(inj_idx == hb - 1),
+                    o.first.eq(inj_idx == 0), o.index.eq(inj_idx),
+                    o.hdr.eq(ph_hdr),
+                    self.o.valid.eq(self.lost_ok & ~self.lost_wait),
+                ]
+                with m.If(~self.lost_ok):
+                    m.d.sync += inj_idx.eq(0)
                     m.next = "START"
+                with m.Elif(self.o.valid & self.o.ready):
+                    with m.If(inj_idx == 0):
+                        m.d.sync += lost_hdr.eq(self.lost_hdr)
+                        m.d.comb += self.lost.eq(1)
+                    with m.If(inj_idx == hb - 1):
+                        m.d.sync += inj_idx.eq(0)
+                        m.next = "START"
+                    with m.Else():
+                        m.d.sync += inj_idx.eq(inj_idx + 1)
         return m
 
 
