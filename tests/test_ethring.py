@@ -70,6 +70,9 @@ def test_pcap_needs_eth_links(tmp_path):
     (["--engine", "fast", "--links", "eth", "--corrupt", "4", "100"], "node must be"),
     (["--engine", "fast", "--links", "eth", "--corrupt", "1", "0"], "block must be"),
     (["--engine", "fast", "--retries", "-1"], "--retries"),
+    (["--engine", "fast", "--corrupt-header", "1", "3"], "--corrupt"),  # link models: no cable
+    (["--engine", "fast", "--links", "eth", "--corrupt-header", "1", "0"], "frame must be"),
+    (["--engine", "fast", "--links", "eth", "--corrupt-header", "1", "3", "--corrupt", "1", "5"], "not both"),
 ])
 def test_cli_links_and_pcap_errors(tmp_path, monkeypatch, capsys, extra, needle):
     from wirereduce.cli import main
@@ -146,6 +149,43 @@ def test_corrupt_needs_eth_links_and_a_valid_place(tmp_path):
         with pytest.raises(ValueError, match=needle):
             check_corrupt(bad, SETUP)
     assert check_corrupt(None, SETUP) == (0, 0) and check_corrupt((3, 7), SETUP) == (3, 7)
+    assert check_corrupt((3, 7, "header"), SETUP) == (3, 7 | 1 << 31)
+    with pytest.raises(ValueError, match="mode"):
+        check_corrupt((3, 7, "payload"), SETUP)
+
+
+@pytest.mark.verilator
+def test_header_bit_error_loses_one_chunk_not_the_tail(eth_sim):
+    """A bit error in the wirereduce header of the 6th REDUCE frame rank 1 sends rank 2
+    (``dtype``, ``flags`` and ``collective`` spoilt after the descrambler): rank 2's gate drops
+    it on its header (counted), sees its FCS fail at the end, and sends a LOST placeholder in its
+    place, so every node stays in step: exactly that one chunk is missing at every host, the
+    other 11 arrive and are the golden sum, and ``retries=1`` recovers it bit-exact."""
+    from wirereduce.host.driver import ChunksLost
+
+    arrays = edge_arrays(4, N, seed=13)
+    with pytest.raises(ChunksLost) as info:
+        eth_sim.allreduce(arrays, corrupt=(1, 6, "header"), timeout_cycles=20_000)
+    err = info.value
+    st = err.stats
+    header_drops = sum(st[2][n] for n in ("drop_collective", "drop_dtype", "drop_flags", "drop_version",
+                                            "drop_opcode", "drop_seq", "drop_count", "drop_codec"))
+    assert header_drops == 1, st[2]
+    assert st[2]["cw_rx_fcs_errors"] == 1
+    assert all(st[k]["drop_seq"] == 0 for k in range(4)), "nothing refused out of order: the ring stayed in step"
+    lost = err.missing[0]
+    assert lost == [5], err.missing
+    assert all(err.missing[k] == lost for k in range(4))
+    want_f = ring_allreduce(arrays)
+    want = want_f.view(np.uint32)
+    for k in range(4):
+        for seq, (off, n) in enumerate(err.chunks):
+            if err.received[k][seq]:
+                got = err.results[k][off:off + n].view(np.uint32)
+                assert not ((got != want[off:off + n]) & ~np.isnan(want_f[off:off + n])).any()
+    res = eth_sim.allreduce(arrays, corrupt=(1, 6, "header"), timeout_cycles=20_000, retries=1)
+    assert res.retried == 1
+    check_bitexact(arrays, res.results)
 
 
 @pytest.mark.verilator

@@ -109,10 +109,15 @@ def simulate_allreduce(arrays, args, progress=True):
     if not isinstance(retries, int) or retries < 0:
         raise CliError(f"--retries must be an int ≥ 0, not {retries!r}")
     corrupt = getattr(args, "corrupt", None)
+    corrupt_header = getattr(args, "corrupt_header", None)
+    if corrupt is not None and corrupt_header is not None:
+        raise CliError("give --corrupt or --corrupt-header, not both (one bit error a run)")
+    if corrupt_header is not None:
+        corrupt = (*corrupt_header, "header")
     if corrupt is not None:
         if links != "eth" or getattr(args, "engine", "cocotb") != "fast":
-            raise CliError("--corrupt flips a bit on an Ethernet cable of the fast engine: it needs "
-                           "--engine fast --links eth")
+            raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
+                           "they need --engine fast --links eth")
         from wirereduce.sim.engines.fastsim import check_corrupt
 
         try:
@@ -477,6 +482,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corrupt", nargs=2, type=int, metavar=("NODE", "BLOCK"), default=None,
                    help="fault injection: flip one bit of the BLOCK-th 66-bit data block node NODE sends "
                         "node NODE+1; the run then reports the lost chunk and the link "
+                        "(needs --engine fast --links eth)")
+    p.add_argument("--corrupt-header", nargs=2, type=int, metavar=("NODE", "FRAME"), default=None,
+                   help="fault injection: flip a bit in the wirereduce header of the FRAME-th frame node NODE "
+                        "sends node NODE+1; the frame is dropped at the header check, a LOST placeholder "
+                        "keeps the ring in step and the run reports that one chunk "
                         "(needs --engine fast --links eth)")
     p.add_argument("--retries", type=int, default=0, metavar="N",
                    help="when chunks are lost, sum just their elements again, up to N more times "

@@ -321,7 +321,11 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
     Fault injection: on the cable from node ``flip_link`` to node ``flip_link + 1`` (cw), payload
     bit 5 of the ``flip_block``-th scrambled data block (1-based) is inverted, so the frame it
-    belongs to fails its FCS at the receiver (``flip_block = 0``: never).
+    belongs to fails its FCS at the receiver (``flip_block = 0``: never). With bit 31 of
+    ``flip_block`` set, the bit is in the third data block of the ``flip_block & 0x7FFFFFFF``-th
+    frame on that cable instead, which carries wirereduce header bytes 2 … 9: after the
+    descrambler (x^58 + x^39 + 1, IEEE 802.3 clause 49.2.6) bits 5, 44 and 63 of that block are
+    wrong, i.e. ``dtype``, ``flags`` and ``collective``, so the frame fails its header check.
 
     Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
     """
@@ -339,12 +343,27 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
     def cable(a, b, flip=None):
         ab, ba = a.line_tx.as_value(), b.line_tx.as_value()
-        if flip is not None:  # fault injection: invert payload bit 5 of the flip_block-th data block
+        if flip is not None:  # fault injection: invert payload bit 5 of one data block
             data_blocks = Signal(32)
             is_data = a.line_tx.header == SYNC_DATA
             with m.If(is_data & flip):
                 m.d.sync += data_blocks.eq(data_blocks + 1)
-            ab = ab ^ ((is_data & flip & (data_blocks + 1 == flip_block)) << 7)
+            # Header mode (flip_block bit 31): the frame is the (flip_block & 0x7FFFFFFF)-th run of
+            # data blocks (a frame's data blocks are consecutive, between its /S/ and /T/ control
+            # blocks), and the block hit is its third: wirereduce header bytes 2 … 9.
+            runs, in_run, run_block = Signal(31), Signal(), Signal(8)
+            with m.If(flip):
+                m.d.sync += in_run.eq(is_data)
+                with m.If(is_data):
+                    with m.If(~in_run):
+                        m.d.sync += [runs.eq(runs + 1), run_block.eq(1)]
+                    with m.Elif(run_block != 0xFF):
+                        m.d.sync += run_block.eq(run_block + 1)
+            this_run = Mux(in_run, runs, runs + 1)
+            this_block = Mux(in_run, run_block + 1, 1)
+            hit_header = flip_block[31] & (this_run == flip_block[:31]) & (this_block == 3)
+            hit_payload = ~flip_block[31] & (data_blocks + 1 == flip_block)
+            ab = ab ^ ((is_data & flip & (hit_header | hit_payload)) << 7)
         for _ in range(latency):
             ab_r, ba_r = Signal(66), Signal(66)
             m.d.sync += [ab_r.eq(ab), ba_r.eq(ba)]

@@ -508,27 +508,43 @@ def run_allreduce(setup: SimSetup, arrays, *, build_root: str | Path = "build/fa
 
 
 def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
-    """Validate :meth:`FastSim.allreduce`'s ``corrupt=(node, block)``; returns the frame player's
-    ``(flip_link, flip_block)`` (``(0, 0)``: no fault).
+    """Validate :meth:`FastSim.allreduce`'s ``corrupt=(node, block)`` or ``(node, frame, "header")``;
+    returns the frame player's ``(flip_link, flip_block)`` (``(0, 0)``: no fault).
+
+    ``(node, block)`` flips a bit of the ``block``-th 66-bit data block node ``node`` sends node
+    ``node + 1``; ``(node, frame, "header")`` flips one in the wirereduce header of the
+    ``frame``-th frame on that cable (:func:`wirereduce.sim.cluster.network._eth_links`).
 
     Raises
     ------
     ValueError
-        If ``corrupt`` is given on a ring without Ethernet links, ``node`` is not a rank or
-        ``block`` is not an int ≥ 1.
+        If ``corrupt`` is given on a ring without Ethernet links, ``node`` is not a rank,
+        ``block``/``frame`` is not an int ≥ 1 or the mode is not ``"header"``.
     """
     if corrupt is None:
         return 0, 0
     if setup.links != "eth":
         raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth'")
+    header = False
     try:
-        node, block = corrupt
-    except (TypeError, ValueError):
-        raise ValueError(f"corrupt must be a (node, block) pair, not {corrupt!r}") from None
-    for name, v, lo, hi in (("node", node, 0, setup.nodes - 1), ("block", block, 1, 2**32 - 1)):
-        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            raise ValueError(f"corrupt {name} must be an int from {lo} to {hi}, not {v!r}")
-    return node, block
+        if len(corrupt) == 3:
+            node, block, mode = corrupt
+            if mode != "header":
+                raise ValueError(f"corrupt mode must be 'header', not {mode!r}")
+            header = True
+        else:
+            node, block = corrupt
+    except TypeError:
+        raise ValueError(f"corrupt must be a (node, block) pair or a (node, frame, 'header') triple, not {corrupt!r}") from None
+    except ValueError as e:
+        if "mode" in str(e):
+            raise
+        raise ValueError(f"corrupt must be a (node, block) pair or a (node, frame, 'header') triple, not {corrupt!r}") from None
+    hi = 2**31 - 1
+    for name, v, lo, top in (("node", node, 0, setup.nodes - 1), ("frame" if header else "block", block, 1, hi)):
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= top:
+            raise ValueError(f"corrupt {name} must be an int from {lo} to {top}, not {v!r}")
+    return node, block | (1 << 31 if header else 0)
 
 
 def check_options(window=None, rx_valid_prob=1.0, tx_ready_prob=1.0, seed=1, timeout_cycles=200_000,

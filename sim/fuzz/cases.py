@@ -1,0 +1,167 @@
+"""Hostile and malformed frames for the fuzz suite: a seeded generator and what each must cost.
+
+A :class:`FuzzCase` is one frame injected into one port of one node while a collective runs
+(:mod:`wirereduce.sim.fuzz.cocotb_fuzz`), built from the collective it lands in (:func:`build_frame`)
+so that it fails exactly the check its ``kind`` names. The suite's oracle
+(:func:`wirereduce.sim.fuzz.run.judge`) then asks of every case: no hang; no host holds a wrong
+value (every result chunk is the golden sum or reported missing); the frame is counted in the
+counters :data:`EXPECTED` names for its kind at the node it hit; and a fresh collective afterwards
+is bit-exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from wirereduce.protocol import HEADER_BYTES, Codec, DType, Flag, Header, Opcode, frame
+
+__all__ = ["KINDS", "PORTS", "EXPECTED", "FuzzCase", "make_cases", "build_frame"]
+
+#: Where a frame can be injected: the node's host input, or its two ring inputs.
+PORTS = ("host", "cw", "ccw")
+
+#: What each kind of frame must be counted as at the node it hits (any one of the counters; the
+#: ones that depend on timing, e.g. whether the frame's ``seq`` is the one the port expects at the
+#: moment it arrives, list every possible outcome). ``None``: counted nowhere (the node answers).
+#: ``"lost"``: the frame may be taken as the chunk it claims to be, marked bad (a forged LOST
+#: placeholder): no counter need move, but that chunk must then be reported missing.
+EXPECTED: dict[str, tuple[str, ...] | None] = {
+    "short": ("drop_short",),
+    "version": ("drop_version",),
+    "opcode": ("drop_opcode",),
+    "collective": ("drop_collective",),
+    "flags": ("drop_flags",),
+    "dtype": ("drop_dtype",),
+    "codec": ("drop_codec",),
+    "seq_far": ("drop_seq",),
+    "count_zero": ("drop_seq", "drop_count"),
+    "count_big": ("drop_seq", "drop_count"),
+    "payload_short": ("drop_seq", "drop_count", "drop_length"),
+    "payload_long": ("drop_seq", "drop_count", "drop_length"),
+    "header_only": ("drop_seq", "drop_count", "drop_length"),
+    "oversize": ("drop_seq", "drop_count", "drop_oversize"),
+    "lost_forged": ("drop_seq", "drop_flags", "lost"),
+    "control_mid": ("control_refused",),
+    "stats_request": None,
+    "garbage": ("drop_short", "drop_version", "drop_opcode", "drop_collective", "drop_flags", "drop_dtype",
+                "drop_codec", "drop_seq", "drop_count", "drop_length", "drop_oversize"),
+}
+KINDS = tuple(EXPECTED)
+_HOST_ONLY = ("control_mid", "stats_request")
+
+
+@dataclass(frozen=True)
+class FuzzCase:
+    """One injected frame: ``kind`` (a key of :data:`EXPECTED`) into ``port`` of ``node``, after
+    ``after`` result chunks have reached that node's host (0: at the start), marked ``bad`` on its
+    last beat if ``bad`` (ring ports only: a frame spoilt on a cut-through link)."""
+
+    index: int
+    kind: str
+    node: int
+    port: str
+    after: int
+    seed: int
+    bad: bool = False
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def make_cases(n: int, nodes: int, seed: int = 0, kinds: tuple[str, ...] = KINDS) -> list[FuzzCase]:
+    """``n`` cases, every kind in turn (so any ``n ≥ len(kinds)`` covers each), ports, nodes and
+    timing drawn from ``numpy.random.default_rng(seed)``.
+
+    Raises
+    ------
+    ValueError
+        If ``n`` < 1, ``nodes`` < 2 or a kind is unknown.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int ≥ 1, not {n!r}")
+    if not isinstance(nodes, int) or nodes < 2:
+        raise ValueError(f"nodes must be an int ≥ 2, not {nodes!r}")
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown fuzz kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    rng = np.random.default_rng(seed)
+    cases = []
+    for i in range(n):
+        kind = kinds[i % len(kinds)]
+        port = "host" if kind in _HOST_ONLY else str(rng.choice(PORTS))
+        cases.append(FuzzCase(index=i, kind=kind, node=int(rng.integers(nodes)), port=port,
+                              after=int(rng.integers(0, 3)), seed=int(rng.integers(1 << 31)),
+                              bad=bool(port != "host" and rng.random() < 0.25)))
+    return cases
+
+
+def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nodes: int, max_elements: int,
+                mtu: int, codec: int = Codec.NONE, eb_k: int = 0) -> bytes:
+    """The frame ``case`` injects into a collective ``collective`` of ``chunks`` chunks of ``count``
+    elements (``codec``/``eb_k`` its codec), on a ring of ``nodes`` nodes built for ``mtu``.
+
+    Its opcode is the one the port takes (HOST_PUSH on the host port, REDUCE on cw, BROADCAST on
+    ccw), its ``seq`` a chunk of the collective, and exactly one thing is wrong with it (the
+    ``kind``); ``garbage`` is random bytes after a random header."""
+    rng = np.random.default_rng(case.seed)
+    op = {"host": Opcode.HOST_PUSH, "cw": Opcode.REDUCE, "ccw": Opcode.BROADCAST}[case.port]
+    seq = int(rng.integers(chunks))
+    hdr = Header(opcode=op, collective=collective, seq=seq, count=count, src=int(rng.integers(nodes)),
+                 hop=int(rng.integers(nodes)), codec=codec, eb_k=eb_k)
+    payload = rng.standard_normal(count).astype(np.float32)
+    k = case.kind
+    if k == "short":
+        return hdr.pack()[:int(rng.integers(1, HEADER_BYTES))]
+    if k == "version":
+        return frame(hdr.replace(version=int(rng.choice([0, 2, 0x81, 0xFF]))), payload)
+    if k == "opcode":
+        bad_ops = [o for o in range(256) if o not in (op, Opcode.CONTROL, Opcode.STATS_REQUEST)]
+        return frame(hdr.replace(opcode=int(rng.choice(bad_ops))), payload)
+    if k == "collective":
+        return frame(hdr.replace(collective=(collective + int(rng.integers(1, 1 << 16))) & 0xFFFF), payload)
+    if k == "flags":
+        allowed = 0 if op == Opcode.HOST_PUSH else int(Flag.LOST)
+        bits = int(rng.integers(1, 256)) & ~allowed or 0x80
+        return frame(hdr.replace(flags=bits), payload)
+    if k == "dtype":
+        return frame(hdr.replace(dtype=int(rng.choice([0, 2, 3, 0xFF]))), payload)
+    if k == "codec":
+        if codec == Codec.NONE:
+            return frame(hdr.replace(codec=Codec.INCEPTIONN_V1, eb_k=int(rng.integers(4, 25))), payload)
+        return frame(hdr.replace(eb_k=(eb_k + int(rng.integers(1, 20))) % 25), payload)
+    if k == "seq_far":
+        return frame(hdr.replace(seq=chunks + int(rng.integers(0, 1 << 20))), payload)
+    if k == "count_zero":
+        return frame(hdr.replace(count=0), b"")
+    if k == "count_big":
+        big = int(rng.integers(max_elements + 1, 1 << 16))
+        return frame(hdr.replace(count=big), payload)
+    if k == "payload_short":
+        data = frame(hdr, payload)
+        return data[:-int(rng.integers(1, 4 * count + 1))]
+    if k == "payload_long":
+        return frame(hdr, payload) + rng.integers(0, 256, int(rng.integers(1, 64)), dtype=np.uint8).tobytes()
+    if k == "header_only":
+        return hdr.pack()
+    if k == "oversize":
+        extra = mtu + 1 - (HEADER_BYTES + 4 * count) + int(rng.integers(0, 512))
+        return frame(hdr, payload) + rng.integers(0, 256, extra, dtype=np.uint8).tobytes()
+    if k == "lost_forged":
+        return hdr.replace(count=0, flags=Flag.LOST).pack()
+    if k == "control_mid":
+        return Header(opcode=Opcode.CONTROL, collective=(collective + 100) & 0xFFFF, src=int(rng.integers(nodes)),
+                      hop=nodes, seq=chunks, count=int(rng.integers(1 << 16)), codec=codec, eb_k=eb_k,
+                      dtype=DType.FP32).pack()
+    if k == "stats_request":
+        return Header(opcode=Opcode.STATS_REQUEST, count=int(rng.integers(1 << 16))).pack()
+    if k == "garbage":
+        n = int(rng.integers(1, mtu + 200))
+        if n == 4 * count:  # a well-formed frame with a random payload is a forgery, not a malformed frame
+            n += 1
+        body = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        head = bytearray(hdr.pack())
+        head[int(rng.integers(HEADER_BYTES))] ^= 1 << int(rng.integers(8))
+        return bytes(head) + body
+    raise ValueError(f"unknown fuzz kind {k!r}")

@@ -1,0 +1,206 @@
+"""The fuzz suite: build a network with injection ports, run the cases, judge them.
+
+:func:`run_fuzz` builds the simulated ring (:class:`~wirereduce.sim.cluster.network.Network` with
+``inject=True``; link models or 10G Ethernet, with or without the codec), runs every
+:class:`~wirereduce.sim.fuzz.cases.FuzzCase` in one simulation
+(:mod:`wirereduce.sim.fuzz.cocotb_fuzz`) and returns one :class:`Verdict` a case (:func:`judge`):
+
+- **hang**: the case did not finish (the simulation stopped, or the driver raised something other
+  than a report of lost chunks);
+- **silent_wrong**: some host holds a result chunk that is not the golden sum, bit for bit
+  (``view(np.uint32)``; NaN payloads compared as NaN), without being told it is missing;
+- **uncounted**: the frame moved none of the counters its kind must move at the node it hit
+  (:data:`~wirereduce.sim.fuzz.cases.EXPECTED`), and it was not taken as a lost chunk either;
+- **fresh_wrong**: the allreduce run after the case is not bit-exact.
+
+``wirereduce fuzz`` (``make fuzz``) prints the table and the line
+``FUZZ cases=<n> silent_wrong=<w> hangs=<h>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from wirereduce.sim.fuzz.cases import EXPECTED, FuzzCase, make_cases
+
+__all__ = ["Verdict", "run_fuzz", "judge", "format_table"]
+
+
+@dataclass
+class Verdict:
+    """How one case ended (see the module docstring)."""
+
+    case: FuzzCase
+    outcome: str
+    counted: str
+    hang: bool = False
+    silent_wrong: bool = False
+    uncounted: bool = False
+    fresh_wrong: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not (self.hang or self.silent_wrong or self.uncounted or self.fresh_wrong)
+
+
+def _golden(arrays, compression):
+    from wirereduce.sim.golden.allreduce import ring_allreduce
+
+    if compression is None:
+        return ring_allreduce(arrays)
+    from wirereduce.sim.golden.codec import ring_allreduce_compressed
+
+    return ring_allreduce_compressed(arrays, compression, host_compressed=True)
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Element-wise: the same bits, or both NaN."""
+    return (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+
+
+def judge(rec: dict, arrays, fresh, compression, chunk: int) -> Verdict:
+    """The :class:`Verdict` of one case's record (what :mod:`cocotb_fuzz` wrote)."""
+    case = FuzzCase(**rec["case"])
+    if rec.get("outcome") not in ("complete", "lost"):
+        return Verdict(case, rec.get("error", "did not finish"), "-", hang=True)
+    want = _golden(arrays, compression)
+    wrong = False
+    any_missing = False
+    for k, hexdata in enumerate(rec["results"]):
+        got = np.frombuffer(bytes.fromhex(hexdata), np.float32)
+        missing = set(rec["missing"].get(str(k), []))
+        any_missing |= bool(missing)
+        ok = _same_bits(got, want)
+        for seq in range(-(-len(got) // chunk)):
+            if seq in missing:
+                continue
+            if not ok[seq * chunk:(seq + 1) * chunk].all():
+                wrong = True
+    before, after = rec["stats_before"][case.node], rec["stats_after"][case.node]
+    moved = {}
+    if before is not None and after is not None:
+        moved = {n: (after[n] - before[n]) % (1 << 32) for n in after
+                 if (n.startswith("drop_") or n == "control_refused") and after[n] != before[n]}
+    expected = EXPECTED[case.kind]
+    if expected is None:
+        uncounted = False
+    else:
+        uncounted = not any(moved.get(n, 0) for n in expected) and not ("lost" in expected and any_missing)
+    fresh_wrong = True
+    if rec.get("fresh") is not None:
+        want_fresh = _golden(fresh, compression)
+        fresh_wrong = not all(_same_bits(np.frombuffer(bytes.fromhex(h), np.float32), want_fresh).all()
+                              for h in rec["fresh"])
+    outcome = "complete" if rec["outcome"] == "complete" else (
+        "lost " + ",".join(str(s) for s in sorted({s for v in rec["missing"].values() for s in v})))
+    counted = " ".join(f"{n}+{v}" for n, v in sorted(moved.items())) or "-"
+    return Verdict(case, outcome, counted, silent_wrong=wrong, uncounted=uncounted, fresh_wrong=fresh_wrong)
+
+
+def run_fuzz(setup, cases: list[FuzzCase] | int, *, seed: int = 0, compression: int | None = None,
+             elements: int | None = None, build_root: str | Path = "build/fuzz", timeout_cycles: int = 8000,
+             waves: bool = False) -> list[Verdict]:
+    """Run ``cases`` (or that many :func:`make_cases` from ``seed``) on ``setup``'s ring.
+
+    Parameters
+    ----------
+    setup : wirereduce.sim.engines.runner.SimSetup
+    cases : list of FuzzCase, or int
+    compression : int, optional
+        Run compressed collectives (k), on nodes built with the codec.
+    elements : int, optional
+        Elements per host per collective; default three chunks.
+    timeout_cycles : int
+        Quiet cycles after which a host's driver reports its missing chunks.
+
+    Raises
+    ------
+    ValueError
+        On bad arguments, before anything is built.
+    wirereduce.sim.engines.runner.SimulationError
+        If the simulator fails to build or run (a hang shows as cases with no record).
+    """
+    from wirereduce.host.driver import chunk_elements
+    from wirereduce.sim.engines.runner import SimulationError, _build, check_compression
+
+    check_compression(setup, compression)
+    if isinstance(cases, int):
+        cases = make_cases(cases, setup.nodes, seed)
+    if not isinstance(timeout_cycles, int) or timeout_cycles < 1000:
+        raise ValueError(f"timeout_cycles must be an int ≥ 1000, not {timeout_cycles!r}")
+    chunk = chunk_elements(setup.config, compression)
+    n = elements if elements is not None else 3 * chunk - chunk // 3
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"elements must be an int ≥ 1, not {n!r}")
+    rng = np.random.default_rng(seed + 7)
+
+    def draw():
+        return [(rng.standard_normal(n) * np.float32(2.0) ** rng.integers(-20, 20, n)).astype(np.float32)
+                for _ in range(setup.nodes)]
+
+    arrays = {c.index: draw() for c in cases}
+    fresh = {c.index: draw() for c in cases}
+    build_root = Path(build_root).resolve()
+    runner, build_dir = _build(setup, build_root, waves, inject=True)
+    run_dir = build_dir / "fuzz"
+    run_dir.mkdir(exist_ok=True)
+    inputs = run_dir / "inputs.npz"
+    records_path = run_dir / "records.json"
+    records_path.unlink(missing_ok=True)
+    np.savez(inputs, **{f"node{k}_case{i}": a[k] for i, a in arrays.items() for k in range(setup.nodes)},
+             **{f"node{k}_fresh{i}": a[k] for i, a in fresh.items() for k in range(setup.nodes)})
+    from dataclasses import asdict
+
+    spec_file = run_dir / "fuzz.json"
+    lines_per_chunk = -(-(16 + 4 * chunk) // setup.config.bytes_per_beat)
+    spec_file.write_text(json.dumps({
+        "nodes": setup.nodes, "config": asdict(setup.config), "clock_mhz": setup.clock,
+        "inputs": str(inputs), "records": str(records_path), "cases": [c.as_dict() for c in cases],
+        "compression": compression, "timeout_cycles": timeout_cycles,
+        "cycles_per_chunk": lines_per_chunk + 16,
+    }))
+    env = {"WIREREDUCE_FUZZ": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+           "COCOTB_LOG_LEVEL": "WARNING"}
+    results_xml = run_dir / "results.xml"
+    results_xml.unlink(missing_ok=True)
+    try:
+        runner.test(test_module="wirereduce.sim.fuzz.cocotb_fuzz", hdl_toplevel="wirereduce_net",
+                    build_dir=build_dir, test_dir=run_dir, extra_env=env, waves=waves,
+                    results_xml=str(results_xml), log_file=run_dir / "sim.log", timescale=("1ps", "1ps"))
+    except SystemExit:
+        pass
+    records = json.loads(records_path.read_text()) if records_path.exists() else []
+    if not records and cases:
+        log = run_dir / "sim.log"
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
+        raise SimulationError(f"the fuzz run produced no record; log {log}:\n{tail}")
+    verdicts = []
+    done = {r["case"]["index"]: r for r in records}
+    for c in cases:
+        if c.index not in done:
+            verdicts.append(Verdict(c, "no record: the simulation stopped", "-", hang=True))
+            continue
+        verdicts.append(judge(done[c.index], arrays[c.index], fresh[c.index], compression, chunk))
+    return verdicts
+
+
+def format_table(verdicts: list[Verdict]) -> str:
+    """``case | injected | outcome`` rows and the ``FUZZ cases=… silent_wrong=… hangs=…`` line."""
+    rows = ["case | injected | outcome"]
+    for v in verdicts:
+        c = v.case
+        flags = [name for name in ("hang", "silent_wrong", "uncounted", "fresh_wrong") if getattr(v, name)]
+        mark = "ok" if v.ok else "FAIL " + ",".join(flags)
+        rows.append(f"{c.index} | {c.kind} → node {c.node} {c.port}{' (bad)' if c.bad else ''} after {c.after} | "
+                    f"{v.outcome}; counted {v.counted}; {mark}")
+    n = len(verdicts)
+    rows.append(f"FUZZ cases={n} silent_wrong={sum(v.silent_wrong for v in verdicts)} "
+                f"hangs={sum(v.hang for v in verdicts)} uncounted={sum(v.uncounted for v in verdicts)} "
+                f"fresh_wrong={sum(v.fresh_wrong for v in verdicts)}")
+    return "\n".join(rows)
