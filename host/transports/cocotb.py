@@ -36,6 +36,8 @@ class CocotbTransport:
         self.timeout_ns = timeout_cycles * clock_period_ns
         self.sources = []
         self.sinks = []
+        #: Frames each host's port dropped because they arrived marked bad.
+        self.bad_frames = [0] * nodes
         for k in range(nodes):
             self.sources.append(AxiStreamSource(AxiStreamBus.from_prefix(dut, f"host{k}_rx"), dut.clk, dut.rst))
             self.sinks.append(AxiStreamSink(AxiStreamBus.from_prefix(dut, f"host{k}_tx"), dut.clk, dut.rst))
@@ -44,12 +46,20 @@ class CocotbTransport:
         await self.sources[node].send(AxiStreamFrame(bytes(data)))
 
     async def recv(self, node: int) -> bytes:
-        try:
-            f = await with_timeout(self.sinks[node].recv(), self.timeout_ns, "ns")
-        except TimeoutError as e:  # cocotb's SimTimeoutError subclasses TimeoutError
-            raise TimeoutError(f"node {node} sent its host nothing for {self.timeout_ns:.0f} ns of "
-                               f"simulated time; a frame was lost or the ring is stalled") from e
-        return bytes(f.tdata)
+        """The next good frame node ``node`` sends its host. A frame marked ``bad`` (``tuser`` on
+        its last beat: a stomped FCS on a real link) is dropped here, as a NIC drops it, and
+        counted in :attr:`bad_frames`."""
+        while True:
+            try:
+                f = await with_timeout(self.sinks[node].recv(), self.timeout_ns, "ns")
+            except TimeoutError as e:  # cocotb's SimTimeoutError subclasses TimeoutError
+                raise TimeoutError(f"node {node} sent its host nothing for {self.timeout_ns:.0f} ns of "
+                                   f"simulated time; a frame was lost or the ring is stalled") from e
+            user = f.tuser if isinstance(f.tuser, list) else [f.tuser]
+            if any(u for u in user if u):
+                self.bad_frames[node] += 1
+                continue
+            return bytes(f.tdata)
 
     async def gather(self, coros: Sequence[Awaitable]) -> list:
         tasks = [cocotb.start_soon(c) for c in coros]

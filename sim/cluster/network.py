@@ -17,8 +17,9 @@ from amaranth import Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.node import Node
+from wirereduce.hdl.core.status import port_counters_layout
 from wirereduce.hdl.params import rejecting
-from wirereduce.hdl.stream.frame import FrameStream, beat_layout
+from wirereduce.hdl.stream.frame import FrameArbiter, FrameStream, beat_layout
 
 from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
@@ -157,6 +158,38 @@ class LinkModel(wiring.Component):
         return m
 
 
+class InjectableNode(wiring.Component):
+    """A :class:`~wirereduce.hdl.core.node.Node` whose ring inputs also take frames from two
+    injection ports, ``inj_cw`` and ``inj_ccw``, merged a whole frame at a time with what the
+    link delivers (:class:`~wirereduce.hdl.stream.frame.FrameArbiter`): the fuzz suite's hook
+    for hostile frames on a ring port (:mod:`wirereduce.sim.fuzz`). Simulation only.
+    """
+
+    def __init__(self, config: NodeConfig):
+        self.config = config
+        beat = FrameStream(config.width)
+        super().__init__({
+            "host_rx": In(beat), "host_tx": Out(beat), "cw_in": In(beat), "cw_out": Out(beat),
+            "ccw_in": In(beat), "ccw_out": Out(beat), "port_counters": In(port_counters_layout()),
+            "inj_cw": In(beat), "inj_ccw": In(beat),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.node = node = Node(self.config)
+        wiring.connect(m, wiring.flipped(self.host_rx), node.host_rx)
+        wiring.connect(m, node.host_tx, wiring.flipped(self.host_tx))
+        wiring.connect(m, node.cw_out, wiring.flipped(self.cw_out))
+        wiring.connect(m, node.ccw_out, wiring.flipped(self.ccw_out))
+        m.d.comb += node.port_counters.eq(self.port_counters)
+        for port in ("cw", "ccw"):
+            arb = m.submodules[f"inj_arb_{port}"] = FrameArbiter(beat_layout(self.config.width), 2)
+            wiring.connect(m, wiring.flipped(getattr(self, f"{port}_in")), arb.i0)
+            wiring.connect(m, wiring.flipped(getattr(self, f"inj_{port}")), arb.i1)
+            wiring.connect(m, arb.o, getattr(node, f"{port}_in"))
+        return m
+
+
 class Network(wiring.Component):
     """``nodes`` :class:`~wirereduce.hdl.core.node.Node` instances in a ring, for simulation.
 
@@ -187,6 +220,13 @@ class Network(wiring.Component):
         Wire bytes per cycle of every link model; default :func:`line_bytes_per_cycle` of the
         width: 10 Gbit/s at 64 bit, 100 Gbit/s at 512 bit. A wider datapath than its links
         (e.g. 512 bit at 156.25 MHz behind 10G links: 8) is where compressed frames pay off.
+    inject : bool
+        Give every node injection ports (:class:`InjectableNode`), flat on the top as
+        ``inj{k}_{cw,ccw}_t{data,keep,last,valid,ready,user}`` (``tuser`` = ``bad``): frames put
+        there enter node ``k``'s ring input as if the link had delivered them (the fuzz suite).
+
+    Every host output also has ``host{k}_tx_tuser``: the frame's ``bad`` on its last beat (a
+    host NIC drops such a frame, as it would one with a stomped FCS).
 
     Raises
     ------
@@ -196,8 +236,10 @@ class Network(wiring.Component):
     """
 
     def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
-                 host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None):
+                 host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None,
+                 inject: bool = False):
         with rejecting(self):
+            self.inject = bool(inject)
             if not isinstance(nodes, int) or not 2 <= nodes <= 255:
                 raise ValueError(f"a ring needs 2 … 255 nodes, not {nodes!r}")
             self.nodes = nodes
@@ -214,6 +256,12 @@ class Network(wiring.Component):
             members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1),
                             "flip_link": In(8), "flip_block": In(32)})
         for k in range(nodes):
+            members[f"host{k}_tx_tuser"] = Out(1)
+            if self.inject:
+                for port in ("cw", "ccw"):
+                    for sig, shape in (("tdata", w), ("tkeep", w // 8), ("tlast", 1), ("tvalid", 1), ("tuser", 1)):
+                        members[f"inj{k}_{port}_{sig}"] = In(shape)
+                    members[f"inj{k}_{port}_tready"] = Out(1)
             for d, flow_in in (("rx", True), ("tx", False)):
                 dir_in, dir_out = (In, Out) if flow_in else (Out, In)
                 members[f"host{k}_{d}_tdata"] = dir_in(w)
@@ -228,7 +276,17 @@ class Network(wiring.Component):
         n = self.nodes
         w = self.config.width
         rate = self.link_rate
-        ring = [Node(self.config) for _ in range(n)]
+        ring = [(InjectableNode if self.inject else Node)(self.config) for _ in range(n)]
+        if self.inject:
+            for k, node in enumerate(ring):
+                for port in ("cw", "ccw"):
+                    g = lambda s, k=k, port=port: getattr(self, f"inj{k}_{port}_{s}")  # noqa: E731
+                    inj = getattr(node, f"inj_{port}")
+                    m.d.comb += [
+                        inj.payload.data.eq(g("tdata")), inj.payload.keep.eq(g("tkeep")),
+                        inj.payload.last.eq(g("tlast")), inj.payload.bad.eq(g("tuser")),
+                        inj.valid.eq(g("tvalid")), g("tready").eq(inj.ready),
+                    ]
         if self.links == "eth":
             for k, node in enumerate(ring):
                 m.submodules[f"node{k}"] = node
@@ -270,7 +328,7 @@ class Network(wiring.Component):
             rx.payload.last.eq(g("rx_tlast")), rx.valid.eq(g("rx_tvalid")),
             g("rx_tready").eq(rx.ready),
             g("tx_tdata").eq(tx.payload.data), g("tx_tkeep").eq(tx.payload.keep),
-            g("tx_tlast").eq(tx.payload.last), g("tx_tvalid").eq(tx.valid),
+            g("tx_tlast").eq(tx.payload.last), g("tx_tvalid").eq(tx.valid), g("tx_tuser").eq(tx.payload.bad),
             tx.ready.eq(g("tx_tready")),
         ]
 
@@ -398,9 +456,10 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
 
 def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
-                    host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None) -> str:
+                    host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None,
+                    inject: bool = False) -> str:
     """Verilog text of a :class:`Network` with top module ``wirereduce_net``."""
     from amaranth.back import verilog
 
-    top = Network(nodes, config, link_latency, host_links, links, link_rate)
+    top = Network(nodes, config, link_latency, host_links, links, link_rate, inject)
     return verilog.convert(top, name="wirereduce_net", emit_src=False)

@@ -534,12 +534,11 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
             header = True
         else:
             node, block = corrupt
-    except TypeError:
-        raise ValueError(f"corrupt must be a (node, block) pair or a (node, frame, 'header') triple, not {corrupt!r}") from None
-    except ValueError as e:
+    except (TypeError, ValueError) as e:
         if "mode" in str(e):
             raise
-        raise ValueError(f"corrupt must be a (node, block) pair or a (node, frame, 'header') triple, not {corrupt!r}") from None
+        raise ValueError(f"corrupt must be a (node, block) pair or a (node, frame, 'header') triple, "
+                         f"not {corrupt!r}") from None
     hi = 2**31 - 1
     for name, v, lo, top in (("node", node, 0, setup.nodes - 1), ("frame" if header else "block", block, 1, hi)):
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= top:

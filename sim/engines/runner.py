@@ -183,7 +183,7 @@ def _kick_comb_blocks(text: str) -> str:
                          text)
 
 
-def _build(setup: SimSetup, build_root: Path, waves: bool) -> tuple[object, Path]:
+def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False) -> tuple[object, Path]:
     from cocotb_tools.runner import get_runner
     from wirereduce.sim.cluster.network import network_verilog
 
@@ -193,11 +193,11 @@ def _build(setup: SimSetup, build_root: Path, waves: bool) -> tuple[object, Path
         raise SimulationError("Icarus Verilog was asked for but `iverilog` is not on PATH: "
                               "`apt-get install iverilog`, or use --simulator verilator")
     text = network_verilog(setup.nodes, setup.config, setup.link_latency, links=setup.links,
-                           link_rate=setup.link_rate)
+                           link_rate=setup.link_rate, inject=inject)
     if setup.simulator == "icarus":
         text = _kick_comb_blocks(text)
     digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    build_dir = build_root / f"{setup.tag()}{'_waves' if waves else ''}"
+    build_dir = build_root / f"{setup.tag()}{'_inj' if inject else ''}{'_waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)
     src = build_dir / "wirereduce_net.v"
     stamp = build_dir / "source.sha"

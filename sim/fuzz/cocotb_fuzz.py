@@ -84,7 +84,7 @@ async def fuzz(dut):
                            eb_k=compression or 0)
         rec["frame_bytes"] = len(data)
 
-        async def injector():
+        async def injector(case=case, data=data):
             await ClockCycles(dut.clk, 1 + case.after * spec["cycles_per_chunk"])
             if case.port == "host":
                 await transport.send(case.node, data)

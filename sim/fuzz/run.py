@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 from wirereduce.sim.fuzz.cases import EXPECTED, FuzzCase, make_cases
 
 __all__ = ["Verdict", "run_fuzz", "judge", "format_table"]
