@@ -777,7 +777,8 @@ def test_receive_refuses_a_result_with_other_fields(compression, fields, match):
     for is refused (DriverError), and nothing of it is taken."""
     s = NodeSession(0, 2, 1, np.ones(8, F32), 8, compression=compression)
     h = Header(opcode=Opcode.HOST_RESULT, collective=1, seq=0, count=8, codec=s.codec, eb_k=s.eb_k).replace(**fields)
-    payload = codec.encode(np.full(8, 0.5, F32), h.eb_k) if h.codec == Codec.INCEPTIONN_V1 else np.full(8, 0.5, "<f4").tobytes()
+    values = np.full(8, 0.5, F32)
+    payload = codec.encode(values, h.eb_k) if h.codec == Codec.INCEPTIONN_V1 else values.astype("<f4").tobytes()
     with pytest.raises(DriverError, match=match):
         s.receive(h.pack() + payload)
     assert not s.received.any() and not s.lost.any() and not s.result.any()
@@ -841,6 +842,7 @@ def test_deadline_from_size_nodes_and_link_rate():
         deadline_cycles,
         expected_cycles,
     )
+
     from wirereduce.protocol import wire_bytes
 
     assert (DEADLINE_FACTOR, DEADLINE_SLACK_CYCLES, HOP_CYCLES) == (4, 5_000, 64)
