@@ -639,7 +639,8 @@ class Round:
         self.arrays = arrays
         self.window = window
         self.abort = abort
-        tags = tags if tags is not None else RequestTags()
+        #: Where this round's request tags came from; an engine takes its further requests' here.
+        self.tags = tags = tags if tags is not None else RequestTags()
         self.sessions = [NodeSession(k, len(arrays), collective, a, elements_per_frame, compression,
                                      tag=tags.take(), abort=abort)
                          for k, a in enumerate(arrays)]

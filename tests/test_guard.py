@@ -132,3 +132,48 @@ def test_invalid_control_fields_are_refused(codec):
         assert st["request_tag"] == 0x100 + k, what
         assert st["control_refused"] == refused, (what, st["control_refused"], refused)
         assert _config(st) == config, (what, _config(st), config)
+
+
+# --- --timeout: validated before anything is built or simulated -----------------------------------
+
+
+@pytest.mark.parametrize("command", ["sim", "demo"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_timeout_flag_refused_before_any_simulation(tmp_path, monkeypatch, capsys, command, value):
+    from wirereduce.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    np.savez(tmp_path / "in.npz", node0=np.ones(4, np.float32), node1=np.ones(4, np.float32))
+    if command == "sim":
+        argv = ["sim", "allreduce", "--nodes", "2", "--input", str(tmp_path / "in.npz"),
+                "--output", str(tmp_path / "out.npz")]
+    else:
+        argv = ["demo", "--nodes", "2"]
+    code = main([*argv, "--build-dir", str(tmp_path / "b"), "--timeout", value])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("wirereduce: error: --timeout:") and "≥ 1 cycles" in err, err
+    assert not (tmp_path / "b").exists() and not (tmp_path / "out.npz").exists() and not (tmp_path / "build").exists()
+
+
+def test_timeout_flag_in_help():
+    from wirereduce.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices
+    for parser in (sub["sim"]._subparsers._group_actions[0].choices["allreduce"], sub["demo"]):
+        text = parser.format_help()
+        text = " ".join(text.split())
+        assert "--timeout CYCLES" in text and "cycles of the node clock" in text
+
+
+def test_run_jobs_refuses_a_bad_timeout_before_building(tmp_path):
+    from wirereduce.sim.engines.fastsim import run_allreduce
+    from wirereduce.sim.engines.runner import SimSetup, run_jobs
+
+    arrays = [np.ones(4, np.float32)] * 2
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="timeout"):
+            run_jobs(SimSetup(nodes=2), [{"op": "allreduce", "arrays": arrays}], build_root=tmp_path / "b",
+                     timeout_cycles=bad)
+        with pytest.raises(ValueError, match="timeout"):
+            run_allreduce(SimSetup(nodes=2), arrays, build_root=tmp_path / "f", timeout_cycles=bad)
+    assert not (tmp_path / "b").exists() and not (tmp_path / "f").exists()
