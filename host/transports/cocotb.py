@@ -49,7 +49,7 @@ class CocotbTransport:
     async def recv(self, node: int, timeout_cycles: int | None = None) -> bytes:
         cycles = self.timeout_cycles if timeout_cycles is None else max(1, int(timeout_cycles))
         try:
-            f = await with_timeout(self.sinks[node].recv(), cycles * self.period_ns, "ns")
+            f = await with_timeout(self.sinks[node].recv(), round(cycles * self.period_ns * 1000), "ps")
         except TimeoutError as e:  # cocotb's SimTimeoutError subclasses TimeoutError
             raise TimeoutError(f"node {node} sent its host nothing for {cycles} cycles of simulated time; "
                                f"a frame was lost or the ring is stalled") from e
@@ -57,7 +57,7 @@ class CocotbTransport:
 
     def now(self) -> int:
         """Simulated time in cycles of ``dut.clk``."""
-        return int(get_sim_time("ns") / self.period_ns)
+        return int(get_sim_time("ps") / (self.period_ns * 1000))
 
     async def gather(self, coros: Sequence[Awaitable]) -> list:
         tasks = [cocotb.start_soon(c) for c in coros]
