@@ -174,7 +174,8 @@ ANSWER_CYCLES = DEADLINE_SLACK_CYCLES
 HOP_CYCLES = 64
 
 
-def expected_cycles(chunks: Sequence[tuple[int, int]], nodes: int, link_rate: float) -> int:
+def expected_cycles(chunks: Sequence[tuple[int, int]], nodes: int, link_rate: float,
+                    window: int | None = None) -> int:
     """Cycles one allreduce of ``chunks`` ((offset, count) in fp32 elements) should take on ``nodes``
     nodes whose links move ``link_rate`` wire bytes per cycle (8 at 10 Gbit/s and 156.25 MHz;
     ``line_bytes_per_cycle`` in ``sim/cluster/network.py``), from the first push to the last result.
@@ -183,7 +184,9 @@ def expected_cycles(chunks: Sequence[tuple[int, int]], nodes: int, link_rate: fl
     :func:`~wirereduce.protocol.wire_bytes` of its worst-case frame: every element raw, plus the
     compressed tags) over one link, plus the fill: the last chunk's trip through 2N + 2 hops (host
     link in, N − 1 reduce hops, N − 1 broadcast hops, host link out, and the codec's or a
-    store-and-forward port's extra hop), each :data:`HOP_CYCLES` plus one whole frame.
+    store-and-forward port's extra hop), each :data:`HOP_CYCLES` plus one whole frame. With a host
+    ``window`` of W chunks (:meth:`NodeSession.results_needed`), at most W chunks are on that trip
+    at a time, so the serialisation term is at least ``(chunks − W) / W`` trips.
 
     Raises ValueError on no chunks, ``nodes`` < 1 or ``link_rate`` ≤ 0.
     """
@@ -191,20 +194,25 @@ def expected_cycles(chunks: Sequence[tuple[int, int]], nodes: int, link_rate: fl
         raise ValueError(f"expected_cycles needs chunks, nodes ≥ 1 and link_rate > 0, not "
                          f"{len(chunks)} chunks, {nodes}, {link_rate}")
     frames = [wire_bytes(HEADER_BYTES + 4 * n + 8 * -(-n // 32)) for _, n in chunks]
-    return math.ceil(sum(frames) / link_rate + (2 * nodes + 2) * (HOP_CYCLES + max(frames) / link_rate))
+    trip = (2 * nodes + 2) * (HOP_CYCLES + max(frames) / link_rate)
+    serial = sum(frames) / link_rate
+    if window:  # the chunks beyond the first window each wait for a result: a trip per window
+        serial = max(serial, max(0, len(chunks) - window) / window * trip)
+    return math.ceil(serial + trip)
 
 
 def deadline_cycles(chunks: Sequence[tuple[int, int]], nodes: int, link_rate: float,
-                    slowdown: float = 1.0) -> int:
-    """The deadline of one round: ``DEADLINE_FACTOR`` (4) × :func:`expected_cycles` × ``slowdown``
-    + ``DEADLINE_SLACK_CYCLES`` (5,000) cycles. ``slowdown`` ≥ 1 stretches the expected time for
-    hosts slower than the links (a simulation's random back-pressure: 1 / the probability that a
-    host takes or offers a beat). A round still missing results at its deadline is over
-    (:class:`ChunksLost`); ``timeout`` options override the deadline.
+                    slowdown: float = 1.0, window: int | None = None) -> int:
+    """The deadline of one round: ``DEADLINE_FACTOR`` (4) × :func:`expected_cycles` (with the
+    hosts' ``window``) × ``slowdown`` + ``DEADLINE_SLACK_CYCLES`` (5,000) cycles. ``slowdown`` ≥ 1
+    stretches the expected time for hosts slower than the links (a simulation's random
+    back-pressure: 1 / the probability that a host takes or offers a beat). A round still missing
+    results at its deadline is over (:class:`ChunksLost`); ``timeout`` options override the deadline.
     """
     if not slowdown >= 1:
         raise ValueError(f"slowdown must be ≥ 1, not {slowdown!r}")
-    return math.ceil(DEADLINE_FACTOR * expected_cycles(chunks, nodes, link_rate) * slowdown) + DEADLINE_SLACK_CYCLES
+    expected = expected_cycles(chunks, nodes, link_rate, window)
+    return math.ceil(DEADLINE_FACTOR * expected * slowdown) + DEADLINE_SLACK_CYCLES
 
 
 def default_window(config: NodeConfig) -> int:
@@ -842,10 +850,10 @@ class Cluster:
 
     def deadline(self, rnd: Round) -> int:
         """Cycles ``rnd`` may take from its first push to its last result: ``timeout_cycles`` if
-        given, else :func:`deadline_cycles` of its chunks, the node count and ``link_rate``."""
+        given, else :func:`deadline_cycles` of its chunks, the node count, ``link_rate`` and the window."""
         if self.timeout_cycles is not None:
             return self.timeout_cycles
-        return deadline_cycles(rnd.chunks, self.nodes, self.link_rate)
+        return deadline_cycles(rnd.chunks, self.nodes, self.link_rate, window=rnd.window)
 
     async def _answer(self, node: int, is_answer: Callable[[bytes], bool]) -> bytes:
         """The first frame from ``node`` that ``is_answer``; skips others (late results of an

@@ -856,6 +856,10 @@ def test_deadline_from_size_nodes_and_link_rate():
     big = plan_chunks(10_000, 371)  # 9,000 elements more: their wire time more, the fill the same
     more = sum(wire_bytes(16 + 4 * n + 8 * -(-n // 32)) for _, n in big) - sum(frames)
     assert abs(expected_cycles(big, 4, 8) - expected_cycles(chunks, 4, 8) - more / 8) <= 1
+    trip = 10 * (64 + max(frames) / 8)  # a small window: chunks / window round trips at least
+    assert expected_cycles(chunks, 4, 8, window=1) == math.ceil(2 * trip + trip)  # one chunk a trip
+    assert expected_cycles(chunks, 4, 8, window=3) == want  # every chunk in flight at once: no limit
+    assert deadline_cycles(chunks, 4, 8, window=1) == 4 * math.ceil(3 * trip) + 5_000
     cluster = Cluster(FakeTransport(4), NodeConfig(mtu=1500), link_rate=8)
     rnd = cluster.plan(_arrays(4, 1000, seed=1)).round
     assert cluster.deadline(rnd) == 4 * want + 5_000

@@ -322,12 +322,14 @@ class FastSim:
 
     def deadline(self, rnd: Round, rx_valid_prob: float = 1.0, tx_ready_prob: float = 1.0) -> int:
         """The driver's deadline of ``rnd`` on this ring (:func:`~wirereduce.host.driver.deadline_cycles`):
-        its chunks, the ring size, the links' bytes per cycle, slowed by the hosts' back-pressure."""
+        its chunks, the ring size, the links' bytes per cycle and the hosts' window, slowed by their
+        back-pressure."""
         from wirereduce.sim.cluster.network import line_bytes_per_cycle
 
         s = self.setup
         rate = s.link_rate if s.link_rate is not None else line_bytes_per_cycle(s.config.width)
-        return deadline_cycles(rnd.chunks, s.nodes, float(rate), slowdown=1 / min(rx_valid_prob, tx_ready_prob))
+        return deadline_cycles(rnd.chunks, s.nodes, float(rate), slowdown=1 / min(rx_valid_prob, tx_ready_prob),
+                               window=rnd.window)
 
     def _replay(self, rnd: Round, *, rx_valid_prob: float, tx_ready_prob: float, seed: int,
                 timeout_cycles: int | None, progress: bool, flip: tuple[int, int] = (0, 0),
