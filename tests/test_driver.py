@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import struct
 from collections.abc import Awaitable, Sequence
 
@@ -15,6 +16,7 @@ from wirereduce.host.driver import (
     ChunksLost,
     Cluster,
     CollectiveIds,
+    ControlRefused,
     DriverError,
     NodeSession,
     chunk_elements,
@@ -35,6 +37,7 @@ from wirereduce.protocol import (
     STATS_COUNTERS,
     VERSION,
     Codec,
+    Flag,
     Header,
     Opcode,
     ProtocolError,
@@ -198,14 +201,15 @@ def test_receive_ignores_foreign_frames():
         _result_frame(42, 0, chunk, opcode=Opcode.BROADCAST),  # another opcode
         _result_frame(42, 0, chunk, opcode=Opcode.HOST_PUSH),
         _stats_frame({"collective": 42}, collective=42),     # a STATS frame
-        _result_frame(42, 2, chunk),                         # a chunk beyond the collective
     ]
     for f in foreign:
-        s.receive(f)
+        assert s.receive(f) is False
     assert [h.opcode for h in s.unexpected] == [Opcode.HOST_RESULT, Opcode.BROADCAST, Opcode.HOST_PUSH,
-                                                Opcode.STATS, Opcode.HOST_RESULT]
+                                                Opcode.STATS]
     assert s.missing == [0, 1] and not s.done
     assert not s.result.any()
+    with pytest.raises(DriverError, match="out of range"):  # a chunk of this collective beyond its end
+        s.receive(_result_frame(42, 2, chunk))
 
 
 def test_receive_duplicate_chunk_raises():
@@ -231,14 +235,25 @@ def test_receive_short_frame_raises_protocol_error():
 
 
 def test_check_ack():
-    s = _session(n=23, epf=5, rank=1, nodes=3, collective=42)
-    good = {"collective": 42, "rank": 1, "nodes": 3, "chunks": 5, "push_frames": 0}
+    """The answer is the STATS frame that echoes the CONTROL's request tag; one that shows another
+    configuration means the node refused the CONTROL (ControlRefused, which says to pass abort=True);
+    anything else is not the answer."""
+    s = NodeSession(1, 3, 42, _mixed(np.random.default_rng(0), 23), 5, tag=0x1234)
+    assert Header.unpack(s.control_frame()).count == 0x1234
+    good = {"collective": 42, "rank": 1, "nodes": 3, "chunks": 5, "push_frames": 0, "request_tag": 0x1234}
+    assert s.is_answer(_stats_frame(good))
     assert s.check_ack(_stats_frame(good))["chunks"] == 5
     for key, bad in (("collective", 41), ("rank", 0), ("nodes", 4), ("chunks", 4)):
-        with pytest.raises(DriverError, match="CONTROL"):
-            s.check_ack(_stats_frame({**good, key: bad}))
-    with pytest.raises(ProtocolError):
-        s.check_ack(_result_frame(42, 0, np.ones(14, F32)))
+        with pytest.raises(ControlRefused, match="abort=True") as info:
+            s.check_ack(_stats_frame({**good, key: bad, "control_refused": 1}))
+        assert info.value.rank == 1 and info.value.stats[key] == bad
+        assert info.value.sent == {"collective": 42, "rank": 1, "nodes": 3, "chunks": 5}
+    for other in (_stats_frame({**good, "request_tag": 0x1233}), _result_frame(42, 0, np.ones(14, F32))):
+        assert not s.is_answer(other)
+        with pytest.raises(DriverError, match="expected the STATS answer to CONTROL request 4660"):
+            s.check_ack(other)
+    with pytest.raises(ValueError, match="tag"):
+        NodeSession(1, 3, 42, np.ones(4, F32), 2, tag=1 << 16)
 
 
 # --- Cluster over a fake transport -------------------------------------------------------------
@@ -246,14 +261,22 @@ def test_check_ack():
 class FakeTransport:
     """N software "nodes" behind host ports: enough of a node to drive Cluster.
 
-    CONTROL is answered with STATS echoing the configuration; HOST_PUSH chunks are collected;
-    once every node has pushed chunk ``s``, the float32 sum in rank order is sent to every node
-    as HOST_RESULT chunk ``s``. ``sent`` records every frame the driver sent.
+    CONTROL is answered with STATS echoing the configuration and the request tag, and refused
+    (configuration unchanged, ``control_refused`` + 1) without ``Flag.ABORT`` while the node's
+    collective has results left to send; HOST_PUSH chunks are collected; once every node has
+    pushed chunk ``s``, the float32 sum in rank order is sent to every node as HOST_RESULT chunk
+    ``s``. ``sent`` records every frame the driver sent. Time: one cycle is ``cycle_s`` seconds.
     """
 
     def __init__(self, nodes: int, *, reverse_results=False, noise=False, bad_ack_rank=None,
-                 lose=None, timeout=2.0, window=None, mtu=9000):
+                 lose=None, timeout=2.0, window=None, mtu=9000, stray_stats=False, lost_flag=None,
+                 result_header=None, cycle_s=1e-5):
         self.nodes = nodes
+        self.cycle_s = cycle_s
+        self.stray_stats = stray_stats          # a STATS answering someone else comes before each answer
+        self.lost_flag = lost_flag              # (node, seq): a LOST placeholder instead of this result
+        self.result_header = result_header      # fields to set in every result header
+        self.finished = [0] * nodes             # results sent (or lost) of the current collective
         self.mtu = mtu
         self.eb_k = None                        # set by a compressed push: results go back compressed
         self.window = window                    # check: no push more than `window` ahead of results
@@ -270,10 +293,10 @@ class FakeTransport:
         self.lose = lose                        # (node, seq): this result is never delivered
         self.timeout = timeout
 
-    def _stats(self, node: int) -> bytes:
+    def _stats(self, node: int, tag: int = 0) -> bytes:
         c = self.counters[node]
         coll, rank, nodes, chunks = self.config[node] or (0, 0, 0, 0)
-        c.update(collective=coll, rank=rank, nodes=nodes, chunks=chunks)
+        c.update(collective=coll, rank=rank, nodes=nodes, chunks=chunks, request_tag=tag)
         if node == self.bad_ack_rank:
             c["rank"] = rank + 1
         return _stats_frame(c, collective=coll, src=rank, hop=nodes, seq=chunks)
@@ -289,12 +312,22 @@ class FakeTransport:
         self.sent.append((node, bytes(data)))
         await asyncio.sleep(0)  # let the other coroutines run, as a real port would
         h = Header.unpack(data)
+        if self.stray_stats and h.opcode in (Opcode.CONTROL, Opcode.STATS_REQUEST):
+            # Someone else's answer: another configuration and another tag.
+            self.inbox[node].put_nowait(_stats_frame({"collective": 999, "rank": (node + 1) % self.nodes,
+                                                      "nodes": self.nodes, "chunks": 77,
+                                                      "request_tag": (h.count + 1) & 0xFFFF}))
         if h.opcode == Opcode.CONTROL:
-            self.config[node] = (h.collective, h.src, h.hop, h.seq)
-            self.pushed = {}
-            self._deliver(node, self._stats(node))
+            running = self.config[node] is not None and self.finished[node] < self.config[node][3]
+            if running and not h.flags & Flag.ABORT:
+                self.counters[node]["control_refused"] += 1
+            else:
+                self.config[node] = (h.collective, h.src, h.hop, h.seq)
+                self.finished[node] = 0
+                self.pushed = {}
+            self._deliver(node, self._stats(node, h.count))
         elif h.opcode == Opcode.STATS_REQUEST:
-            self._deliver(node, self._stats(node))
+            self._deliver(node, self._stats(node, h.count))
         elif h.opcode == Opcode.HOST_PUSH:
             coll, rank, nodes, chunks = self.config[node]
             assert h.collective == coll and h.seq < chunks and h.src == rank
@@ -329,11 +362,16 @@ class FakeTransport:
         for node in range(self.nodes):
             if self.lose == (node, seq):
                 continue
+            self.finished[node] += 1
             rank = self.config[node][1]
             f = _result_frame(coll, seq, acc, src=rank)
             if self.eb_k is not None:
                 h = Header.unpack(f).replace(codec=Codec.INCEPTIONN_V1, eb_k=self.eb_k)
                 f = h.pack() + codec.encode(acc, self.eb_k)
+            if self.result_header is not None:
+                f = Header.unpack(f).replace(**self.result_header).pack() + f[HEADER_BYTES:]
+            if self.lost_flag == (node, seq):
+                f = Header.unpack(f).replace(flags=Flag.LOST).pack()  # header only
             if self.window is not None:  # results take a while to come back, as on a real ring
                 asyncio.get_running_loop().call_later(0.002, self._deliver_result, node, f)
                 continue
@@ -348,11 +386,15 @@ class FakeTransport:
                 self._deliver(node, f)
             self.held = []
 
-    async def recv(self, node: int) -> bytes:
+    async def recv(self, node: int, timeout_cycles: int | None = None) -> bytes:
+        wait = self.timeout if timeout_cycles is None else timeout_cycles * self.cycle_s
         try:
-            return await asyncio.wait_for(self.inbox[node].get(), self.timeout)
+            return await asyncio.wait_for(self.inbox[node].get(), wait)
         except asyncio.TimeoutError as e:  # not the builtin TimeoutError before Python 3.11
-            raise TimeoutError(f"node {node} sent its host nothing for {self.timeout} s") from e
+            raise TimeoutError(f"node {node} sent its host nothing for {wait} s") from e
+
+    def now(self) -> int:
+        return int(asyncio.get_running_loop().time() / self.cycle_s)
 
     async def gather(self, coros: Sequence[Awaitable]) -> list:
         return list(await asyncio.gather(*coros))
@@ -583,7 +625,11 @@ def test_allreduce_plan_rounds_and_retries_sans_io():
                     ids=CollectiveIds(0xFFFF))
     rnd = job.round
     assert (rnd.collective, rnd.chunks, job.frames) == (0xFFFF, [(0, 10), (10, 10), (20, 10), (30, 10), (40, 5)], 5)
-    assert Header.unpack(rnd.control(1)) == Header(opcode=Opcode.CONTROL, collective=0xFFFF, src=1, hop=3, seq=5)
+    # request tags 1, 2, 3 for ranks 0, 1, 2; no ABORT in the first round
+    assert Header.unpack(rnd.control(1)) == Header(opcode=Opcode.CONTROL, collective=0xFFFF, src=1, hop=3, seq=5,
+                                                   count=2)
+    assert [Header.unpack(rnd.control(k)).count for k in range(3)] == [1, 2, 3]
+    assert all(Header.unpack(rnd.control(k)).flags == 0 for k in range(3))
     assert [(p.seq, p.after) for p in rnd.pushes(2)] == [(0, 0), (1, 0), (2, 1), (3, 2), (4, 3)]
     _answer(rnd, lose={(0, 1), (2, 4)})
     err = rnd.lost({0: None, 1: None, 2: None}, "the test stopped it")
@@ -591,6 +637,9 @@ def test_allreduce_plan_rounds_and_retries_sans_io():
     assert job.retry(err)
     rnd = job.round
     assert rnd.collective == 1 and rnd.chunks == [(0, 10), (10, 5)] and job.retried == 2
+    # a retry round aborts the round that lost chunks (it never finished on some node); fresh tags
+    assert [Header.unpack(rnd.control(k)).flags for k in range(3)] == [Flag.ABORT] * 3
+    assert [Header.unpack(rnd.control(k)).count for k in range(3)] == [4, 5, 6]
     np.testing.assert_array_equal(rnd.arrays[1], np.concatenate([arrays[1][10:20], arrays[1][40:45]]))
     _answer(rnd, lose={(1, 0)})
     assert job.retry(rnd.lost({}, "again"))
@@ -657,3 +706,184 @@ def test_receive_compressed_result_errors():
         s.receive(h.replace(count=7).pack() + good)
     s.receive(h.pack() + good)
     assert (s.result == 0.5).all() and s.done
+
+
+# --- request tags, refused CONTROL, result checks, lost chunks, deadlines (issue 14) ---------------
+
+
+def test_stray_stats_before_the_answer_is_not_the_acknowledgement():
+    """Before every answer the fake node delivers a STATS frame answering someone else (another
+    configuration, another tag). Matched by request tag, it is skipped: the allreduce and a
+    STATS read both get their own answers. Every request carries a fresh tag."""
+    arrays = _arrays(3, 25, seed=21)
+    t = FakeTransport(3, stray_stats=True)
+    cluster = Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 10))
+
+    async def run():
+        res = await cluster.allreduce(arrays)
+        return res, await cluster.stats(2)
+
+    results, stats = asyncio.run(run())
+    for r in results:
+        _assert_same_bits(r, ring_allreduce(arrays))
+    assert (stats["collective"], stats["rank"], stats["chunks"], stats["push_frames"]) == (1, 2, 3, 3)
+    tags = [Header.unpack(d).count for _, d in t.sent
+            if Header.unpack(d).opcode in (Opcode.CONTROL, Opcode.STATS_REQUEST)]
+    assert sorted(tags) == [1, 2, 3, 4] and stats["request_tag"] == 4
+
+
+def test_control_refused_while_running_then_abort():
+    """A node whose collective lost a chunk never finished it: a new allreduce without ``abort`` is
+    refused by that node (ControlRefused names it, what it runs, and says to pass abort=True; no push
+    is sent), and with ``abort=True`` the new collective runs to the golden sum."""
+    arrays = _arrays(3, 30, seed=22)
+    t = FakeTransport(3, lose=(1, 2))
+    cluster = Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 10))
+    with pytest.raises(ChunksLost):
+        asyncio.run(cluster.allreduce(arrays))
+    t.lose = None
+    pushes = sum(Header.unpack(d).opcode == Opcode.HOST_PUSH for _, d in t.sent)
+    with pytest.raises(ControlRefused, match=r"node 1 refused the CONTROL of collective 2 .* running collective 1 "
+                                             r"\(rank 1 of 3, 3 chunks\).*abort=True") as info:
+        asyncio.run(cluster.allreduce(arrays))
+    assert info.value.rank == 1 and info.value.stats["control_refused"] == 1
+    assert sum(Header.unpack(d).opcode == Opcode.HOST_PUSH for _, d in t.sent) == pushes, "nothing pushed"
+    results = asyncio.run(cluster.allreduce(arrays, abort=True))
+    for r in results:
+        _assert_same_bits(r, ring_allreduce(arrays))
+    controls = [Header.unpack(d) for k, d in t.sent if k == 1 and Header.unpack(d).opcode == Opcode.CONTROL]
+    assert [(h.collective, h.flags) for h in controls] == [(1, 0), (2, 0), (3, Flag.ABORT)]
+
+
+def test_control_carries_dtype_codec_and_k():
+    plain = NodeSession(0, 2, 5, np.ones(4, F32), 2)
+    packed = NodeSession(0, 2, 5, np.ones(4, F32), 2, compression=12, abort=True)
+    h, hc = Header.unpack(plain.control_frame()), Header.unpack(packed.control_frame())
+    assert (h.dtype, h.codec, h.eb_k, h.flags) == (1, Codec.NONE, 0, 0)
+    assert (hc.dtype, hc.codec, hc.eb_k, hc.flags) == (1, Codec.INCEPTIONN_V1, 12, Flag.ABORT)
+
+
+@pytest.mark.parametrize("compression,fields,match", [
+    (None, {"codec": Codec.INCEPTIONN_V1, "eb_k": 10}, "asked for uncompressed"),
+    (None, {"eb_k": 3}, "asked for uncompressed"),
+    (10, {"codec": Codec.NONE, "eb_k": 0}, "asked for compressed with k = 10"),
+    (10, {"eb_k": 11}, "asked for compressed with k = 10"),
+    (None, {"dtype": 2}, "dtype 2"),
+    (None, {"flags": 0x04}, "flags 0x04"),
+    (None, {"flags": Flag.LOST | 0x01}, "flags 0x03"),
+])
+def test_receive_refuses_a_result_with_other_fields(compression, fields, match):
+    """A result of this collective whose dtype, codec, eb_k or flags are not what the session asked
+    for is refused (DriverError), and nothing of it is taken."""
+    s = NodeSession(0, 2, 1, np.ones(8, F32), 8, compression=compression)
+    h = Header(opcode=Opcode.HOST_RESULT, collective=1, seq=0, count=8, codec=s.codec, eb_k=s.eb_k).replace(**fields)
+    values = np.full(8, 0.5, F32)
+    payload = codec.encode(values, h.eb_k) if h.codec == Codec.INCEPTIONN_V1 else values.astype("<f4").tobytes()
+    with pytest.raises(DriverError, match=match):
+        s.receive(h.pack() + payload)
+    assert not s.received.any() and not s.lost.any() and not s.result.any()
+
+
+def test_cluster_uncompressed_session_refuses_a_compressed_result():
+    t = FakeTransport(2, result_header={"codec": Codec.INCEPTIONN_V1, "eb_k": 10})
+    with pytest.raises(DriverError, match="refused"):
+        asyncio.run(Cluster(t).allreduce(_arrays(2, 8, seed=23)))
+
+
+def test_lost_results_are_reported_missing_not_values():
+    """A HOST_RESULT with Flag.LOST reports its chunk lost: missing, not an error, not a value. The
+    round ends as soon as every chunk is received or reported (no deadline wait), ChunksLost tells
+    the lost chunk from the received ones per rank, and a retry recovers it bit-exact."""
+    s = NodeSession(0, 2, 1, np.ones(8, F32), 4)
+    assert s.receive(Header(opcode=Opcode.HOST_RESULT, collective=1, seq=1, count=4, flags=Flag.LOST).pack())
+    assert s.reported_lost == [1] and s.missing == [0, 1] and s.never_arrived == [0] and not s.settled
+    with pytest.raises(DriverError, match="twice"):
+        s.receive(Header(opcode=Opcode.HOST_RESULT, collective=1, seq=1, count=4, flags=Flag.LOST).pack())
+
+    arrays = _arrays(3, 30, seed=24)
+    t = FakeTransport(3, lost_flag=(2, 1), cycle_s=1.0)  # a deadline of hours: the round must not wait for it
+    cluster = Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 10))
+    with pytest.raises(ChunksLost, match="reported chunks lost") as info:
+        asyncio.run(cluster.allreduce(arrays))
+    err = info.value
+    assert err.missing == {0: [], 1: [], 2: [1]} and err.reported_lost == {0: [], 1: [], 2: [1]}
+    assert err.never_arrived == {0: [], 1: [], 2: []}
+    msg = str(err)
+    assert "node 2: 2/3 result chunks, missing [1] (reported lost by the node: [1])" in msg
+    assert "node 0: 3/3 result chunks, all received" in msg and "every check" in msg
+    assert not err.received[2][1] and not err.results[2][10:20].any()
+    want = ring_allreduce(arrays)
+    for rank, got in enumerate(err.received):
+        for seq, (off, n) in enumerate(err.chunks):
+            if got[seq]:
+                _assert_same_bits(err.results[rank][off:off + n], want[off:off + n])
+    t.lost_flag = None
+    for r in asyncio.run(cluster.allreduce(arrays, retries=1, abort=True)):
+        _assert_same_bits(r, want)
+
+
+def test_never_arrived_is_told_from_reported_lost():
+    s = NodeSession(0, 2, 1, np.ones(12, F32), 4)
+    s.receive(Header(opcode=Opcode.HOST_RESULT, collective=1, seq=0, count=4, flags=Flag.LOST).pack())
+    s.receive(_result_frame(1, 2, np.ones(4, F32)))
+    msg = loss_report([s], {0: None}, "the test stopped")
+    assert "node 0: 1/3 result chunks, missing [0, 1] (reported lost by the node: [0]; never arrived: [1])" in msg
+
+
+def test_deadline_from_size_nodes_and_link_rate():
+    """The deadline is 4 × the expected time + 5,000 cycles; the expected time is the message's
+    wire bytes over one link plus 2N + 2 hops of 64 cycles and one worst-case frame each
+    (docs/architecture.md "Stall detection")."""
+    from wirereduce.host.driver import (
+        DEADLINE_FACTOR,
+        DEADLINE_SLACK_CYCLES,
+        HOP_CYCLES,
+        check_timeout,
+        deadline_cycles,
+        expected_cycles,
+    )
+
+    from wirereduce.protocol import wire_bytes
+
+    assert (DEADLINE_FACTOR, DEADLINE_SLACK_CYCLES, HOP_CYCLES) == (4, 5_000, 64)
+    chunks = plan_chunks(1000, 371)  # 371, 371, 258 elements
+    frames = [wire_bytes(16 + 4 * n + 8 * -(-n // 32)) for _, n in chunks]
+    want = math.ceil(sum(frames) / 8 + 10 * (64 + max(frames) / 8))
+    assert expected_cycles(chunks, 4, 8) == want
+    assert deadline_cycles(chunks, 4, 8) == 4 * want + 5_000
+    assert deadline_cycles(chunks, 4, 8, slowdown=2.5) == math.ceil(4 * want * 2.5) + 5_000
+    assert expected_cycles(chunks, 4, 4) > expected_cycles(chunks, 4, 8)  # slower links, later
+    big = plan_chunks(10_000, 371)  # 9,000 elements more: their wire time more, the fill the same
+    more = sum(wire_bytes(16 + 4 * n + 8 * -(-n // 32)) for _, n in big) - sum(frames)
+    assert abs(expected_cycles(big, 4, 8) - expected_cycles(chunks, 4, 8) - more / 8) <= 1
+    trip = 10 * (64 + max(frames) / 8)  # a small window: chunks / window round trips at least
+    assert expected_cycles(chunks, 4, 8, window=1) == math.ceil(2 * trip + trip)  # one chunk a trip
+    assert expected_cycles(chunks, 4, 8, window=3) == want  # every chunk in flight at once: no limit
+    assert deadline_cycles(chunks, 4, 8, window=1) == 4 * math.ceil(3 * trip) + 5_000
+    cluster = Cluster(FakeTransport(4), NodeConfig(mtu=1500), link_rate=8)
+    rnd = cluster.plan(_arrays(4, 1000, seed=1)).round
+    assert cluster.deadline(rnd) == 4 * want + 5_000
+    assert Cluster(FakeTransport(4), timeout_cycles=123).deadline(rnd) == 123
+    for bad in (0, -5, 1.5, True, "9"):
+        with pytest.raises(ValueError, match="timeout"):
+            check_timeout(bad)
+        with pytest.raises(ValueError, match="timeout"):
+            Cluster(FakeTransport(2), timeout_cycles=bad)
+    with pytest.raises(ValueError, match="slowdown"):
+        deadline_cycles(chunks, 4, 8, slowdown=0.5)
+
+
+def test_stall_ends_at_the_deadline():
+    """A result that never comes ends the round at its deadline (not after a fixed quiet time)."""
+    t = FakeTransport(2, lose=(0, 0), cycle_s=1e-5)
+    cluster = Cluster(t, timeout_cycles=3_000)  # 30 ms
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(ChunksLost, match="deadline of 3,000 cycles"):
+            await cluster.allreduce(_arrays(2, 8, seed=25))
+        return loop.time() - t0
+
+    took = asyncio.run(run())
+    assert 0.03 <= took < 0.03 + 2 * 0.05 + 0.5  # the deadline, then two STATS round trips

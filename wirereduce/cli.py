@@ -77,6 +77,17 @@ def load_inputs(path: str | Path, nodes: int) -> list[np.ndarray]:
         raise CliError(f"{path}: {e}") from e
 
 
+def _timeout_arg(args) -> int | None:
+    """``--timeout CYCLES`` (None: the driver's deadline); CliError unless an int ≥ 1."""
+    from wirereduce.host.driver import check_timeout
+
+    timeout = getattr(args, "timeout", None)
+    try:
+        return check_timeout(timeout)
+    except ValueError as e:
+        raise CliError(f"--timeout: {e}") from e
+
+
 def simulate_allreduce(arrays, args, progress=True):
     """Run one allreduce in the simulated cluster; returns (results, record, setup, wall seconds)."""
     from dataclasses import replace
@@ -108,6 +119,7 @@ def simulate_allreduce(arrays, args, progress=True):
     retries = getattr(args, "retries", 0)
     if not isinstance(retries, int) or retries < 0:
         raise CliError(f"--retries must be an int ≥ 0, not {retries!r}")
+    timeout = _timeout_arg(args)
     corrupt = getattr(args, "corrupt", None)
     corrupt_header = getattr(args, "corrupt_header", None)
     if corrupt is not None and corrupt_header is not None:
@@ -141,12 +153,14 @@ def simulate_allreduce(arrays, args, progress=True):
                 extra["retries"] = retries
             if k is not None:
                 extra["compression"] = k
+            if timeout is not None:
+                extra["timeout_cycles"] = timeout
             rec = run_allreduce(setup, arrays, build_root=Path(args.build_dir) / "fast", progress=progress, **extra)
             if pcap is not None:
                 print(f"wrote {pcap} (Ethernet frames node 0 sent node 1 on the cw link)")
         else:
             (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k, "retries": retries}],
-                              build_root=args.build_dir, waves=args.waves, progress=progress)
+                              build_root=args.build_dir, waves=args.waves, progress=progress, timeout_cycles=timeout)
     except (SimulationError, ChunksLost) as e:
         raise CliError(f"simulation failed: {e}") from e
     return rec["results"], rec, setup, time.perf_counter() - t0
@@ -191,6 +205,7 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
 def cmd_sim_allreduce(args) -> int:
     if args.nodes < 2:
         raise CliError(f"--nodes must be at least 2, not {args.nodes}")
+    _timeout_arg(args)
     arrays = load_inputs(args.input, args.nodes)
     _node_config(args)
     results, rec, setup, wall = simulate_allreduce(arrays, args)
@@ -208,6 +223,7 @@ def cmd_sim_allreduce(args) -> int:
 def cmd_demo(args) -> int:
     from wirereduce.sim.workloads import gradients
 
+    _timeout_arg(args)  # before the gradients are computed and anything is built
     vargs = argparse.Namespace(width=args.width, mtu=args.mtu, slots=args.slots,
                                output=str(Path(args.build_dir).parent / "verilog" / "wirereduce_node.v"))
     cmd_verilog(vargs)
@@ -447,6 +463,11 @@ def _add_sim_args(p):
                    help="INCEPTIONN-style compression with error bound 2^-K (4 … 24): nodes built with the "
                         "codec, hosts push and receive compressed chunks; checked against the golden "
                         "compressed ring (default: uncompressed)")
+    p.add_argument("--timeout", type=int, metavar="CYCLES", default=None,
+                   help="deadline of each collective in cycles of the node clock (6.4 ns at 64 bit), from its "
+                        "first push; results still missing then are reported lost (or retried with --retries) "
+                        "(default: 4x the time expected from the message size, ring size and link rate, "
+                        "+ 5,000 cycles)")
     _add_node_args(p)
 
 

@@ -84,9 +84,11 @@ def _count_too_big(h, max_elements: int):
 
 def host_input(m: Module, gate, status, run, slots, events, max_elements: int, codec_built: bool = False):
     """The host input. CONTROL and STATS_REQUEST are consumed here and answered with one STATS
-    frame from ``status`` once it is free; a CONTROL frame first starts a collective
-    (``run.start``) and empties the local buffer (``slots``). HOST_PUSH frames are checked and
-    counted; at ranks > 0 one waits until its buffer slot is free."""
+    frame from ``status`` once it is free, which echoes their ``count`` (the request tag,
+    ``run.tag``); a CONTROL frame first starts a collective (``run.start``) and empties the local
+    buffer (``slots``), unless ``run.refusal`` refuses it (a collective still running and no
+    ABORT flag, or an invalid field): then nothing changes but ``control_refused``. HOST_PUSH
+    frames are checked and counted; at ranks > 0 one waits until its buffer slot is free."""
     hh = gate.head
     host_ctl = hh.opcode == Opcode.CONTROL
     host_stats = hh.opcode == Opcode.STATS_REQUEST
@@ -96,7 +98,12 @@ def host_input(m: Module, gate, status, run, slots, events, max_elements: int, c
             m.d.comb += [gate.drop.eq(1), status.trigger.eq(1)]
             m.d.sync += run.tag.eq(hh.count)
             with m.If(host_ctl):
-                m.d.sync += run.start(hh) + [slots.valid.eq(0)]
+                # A collective still running without ABORT, or invalid fields: refused, not
+                # applied, counted; the STATS answer shows the unchanged configuration.
+                with m.If(run.refusal(hh)):
+                    m.d.comb += events.flag("control_refused").eq(1)
+                with m.Else():
+                    m.d.sync += run.start(hh) + [slots.valid.eq(0)]
     with m.Else():
         push_slot_busy = slots.holds(slots.of(hh.seq)) & ~run.is_first
         check_header(m, gate, run, events, hh.opcode == Opcode.HOST_PUSH, run.push_seq,

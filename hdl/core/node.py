@@ -101,7 +101,7 @@ class Node(wiring.Component):
         cfg = self.config
         w = cfg.width
         tagged = tagged_layout(w)
-        run = RunState()
+        run = RunState(codec=cfg.codec)
         events = EventCounters()
 
         m.submodules.host_gate = host_gate = FrameGate(w, cfg.max_beats, check_length=True, max_bytes=cfg.mtu)

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Sequence
 
 import cocotb
 from cocotb.triggers import ClockCycles, with_timeout
+from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
 __all__ = ["CocotbTransport"]
@@ -24,16 +25,18 @@ class CocotbTransport:
     dut : cocotb handle of ``wirereduce_net``
     nodes : int
     timeout_cycles : int
-        A ``recv`` that waits longer than this many clock cycles raises ``TimeoutError``, so a
-        lost frame fails the run instead of hanging it.
+        The default wait of ``recv``: one that waits longer than this many clock cycles raises
+        ``TimeoutError``, so a lost frame fails the run instead of hanging it. The driver gives
+        each ``recv`` its own wait (the round's deadline, :func:`~wirereduce.host.driver.deadline_cycles`).
     clock_period_ns : float
-        Period of ``dut.clk`` (for the timeout).
+        Period of ``dut.clk`` (time in cycles, :meth:`now`).
     """
 
     def __init__(self, dut, nodes: int, timeout_cycles: int = 200_000, clock_period_ns: float = 6.4):
         self.dut = dut
         self.nodes = nodes
-        self.timeout_ns = timeout_cycles * clock_period_ns
+        self.period_ns = clock_period_ns
+        self.timeout_cycles = timeout_cycles
         self.sources = []
         self.sinks = []
         #: Frames each host's port dropped because they arrived marked bad.
@@ -45,21 +48,27 @@ class CocotbTransport:
     async def send(self, node: int, data: bytes) -> None:
         await self.sources[node].send(AxiStreamFrame(bytes(data)))
 
-    async def recv(self, node: int) -> bytes:
-        """The next good frame node ``node`` sends its host. A frame marked ``bad`` (``tuser`` on
-        its last beat: a stomped FCS on a real link) is dropped here, as a NIC drops it, and
-        counted in :attr:`bad_frames`."""
+    async def recv(self, node: int, timeout_cycles: int | None = None) -> bytes:
+        """The next good frame node ``node`` sends its host, waiting at most ``timeout_cycles``
+        (default: the transport's) for each frame. A frame marked ``bad`` (``tuser`` on its last
+        beat: a stomped FCS on a real link) is dropped here, as a NIC drops it, and counted in
+        :attr:`bad_frames`."""
+        cycles = self.timeout_cycles if timeout_cycles is None else max(1, int(timeout_cycles))
         while True:
             try:
-                f = await with_timeout(self.sinks[node].recv(), self.timeout_ns, "ns")
+                f = await with_timeout(self.sinks[node].recv(), round(cycles * self.period_ns * 1000), "ps")
             except TimeoutError as e:  # cocotb's SimTimeoutError subclasses TimeoutError
-                raise TimeoutError(f"node {node} sent its host nothing for {self.timeout_ns:.0f} ns of "
-                                   f"simulated time; a frame was lost or the ring is stalled") from e
+                raise TimeoutError(f"node {node} sent its host nothing for {cycles} cycles of simulated time; "
+                                   f"a frame was lost or the ring is stalled") from e
             user = f.tuser if isinstance(f.tuser, list) else [f.tuser]
             if any(u for u in user if u):
                 self.bad_frames[node] += 1
                 continue
             return bytes(f.tdata)
+
+    def now(self) -> int:
+        """Simulated time in cycles of ``dut.clk``."""
+        return int(get_sim_time("ps") / (self.period_ns * 1000))
 
     async def gather(self, coros: Sequence[Awaitable]) -> list:
         tasks = [cocotb.start_soon(c) for c in coros]

@@ -46,8 +46,7 @@ async def run_jobs(dut):
     dut.rst.value = 0
     await ClockCycles(dut.clk, 2)
 
-    transport = CocotbTransport(dut, nodes, timeout_cycles=spec["timeout_cycles"],
-                                clock_period_ns=period_ps / 1000)
+    transport = CocotbTransport(dut, nodes, clock_period_ns=period_ps / 1000)
     bar = None
     on_chunk = None
     if spec["progress"]:
@@ -56,8 +55,10 @@ async def run_jobs(dut):
         def on_chunk(node, seq):
             bar.update(1)
 
-    # The window a user sets on a link without back-pressure: the nodes' buffer slots.
-    cluster = Cluster(transport, config, on_chunk=on_chunk, window=default_window(config))
+    # The window a user sets on a link without back-pressure: the nodes' buffer slots. Each round's
+    # deadline: the driver's, from the message size, the ring size and the links' rate, or the override.
+    cluster = Cluster(transport, config, on_chunk=on_chunk, window=default_window(config),
+                      link_rate=spec["link_rate"], timeout_cycles=spec["timeout_cycles"])
 
     def now_cycles() -> int:
         return round(get_sim_time("ps") / period_ps)

@@ -34,12 +34,15 @@ from pathlib import Path
 
 import numpy as np
 from wirereduce.host.driver import (
+    ANSWER_CYCLES,
     Allreduce,
     ChunksLost,
     CollectiveIds,
     DriverError,
     Round,
     check_retries,
+    check_timeout,
+    deadline_cycles,
     default_window,
     parse_stats,
 )
@@ -52,13 +55,14 @@ __all__ = ["FastSim", "FastResult", "RingStalled", "run_allreduce", "check_optio
            "strip_zero_memory_init", "write_pcap"]
 
 _TB = Path(__file__).with_name("tb_fast.cpp")
-_SCRIPT_MAGIC = 0x32535257  # "WRS2"
+_SCRIPT_MAGIC = 0x33535257  # "WRS3"
 _STALL_GATE = 0xFFFFFFFF    # a script frame sent only once the run stalls (tb_fast.cpp)
 _RESULT_MAGIC = 0x31525257  # "WRR1"
 
 
 class RingStalled(ChunksLost):
-    """The simulated ring stopped moving before every host had every result: the driver's
+    """The simulated ring ended a round before every host had every result (results still missing
+    at the round's deadline, or reported lost): the driver's
     :class:`~wirereduce.host.driver.ChunksLost`, as the fast engine saw it.
 
     Not a :class:`~wirereduce.sim.engines.runner.SimulationError`: the simulator worked, frames
@@ -78,29 +82,28 @@ class _Run:
     wall_s: float
     #: Rank → STATS read after a stall; None if the round completed.
     stall_stats: dict | None = None
+    #: How the loss showed (a stall, or chunks reported lost).
+    what: str = ""
     #: Each node's CONTROL acknowledgement (a completed round).
     acks: list = field(default_factory=list)
     #: Cycle of the last HOST_RESULT beat (a completed round).
     last_result: int = 0
 
 
-_STATS_REQUEST = Header(opcode=Opcode.STATS_REQUEST).pack()
-
-
 def _gated(data: bytes, own_gate: int, all_gate: int) -> bytes:
     return struct.pack("<3I", len(data), own_gate, all_gate) + data
 
 
-def _script_frames(rnd: Round, rank: int) -> bytes:
+def _script_frames(rnd: Round, rank: int, stats_tag: int) -> bytes:
     """Host ``rank``'s part of a frame script (``tb_fast.cpp``): the driver's plan, gated as the
     driver waits. Its CONTROL first; each push once the host has received the CONTROL answer plus
     :attr:`~wirereduce.host.driver.Push.after` results (the window) and every host its CONTROL
-    answer (the start barrier); last a STATS_REQUEST, sent only if the run stalls (the counters
-    that say where frames were lost)."""
+    answer (the start barrier); last a STATS_REQUEST with request tag ``stats_tag``, sent only if
+    the run stalls (the counters that say where frames were lost)."""
     n = len(rnd.chunks)
     parts = [struct.pack("<2I", 2 + n, 1 + n), _gated(rnd.control(rank), 0, 0)]
     parts += [_gated(p.frame, 1 + p.after, 1) for p in rnd.pushes(rank)]
-    parts.append(_gated(_STATS_REQUEST, _STALL_GATE, 0))
+    parts.append(_gated(Header(opcode=Opcode.STATS_REQUEST, count=stats_tag).pack(), _STALL_GATE, 0))
     return b"".join(parts)
 
 
@@ -219,7 +222,7 @@ class FastSim:
         return exe
 
     def allreduce(self, arrays, *, window: int | None = None, rx_valid_prob: float = 1.0,
-                  tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int = 200_000,
+                  tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,
                   progress: bool = False, collective: int = 1, pcap: str | Path | None = None,
                   compression: int | None = None, corrupt: tuple[int, int] | None = None,
                   retries: int = 0) -> FastResult:
@@ -240,8 +243,12 @@ class FastSim:
             Per-cycle probability that a host offers its next beat / accepts a beat.
         seed : int
             Seed of the back-pressure pattern.
-        timeout_cycles : int
-            Cycles without any transfer on any host port after which the run fails.
+        timeout_cycles : int, optional
+            Deadline of each round in cycles from the start of its simulation: results still
+            missing then are lost (:class:`RingStalled`). Default None: the driver's
+            :func:`~wirereduce.host.driver.deadline_cycles` of the round's chunks, the ring size
+            and the link rate, stretched by 1 / min(``rx_valid_prob``, ``tx_ready_prob``) for
+            slow hosts.
         progress : bool
             Show a tqdm bar of result chunks on stderr.
         collective : int
@@ -275,8 +282,9 @@ class FastSim:
         ValueError
             On bad inputs or options, before anything runs.
         RingStalled
-            If the ring stalls (no host port moves for ``timeout_cycles``) and ``retries`` are
-            used up: names the missing chunks and the counters of the nodes that dropped frames.
+            If results are still missing at a round's deadline (``timeout_cycles``) or reported
+            lost, and ``retries`` are used up: names the missing chunks and the counters of the
+            nodes that dropped frames.
         SimulationError
             If the player fails.
         DriverError
@@ -298,8 +306,7 @@ class FastSim:
                     timeout_cycles=timeout_cycles, progress=progress)
         runs = [self._replay(job.round, flip=flip, pcap=pcap, **play)]
         while runs[-1].stall_stats is not None:
-            err = job.round.lost(runs[-1].stall_stats, f"the ring stalled (no transfer on any host port for "
-                                 f"{timeout_cycles} cycles, after {runs[-1].sim_cycles} cycles)", RingStalled)
+            err = job.round.lost(runs[-1].stall_stats, runs[-1].what, RingStalled)
             if not job.retry(err):
                 raise err
             runs.append(self._replay(job.round, **play))
@@ -313,11 +320,25 @@ class FastSim:
                           wall_s=sum(r.wall_s for r in runs), build_s=self.build_s, elements=job.elements,
                           frames=job.frames, stats=stats, retried=job.retried)
 
-    def _replay(self, rnd: Round, *, rx_valid_prob: float, tx_ready_prob: float, seed: int, timeout_cycles: int,
-                progress: bool, flip: tuple[int, int] = (0, 0), pcap: str | Path | None = None) -> _Run:
+    def deadline(self, rnd: Round, rx_valid_prob: float = 1.0, tx_ready_prob: float = 1.0) -> int:
+        """The driver's deadline of ``rnd`` on this ring (:func:`~wirereduce.host.driver.deadline_cycles`):
+        its chunks, the ring size, the links' bytes per cycle and the hosts' window, slowed by their
+        back-pressure."""
+        from wirereduce.sim.cluster.network import line_bytes_per_cycle
+
+        s = self.setup
+        rate = s.link_rate if s.link_rate is not None else line_bytes_per_cycle(s.config.width)
+        return deadline_cycles(rnd.chunks, s.nodes, float(rate), slowdown=1 / min(rx_valid_prob, tx_ready_prob),
+                               window=rnd.window)
+
+    def _replay(self, rnd: Round, *, rx_valid_prob: float, tx_ready_prob: float, seed: int,
+                timeout_cycles: int | None, progress: bool, flip: tuple[int, int] = (0, 0),
+                pcap: str | Path | None = None) -> _Run:
         """Play one round of the driver's plan as a frame script in a fresh simulation; feed what
         came back to its sessions."""
         s = self.setup
+        deadline = timeout_cycles if timeout_cycles is not None else self.deadline(rnd, rx_valid_prob, tx_ready_prob)
+        stats_tags = [rnd.tags.take() for _ in range(s.nodes)]
         run_dir = self.exe.parent / "run"
         run_dir.mkdir(exist_ok=True)
         tag = f"{os.getpid()}-{time.monotonic_ns()}"
@@ -326,11 +347,11 @@ class FastSim:
         tap = run_dir / f"tap-{tag}.bin" if pcap is not None else None
         nchunks = len(rnd.chunks)
         with open(script, "wb") as f:
-            f.write(struct.pack("<5I3Q2I", _SCRIPT_MAGIC, s.nodes, s.config.bytes_per_beat,
+            f.write(struct.pack("<5I4Q2I", _SCRIPT_MAGIC, s.nodes, s.config.bytes_per_beat,
                                 round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6), seed & (2**64 - 1),
-                                timeout_cycles, 1 << 16 if progress else 0, *flip))
+                                deadline, ANSWER_CYCLES, 1 << 16 if progress else 0, *flip))
             for rank in range(s.nodes):
-                f.write(_script_frames(rnd, rank))
+                f.write(_script_frames(rnd, rank, stats_tags[rank]))
         try:
             wall = self._play(script, result, progress, nchunks * s.nodes, tap)
             sim_cycles, status, per_node = _read_result(result, s.nodes)
@@ -345,21 +366,38 @@ class FastSim:
         pushed = [sent for sent, _ in per_node if len(sent) > 1]
         first_push = min(sent[1][0] for sent in pushed) if pushed else 0
         run = _Run(sim_cycles=sim_cycles, first_push=first_push, wall_s=wall)
+        answered = []  # per host: the frames after its CONTROL answer (results, the stall STATS)
+        for sess, (_sent, received) in zip(rnd.sessions, per_node):
+            at = next((i for i, (_f, _l, data) in enumerate(received) if sess.is_answer(data)), None)
+            if at is None:
+                if status == 0:
+                    raise DriverError(f"node {sess.rank} sent no STATS answer to its CONTROL (request "
+                                      f"{sess.tag}); it sent {len(received)} other frames")
+                answered.append([])
+                continue
+            run.acks.append(sess.check_ack(received[at][2]))  # ControlRefused if refused
+            answered.append(received[at + 1:])
         if status != 0:
+            run.what = (f"the ring stalled: results still missing at the deadline of {deadline:,} cycles "
+                        f"(simulation ended after {sim_cycles:,} cycles)")
             run.stall_stats = {}
-            for sess, (_sent, received) in zip(rnd.sessions, per_node):
+            for sess, tag, frames in zip(rnd.sessions, stats_tags, answered):
                 run.stall_stats[sess.rank] = None
-                for _first, _last, data in received[1:]:
+                for _first, _last, data in frames:
                     if Header.unpack(data).opcode == Opcode.STATS:
-                        run.stall_stats[sess.rank] = parse_stats(data)
+                        if parse_stats(data)["request_tag"] == tag:
+                            run.stall_stats[sess.rank] = parse_stats(data)
                     else:
                         sess.receive(data)
             return run
-        for sess, (_sent, received) in zip(rnd.sessions, per_node):
-            run.acks.append(sess.check_ack(received[0][2]))
-            for _first, last, data in received[1:]:
+        for sess, frames in zip(rnd.sessions, answered):
+            for _first, last, data in frames:
                 sess.receive(data)
                 run.last_result = max(run.last_result, last)
+        if all(sess.settled for sess in rnd.sessions) and not all(sess.done for sess in rnd.sessions):
+            run.what = "the nodes reported chunks lost (their counters were not read)"
+            run.stall_stats = {sess.rank: None for sess in rnd.sessions}
+            return run
         if not all(sess.done for sess in rnd.sessions):
             missing = {sess.rank: sess.missing[:8] for sess in rnd.sessions if not sess.done}
             raise DriverError(f"results missing after the run; first missing chunks per node: {missing}")
@@ -546,7 +584,7 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
     return node, block | (1 << 31 if header else 0)
 
 
-def check_options(window=None, rx_valid_prob=1.0, tx_ready_prob=1.0, seed=1, timeout_cycles=200_000,
+def check_options(window=None, rx_valid_prob=1.0, tx_ready_prob=1.0, seed=1, timeout_cycles=None,
                   collective=1) -> None:
     """Validate :meth:`FastSim.allreduce`'s options; raises ValueError naming the bad one."""
     if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 0):
@@ -556,7 +594,6 @@ def check_options(window=None, rx_valid_prob=1.0, tx_ready_prob=1.0, seed=1, tim
             raise ValueError(f"{name} must be a probability in [1e-6, 1], not {p!r}")
     if not isinstance(seed, int):
         raise ValueError(f"seed must be an int, not {seed!r}")
-    if not isinstance(timeout_cycles, int) or timeout_cycles < 1:
-        raise ValueError(f"timeout_cycles must be an int ≥ 1, not {timeout_cycles!r}")
+    check_timeout(timeout_cycles)
     if not isinstance(collective, int) or not 0 <= collective < 1 << 16:
         raise ValueError(f"collective must be 0 … 65535, not {collective!r}")

@@ -221,7 +221,7 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
 
 
 def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/sim",
-             waves: bool = False, progress: bool = False, timeout_cycles: int = 500_000) -> list[dict]:
+             waves: bool = False, progress: bool = False, timeout_cycles: int | None = None) -> list[dict]:
     """Build (cached) and simulate ``jobs`` on a :class:`SimSetup` cluster; returns one record a job.
 
     Parameters
@@ -235,8 +235,11 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
         Record a waveform (FST for Verilator, VCD for Icarus) in the build directory.
     progress : bool
         Show a progress bar of result chunks on stderr.
-    timeout_cycles : int
-        A node silent for this many cycles fails the run (no hang).
+    timeout_cycles : int, optional
+        Deadline of each round of an allreduce, in cycles from its first push: results still
+        missing then are lost (:class:`~wirereduce.host.driver.ChunksLost`, or retried). Default
+        None: the driver's :func:`~wirereduce.host.driver.deadline_cycles` of the round's chunks,
+        the ring size and the links' bytes per cycle (no hang either way).
 
     Returns
     -------
@@ -247,13 +250,17 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
     Raises
     ------
     ValueError
-        On malformed jobs or inputs, before anything is built or simulated.
+        On malformed jobs, inputs or ``timeout_cycles``, before anything is built or simulated.
     SimulationError
         If the simulation fails; carries the waveform path when ``waves`` was set.
     """
+    from wirereduce.host.driver import check_timeout
+    from wirereduce.sim.cluster.network import line_bytes_per_cycle
+
     from wirereduce.arrays import check_inputs
 
     # Validate everything before the (slow) build.
+    check_timeout(timeout_cycles)
     spec = []
     arrays = {}
     for j, job in enumerate(jobs):
@@ -297,6 +304,7 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
         "setup": asdict(setup), "jobs": spec, "inputs": str(in_npz), "outputs": str(out_npz),
         "records": str(out_json), "clock_mhz": setup.clock, "progress": progress,
         "timeout_cycles": timeout_cycles,
+        "link_rate": float(line_bytes_per_cycle(setup.config.width) if setup.link_rate is None else setup.link_rate),
     }))
     env = {"WIREREDUCE_JOBS": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     if progress:  # the progress bar goes to the terminal; keep cocotb's own log to warnings

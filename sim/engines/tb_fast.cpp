@@ -7,15 +7,16 @@
 // results) stays in Python, in the host driver; this file only moves beats.
 //
 // Script (little-endian):
-//   u32 magic 'WRS2', u32 nodes, u32 bytes_per_beat, u32 rx_valid_ppm, u32 tx_ready_ppm,
-//   u64 seed, u64 timeout_cycles, u64 progress_every, u32 flip_link, u32 flip_block
+//   u32 magic 'WRS3', u32 nodes, u32 bytes_per_beat, u32 rx_valid_ppm, u32 tx_ready_ppm,
+//   u64 seed, u64 deadline_cycles, u64 answer_cycles, u64 progress_every, u32 flip_link, u32 flip_block
 //   per node: u32 n_frames, u32 expect_frames
 //     per frame: u32 len, u32 own_gate, u32 all_gate, len bytes
 //   A frame may put its first beat on the bus once its own host has received own_gate frames
 //   and every host has received all_gate frames (the driver's window and start barrier).
-//   own_gate = STALL_GATE marks a frame sent only if the run stalls: when no host port has moved
-//   a beat for timeout_cycles, the player sends those frames (the driver's STATS_REQUESTs) and
-//   runs until each host has received one more frame per such request, or times out again.
+//   own_gate = STALL_GATE marks a frame sent only if the run stalls: when the hosts still miss
+//   frames at cycle deadline_cycles (the driver's deadline, host/driver.py deadline_cycles), the
+//   player sends those frames (the driver's STATS_REQUESTs) and runs until each host has received
+//   one more frame per such request, or no host port has moved a beat for answer_cycles.
 //   flip_link, flip_block drive the network's fault-injection inputs (links="eth" only).
 // Result file:
 //   u32 magic 'WRR1', u64 cycles, u32 status (0 done, 1 timeout)
@@ -178,13 +179,14 @@ int main(int argc, char** argv) {
 #endif
     FILE* in = fopen(argv[1], "rb");
     if (!in) { perror(argv[1]); return 2; }
-    if (read_le<uint32_t>(in) != 0x32535257u) { fprintf(stderr, "tb: not a WRS2 script\n"); return 2; }
+    if (read_le<uint32_t>(in) != 0x33535257u) { fprintf(stderr, "tb: not a WRS3 script\n"); return 2; }
     const uint32_t nodes = read_le<uint32_t>(in);
     const uint32_t bpb = read_le<uint32_t>(in);
     const uint32_t rx_ppm = read_le<uint32_t>(in);
     const uint32_t tx_ppm = read_le<uint32_t>(in);
     Rng rng(read_le<uint64_t>(in));
-    const uint64_t timeout = read_le<uint64_t>(in);
+    const uint64_t deadline = read_le<uint64_t>(in);
+    const uint64_t answer_wait = read_le<uint64_t>(in);
     const uint64_t progress_every = read_le<uint64_t>(in);
     const uint32_t flip_link = read_le<uint32_t>(in);
     const uint32_t flip_block = read_le<uint32_t>(in);
@@ -238,7 +240,7 @@ int main(int argc, char** argv) {
             done = done && h.received.size() >= (stalled ? stall_expect[k] : h.expect);
         }
         if (done) break;
-        if (idle > timeout) {
+        if (stalled ? idle > answer_wait : cycle > deadline) {
             status = 1;
             bool any_stall_frames = false;
             for (auto& h : hosts) any_stall_frames = any_stall_frames || h.on_stall;
