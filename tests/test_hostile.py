@@ -230,7 +230,8 @@ def test_header_fields_checked(case):
 
 
 def test_codec_frame_on_node_without_codec_dropped():
-    """A node built without the codec drops compressed frames even if CONTROL asked for them."""
+    """A node built without the codec refuses a compressed collective, and drops compressed frames
+    in an uncompressed one (drop_codec)."""
     seen = {}
     ctl = Header(opcode=Opcode.CONTROL, collective=COLL, src=1, hop=3, seq=2, codec=Codec.INCEPTIONN_V1, eb_k=10)
 
@@ -241,7 +242,17 @@ def test_codec_frame_on_node_without_codec_dropped():
 
     run_node(1, 3, tb, push=False, ctl=ctl.pack())
     assert seen["quiet"]
-    assert seen["stats"]["drop_codec"] == 1
+    # the compressed CONTROL is refused: no collective runs (rank 0 by default) and the frame is dropped
+    st = seen["stats"]
+    assert st["control_refused"] == 1 and st["drop_opcode"] + st["drop_collective"] == 1
+
+    async def tb2(ctx, dut):
+        await send(ctx, dut.cw_in, frame(reduce_hdr(0, codec=Codec.INCEPTIONN_V1, eb_k=10), b"\0" * 4))
+        seen["quiet2"] = await no_frame(ctx, dut.cw_out)
+        seen["stats2"] = await stats(ctx, dut)
+
+    run_node(1, 3, tb2, push=False)
+    assert seen["quiet2"] and seen["stats2"]["drop_codec"] == 1
 
 
 @pytest.mark.parametrize("mutation", ["collective", "seq", "opcode", "count", "version"])
@@ -294,7 +305,9 @@ def test_lost_placeholder_passes_every_rank_marked_bad():
     for key, op in (("ccw", Opcode.BROADCAST), ("host", Opcode.HOST_RESULT)):
         data, bad = seen[key]
         h = Header.unpack(data)
-        assert bad and (h.opcode, h.flags, h.seq) == (op, Flag.LOST, 0), key
+        # marked bad on the ring; to the host a well-formed report of the lost chunk
+        assert bad == (key == "ccw") and len(data) == 16, key
+        assert (h.opcode, h.flags, h.seq) == (op, Flag.LOST, 0), key
     assert all(v == 0 for k, v in seen["stats_last"].items() if k.startswith("drop_"))
 
     bcast = Header(opcode=Opcode.BROADCAST, collective=COLL, seq=0, count=0, flags=Flag.LOST).pack()
@@ -305,24 +318,25 @@ def test_lost_placeholder_passes_every_rank_marked_bad():
         seen["stats_mid"] = await stats(ctx, dut)
 
     run_node(1, 3, middle)
-    assert seen["fwd"][1] and seen["res"][1]
+    assert seen["fwd"][1] and not seen["res"][1]
     assert Header.unpack(seen["res"][0]).opcode == Opcode.HOST_RESULT
     assert all(v == 0 for k, v in seen["stats_mid"].items() if k.startswith("drop_"))
     assert seen["stats_mid"]["broadcast_frames"] == 1
 
 
 def test_lost_flag_forced_bad_even_with_good_fcs():
-    """A LOST frame that arrives unmarked (a hostile sender) still leaves marked bad: no host ever
-    takes a placeholder as a result."""
+    """A LOST frame that arrives unmarked (a hostile sender) is still forwarded marked bad, and
+    its host gets only the 16-byte LOST report, never a payload."""
     seen = {}
     bcast = Header(opcode=Opcode.BROADCAST, collective=COLL, seq=0, count=0, flags=Flag.LOST).pack()
 
     async def tb(ctx, dut):
-        await send(ctx, dut.ccw_in, bcast, bad=False)
-        _, seen["res"] = await recv_both(ctx, dut.ccw_out, dut.host_tx)
+        await send(ctx, dut.ccw_in, bcast + b"\x00" * 12, bad=False)
+        seen["fwd"], seen["res"] = await recv_both(ctx, dut.ccw_out, dut.host_tx)
 
     run_node(1, 3, tb)
-    assert seen["res"][1]
+    assert seen["fwd"][1]
+    assert len(seen["res"][0]) == 16 and Header.unpack(seen["res"][0]).flags == Flag.LOST
 
 
 def test_dtype_must_match_control():

@@ -8,12 +8,12 @@ not change while it runs.
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from wirereduce.hdl.core.reduce import reduce_input_layout
 from wirereduce.hdl.stream.frame import Fork, FrameArbiter, FrameStream, beat_layout
 
-from wirereduce.protocol import Opcode
+from wirereduce.protocol import Flag, Opcode
 
 __all__ = ["pipeline_input", "pipeline_output", "broadcast_fork", "ccw_output", "host_output"]
 
@@ -120,13 +120,25 @@ def ccw_output(m: Module, last_fork, bc_fork, run, tagged, ccw_out):
 def host_output(m: Module, last_fork, bc_fork, status, run, events, tagged, width: int, host_tx):
     """``host_tx``: every finished chunk as HOST_RESULT (from ``last_fork`` at rank N-1, else from
     ``bc_fork``), merged a whole frame at a time with the STATS frames of ``status``; results
-    win ties."""
+    win ties.
+
+    A LOST placeholder (``flags`` has ``Flag.LOST``; header only, marked ``bad`` on the ring)
+    leaves to the host *unmarked*: it is a well-formed report that the chunk is lost, sent with a
+    good FCS, so that the host's driver learns of the loss at once instead of waiting for its
+    deadline (docs/protocol.md "Lost chunks")."""
     result = stream.Signature(tagged).create()
     _stream_mux(m, run.is_last, last_fork.b, bc_fork.b, result)
     result_op = stream.Signature(tagged).create()
     _set_header_byte(m, result, result_op, 1, Opcode.HOST_RESULT)
     result_beats = FrameStream(width).create()
     _untag(m, result_op, result_beats)
+    lost_bit = 8 * 7 + (int(Flag.LOST).bit_length() - 1)  # header byte 7 (flags), in beat 0
+    lost_first = result_op.payload.first & result_op.payload.data[lost_bit]
+    lost_reg = Signal()
+    with m.If(result_op.valid & result_op.ready & result_op.payload.first):
+        m.d.sync += lost_reg.eq(lost_first)
+    with m.If(Mux(result_op.payload.first, lost_first, lost_reg)):
+        m.d.comb += result_beats.payload.bad.eq(0)
     with m.If(result_op.valid & result_op.ready & result_op.payload.first):
         m.d.comb += events.flag("result_frames").eq(1)
 
