@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 WR     := $(VENV)/bin/wirereduce
 JOBS   ?= 2
 
-.PHONY: help demo test test-fast verilog bench resources bitstream flash lint clean distclean
+.PHONY: help demo test test-fast fuzz verilog bench resources bitstream flash lint clean distclean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)  ## Verilog of one node, then a 4-node simulated ring allreduces real CNN gradients, checked bit for bit
 	$(WR) demo --nodes 4
+
+fuzz: $(STAMP)  ## hostile/malformed frames next to real allreduces: link models, Ethernet, codec; prints the table and FUZZ cases=… silent_wrong=… hangs=…; CASES=n SEED=s
+	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --links model
+	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --links eth
+	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --links model --compress 10
 
 verilog: $(STAMP)  ## write build/verilog/wirereduce_node.v (10G: 64 bit, MTU 1500)
 	$(WR) verilog -o build/verilog/wirereduce_node.v

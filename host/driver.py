@@ -837,6 +837,10 @@ class Cluster:
         self.ids = CollectiveIds()
         #: Request tags of every CONTROL and STATS_REQUEST, in turn over the cluster's life.
         self.tags = RequestTags()
+        #: The last allreduce ended with chunks lost or an error, so its collective may still be
+        #: running on some node: the next one's CONTROL frames carry ``Flag.ABORT``. This cluster
+        #: drives every node, so what it aborts is its own.
+        self.unfinished = False
 
     def chunk_elements(self, compression: int | None = None) -> int:
         """Elements per chunk (:func:`chunk_elements` of the nodes' configuration)."""
@@ -844,9 +848,10 @@ class Cluster:
 
     def plan(self, arrays: Sequence[np.ndarray], compression: int | None = None, retries: int = 0,
              abort: bool = False) -> Allreduce:
-        """The :class:`Allreduce` of ``arrays`` on this cluster (checked; nothing sent): see :meth:`allreduce`."""
+        """The :class:`Allreduce` of ``arrays`` on this cluster (checked; nothing sent): see
+        :meth:`allreduce`. After an allreduce that did not finish (:attr:`unfinished`) it aborts."""
         return Allreduce(self.config, arrays, nodes=self.nodes, compression=compression, window=self.window,
-                         retries=retries, ids=self.ids, tags=self.tags, abort=abort)
+                         retries=retries, ids=self.ids, tags=self.tags, abort=abort or self.unfinished)
 
     def deadline(self, rnd: Round) -> int:
         """Cycles ``rnd`` may take from its first push to its last result: ``timeout_cycles`` if
@@ -930,8 +935,15 @@ class Cluster:
                 await self._run_round(job.round)
             except ChunksLost as err:
                 if not job.retry(err):
+                    self.unfinished = True
                     raise
                 continue
+            except ControlRefused:
+                raise
+            except (DriverError, TimeoutError):
+                self.unfinished = True
+                raise
+            self.unfinished = False
             return job.results()
 
     async def _run_round(self, rnd: Round) -> None:

@@ -741,6 +741,8 @@ def test_control_refused_while_running_then_abort():
     cluster = Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 10))
     with pytest.raises(ChunksLost):
         asyncio.run(cluster.allreduce(arrays))
+    assert cluster.unfinished
+    cluster.unfinished = False  # as a driver started afresh, which does not know what it left running
     t.lose = None
     pushes = sum(Header.unpack(d).opcode == Opcode.HOST_PUSH for _, d in t.sent)
     with pytest.raises(ControlRefused, match=r"node 1 refused the CONTROL of collective 2 .* running collective 1 "
@@ -753,6 +755,23 @@ def test_control_refused_while_running_then_abort():
         _assert_same_bits(r, ring_allreduce(arrays))
     controls = [Header.unpack(d) for k, d in t.sent if k == 1 and Header.unpack(d).opcode == Opcode.CONTROL]
     assert [(h.collective, h.flags) for h in controls] == [(1, 0), (2, 0), (3, Flag.ABORT)]
+
+
+def test_next_allreduce_aborts_what_a_lost_one_left_running():
+    """The cluster remembers that its last allreduce lost chunks: the next one aborts the collective
+    left running (ABORT on its CONTROL frames) and is bit-exact; the one after that needs no abort."""
+    arrays = _arrays(3, 30, seed=23)
+    t = FakeTransport(3, lose=(1, 2))
+    cluster = Cluster(t, NodeConfig(mtu=HEADER_BYTES + 4 * 10))
+    with pytest.raises(ChunksLost):
+        asyncio.run(cluster.allreduce(arrays))
+    t.lose = None
+    for _ in range(2):
+        for r in asyncio.run(cluster.allreduce(arrays)):
+            _assert_same_bits(r, ring_allreduce(arrays))
+    assert not cluster.unfinished
+    controls = [Header.unpack(d) for k, d in t.sent if k == 1 and Header.unpack(d).opcode == Opcode.CONTROL]
+    assert [h.flags for h in controls] == [0, Flag.ABORT, 0]
 
 
 def test_control_carries_dtype_codec_and_k():

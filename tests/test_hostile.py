@@ -351,3 +351,22 @@ def test_dtype_must_match_control():
     run_node(1, 3, tb)
     check_sum(seen["out"][0], 0)
     assert seen["stats"]["drop_dtype"] == 1
+
+
+def test_placeholder_for_the_last_chunk_finishes():
+    """The placeholder of the collective's last chunk: the port's sequence number reaches the chunk
+    total as its first beat leaves, and the placeholder must still end (found by the fuzz suite:
+    it used to stop after its first beat and hold the host port for ever)."""
+    seen = {}
+
+    async def tb(ctx, dut):
+        spoilt = frame(Header(opcode=Opcode.BROADCAST, collective=COLL ^ 1, seq=0, count=3), INCOMING[0])
+        await send(ctx, dut.ccw_in, spoilt, bad=True)
+        seen["fwd"], seen["res"] = await recv_both(ctx, dut.ccw_out, dut.host_tx)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_node(1, 3, tb, chunks=1)
+    h = Header.unpack(seen["res"][0])
+    assert (h.opcode, h.flags, h.seq) == (Opcode.HOST_RESULT, Flag.LOST, 0) and len(seen["res"][0]) == 16
+    assert seen["fwd"][1]
+    assert seen["stats"]["broadcast_frames"] == 1 and seen["stats"]["drop_collective"] == 1

@@ -591,6 +591,10 @@ def build_parser() -> argparse.ArgumentParser:
     from wirereduce.schedule_cli import add_subcommand as add_schedule_subcommand
 
     add_schedule_subcommand(sub)  # schedule
+
+    from wirereduce.sim.fuzz.cli import add_subcommand as add_fuzz_subcommand
+
+    add_fuzz_subcommand(sub)  # fuzz
     return parser
 
 

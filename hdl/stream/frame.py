@@ -399,9 +399,11 @@ class FrameGate(wiring.Component):
                     o.last.eq(inj_idx == hb - 1), o.bad.eq(inj_idx == hb - 1),
                     o.first.eq(inj_idx == 0), o.index.eq(inj_idx),
                     o.hdr.eq(ph_hdr),
-                    self.o.valid.eq(self.lost_ok & ~self.lost_wait),
+                    # lost_ok/lost_wait decide the start only: the parent's sequence number moves
+                    # on as the first beat leaves, and a started placeholder always finishes.
+                    self.o.valid.eq((inj_idx != 0) | (self.lost_ok & ~self.lost_wait)),
                 ]
-                with m.If(~self.lost_ok):
+                with m.If((inj_idx == 0) & ~self.lost_ok):
                     m.d.sync += inj_idx.eq(0)
                     m.next = "START"
                 with m.Elif(self.o.valid & self.o.ready):

@@ -85,7 +85,8 @@ async def fuzz(dut):
         rec["frame_bytes"] = len(data)
 
         async def injector(case=case, data=data):
-            await ClockCycles(dut.clk, 1 + case.after * spec["cycles_per_chunk"])
+            # after every node took the CONTROL, then ``after`` chunk times into the collective
+            await ClockCycles(dut.clk, spec["start_cycles"] + case.after * spec["cycles_per_chunk"])
             if case.port == "host":
                 await transport.send(case.node, data)
             else:
