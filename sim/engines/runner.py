@@ -395,7 +395,7 @@ def run_block_case(runner, build_dir: Path, top: str, test_module: str, case: st
 
 
 def serve(setup: SimSetup, *, taps: list[str] | None = None, unix: str | None = None,
-          build_root: str | Path = "build/sim", idle_cycles: int = 20_000, on_ready=None) -> None:
+          build_root: str | Path = "build/sim", idle_cycles: int = 4000, on_ready=None) -> None:
     """Run the simulated cluster live, each node's host port bridged to a TAP interface or a UNIX
     datagram socket (:mod:`wirereduce.sim.engines.cocotb_serve`), until interrupted.
 
