@@ -216,4 +216,5 @@ class RankDriver:
                 stats = {rank: await self.stats()}
             except (TimeoutError, ProtocolError):
                 stats = {rank: None}
-            raise ChunksLost(loss_report([s], stats, f"rank {rank}: node {rank} sent no result in time"), [s], stats)
+            what = f"rank {rank}: node {rank} sent no result in time (a frame was lost or another rank stopped)"
+            raise ChunksLost(loss_report([s], stats, what), [s], stats)
