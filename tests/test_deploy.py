@@ -201,6 +201,7 @@ def _rank(cluster, k: int, args: list[str], script: str | None = None) -> subpro
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.cocotb
 def test_four_ranks_real_gradients_bit_exact(cluster):
     """4 processes, one per rank, each in its own namespace on its own TAP: every rank gets the
     golden ring sum of real CNN gradients, bit for bit."""
@@ -238,6 +239,7 @@ RankDriver(tr, rank, nodes, barrier=stop_after_barrier, first_collective=2).allr
 """
 
 
+@pytest.mark.cocotb
 def test_killed_rank_others_fail_bounded(cluster):
     """A rank process killed mid-collective: every other rank raises ChunksLost or a timeout error
     within its receive timeout, and none hangs."""
@@ -272,6 +274,7 @@ def test_killed_rank_others_fail_bounded(cluster):
             p.communicate()
 
 
+@pytest.mark.cocotb
 def test_unix_sockets_without_root(tmp_path):
     """``sim serve --unix``: the same ranks over UNIX datagram sockets (no root, no TAP), one
     RankDriver per rank in threads; every rank gets the golden sum bit for bit."""
