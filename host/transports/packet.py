@@ -112,8 +112,10 @@ def strip_padding(payload: bytes) -> bytes:
     Ethernet carries no length for an EtherType frame, so only genuine padding is cut: a payload
     of exactly 46 bytes (the minimum, clause 3.2.7) whose header fixes a shorter length is cut to
     it: CONTROL and STATS_REQUEST to 16 bytes; an uncompressed data frame (``codec = NONE``) to
-    ``16 + 4·count``. Anything else (longer payloads, compressed frames, whose length is in their
-    tags, as :class:`~wirereduce.hdl.eth.port.EthDeframer` does) is returned whole.
+    ``16 + 4·count``; a compressed one (``INCEPTIONN_V1``) to the length its tags announce
+    (``docs/codec.md``: tag block, then 0, 1, 2 or 4 code bytes per element). Anything else
+    (longer payloads, malformed headers or tag blocks) is returned whole, for the node or the
+    session to reject.
     """
     if len(payload) != ETH_MIN_PAYLOAD_BYTES:
         return bytes(payload)
@@ -123,9 +125,28 @@ def strip_padding(payload: bytes) -> bytes:
         return bytes(payload)
     if hdr.opcode in HEADER_ONLY:
         return bytes(payload[:HEADER_BYTES])
-    if hdr.codec == Codec.NONE and HEADER_BYTES + 4 * hdr.count < ETH_MIN_PAYLOAD_BYTES:
-        return bytes(payload[:HEADER_BYTES + 4 * hdr.count])
+    want = None
+    if hdr.codec == Codec.NONE:
+        want = HEADER_BYTES + 4 * hdr.count
+    elif hdr.codec == Codec.INCEPTIONN_V1:
+        want = _compressed_bytes(payload, hdr.count)
+    if want is not None and HEADER_BYTES < want < ETH_MIN_PAYLOAD_BYTES:
+        return bytes(payload[:want])
     return bytes(payload)
+
+
+def _compressed_bytes(payload: bytes, n: int) -> int | None:
+    """Frame bytes a compressed payload of ``n`` elements announces in its tag block (None if the
+    tag block does not fit)."""
+    from wirereduce.codec import CODE_BYTES
+
+    if not 1 <= n <= 4096:
+        return None
+    tb = 8 * -(-n // 32)
+    body = payload[HEADER_BYTES:]
+    if len(body) < tb:
+        return None
+    return HEADER_BYTES + tb + sum(CODE_BYTES[(body[i // 4] >> (2 * (i % 4))) & 3] for i in range(n))
 
 
 def parse_eth_frame(data: bytes) -> tuple[bytes, bytes, int, bytes]:
