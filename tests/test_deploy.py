@@ -96,6 +96,40 @@ def test_errors_before_anything_is_sent(monkeypatch):
         PacketTransport("lo", 0, 4)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["sim", "serve", "--nodes", "4", "--tap", "a", "b"], "2 TAP names for 4 nodes"),
+    (["sim", "serve", "--nodes", "4", "--tap", "a", "b", "c", "a"], "must differ"),
+    (["sim", "serve", "--nodes", "2", "--tap", "x" * 16, "b"], "not an interface name"),
+    (["sim", "serve", "--nodes", "4", "--unix", "/tmp/x", "--engine", "fast"], "cannot answer frames live"),
+    (["sim", "serve", "--nodes", "4"], "--tap IF0 IF1"),
+    (["rank", "allreduce", "--nodes", "4", "--rank", "4", "--unix", "/tmp", "--input", "x", "--output", "y"],
+     "--rank must be"),
+])
+def test_cli_errors_before_simulation(argv, message, capsys, tmp_path, monkeypatch):
+    """Wrong arguments exit 2 with the reason before anything is built or simulated."""
+    from wirereduce.sim.engines import runner
+
+    from wirereduce.cli import main
+
+    monkeypatch.setattr(runner, "_build", lambda *a, **k: pytest.fail("built despite a bad argument"))
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_rank_bad_collective(tmp_path, capsys):
+    from wirereduce.cli import main
+
+    np.savez(tmp_path / "in.npz", **{f"node{k}": np.ones(8, np.float32) for k in range(2)})
+    node = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    node.bind(str(tmp_path / "node0.sock"))
+    try:
+        assert main(["rank", "allreduce", "--nodes", "2", "--rank", "0", "--unix", str(tmp_path), "--input",
+                     str(tmp_path / "in.npz"), "--output", str(tmp_path / "o.npy"), "--collective", "70000"]) == 2
+    finally:
+        node.close()
+    assert "--collective" in capsys.readouterr().err
+
+
 def test_rank_driver_over_unix_socket(tmp_path):
     """RankDriver's frames through PacketTransport.unix, against a scripted node (no simulator):
     CONTROL padded and cut again, pushes within the window, results reassembled."""

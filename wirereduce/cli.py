@@ -487,8 +487,12 @@ def cmd_rank_allreduce(args) -> int:
         print(f"wirereduce: error: {e}", file=sys.stderr)
         return 2
     barrier = FileBarrier(args.barrier, args.rank, args.nodes, timeout=args.timeout * 5) if args.barrier else None
-    driver = RankDriver(transport, args.rank, args.nodes, config, barrier=barrier,
-                        first_collective=args.collective)
+    try:
+        driver = RankDriver(transport, args.rank, args.nodes, config, barrier=barrier,
+                            first_collective=args.collective)
+    except ValueError as e:
+        transport.close()
+        raise CliError(f"--collective: {e}") from e
     t0 = time.perf_counter()
     try:
         with transport:
