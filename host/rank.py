@@ -1,0 +1,220 @@
+"""One process per rank: the allreduce as ONE host sees it, against its own node only.
+
+On a real cluster every training host runs its own process with its own gradient and knows
+nothing of the others' memory. :class:`RankDriver` runs that host's part of the collective over
+a transport that reaches its node only (:class:`wirereduce.host.transports.packet.PacketTransport`)
+with the same planning every engine uses (:class:`wirereduce.host.driver.Allreduce`: chunks,
+collective ids, window): every rank computes the same plan and the same collective ids from the
+same call sequence, so no id travels between hosts.
+
+Two things a one-process-per-rank run cannot get from the driver alone:
+
+- **The start barrier.** :class:`~wirereduce.host.driver.Cluster` sends no push before every node
+  has acknowledged its CONTROL frame, so no node sees a REDUCE frame of a collective it was not
+  told about (it would drop it: ``drop_collective``). One rank cannot see the other nodes, so
+  ``barrier`` (any callable, e.g. ``torch.distributed.barrier`` of the gloo group DDP keeps, or
+  :class:`FileBarrier`) is called between the acknowledgement and the first push. Without one the
+  ranks must start within the ring's slack.
+- **Retries.** Which chunks were lost is known only to the rank that misses them; re-running them
+  needs every rank to agree on the lost set, so a rank raises :class:`ChunksLost` (or
+  ``TimeoutError``) and the caller decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from wirereduce.host.driver import (
+    Allreduce,
+    ChunksLost,
+    CollectiveIds,
+    NodeSession,
+    check_window,
+    default_window,
+    loss_report,
+    parse_stats,
+)
+
+from wirereduce.config import NodeConfig
+from wirereduce.protocol import Header, Opcode, ProtocolError
+
+__all__ = ["RankDriver", "FileBarrier"]
+
+_DEFAULT = object()
+
+
+class FileBarrier:
+    """A barrier of ``nodes`` processes that share a directory (one file per rank and round).
+
+    For ranks on one machine (the simulated cluster's tests, in separate network namespaces) with
+    no IP between them; on real hosts use the training framework's barrier (gloo).
+
+    Parameters
+    ----------
+    directory : path
+        Shared by every rank (created if missing).
+    rank, nodes : int
+    timeout : float
+        Seconds to wait for the others before ``TimeoutError``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, rank: int, nodes: int, timeout: float = 30.0):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank, self.nodes, self.timeout = rank, nodes, timeout
+        self.round = 0
+
+    def __call__(self) -> None:
+        r = self.round
+        self.round += 1
+        (self.dir / f"round{r}.rank{self.rank}").touch()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            here = sum((self.dir / f"round{r}.rank{k}").exists() for k in range(self.nodes))
+            if here == self.nodes:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: only {here} of {self.nodes} ranks reached barrier round {r} "
+                                   f"in {self.timeout:g} s (a rank stopped or started late)")
+            time.sleep(0.002)
+
+
+class RankDriver:
+    """Rank ``rank``'s host: allreduces its own gradient through its own node.
+
+    Parameters
+    ----------
+    transport : Transport
+        Reaches node ``rank`` (``send(rank, …)``/``recv(rank)``), e.g.
+        :class:`~wirereduce.host.transports.packet.PacketTransport`.
+    rank, nodes : int
+        This host's rank and the ring size.
+    config : NodeConfig, optional
+        How the nodes were built (MTU and codec set the chunk size).
+    window : int or None, optional
+        Chunks pushed ahead of the results received; default :func:`default_window` (the nodes'
+        buffer slots: a NIC has no back-pressure).
+    barrier : callable, optional
+        Called (and awaited if it returns an awaitable) after the node acknowledged the CONTROL
+        frame and before the first push; every rank must call it the same number of times.
+    first_collective : int
+        Collective id of the first allreduce (every rank must use the same); the ids then go on in
+        turn (:class:`~wirereduce.host.driver.CollectiveIds`).
+
+    Raises
+    ------
+    ValueError
+        On a bad rank, nodes, window or first_collective.
+    """
+
+    def __init__(self, transport, rank: int, nodes: int, config: NodeConfig | None = None, *,
+                 window=_DEFAULT, barrier: Callable | None = None, first_collective: int = 1):
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or not 2 <= nodes <= 255:
+            raise ValueError(f"nodes must be 2 … 255, not {nodes!r}")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < nodes:
+            raise ValueError(f"rank must be 0 … {nodes - 1}, not {rank!r}")
+        self.transport = transport
+        self.rank = rank
+        self.nodes = nodes
+        self.config = config if config is not None else NodeConfig()
+        self.window = default_window(self.config) if window is _DEFAULT else check_window(window)
+        self.barrier = barrier
+        self.ids = CollectiveIds(first_collective)
+
+    def plan(self, array: np.ndarray, compression: int | None = None) -> Allreduce:
+        """The :class:`Allreduce` every rank computes for an ``array`` of this length (checked,
+        nothing sent). Other ranks' arrays are unknown here: the plan's arrays are this one's
+        ``nodes`` times, and only this rank's session is run."""
+        return Allreduce(self.config, [array] * self.nodes, nodes=self.nodes, compression=compression,
+                         window=self.window, ids=self.ids)
+
+    def allreduce(self, bucket: np.ndarray, compression: int | None = None) -> np.ndarray:
+        """The sum over every rank of ``bucket``, as this rank's node returns it (blocking).
+
+        Parameters
+        ----------
+        bucket : numpy.ndarray, float32, shape (n,)
+            This rank's gradient; every rank must pass the same length.
+        compression : int, optional
+            Error-bound exponent k (4 … 24) of INCEPTIONN-compressed pushes (nodes built with the codec).
+
+        Returns
+        -------
+        numpy.ndarray, float32, shape (n,)
+            The ring's sum ``((g0 + g1) + g2) + …`` in rank order, bit for bit
+            (``wirereduce.sim.golden.allreduce.ring_allreduce``).
+
+        Raises
+        ------
+        ValueError
+            On a bad array or compression, before anything is sent.
+        ChunksLost
+            If results stopped coming (a frame was lost, a rank died): names this rank's missing chunks.
+        TimeoutError
+            If the node does not answer, or the ``barrier`` times out.
+        DriverError
+            If the node refuses the CONTROL frame or a result is malformed.
+        """
+        return asyncio.run(self.allreduce_async(bucket, compression))
+
+    async def allreduce_async(self, bucket: np.ndarray, compression: int | None = None) -> np.ndarray:
+        """:meth:`allreduce` in a running event loop."""
+        job = self.plan(bucket, compression)
+        await self._run_round(job.round.sessions[self.rank], job.round)
+        return job.results()[self.rank]
+
+    async def stats(self) -> dict[str, int]:
+        """This rank's node's status and drop counters (a STATS_REQUEST round trip)."""
+        t = self.transport
+        await t.send(self.rank, Header(opcode=Opcode.STATS_REQUEST).pack())
+        while True:
+            data = await t.recv(self.rank)
+            if Header.unpack(data).opcode == Opcode.STATS:
+                return parse_stats(data)
+
+    async def _run_round(self, s: NodeSession, rnd) -> None:
+        t, rank = self.transport, self.rank
+        await t.send(rank, rnd.control(rank))
+        while True:  # a stray result of an earlier collective may still be on its way
+            data = await t.recv(rank)
+            if Header.unpack(data).opcode == Opcode.STATS:
+                break
+        s.check_ack(data)
+        if self.barrier is not None:
+            r = self.barrier()
+            if inspect.isawaitable(r):
+                await r
+        stalled = False
+
+        async def push():
+            for p in rnd.pushes(rank):
+                while s.results_received < p.after and not stalled:
+                    await t.idle(1)
+                if stalled:
+                    return
+                await t.send(rank, p.frame)
+
+        async def collect():
+            nonlocal stalled
+            while not s.done:
+                try:
+                    data = await t.recv(rank)
+                except TimeoutError:
+                    stalled = True
+                    return
+                s.receive(data)
+
+        await t.gather([push(), collect()])
+        if stalled:
+            try:
+                stats = {rank: await self.stats()}
+            except (TimeoutError, ProtocolError):
+                stats = {rank: None}
+            what = f"rank {rank}: node {rank} sent no result in time (a frame was lost or another rank stopped)"
+            raise ChunksLost(loss_report([s], stats, what), [s], stats)

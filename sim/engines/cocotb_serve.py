@@ -1,0 +1,96 @@
+"""cocotb testbench of ``wirereduce sim serve``: the simulated cluster's host ports bridged live
+to TAP interfaces (or UNIX sockets), :mod:`wirereduce.sim.engines.bridge`.
+
+Frames read from a port go into node k's host port (``host{k}_rx``, cocotbext-axi
+``AxiStreamSource``) and through the host link (a :class:`LinkModel` or a 10G Ethernet port at line
+rate), so they are paced at the host link's line rate in simulated time; frames the node sends
+(``host{k}_tx``) go out of the port. The simulation is clocked only while frames are in flight:
+after ``idle_cycles`` cycles without any frame in or out (and nothing queued) it stops clocking and
+blocks in ``select`` on the ports, so an idle server costs no CPU. It stops when its parent (the
+``wirereduce sim serve`` process) goes away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, Timer
+from cocotb.utils import get_sim_time
+from cocotbext.axi import AxiStreamFrame
+from wirereduce.host.transports.cocotb import CocotbTransport
+from wirereduce.host.transports.packet import format_mac
+from wirereduce.sim.engines.bridge import open_ports
+
+#: Cycles between polls of the ports while the simulation is clocked.
+POLL_CYCLES = 64
+
+
+@cocotb.test()
+async def serve(dut):
+    """Bridge the ports of ``$WIREREDUCE_SERVE`` until the parent process exits."""
+    spec = json.loads(open(os.environ["WIREREDUCE_SERVE"]).read())
+    nodes = spec["nodes"]
+    period_ps = round(1e6 / spec["clock_mhz"])
+    parent = os.getppid()
+
+    dut.rst.value = 1
+    for k in range(nodes):
+        for name in ("tvalid", "tdata", "tkeep", "tlast"):
+            getattr(dut, f"host{k}_rx_{name}").value = 0
+        getattr(dut, f"host{k}_tx_tready").value = 0
+    await Timer(period_ps, "ps")
+    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
+    await ClockCycles(dut.clk, 4)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, 2)
+
+    transport = CocotbTransport(dut, nodes)
+    ports = open_ports(nodes, spec["taps"], spec["unix"], spec["mtu"])
+    ready = {"ports": [getattr(p, "name", None) or p.path for p in ports],
+             "macs": [format_mac(p.mac) for p in ports], "pid": os.getpid()}
+    tmp = spec["ready"] + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(ready, f)
+    os.replace(tmp, spec["ready"])
+
+    idle_cycles = spec["idle_cycles"]
+    quiet = idle_cycles
+    status = spec["ready"] + ".status"
+    try:
+        while True:
+            moved = False
+            for k, sink in enumerate(transport.sinks):
+                while not sink.empty():
+                    ports[k].write(bytes(sink.recv_nowait().tdata))
+                    moved = True
+            queued = any(not s.idle() for s in transport.sources)
+            busy = moved or queued or quiet < idle_cycles
+            readable, _, _ = select.select(ports, [], [], 0 if busy else 0.5)
+            for p in readable:
+                for _ in range(256):
+                    payload = p.read()
+                    if payload is None:
+                        break
+                    transport.sources[p.rank].send_nowait(AxiStreamFrame(payload))
+                    moved = True
+            if moved:
+                quiet = 0
+            elif not busy:
+                if os.getppid() != parent:
+                    return
+                continue
+            await ClockCycles(dut.clk, POLL_CYCLES)
+            quiet += POLL_CYCLES
+            if quiet - POLL_CYCLES < idle_cycles <= quiet:  # just went idle
+                with open(status, "w") as f:  # what a user (or a test) can look at
+                    json.dump({"cycles": round(get_sim_time("ps") / period_ps),
+                               "frames_in": [p.frames_in for p in ports],
+                               "frames_out": [p.frames_out for p in ports],
+                               "ignored": [p.ignored for p in ports]}, f)
+    finally:
+        for p in ports:
+            p.close()
