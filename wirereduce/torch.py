@@ -1,0 +1,375 @@
+"""PyTorch DDP communication hook: every gradient bucket allreduced through the rank's node.
+
+::
+
+    import wirereduce.torch as wrt
+    state = wrt.State(wrt.LoopbackBackend())        # or wrt.backend_from_env() against a node
+    ddp_model.register_comm_hook(state, wrt.allreduce_hook)
+
+DDP (``torch.nn.parallel.DistributedDataParallel``) keeps its gloo process group for the initial
+broadcast of the parameters and its barriers; only the gradient allreduce goes through the hook.
+DDP calls the hook once per bucket, in bucket order, as soon as back-propagation has filled the
+bucket; :func:`allreduce_hook` hands the bucket to one worker thread per :class:`State` and returns
+at once, so the allreduce of bucket *i* runs while autograd computes the gradients of bucket *i+1*
+(NTT's layer-wise overlap). DDP waits for every bucket's future at the end of ``backward()``.
+
+A backend is any object with ``nodes`` (the ring size), ``rank`` and
+``allreduce(array, compression=None) -> numpy.ndarray``: the SUM over ranks, bit for bit the
+node's ring order ``((g0 + g1) + g2) + …`` (:func:`wirereduce.sim.golden.allreduce.ring_allreduce`).
+
+- :class:`LoopbackBackend` needs no network: every rank's bucket is exchanged through a gloo
+  ``all_gather`` of its own process group and summed with the golden model, in rank order (with
+  compression: :func:`wirereduce.sim.golden.codec.ring_allreduce_compressed`, host-compressed).
+- :class:`RankBackend` drives the rank's node with :class:`wirereduce.host.rank.RankDriver` over
+  a raw-Ethernet :class:`~wirereduce.host.transports.packet.PacketTransport` (a real board, or a
+  TAP of ``wirereduce sim serve``) or ``sim serve --unix``; :func:`backend_from_env` builds one
+  from ``WIREREDUCE_IFACE`` / ``WIREREDUCE_UNIX``, ``WIREREDUCE_RANK``, ``WIREREDUCE_NODES``.
+
+Averaging: the hook returns ``sum / N`` (one fp32 division of the node's sum). DDP's default gloo
+hook divides each rank's bucket by N *before* its allreduce and sums the quotients. For N a power
+of two both divisions are exact (a change of exponent; unless the quotient is subnormal), so the
+hook's result is the node's sum ÷ N exactly and differs from gloo's only by gloo's summation
+order; for other N each way rounds differently (one rounding here, N before gloo's sum).
+
+This module imports torch only when a hook, backend or state is used: ``import wirereduce`` never
+needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wirereduce.codec import check_k, quantize
+
+__all__ = ["State", "allreduce_hook", "LoopbackBackend", "RankBackend", "backend_from_env", "require_torch",
+           "ENV_IFACE", "ENV_UNIX", "ENV_RANK", "ENV_NODES", "ENV_NODE_MAC", "ENV_TIMEOUT"]
+
+#: Environment of :func:`backend_from_env` (what ``wirereduce train --backend sim`` sets per rank).
+ENV_IFACE = "WIREREDUCE_IFACE"
+ENV_UNIX = "WIREREDUCE_UNIX"
+ENV_RANK = "WIREREDUCE_RANK"
+ENV_NODES = "WIREREDUCE_NODES"
+ENV_NODE_MAC = "WIREREDUCE_NODE_MAC"
+ENV_TIMEOUT = "WIREREDUCE_TIMEOUT"
+
+#: Number formats the hook carries; the others wait for the formats issue.
+SUPPORTED_DTYPES = ("float32",)
+
+
+def require_torch():
+    """``import torch``, or a RuntimeError that says how to get it."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - depends on the venv
+        raise RuntimeError("wirereduce.torch needs PyTorch: pip install 'wirereduce[torch]'") from e
+    return torch
+
+
+def _check_backend(backend: Any) -> None:
+    for name in ("allreduce", "nodes", "rank"):
+        if not hasattr(backend, name):
+            raise TypeError(f"backend must have .allreduce(array, compression=None), .nodes and .rank; "
+                            f"{type(backend).__name__} has no {name!r}")
+
+
+@dataclass
+class State:
+    """What :func:`allreduce_hook` keeps between calls, one per DDP model.
+
+    Parameters
+    ----------
+    backend : object
+        ``nodes``, ``rank`` and ``allreduce(array float32 (n,), compression=None) -> float32 (n,)``
+        (the sum over ranks): :class:`LoopbackBackend`, :class:`RankBackend` or your own.
+    compress_k : int or None
+        INCEPTIONN error-bound exponent k (4 … 24): the buckets travel compressed
+        (``allreduce(..., compression=k)``, :mod:`wirereduce.codec`); None: plain fp32.
+    error_feedback : bool
+        With ``compress_k``: each rank keeps, per bucket index, what compression dropped from its
+        bucket, ``g − decode(encode(g))``, and adds it to the same bucket of the next step
+        (small gradients are delayed rather than lost). Needs ``compress_k``.
+    dtype : str
+        Number format on the wire; only ``"float32"`` for now.
+    overlap : bool
+        True (default): the backend runs in one worker thread, buckets in DDP's order, while
+        back-propagation goes on; False: inside the hook (blocking autograd).
+
+    Raises
+    ------
+    ValueError
+        On a bad ``compress_k``, ``error_feedback`` without ``compress_k``, or a ``dtype`` other
+        than float32 (checked here, before any training step).
+    TypeError
+        If ``backend`` lacks ``allreduce``, ``nodes`` or ``rank``.
+
+    Attributes
+    ----------
+    residuals : dict[int, numpy.ndarray]
+        Error-feedback residual of each bucket index (float32, the bucket's length).
+    timings : list[tuple[int, int, float]]
+        (bucket index, elements, seconds in the backend) of every bucket allreduced.
+    """
+
+    backend: Any
+    compress_k: int | None = None
+    error_feedback: bool = False
+    dtype: str = "float32"
+    overlap: bool = True
+    residuals: dict = field(default_factory=dict, repr=False)
+    timings: list = field(default_factory=list, repr=False)
+
+    def __post_init__(self):
+        _check_backend(self.backend)
+        if self.compress_k is not None:
+            self.compress_k = check_k(self.compress_k)
+        if not isinstance(self.error_feedback, bool):
+            raise ValueError(f"error_feedback must be a bool, not {self.error_feedback!r}")
+        if self.error_feedback and self.compress_k is None:
+            raise ValueError("error_feedback needs compress_k: without compression nothing is dropped")
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not carried yet (only float32; the other number formats "
+                             f"wait for the formats issue)")
+        self._executor = None
+        self._lock = threading.Lock()
+
+    @property
+    def world_size(self) -> int:
+        return int(self.backend.nodes)
+
+    def prepare(self, index: int, grad: np.ndarray) -> np.ndarray:
+        """The array rank sends for bucket ``index``: ``grad`` plus the bucket's residual (error
+        feedback), and the new residual kept. float32 (n,) in, float32 (n,) out."""
+        if not self.error_feedback:
+            return grad
+        r = self.residuals.get(index)
+        if r is not None:
+            if r.shape != grad.shape:
+                raise ValueError(f"bucket {index} has {grad.size} elements, its residual {r.size}: "
+                                 f"the buckets changed between steps")
+            with np.errstate(all="ignore"):
+                grad = np.add(grad, r, dtype=np.float32)
+        with np.errstate(all="ignore"):
+            self.residuals[index] = np.subtract(grad, quantize(grad, self.compress_k), dtype=np.float32)
+        return grad
+
+    def reduce(self, index: int, grad: np.ndarray) -> np.ndarray:
+        """Bucket ``index``'s averaged gradient: backend sum of :meth:`prepare` ÷ world size (float32)."""
+        send = self.prepare(index, grad)
+        t0 = time.perf_counter()
+        total = np.asarray(self.backend.allreduce(send, compression=self.compress_k))
+        self.timings.append((index, int(grad.size), time.perf_counter() - t0))
+        if total.dtype != np.float32 or total.shape != grad.shape:
+            raise RuntimeError(f"backend returned {total.dtype} {total.shape} for a float32 {grad.shape} bucket")
+        with np.errstate(all="ignore"):
+            return np.divide(total, np.float32(self.world_size), dtype=np.float32)
+
+    def executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                # one thread: the backend sees the buckets in the order DDP hands them over, the same at every rank
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wirereduce-hook")
+            return self._executor
+
+    def close(self) -> None:
+        """Stops the worker thread (after the buckets in flight)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+def allreduce_hook(state: State, bucket):
+    """DDP communication hook: the bucket's gradients summed by the node, ÷ world size.
+
+    Parameters
+    ----------
+    state : State
+    bucket : torch.distributed.GradBucket
+        ``bucket.buffer()``: the flattened float32 gradients (1-D, on the CPU); ``bucket.index()``.
+
+    Returns
+    -------
+    torch.futures.Future[torch.Tensor]
+        Completed with the averaged bucket (float32, the buffer's shape) once the backend answers;
+        with the backend's exception (``ChunksLost``, ``TimeoutError`` …) if it fails, which DDP
+        raises from ``backward()``.
+
+    Raises
+    ------
+    TypeError
+        If the bucket is not float32 (``state.dtype``), before anything is sent.
+    """
+    torch = require_torch()
+    buf = bucket.buffer()
+    if buf.dtype != torch.float32:
+        raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}; only float32 buckets are carried")
+    index = int(bucket.index())
+    grad = buf.detach().to("cpu").contiguous().view(-1).numpy().copy()
+    fut = torch.futures.Future()
+
+    def run():
+        try:
+            avg = state.reduce(index, grad)
+            fut.set_result(torch.from_numpy(avg).view(buf.shape).to(buf.device))
+        except BaseException as e:  # noqa: B036 - handed to DDP, which raises it in backward()
+            fut.set_exception(e)
+
+    if state.overlap:
+        state.executor().submit(run)
+    else:
+        run()
+    return fut
+
+
+class LoopbackBackend:
+    """The node's ring sum without a network: the ranks exchange their buckets with gloo.
+
+    Every call all-gathers the ranks' arrays over a gloo process group of its own (DDP's group is
+    left to DDP; the hook's worker thread is the only user of this one) and returns the golden
+    model's sum in rank order: :func:`wirereduce.sim.golden.allreduce.ring_allreduce`, or with
+    ``compression`` :func:`wirereduce.sim.golden.codec.ring_allreduce_compressed` with
+    ``host_compressed=True`` (what codec nodes return to ``RankDriver.allreduce(..., compression=k)``).
+
+    Parameters
+    ----------
+    group : torch.distributed.ProcessGroup, optional
+        Default: a new gloo group of every rank (``torch.distributed`` must be initialised; every
+        rank must build its backend at the same point, as any collective).
+
+    Raises
+    ------
+    RuntimeError
+        If ``torch.distributed`` is not initialised.
+    """
+
+    def __init__(self, group=None):
+        torch = require_torch()
+        dist = torch.distributed
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("LoopbackBackend needs torch.distributed initialised (init_process_group('gloo', ...))")
+        self.group = group if group is not None else dist.new_group(backend="gloo")
+        self.nodes = dist.get_world_size(self.group)
+        self.rank = dist.get_rank(self.group)
+
+    def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
+        """Sum over ranks of ``array`` (float32, 1-D), in ring order; see the class."""
+        from wirereduce.sim.golden.allreduce import ring_allreduce
+        from wirereduce.sim.golden.codec import ring_allreduce_compressed
+
+        torch = require_torch()
+        array = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        if compression is not None:
+            compression = check_k(compression)
+        t = torch.from_numpy(array)
+        parts = [torch.empty_like(t) for _ in range(self.nodes)]
+        torch.distributed.all_gather(parts, t, group=self.group)
+        arrays = [p.numpy() for p in parts]
+        if compression is None:
+            return ring_allreduce(arrays)
+        return ring_allreduce_compressed(arrays, compression, host_compressed=True)
+
+
+class RankBackend:
+    """The rank's own node through :class:`wirereduce.host.rank.RankDriver`.
+
+    Parameters
+    ----------
+    driver : wirereduce.host.rank.RankDriver
+        Built on the rank's transport (its ``rank``/``nodes`` are used).
+    transport : optional
+        Closed by :meth:`close`.
+    """
+
+    def __init__(self, driver, transport=None):
+        self.driver = driver
+        self.transport = transport
+        self.nodes = driver.nodes
+        self.rank = driver.rank
+
+    def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
+        """``RankDriver.allreduce``: the node's ring sum (raises ChunksLost/TimeoutError/DriverError)."""
+        return self.driver.allreduce(np.ascontiguousarray(array, dtype=np.float32).reshape(-1), compression)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
+    """A :class:`RankBackend` on the rank's node, from the environment.
+
+    ``WIREREDUCE_RANK``, ``WIREREDUCE_NODES`` (default: torch.distributed's rank and world size when
+    initialised) and one of ``WIREREDUCE_IFACE`` (raw Ethernet on that interface: root or
+    CAP_NET_RAW; ``WIREREDUCE_NODE_MAC`` optional) or ``WIREREDUCE_UNIX`` (the socket directory of
+    ``wirereduce sim serve --unix``); ``WIREREDUCE_TIMEOUT`` seconds per receive (default 2).
+
+    Parameters
+    ----------
+    barrier : callable, optional
+        The start barrier between CONTROL and the first push (``RankDriver(barrier=…)``); default:
+        ``torch.distributed.barrier`` on a gloo group of its own when torch.distributed is initialised.
+    config : wirereduce.config.NodeConfig, optional
+        How the nodes were built (default NodeConfig(); ``codec=True`` for compressed buckets).
+
+    Raises
+    ------
+    ValueError
+        If the variables are missing or malformed.
+    RuntimeError
+        If the per-rank driver (wirereduce.host.rank) is not in this installation.
+    """
+    env = os.environ if env is None else env
+    try:
+        from wirereduce.host.rank import RankDriver
+        from wirereduce.host.transports.packet import PacketTransport
+    except ImportError as e:  # pragma: no cover - before the per-rank driver existed
+        raise RuntimeError("this wirereduce has no per-rank driver (wirereduce.host.rank)") from e
+    iface, unix = env.get(ENV_IFACE), env.get(ENV_UNIX)
+    if (iface is None) == (unix is None):
+        raise ValueError(f"set exactly one of {ENV_IFACE} (raw Ethernet interface) or {ENV_UNIX} "
+                         f"(wirereduce sim serve --unix DIR)")
+    dist = None
+    try:
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            dist = None
+    except ImportError:  # pragma: no cover
+        pass
+
+    def number(name, default):
+        v = env.get(name)
+        if v is None:
+            if default is None:
+                raise ValueError(f"set {name}")
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            raise ValueError(f"{name} must be an integer, not {v!r}") from None
+
+    rank = number(ENV_RANK, dist.get_rank() if dist else None)
+    nodes = number(ENV_NODES, dist.get_world_size() if dist else None)
+    try:
+        timeout = float(env.get(ENV_TIMEOUT, "2"))
+    except ValueError:
+        raise ValueError(f"{ENV_TIMEOUT} must be seconds, not {env.get(ENV_TIMEOUT)!r}") from None
+    if barrier is None and dist is not None:
+        group = dist.new_group(backend="gloo")
+        barrier = lambda: dist.barrier(group=group)  # noqa: E731
+    if unix is not None:
+        transport = PacketTransport.unix(unix, rank, nodes, timeout=timeout)
+    else:
+        transport = PacketTransport(iface, rank, nodes, node=env.get(ENV_NODE_MAC),
+                                    mtu=None if config is None else config.mtu, timeout=timeout)
+    try:
+        driver = RankDriver(transport, rank, nodes, config, barrier=barrier)
+    except ValueError:
+        transport.close()
+        raise
+    return RankBackend(driver, transport)

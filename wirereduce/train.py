@@ -1,0 +1,244 @@
+"""``wirereduce train``: data-parallel training, one process per rank, gradients through the hook.
+
+Each rank is a process (``torch.multiprocessing`` spawn) with a gloo process group on localhost
+for DDP's broadcast and barriers; its DDP model registers :func:`wirereduce.torch.allreduce_hook`,
+so every gradient bucket is summed by the ring (the loopback backend: the golden model after a
+gloo exchange; the sim backend: ``wirereduce sim serve --unix`` with one
+:class:`~wirereduce.host.rank.RankDriver` per rank) and averaged. The data set is scikit-learn's
+handwritten digits (:func:`wirereduce.sim.workloads.gradients.digits_data`), each rank training
+on its own shard of every epoch's permutation.
+
+Models: ``digits``, the demo CNN (3,818 parameters, one bucket); ``mlp``, 64 → 1024 → 1024 → 10
+(1,125,386 parameters: several buckets of ``BUCKET_CAP_MB`` so their allreduces overlap with
+back-propagation).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from wirereduce.codec import check_k
+
+__all__ = ["TrainConfig", "train", "make_mlp", "MODELS", "BACKENDS"]
+
+MODELS = ("digits", "mlp")
+BACKENDS = ("loopback", "sim")
+#: DDP bucket size of the MLP (MB): 4.5 MB of gradients make 5 buckets.
+BUCKET_CAP_MB = 1.0
+MLP_HIDDEN = 1024
+
+
+@dataclass
+class TrainConfig:
+    """``wirereduce train``'s options (checked by :meth:`check`, before any process starts).
+
+    nodes: ranks (2 … 16); epochs ≥ 1; model in MODELS; backend in BACKENDS; compress: INCEPTIONN
+    k (4 … 24) or None; error_feedback needs compress; batch: images per rank and step; lr: SGD
+    step; seed ≥ 0; steps: stop each epoch after this many steps (None: the whole shard).
+    """
+
+    nodes: int = 2
+    epochs: int = 1
+    model: str = "digits"
+    backend: str = "loopback"
+    compress: int | None = None
+    error_feedback: bool = False
+    batch: int = 32
+    lr: float = 0.1
+    seed: int = 0
+    steps: int | None = None
+    progress: bool = True
+
+    def check(self) -> TrainConfig:
+        """Raises ValueError on any bad option."""
+        def integer(name, lo, hi=None):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo or (hi is not None and v > hi):
+                rng = f"{lo} … {hi}" if hi is not None else f"≥ {lo}"
+                raise ValueError(f"{name} must be an integer {rng}, not {v!r}")
+        integer("nodes", 2, 16)
+        integer("epochs", 1)
+        integer("batch", 1)
+        integer("seed", 0)
+        if self.steps is not None:
+            integer("steps", 1)
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, not {self.model!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.compress is not None:
+            self.compress = check_k(self.compress)
+        if self.error_feedback and self.compress is None:
+            raise ValueError("error feedback needs compression (--compress K)")
+        if not isinstance(self.lr, (int, float)) or not 0 < self.lr < 100:
+            raise ValueError(f"lr must be a positive step, not {self.lr!r}")
+        return self
+
+
+def make_mlp(seed: int = 0):
+    """The larger model: Flatten → Linear(64, 1024) → ReLU → Linear(1024, 1024) → ReLU →
+    Linear(1024, 10), float32, on (batch, 1, 8, 8) images; 1,125,386 parameters."""
+    import torch
+    nn = torch.nn
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, MLP_HIDDEN), nn.ReLU(),
+                             nn.Linear(MLP_HIDDEN, MLP_HIDDEN), nn.ReLU(), nn.Linear(MLP_HIDDEN, 10))
+
+
+def _model(name: str, seed: int):
+    from wirereduce.sim.workloads.gradients import make_model
+    return make_model(seed) if name == "digits" else make_mlp(seed)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None:
+    """One rank's training process (spawned)."""
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import wirereduce.torch as wrt
+    from wirereduce.sim.workloads.gradients import digits_data, evaluate
+
+    cfg = TrainConfig(**cfg)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.nodes)
+    try:
+        backend = wrt.LoopbackBackend() if cfg.backend == "loopback" else wrt.backend_from_env(
+            config=_sim_config(cfg))
+        state = wrt.State(backend, compress_k=cfg.compress, error_feedback=cfg.error_feedback)
+        model = DDP(_model(cfg.model, cfg.seed), bucket_cap_mb=BUCKET_CAP_MB)
+        model.register_comm_hook(state, wrt.allreduce_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        X, y, Xt, yt = digits_data(cfg.seed)
+        shard = len(y) // cfg.nodes
+        steps = shard // cfg.batch if cfg.steps is None else min(cfg.steps, shard // cfg.batch)
+        history = []
+        bar = None
+        if rank == 0 and cfg.progress:
+            from tqdm import tqdm
+            bar = tqdm(total=cfg.epochs * steps, unit="step", file=sys.stdout, dynamic_ncols=True, leave=False)
+        t_start = time.perf_counter()
+        for epoch in range(cfg.epochs):
+            perm = np.random.default_rng([cfg.seed, epoch]).permutation(len(y))
+            mine = perm[rank * shard:(rank + 1) * shard]
+            losses = []
+            for s in range(steps):
+                idx = mine[s * cfg.batch:(s + 1) * cfg.batch]
+                xb, yb = torch.from_numpy(X[idx]), torch.from_numpy(y[idx])
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.cross_entropy(model(xb), yb)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(epoch=epoch + 1, loss=f"{losses[-1]:.4f}")
+            # the mean training loss over every rank's steps (gloo, DDP's group)
+            t = torch.tensor([sum(losses), len(losses)], dtype=torch.float64)
+            dist.all_reduce(t)
+            acc = evaluate(model.module, Xt, yt)
+            history.append({"epoch": epoch + 1, "loss": float(t[0] / t[1]), "accuracy": acc})
+            if rank == 0:
+                msg = f"epoch {epoch + 1}/{cfg.epochs}: loss {history[-1]['loss']:.4f}  test accuracy {acc:.4f}"
+                (bar.write(msg) if bar is not None else print(msg, flush=True))
+        if bar is not None:
+            bar.close()
+        state.close()
+        if rank == 0:
+            wall = time.perf_counter() - t_start
+            sizes = {}
+            for _, n, sec in state.timings:
+                sizes.setdefault(n, []).append(sec)
+            print(f"{len(state.timings)} bucket allreduces in {wall:.2f} s of training "
+                  f"({cfg.nodes} ranks, {cfg.backend} backend):")
+            for n in sorted(sizes):
+                v = sizes[n]
+                print(f"  bucket of {n:>9,} elements: {len(v):>5} × {1e3 * sum(v) / len(v):8.3f} ms in the backend")
+            if out:
+                import json
+                with open(out, "w") as f:
+                    json.dump({"config": asdict(cfg), "history": history,
+                               "timings": [list(t) for t in state.timings]}, f)
+        if hasattr(backend, "close"):
+            backend.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _sim_config(cfg: TrainConfig):
+    from wirereduce.config import NodeConfig
+    return NodeConfig(codec=cfg.compress is not None)
+
+
+def _start_sim(cfg: TrainConfig, workdir: str):
+    """``wirereduce sim serve --unix`` in a child process; returns (process, socket dir)."""
+    try:
+        import wirereduce.host.rank  # noqa: F401
+        import wirereduce.sim.engines.runner  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError("--backend sim is not available in this installation "
+                           "(no wirereduce sim serve / per-rank driver)") from e
+    sock_dir = os.path.join(workdir, "sockets")
+    cmd = [sys.executable, "-m", "wirereduce.cli", "sim", "serve", "--nodes", str(cfg.nodes), "--unix", sock_dir]
+    if cfg.compress is not None:
+        cmd.append("--codec")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    print("starting the simulated boards (the first build takes minutes) …", flush=True)
+    for line in proc.stdout:
+        print(f"  sim serve: {line.rstrip()}", flush=True)
+        if line.startswith("serving"):
+            return proc, sock_dir
+    proc.wait()
+    raise RuntimeError(f"wirereduce sim serve stopped before serving (exit {proc.returncode})")
+
+
+def train(cfg: TrainConfig, out: str | None = None) -> None:
+    """Runs ``cfg.nodes`` training processes and waits for them.
+
+    Raises
+    ------
+    ValueError
+        On a bad option (:meth:`TrainConfig.check`), before any process starts.
+    RuntimeError
+        If PyTorch is missing or ``--backend sim`` is not available.
+    torch.multiprocessing.ProcessRaisedException
+        If a rank fails.
+    """
+    cfg.check()
+    from wirereduce.torch import require_torch
+    torch = require_torch()
+    env = {}
+    workdir = tempfile.mkdtemp(prefix="wr-train")
+    sim = None
+    try:
+        if cfg.backend == "sim":
+            sim, sock_dir = _start_sim(cfg, workdir)
+            env = {"WIREREDUCE_UNIX": sock_dir, "WIREREDUCE_NODES": str(cfg.nodes),
+                   "WIREREDUCE_TIMEOUT": os.environ.get("WIREREDUCE_TIMEOUT", "30")}
+        port = _free_port()
+        print(f"training {cfg.model} on {cfg.nodes} ranks ({cfg.backend} backend"
+              f"{f', INCEPTIONN k={cfg.compress}' if cfg.compress else ''}"
+              f"{', error feedback' if cfg.error_feedback else ''}), {cfg.epochs} epoch(s)", flush=True)
+        torch.multiprocessing.spawn(_worker, args=(asdict(cfg), port, env, out), nprocs=cfg.nodes, join=True)
+    finally:
+        if sim is not None:
+            sim.terminate()
+            sim.wait(timeout=30)
+        shutil.rmtree(workdir, ignore_errors=True)
