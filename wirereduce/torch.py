@@ -111,8 +111,9 @@ class State:
 
     Attributes
     ----------
-    residuals : dict[int, numpy.ndarray]
-        Error-feedback residual of each bucket index (float32, the bucket's length).
+    residuals : dict
+        Error-feedback residuals (float32), per parameter of the model (or per bucket index for a
+        bucket that does not list its parameters); :meth:`residual` gives a bucket's.
     timings : list[tuple[int, int, float]]
         (bucket index, elements, seconds in the backend) of every bucket allreduced.
     """
@@ -138,30 +139,53 @@ class State:
                              f"wait for the formats issue)")
         self._executor = None
         self._lock = threading.Lock()
+        self._layout = {}
 
     @property
     def world_size(self) -> int:
         return int(self.backend.nodes)
 
-    def prepare(self, index: int, grad: np.ndarray) -> np.ndarray:
-        """The array rank sends for bucket ``index``: ``grad`` plus the bucket's residual (error
-        feedback), and the new residual kept. float32 (n,) in, float32 (n,) out."""
+    def residual(self, index: int) -> np.ndarray | None:
+        """The error-feedback residual bucket ``index`` carries into the next step (float32, the
+        bucket's length in its last layout), or None before its first compressed step."""
+        segments = self._layout.get(index)
+        if segments is None:
+            return None
+        return np.concatenate([self.residuals[key] for key, _ in segments]).astype(np.float32, copy=False)
+
+    def prepare(self, index: int, grad: np.ndarray, segments=None) -> np.ndarray:
+        """The array this rank sends for bucket ``index``: ``grad`` plus its residual (error
+        feedback), and the new residual ``sent − decode(encode(sent))`` kept. float32 (n,) in and out.
+
+        ``segments``: the bucket's layout, [(key, elements), …] of its parameters in buffer order;
+        the residuals are kept per parameter, so they survive DDP rebuilding its buckets after the
+        first step (the bucket's parameters then change). Default: one segment, the bucket index.
+        """
         if not self.error_feedback:
             return grad
-        r = self.residuals.get(index)
-        if r is not None:
-            if r.shape != grad.shape:
-                raise ValueError(f"bucket {index} has {grad.size} elements, its residual {r.size}: "
-                                 f"the buckets changed between steps")
+        if segments is None:
+            segments = [(("bucket", index), grad.size)]
+        if sum(n for _, n in segments) != grad.size:
+            raise ValueError(f"bucket {index}: its parameters have {sum(n for _, n in segments)} elements, "
+                             f"its buffer {grad.size}")
+        prev = [self.residuals.get(key) for key, _ in segments]
+        if any(r is not None for r in prev):
+            carried = np.concatenate([np.zeros(n, np.float32) if r is None or r.size != n else r
+                                      for r, (_, n) in zip(prev, segments)])
             with np.errstate(all="ignore"):
-                grad = np.add(grad, r, dtype=np.float32)
+                grad = np.add(grad, carried, dtype=np.float32)
         with np.errstate(all="ignore"):
-            self.residuals[index] = np.subtract(grad, quantize(grad, self.compress_k), dtype=np.float32)
+            res = np.subtract(grad, quantize(grad, self.compress_k), dtype=np.float32)
+        at = 0
+        for key, n in segments:
+            self.residuals[key] = res[at:at + n]
+            at += n
+        self._layout[index] = list(segments)
         return grad
 
-    def reduce(self, index: int, grad: np.ndarray) -> np.ndarray:
+    def reduce(self, index: int, grad: np.ndarray, segments=None) -> np.ndarray:
         """Bucket ``index``'s averaged gradient: backend sum of :meth:`prepare` ÷ world size (float32)."""
-        send = self.prepare(index, grad)
+        send = self.prepare(index, grad, segments)
         t0 = time.perf_counter()
         total = np.asarray(self.backend.allreduce(send, compression=self.compress_k))
         self.timings.append((index, int(grad.size), time.perf_counter() - t0))
@@ -211,11 +235,16 @@ def allreduce_hook(state: State, bucket):
         raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}; only float32 buckets are carried")
     index = int(bucket.index())
     grad = buf.detach().to("cpu").contiguous().view(-1).numpy().copy()
+    segments = None
+    if state.error_feedback and hasattr(bucket, "parameters"):
+        segments = [(id(p), p.numel()) for p in bucket.parameters()]
+        if sum(n for _, n in segments) != grad.size:  # a padded layout: keep the residual per bucket
+            segments = None
     fut = torch.futures.Future()
 
     def run():
         try:
-            avg = state.reduce(index, grad)
+            avg = state.reduce(index, grad, segments)
             fut.set_result(torch.from_numpy(avg).view(buf.shape).to(buf.device))
         except BaseException as e:  # noqa: B036 - handed to DDP, which raises it in backward()
             fut.set_exception(e)

@@ -9,8 +9,8 @@ handwritten digits (:func:`wirereduce.sim.workloads.gradients.digits_data`), eac
 on its own shard of every epoch's permutation.
 
 Models: ``digits``, the demo CNN (3,818 parameters, one bucket); ``mlp``, 64 → 1024 → 1024 → 10
-(1,125,386 parameters: several buckets of ``BUCKET_CAP_MB`` so their allreduces overlap with
-back-propagation).
+(1,125,386 parameters; with ``BUCKET_CAP_MB`` DDP makes 2 buckets after its first step, 66,560 and
+1,059,850 elements, so the first layer's allreduce overlaps the rest of back-propagation).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ __all__ = ["TrainConfig", "train", "make_mlp", "MODELS", "BACKENDS"]
 
 MODELS = ("digits", "mlp")
 BACKENDS = ("loopback", "sim")
-#: DDP bucket size of the MLP (MB): 4.5 MB of gradients make 5 buckets.
+#: DDP bucket cap (MB); the MLP's 1024 × 1024 weight alone is 4 MB, one bucket.
 BUCKET_CAP_MB = 1.0
 MLP_HIDDEN = 1024
 

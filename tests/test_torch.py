@@ -1,0 +1,274 @@
+"""The PyTorch DDP communication hook (wirereduce.torch) and the `wirereduce train` launcher."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'wirereduce[torch]')")
+pytest.importorskip("sklearn", reason="scikit-learn (the digits data set) is not installed")
+
+import wirereduce.torch as wrt  # noqa: E402
+from wirereduce import cli  # noqa: E402
+from wirereduce.codec import decode, encode  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# --------------------------------------------------------------------------------------------------
+# the hook alone: fake buckets, a fake backend
+
+
+class FakeBucket:
+    def __init__(self, index, values):
+        self._index, self._buf = index, torch.from_numpy(np.asarray(values, np.float32).copy())
+
+    def index(self):
+        return self._index
+
+    def buffer(self):
+        return self._buf
+
+
+class ScaleBackend:
+    """Records what it is sent and answers ``sent * factor`` (an independent stand-in for a ring)."""
+
+    def __init__(self, nodes=4, factor=3.0):
+        self.nodes, self.rank, self.factor, self.sent = nodes, 0, np.float32(factor), []
+
+    def allreduce(self, array, compression=None):
+        self.sent.append((array.copy(), compression))
+        return (array * self.factor).astype(np.float32)
+
+
+def _grad(seed, n=1000):
+    rng = np.random.default_rng(seed)
+    g = (rng.standard_normal(n) * rng.choice([1e-5, 1e-3, 0.05, 2.0], n)).astype(np.float32)
+    g[:3] = [0.0, -0.0, 1e-30]
+    return g
+
+
+def bits(a):
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_hook_divides_the_backend_sum(overlap):
+    backend = ScaleBackend(nodes=4)
+    state = wrt.State(backend, overlap=overlap)
+    g = _grad(1)
+    out = wrt.allreduce_hook(state, FakeBucket(0, g)).wait()
+    state.close()
+    assert out.dtype == torch.float32 and out.shape == (g.size,)
+    np.testing.assert_array_equal(bits(backend.sent[0][0]), bits(g))
+    assert backend.sent[0][1] is None
+    want = (g * np.float32(3)).astype(np.float32) / np.float32(4)
+    np.testing.assert_array_equal(bits(out.numpy()), bits(want))
+
+
+def test_error_feedback_carries_exactly_what_compression_dropped():
+    k = 10
+    backend = ScaleBackend(nodes=2, factor=2.0)
+    state = wrt.State(backend, compress_k=k, error_feedback=True)
+    g1, g2 = _grad(2), _grad(3)
+    wrt.allreduce_hook(state, FakeBucket(5, g1)).wait()
+    # step 1 sends g1 unchanged (compressed by the node/driver with k) and keeps g1 - decode(encode(g1))
+    sent1, k1 = backend.sent[0]
+    assert k1 == k
+    np.testing.assert_array_equal(bits(sent1), bits(g1))
+    r1 = g1 - decode(encode(g1, k), g1.size, k)
+    np.testing.assert_array_equal(bits(state.residual(5)), bits(r1))
+    assert np.count_nonzero(r1) > 0  # k = 10 drops something of these gradients
+    # step 2 sends g2 + r1 and keeps what compression drops from that
+    wrt.allreduce_hook(state, FakeBucket(5, g2)).wait()
+    sent2 = backend.sent[1][0]
+    np.testing.assert_array_equal(bits(sent2), bits(g2 + r1))
+    np.testing.assert_array_equal(bits(state.residual(5)), bits(sent2 - decode(encode(sent2, k), g2.size, k)))
+    # another bucket index starts with no residual
+    wrt.allreduce_hook(state, FakeBucket(6, g2)).wait()
+    np.testing.assert_array_equal(bits(backend.sent[2][0]), bits(g2))
+    state.close()
+
+
+def test_without_error_feedback_nothing_is_carried():
+    backend = ScaleBackend(nodes=2)
+    state = wrt.State(backend, compress_k=8)
+    g = _grad(4)
+    for _ in range(2):
+        wrt.allreduce_hook(state, FakeBucket(0, g)).wait()
+    np.testing.assert_array_equal(bits(backend.sent[1][0]), bits(g))
+    assert state.residual(0) is None
+    state.close()
+
+
+def test_backend_errors_reach_the_future():
+    class Broken(ScaleBackend):
+        def allreduce(self, array, compression=None):
+            raise TimeoutError("node 0 sent no result in time")
+
+    state = wrt.State(Broken())
+    fut = wrt.allreduce_hook(state, FakeBucket(0, _grad(5)))
+    with pytest.raises(TimeoutError, match="no result"):
+        fut.wait()
+    state.close()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dtype="bfloat16"), "only float32"),
+    (dict(compress_k=3), "k"),
+    (dict(compress_k=25), "k"),
+    (dict(error_feedback=True), "needs compress_k"),
+])
+def test_bad_state_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        wrt.State(ScaleBackend(), **kwargs)
+
+
+def test_bad_backend_and_bucket_raise():
+    with pytest.raises(TypeError, match="allreduce"):
+        wrt.State(object())
+    state = wrt.State(ScaleBackend())
+    bucket = FakeBucket(0, _grad(6))
+    bucket._buf = bucket._buf.double()
+    with pytest.raises(TypeError, match="float32"):
+        wrt.allreduce_hook(state, bucket)
+    assert state.backend.sent == []
+
+
+def test_import_wirereduce_needs_no_torch():
+    code = "import sys; sys.modules['torch'] = None; import wirereduce, wirereduce.torch, wirereduce.train, " \
+           "wirereduce.cli; print('ok')"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_backend_from_env_errors():
+    with pytest.raises(ValueError, match="exactly one"):
+        wrt.backend_from_env({})
+    with pytest.raises(ValueError, match="WIREREDUCE_RANK"):
+        wrt.backend_from_env({"WIREREDUCE_UNIX": "/nonexistent", "WIREREDUCE_RANK": "x", "WIREREDUCE_NODES": "2"})
+    with pytest.raises(FileNotFoundError, match="sim serve"):
+        wrt.backend_from_env({"WIREREDUCE_UNIX": "/nonexistent", "WIREREDUCE_RANK": "0", "WIREREDUCE_NODES": "2"})
+
+
+# --------------------------------------------------------------------------------------------------
+# real DDP, one process per rank, gloo on localhost
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank, nodes, port, out_dir):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from wirereduce.sim.workloads.gradients import digits_data, make_model
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nodes)
+    X, y, _, _ = digits_data(0)
+    batch = 16
+
+    def batch_of(step):
+        lo = (step * nodes + rank) * batch
+        return torch.from_numpy(X[lo:lo + batch]), torch.from_numpy(y[lo:lo + batch])
+
+    # 1. one step: the local gradients (a plain model) and DDP's averaged gradients (through the hook)
+    xb, yb = batch_of(0)
+    plain = make_model(0)
+    torch.nn.functional.cross_entropy(plain(xb), yb).backward()
+    local = {f"local{i}": p.grad.numpy().copy() for i, p in enumerate(plain.parameters())}
+    state = wrt.State(wrt.LoopbackBackend())
+    model = DDP(make_model(0))
+    model.register_comm_hook(state, wrt.allreduce_hook)
+    torch.nn.functional.cross_entropy(model(xb), yb).backward()
+    avg = {f"avg{i}": p.grad.numpy().copy() for i, p in enumerate(model.parameters())}
+
+    # 2. a short training run with the hook, and the same with DDP's own gloo allreduce
+    def run(hooked):
+        m = DDP(make_model(0))
+        if hooked:
+            m.register_comm_hook(wrt.State(wrt.LoopbackBackend()), wrt.allreduce_hook)
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        losses = []
+        for step in range(12):
+            xb, yb = batch_of(step)
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(xb), yb)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        return np.array(losses)
+
+    hook_losses, gloo_losses = run(True), run(False)
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), hook=hook_losses, gloo=gloo_losses, **local, **avg)
+    state.close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_ddp_hook_is_the_golden_ring_sum_over_n(nodes, tmp_path):
+    from wirereduce.sim.golden.allreduce import ring_allreduce
+
+    torch.multiprocessing.spawn(_ddp_worker, args=(nodes, _free_port(), str(tmp_path)), nprocs=nodes, join=True)
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(nodes)]
+    params = sorted(k for k in ranks[0] if k.startswith("local"))
+    assert len(params) == 6
+    for key in params:
+        i = key[len("local"):]
+        shape = ranks[0][key].shape
+        want = ring_allreduce([r[key].reshape(-1) for r in ranks]) / np.float32(nodes)
+        for r in ranks:  # every rank holds the same averaged gradient, bit for bit
+            np.testing.assert_array_equal(bits(r[f"avg{i}"].reshape(-1)), bits(want.reshape(-1)))
+            assert r[f"avg{i}"].shape == shape
+    # the loss falls, and follows DDP's own gloo allreduce (another summation order) to 1e-4
+    hook, gloo = ranks[0]["hook"], ranks[0]["gloo"]
+    assert hook[-3:].mean() < hook[:3].mean() - 0.1, hook
+    np.testing.assert_allclose(hook, gloo, rtol=1e-4, atol=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# the launcher
+
+
+def test_train_cli_runs():
+    r = subprocess.run([sys.executable, "-m", "wirereduce.cli", "train", "--nodes", "2", "--epochs", "1",
+                        "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "epoch 1/1: loss" in r.stdout and "test accuracy" in r.stdout
+    assert "bucket of     3,818 elements" in r.stdout
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--nodes", "1"], "nodes"),
+    (["--nodes", "17"], "nodes"),
+    (["--epochs", "0"], "epochs"),
+    (["--compress", "99"], "k"),
+    (["--error-feedback"], "compression"),
+    (["--batch", "0"], "batch"),
+    (["--steps", "0"], "steps"),
+])
+def test_train_bad_arguments_fail_before_any_process(argv, match, monkeypatch, capsys):
+    import wirereduce.train
+
+    def no(*a, **k):
+        raise AssertionError("a training process was started")
+
+    monkeypatch.setattr(wirereduce.train, "train", no)
+    monkeypatch.setattr(torch.multiprocessing, "spawn", no)
+    assert cli.main(["train", *argv]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_train_bad_choice_is_an_argparse_error():
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--model", "resnet"])
+    assert e.value.code == 2
