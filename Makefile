@@ -16,7 +16,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,demo,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,demo,torch,bench]'
 	touch $@
 
 demo: $(STAMP)  ## Verilog of one node, then a 4-node simulated ring allreduces real CNN gradients, checked bit for bit

@@ -169,7 +169,6 @@ def _free_port():
 def _ddp_worker(rank, nodes, port, out_dir):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-
     from wirereduce.sim.workloads.gradients import digits_data, make_model
 
     torch.set_num_threads(1)
