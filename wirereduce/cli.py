@@ -668,14 +668,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "communication hook (wirereduce.torch), trains on scikit-learn's digits and "
                                    "prints per-epoch loss and test accuracy (rank 0). --backend loopback: the "
                                    "golden ring sum after a gloo exchange (no network); --backend sim: the "
-                                   "simulated boards of `wirereduce sim serve --unix`, one RankDriver per rank.")
+                                   "simulated boards of `wirereduce sim serve --unix`, one RankDriver per rank; "
+                                   "--backend gloo: the baseline without the hook. Then a table per bucket size: "
+                                   "time in the backend, time backward() was blocked, overlap fraction.")
     p.add_argument("--nodes", type=int, default=2, help="ranks, 2 … 16 (default: 2)")
     p.add_argument("--epochs", type=int, default=1, help="epochs (default: 1)")
     p.add_argument("--model", choices=("digits", "mlp"), default="digits",
                    help="digits: the demo CNN (3,818 parameters); mlp: 1,125,386 parameters in 5 buckets "
                         "(default: digits)")
-    p.add_argument("--backend", choices=("loopback", "sim"), default="loopback",
-                   help="loopback (default) or sim (wirereduce sim serve)")
+    p.add_argument("--backend", choices=("loopback", "sim", "gloo"), default="loopback",
+                   help="loopback (default): the golden ring after a gloo exchange; sim: wirereduce sim serve; "
+                        "gloo: the baseline, DDP's own allreduce without the hook")
     p.add_argument("--compress", type=int, default=None, metavar="K",
                    help="INCEPTIONN-compressed buckets, error bound 2^-K (4 … 24)")
     p.add_argument("--error-feedback", action="store_true",

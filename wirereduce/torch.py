@@ -140,6 +140,8 @@ class State:
         self._executor = None
         self._lock = threading.Lock()
         self._layout = {}
+        #: ``time.perf_counter()`` of the last hook call (when DDP handed over the last bucket).
+        self.last_call = None
 
     @property
     def world_size(self) -> int:
@@ -230,6 +232,7 @@ def allreduce_hook(state: State, bucket):
         If the bucket is not float32 (``state.dtype``), before anything is sent.
     """
     torch = require_torch()
+    state.last_call = time.perf_counter()
     buf = bucket.buffer()
     if buf.dtype != torch.float32:
         raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}; only float32 buckets are carried")

@@ -4,7 +4,8 @@ Each rank is a process (``torch.multiprocessing`` spawn) with a gloo process gro
 for DDP's broadcast and barriers; its DDP model registers :func:`wirereduce.torch.allreduce_hook`,
 so every gradient bucket is summed by the ring (the loopback backend: the golden model after a
 gloo exchange; the sim backend: ``wirereduce sim serve --unix`` with one
-:class:`~wirereduce.host.rank.RankDriver` per rank) and averaged. The data set is scikit-learn's
+:class:`~wirereduce.host.rank.RankDriver` per rank) and averaged; the gloo backend is the
+baseline, DDP's own allreduce without the hook. The data set is scikit-learn's
 handwritten digits (:func:`wirereduce.sim.workloads.gradients.digits_data`), each rank training
 on its own shard of every epoch's permutation.
 
@@ -31,7 +32,7 @@ from wirereduce.codec import check_k
 __all__ = ["TrainConfig", "train", "make_mlp", "MODELS", "BACKENDS"]
 
 MODELS = ("digits", "mlp")
-BACKENDS = ("loopback", "sim")
+BACKENDS = ("loopback", "sim", "gloo")
 #: DDP bucket cap (MB); the MLP's 1024 × 1024 weight alone is 4 MB, one bucket.
 BUCKET_CAP_MB = 1.0
 MLP_HIDDEN = 1024
@@ -77,6 +78,8 @@ class TrainConfig:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.compress is not None:
             self.compress = check_k(self.compress)
+        if self.backend == "gloo" and self.compress is not None:
+            raise ValueError("the gloo baseline does not compress: --compress needs --backend loopback or sim")
         if self.error_feedback and self.compress is None:
             raise ValueError("error feedback needs compression (--compress K)")
         if not isinstance(self.lr, (int, float)) or not 0 < self.lr < 100:
@@ -120,11 +123,14 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.nodes)
     try:
-        backend = wrt.LoopbackBackend() if cfg.backend == "loopback" else wrt.backend_from_env(
-            config=_sim_config(cfg))
-        state = wrt.State(backend, compress_k=cfg.compress, error_feedback=cfg.error_feedback)
         model = DDP(_model(cfg.model, cfg.seed), bucket_cap_mb=BUCKET_CAP_MB)
-        model.register_comm_hook(state, wrt.allreduce_hook)
+        backend = state = None
+        if cfg.backend != "gloo":
+            backend = wrt.LoopbackBackend() if cfg.backend == "loopback" else wrt.backend_from_env(
+                config=_sim_config(cfg))
+            state = wrt.State(backend, compress_k=cfg.compress, error_feedback=cfg.error_feedback)
+            model.register_comm_hook(state, wrt.allreduce_hook)
+        backward_s = blocked_s = 0.0
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         X, y, Xt, yt = digits_data(cfg.seed)
         shard = len(y) // cfg.nodes
@@ -144,7 +150,13 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
                 xb, yb = torch.from_numpy(X[idx]), torch.from_numpy(y[idx])
                 opt.zero_grad(set_to_none=True)
                 loss = torch.nn.functional.cross_entropy(model(xb), yb)
+                t0 = time.perf_counter()
                 loss.backward()
+                t1 = time.perf_counter()
+                backward_s += t1 - t0
+                if state is not None and state.last_call is not None:
+                    # from the last bucket handed to the hook to backward()'s return: DDP waiting for the ring
+                    blocked_s += t1 - max(state.last_call, t0)
                 opt.step()
                 losses.append(float(loss.detach()))
                 if bar is not None:
@@ -160,23 +172,31 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
                 (bar.write(msg) if bar is not None else print(msg, flush=True))
         if bar is not None:
             bar.close()
-        state.close()
+        timings = [] if state is None else state.timings
+        if state is not None:
+            state.close()
         if rank == 0:
             wall = time.perf_counter() - t_start
-            sizes = {}
-            for _, n, sec in state.timings:
-                sizes.setdefault(n, []).append(sec)
-            print(f"{len(state.timings)} bucket allreduces in {wall:.2f} s of training "
-                  f"({cfg.nodes} ranks, {cfg.backend} backend):")
-            for n in sorted(sizes):
-                v = sizes[n]
-                print(f"  bucket of {n:>9,} elements: {len(v):>5} × {1e3 * sum(v) / len(v):8.3f} ms in the backend")
+            print(f"{wall:.2f} s of training ({cfg.nodes} ranks, {cfg.backend} backend); rank 0: "
+                  f"{backward_s:.2f} s in backward()", flush=True)
+            if timings:
+                sizes = {}
+                for _, n, sec in timings:
+                    sizes.setdefault(n, []).append(sec)
+                comm = sum(sec for _, _, sec in timings)
+                print(f"  {'bucket (elements)':>18} {'allreduces':>10} {'ms in backend':>14}")
+                for n in sorted(sizes):
+                    v = sizes[n]
+                    print(f"  {n:>18,} {len(v):>10} {1e3 * sum(v) / len(v):>14.3f}")
+                overlap = 1 - blocked_s / comm if comm > 0 else 0.0
+                print(f"  backend {comm:.2f} s, backward() blocked after its last bucket {blocked_s:.2f} s: "
+                      f"overlap fraction {overlap:.2f}", flush=True)
             if out:
                 import json
                 with open(out, "w") as f:
-                    json.dump({"config": asdict(cfg), "history": history,
-                               "timings": [list(t) for t in state.timings]}, f)
-        if hasattr(backend, "close"):
+                    json.dump({"config": asdict(cfg), "history": history, "backward_s": backward_s,
+                           "blocked_s": blocked_s, "timings": [list(t) for t in timings]}, f)
+        if backend is not None and hasattr(backend, "close"):
             backend.close()
     finally:
         dist.destroy_process_group()
