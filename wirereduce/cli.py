@@ -532,7 +532,8 @@ def cmd_train(args) -> int:
 
     cfg = TrainConfig(nodes=args.nodes, epochs=args.epochs, model=args.model, backend=args.backend,
                       compress=args.compress, error_feedback=args.error_feedback, batch=args.batch, lr=args.lr,
-                      seed=args.seed, steps=args.steps, progress=not args.no_progress)
+                      seed=args.seed, steps=args.steps, progress=not args.no_progress,
+                      golden_check=args.check)
     try:
         cfg.check()
     except ValueError as e:
@@ -688,6 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
     p.add_argument("--steps", type=int, default=None, help="at most this many steps per epoch (default: all)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the loss/accuracy history and bucket timings")
+    p.add_argument("--check", action="store_true",
+                   help="with --backend sim: compare every bucket's sum bit for bit with the golden model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 

@@ -48,8 +48,8 @@ import numpy as np
 
 from wirereduce.codec import check_k, quantize
 
-__all__ = ["State", "allreduce_hook", "LoopbackBackend", "RankBackend", "backend_from_env", "require_torch",
-           "ENV_IFACE", "ENV_UNIX", "ENV_RANK", "ENV_NODES", "ENV_NODE_MAC", "ENV_TIMEOUT"]
+__all__ = ["State", "allreduce_hook", "LoopbackBackend", "RankBackend", "CheckedBackend", "backend_from_env",
+           "require_torch", "ENV_IFACE", "ENV_UNIX", "ENV_RANK", "ENV_NODES", "ENV_NODE_MAC", "ENV_TIMEOUT"]
 
 #: Environment of :func:`backend_from_env` (what ``wirereduce train --backend sim`` sets per rank).
 ENV_IFACE = "WIREREDUCE_IFACE"
@@ -323,14 +323,58 @@ class RankBackend:
         self.transport = transport
         self.nodes = driver.nodes
         self.rank = driver.rank
+        # one event loop for every bucket: the transport's asyncio objects are bound to the loop that
+        # first used them (RankDriver.allreduce's asyncio.run makes a new loop per call)
+        self._loop = None
 
     def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
-        """``RankDriver.allreduce``: the node's ring sum (raises ChunksLost/TimeoutError/DriverError)."""
-        return self.driver.allreduce(np.ascontiguousarray(array, dtype=np.float32).reshape(-1), compression)
+        """``RankDriver.allreduce_async`` on this backend's event loop: the node's ring sum
+        (raises ChunksLost/TimeoutError/DriverError). Call from one thread at a time."""
+        import asyncio
+
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        array = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        return self._loop.run_until_complete(self.driver.allreduce_async(array, compression))
 
     def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
         if self.transport is not None:
             self.transport.close()
+
+
+class CheckedBackend:
+    """``backend``'s sums, each compared bit for bit with ``reference``'s (e.g. a node's against
+    :class:`LoopbackBackend`'s golden model); raises RuntimeError naming the differing elements.
+
+    Both must be called at every rank in the same order (the reference's collectives too)."""
+
+    def __init__(self, backend, reference):
+        _check_backend(backend)
+        _check_backend(reference)
+        if (backend.nodes, backend.rank) != (reference.nodes, reference.rank):
+            raise ValueError(f"backend is rank {backend.rank} of {backend.nodes}, "
+                             f"reference rank {reference.rank} of {reference.nodes}")
+        self.backend, self.reference = backend, reference
+        self.nodes, self.rank = backend.nodes, backend.rank
+        self.checked = 0
+
+    def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
+        got = np.asarray(self.backend.allreduce(array, compression=compression))
+        want = np.asarray(self.reference.allreduce(array, compression=compression))
+        bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32)) if got.shape == want.shape else [0]
+        if len(bad):
+            raise RuntimeError(f"rank {self.rank}: allreduce {self.checked}: {len(bad)} of {want.size} elements "
+                               f"differ from the reference (first at {bad[0]})")
+        self.checked += 1
+        return got
+
+    def close(self) -> None:
+        for b in (self.backend, self.reference):
+            if hasattr(b, "close"):
+                b.close()
 
 
 def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:

@@ -44,7 +44,8 @@ class TrainConfig:
 
     nodes: ranks (2 … 16); epochs ≥ 1; model in MODELS; backend in BACKENDS; compress: INCEPTIONN
     k (4 … 24) or None; error_feedback needs compress; batch: images per rank and step; lr: SGD
-    step; seed ≥ 0; steps: stop each epoch after this many steps (None: the whole shard).
+    step; seed ≥ 0; steps: stop each epoch after this many steps (None: the whole shard); golden_check: with
+    the sim backend, compare every bucket's sum bit for bit with the golden model (loopback).
     """
 
     nodes: int = 2
@@ -58,6 +59,7 @@ class TrainConfig:
     seed: int = 0
     steps: int | None = None
     progress: bool = True
+    golden_check: bool = False
 
     def check(self) -> TrainConfig:
         """Raises ValueError on any bad option."""
@@ -80,6 +82,8 @@ class TrainConfig:
             self.compress = check_k(self.compress)
         if self.backend == "gloo" and self.compress is not None:
             raise ValueError("the gloo baseline does not compress: --compress needs --backend loopback or sim")
+        if self.golden_check and self.backend != "sim":
+            raise ValueError("--check compares the simulated boards with the golden model: it needs --backend sim")
         if self.error_feedback and self.compress is None:
             raise ValueError("error feedback needs compression (--compress K)")
         if not isinstance(self.lr, (int, float)) or not 0 < self.lr < 100:
@@ -126,8 +130,12 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
         model = DDP(_model(cfg.model, cfg.seed), bucket_cap_mb=BUCKET_CAP_MB)
         backend = state = None
         if cfg.backend != "gloo":
-            backend = wrt.LoopbackBackend() if cfg.backend == "loopback" else wrt.backend_from_env(
-                config=_sim_config(cfg))
+            if cfg.backend == "loopback":
+                backend = wrt.LoopbackBackend()
+            else:
+                backend = wrt.backend_from_env(config=_sim_config(cfg))
+                if cfg.golden_check:
+                    backend = wrt.CheckedBackend(backend, wrt.LoopbackBackend())
             state = wrt.State(backend, compress_k=cfg.compress, error_feedback=cfg.error_feedback)
             model.register_comm_hook(state, wrt.allreduce_hook)
         backward_s = blocked_s = 0.0
@@ -189,6 +197,9 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
                     v = sizes[n]
                     print(f"  {n:>18,} {len(v):>10} {1e3 * sum(v) / len(v):>14.3f}")
                 overlap = 1 - blocked_s / comm if comm > 0 else 0.0
+                if cfg.golden_check:
+                    print(f"  every bucket's sum bit-identical to the golden model ({backend.checked} checked "
+                          f"at rank 0)")
                 print(f"  backend {comm:.2f} s, backward() blocked after its last bucket {blocked_s:.2f} s: "
                       f"overlap fraction {overlap:.2f}", flush=True)
             if out:
