@@ -243,7 +243,7 @@ def test_train_cli_runs():
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "epoch 1/1: loss" in r.stdout and "test accuracy" in r.stdout
-    assert "bucket of     3,818 elements" in r.stdout
+    assert "             3,818 " in r.stdout and "overlap fraction" in r.stdout
 
 
 @pytest.mark.parametrize("argv, match", [
