@@ -119,7 +119,8 @@ class Node(wiring.Component):
 
         # Host: CONTROL / STATS_REQUEST answered with STATS; pushed chunks go to the local buffer
         # (ranks > 0) or straight into the ring (rank 0).
-        host_input(m, host_gate, status, run, slots, events, cfg.max_elements, cfg.codec)
+        quiet = ~(host_gate.busy | cw_gate.busy | ccw_gate.busy | pipe.busy)
+        host_input(m, host_gate, status, run, slots, events, cfg.max_elements, cfg.codec, quiet)
         filled = slots.write(m, pipe, host_gate.o, run.is_first, (cfg.slot_beats - 1).bit_length())
         # Clockwise input: REDUCE frames wait for their local chunk; the pipeline's last read frees it.
         reduce_input(m, cw_gate, run, slots, events, cfg.max_elements, cfg.codec)
