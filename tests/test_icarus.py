@@ -60,7 +60,7 @@ def test_eth_allreduce_on_icarus(tmp_path):
     arrays = [rng.standard_normal(150).astype(np.float32) for _ in range(2)]
     setup = SimSetup(nodes=2, config=NodeConfig(64, 588, 4), links="eth", simulator="icarus")
     (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays}, ][:1], build_root=tmp_path,
-                      timeout_cycles=40_000)
+                      timeout_cycles=5_000)
     want = ring_allreduce(arrays)
     for k, got in enumerate(rec["results"]):
         assert bit_mismatches(got, want).size == 0, f"node {k} differs from the golden sum"

@@ -722,6 +722,9 @@ class RxDropBad(wiring.Component):
         good = Signal()
         left = Signal(nbits)
         stored = data.View(blay, beats.r_data)
+        # The whole payload in one unconditional assignment, ``bad`` (always 0 here: bad frames
+        # are dropped) included: no constant-only ``always @*`` block for Icarus to leave X.
+        m.d.comb += self.o.payload.eq(Cat(stored.data, stored.keep, left == 1, Const(0, 1)))
         with m.If(~active):
             m.d.comb += verdicts.r_en.eq(verdicts.r_rdy)
             with m.If(verdicts.r_rdy):
@@ -731,9 +734,6 @@ class RxDropBad(wiring.Component):
             with m.If(good):
                 m.d.comb += [
                     self.o.valid.eq(beats.r_rdy),
-                    self.o.payload.data.eq(stored.data),
-                    self.o.payload.keep.eq(stored.keep),
-                    self.o.payload.last.eq(left == 1),
                     pop.eq(self.o.valid & self.o.ready),
                 ]
             with m.Else():
