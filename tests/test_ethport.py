@@ -109,13 +109,19 @@ def test_eth_header_and_parameters():
 
     # The crossing is its own component around the single-clock pieces, not a flag: same node side.
     single, board = EthPort10G(MTU), EthPort10GCdc(MTU)
-    shared = {"tx", "rx", "link_up", "block_lock", "hi_ber", "stats", "tx_tap", "tx_tap_valid"}
+    shared = {"tx", "rx", "link_up", "block_lock", "hi_ber", "stats", "tx_tap", "tx_tap_valid",
+              "rank", "nodes", "control_taken"}
     assert set(single.signature.members) == shared | {"line_tx", "line_rx"}
     assert set(board.signature.members) == shared | {"gt_tx_data", "gt_rx_data"}
     for port in (single, board):
         Fragment.get(port, None)
     with pytest.raises(ValueError, match="dst"):
         EthFramer(dst=-1)
+    with pytest.raises(ValueError, match="role"):
+        EthPort10G(MTU, role="cw")
+    with pytest.raises(ValueError, match="low 16 bits"):
+        EthPort10G(MTU, role="host", mac_prefix=0x02_77_72_00_00_01)
+    assert role_mac(DEFAULT_MAC_PREFIX, 3, "prev") == 0x02_77_72_00_03_01
 
 
 def test_back_to_back_random_frames_bitexact():
