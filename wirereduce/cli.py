@@ -105,8 +105,6 @@ def simulate_allreduce(arrays, args, progress=True):
             check_k(k)
         except ValueError as e:
             raise CliError(f"--compress: {e}") from e
-        if links != "model":
-            raise CliError("--compress runs on link models: it does not combine with --links eth")
     config = _node_config(args, codec=k is not None)
     try:
         sim = args.simulator or default_simulator()

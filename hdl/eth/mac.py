@@ -523,16 +523,19 @@ class MacRx(wiring.Component):
                     m.d.comb += crc_fin.eq(crc_update(crc_reg, a_d, k))
         total = Signal(range(max_frame + 3 * _LANES))
         m.d.comb += total.eq(cnt + j)
+        # Every field of the verdict is one expression of the frame, ``code`` included (never set
+        # here: a code error ends the frame elsewhere), so the Verilog is one continuous assign.
+        # A field left to a constant-only ``always @*`` block stays X under Icarus 11, which never
+        # runs a block with no inputs (tests/test_icarus.py).
         verdict = Signal(rx_error_layout())
-        with m.If(total > max_frame):
-            m.d.comb += verdict.oversize.eq(1)
-        with m.Elif(total < MIN_FRAME_BYTES):
-            m.d.comb += verdict.runt.eq(1)
-        with m.Elif(crc_fin[::-1] != FCS_ALGORITHM(8).residue()):
-            # A frame whose FCS was sent inverted leaves residue 0: the register starts from the
-            # output XOR (as for the residue, amaranth.lib.crc.Parameters.residue), the inversion
-            # undoes that XOR, and 32 zero bits leave 0. Any other mismatch is a link error.
-            m.d.comb += [verdict.stomped.eq(crc_fin == 0), verdict.fcs.eq(crc_fin != 0)]
+        oversize = total > max_frame
+        runt = ~oversize & (total < MIN_FRAME_BYTES)
+        # A frame whose FCS was sent inverted leaves residue 0: the register starts from the
+        # output XOR (as for the residue, amaranth.lib.crc.Parameters.residue), the inversion
+        # undoes that XOR, and 32 zero bits leave 0. Any other mismatch is a link error.
+        crc_bad = ~oversize & ~runt & (crc_fin[::-1] != FCS_ALGORITHM(8).residue())
+        m.d.comb += verdict.eq(Cat(crc_bad & (crc_fin != 0), runt, oversize, Const(0, 1),
+                                   crc_bad & (crc_fin == 0)))
 
         # Output register; the beat after a /T/ column (j > 4) waits one cycle in pend_*.
         o = self.o.payload
@@ -719,6 +722,9 @@ class RxDropBad(wiring.Component):
         good = Signal()
         left = Signal(nbits)
         stored = data.View(blay, beats.r_data)
+        # The whole payload in one unconditional assignment, ``bad`` (always 0 here: bad frames
+        # are dropped) included: no constant-only ``always @*`` block for Icarus to leave X.
+        m.d.comb += self.o.payload.eq(Cat(stored.data, stored.keep, left == 1, Const(0, 1)))
         with m.If(~active):
             m.d.comb += verdicts.r_en.eq(verdicts.r_rdy)
             with m.If(verdicts.r_rdy):
@@ -728,9 +734,6 @@ class RxDropBad(wiring.Component):
             with m.If(good):
                 m.d.comb += [
                     self.o.valid.eq(beats.r_rdy),
-                    self.o.payload.data.eq(stored.data),
-                    self.o.payload.keep.eq(stored.keep),
-                    self.o.payload.last.eq(left == 1),
                     pop.eq(self.o.valid & self.o.ready),
                 ]
             with m.Else():

@@ -76,15 +76,54 @@ from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_mtu
-from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETH_PORTS, ETHERTYPE, HEADER_BYTES
+from wirereduce.protocol import (
+    ETH_HEADER_BYTES,
+    ETH_MIN_PAYLOAD_BYTES,
+    ETH_PORT_COUNTERS,
+    ETH_PORTS,
+    ETHERTYPE,
+    HEADER_BYTES,
+    Codec,
+    Flag,
+    Opcode,
+)
 
-__all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
+__all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "DEFAULT_MAC_PREFIX", "PORT_ROLES", "role_mac",
+           "check_mac_prefix", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
            "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "port_counters", "EthFramer", "EthDeframer",
            "TX_LINE_COUNTERS", "RX_LINE_COUNTERS", "MacPcsTx", "MacPcsRx", "EthPort10G", "EthPort10GCdc"]
 
 #: Locally administered unicast addresses (IEEE 802 U/L bit set) used when none is given.
 DEFAULT_LOCAL_MAC = 0x02_77_72_00_00_00
 DEFAULT_PEER_MAC = 0x02_77_72_00_00_01
+#: The locally administered prefix of the addresses a port derives from its node's rank
+#: (:func:`role_mac`): ``02:77:72:00:rr:pp``.
+DEFAULT_MAC_PREFIX = 0x02_77_72_00_00_00
+#: The roles of a port whose addresses follow its node (:class:`EthPort10G` ``role``) and the port
+#: index each puts in the low byte of its address: ``next`` faces rank + 1 (sends REDUCE, hears
+#: BROADCAST), ``prev`` faces rank − 1 (sends BROADCAST, hears REDUCE), ``host`` the host.
+PORT_ROLES = {"next": 0, "prev": 1, "host": 2}
+
+
+def role_mac(prefix: int, rank: int, role: str) -> int:
+    """The address of the ``role`` port of the node at ``rank``: ``prefix | rank << 8 | index``
+    (:data:`PORT_ROLES`); what :class:`EthPort10G` with ``role`` computes in gateware, e.g.
+    ``role_mac(DEFAULT_MAC_PREFIX, 3, "prev") == 0x02_77_72_00_03_01``."""
+    return check_mac_prefix(prefix) | (rank << 8) | PORT_ROLES[role]
+
+
+def check_mac_prefix(prefix) -> int:
+    """Validate a :func:`role_mac` prefix: a 48-bit int whose low 16 bits are 0; returns it.
+
+    Raises
+    ------
+    ValueError
+        If it is not a 48-bit int or its low 16 bits (rank and port) are not 0.
+    """
+    check_mac("mac_prefix", prefix)
+    if prefix & 0xFFFF:
+        raise ValueError(f"mac_prefix must have its low 16 bits 0 (rank and port go there), not {prefix:#014x}")
+    return prefix
 #: Transceiver word width (bits) and word clock (MHz) of the board port: 10.3125 Gbaud / 32.
 GT_WORD_BITS = 32
 GT_CLOCK_MHZ = 322.265625
@@ -228,6 +267,9 @@ class EthFramer(wiring.Component):
     o : Out(FrameStream(64))
         Ethernet frames without FCS.
     enable : In(1)
+    dst_mac, src_mac : In(48)
+        The addresses put on each frame (read as its first beat leaves); undriven, ``dst`` and
+        ``src``. A port whose addresses follow the node's rank drives them.
 
     Raises
     ------
@@ -242,6 +284,7 @@ class EthFramer(wiring.Component):
             "i": In(FrameStream(64)),
             "o": Out(FrameStream(64)),
             "enable": In(1, init=1),
+            "dst_mac": In(48, init=dst), "src_mac": In(48, init=src),
         })
 
     def elaborate(self, platform):
@@ -250,7 +293,8 @@ class EthFramer(wiring.Component):
         started = Signal()               # the frame's first beat has left: it finishes, enable or not
         go = self.enable | started
         m.d.comb += [
-            ra.head.eq(int.from_bytes(self.header, "little")),
+            ra.head.eq(Cat(*(mac[8 * k:8 * k + 8] for mac in (self.dst_mac, self.src_mac) for k in reversed(range(6))),
+                           Const(int.from_bytes(self.header[12:], "little"), 16))),
             ra.i.payload.eq(self.i.payload),
             ra.i.valid.eq(self.i.valid & go),
             self.i.ready.eq(ra.i.ready & go),
@@ -269,20 +313,37 @@ class EthDeframer(wiring.Component):
     - A frame too short to carry the header plus 3 bytes (≤ 16 bytes) is dropped and counted in
       ``short_drops`` (:class:`~wirereduce.hdl.eth.mac.MacRx` never passes one: a good frame has at
       least 60 bytes).
-    - **Padding.** The MAC pads short frames to 60 bytes (clause 3.2.8) and Ethernet carries no
-      length for an EtherType frame, so the upper layer knows its own: for ``codec = NONE``
-      (header byte 3) the frame is cut to ``16 + 4·count`` bytes when it is longer (CONTROL,
-      STATS_REQUEST and short data frames). Compressed frames (``codec ≠ NONE``) are passed
-      uncut: their length is in their tags, so one shorter than 46 bytes keeps its padding.
+    - **Source filter** (``source_filter=True``): a frame whose source address (bytes 6–11) is not
+      ``expect`` while ``expect_valid`` is high is dropped whole and counted in ``source_drops``,
+      unless its opcode (frame byte 15) is one of ``open_opcodes`` (the host port's CONTROL and
+      STATS_REQUEST, which any host may send). While ``expect_valid`` is low only those pass.
+      ``ctrl_src`` is the source address of the last CONTROL frame passed on. Checks in this
+      order: short, EtherType, source.
+    - **Padding** (clause 3.2.8: the MAC pads a frame to 60 bytes, a 46-byte payload, and an
+      EtherType frame carries no length). Only a frame whose wirereduce part is **exactly 46
+      bytes** is cut, to the length its header claims when that is shorter: 16 bytes for CONTROL,
+      STATS_REQUEST, STATS and ``flags & LOST`` placeholders; ``16 + 4·count`` for
+      ``codec = NONE``; for ``codec = INCEPTIONN_V1`` ``16 + tag_bytes(count) + Σ code bytes``,
+      read from the tags (docs/codec.md). A frame of any other length is never cut, so the
+      node's own length checks see what really arrived (a hostile over-long frame is not
+      hidden), and so is a 46-byte frame whose claim is longer than 46 (the decompressor drops a
+      compressed one).
 
     The header comes off in a :class:`~wirereduce.hdl.stream.realign.Realigner` (strip 14 bytes):
     output beat ``j`` is input bytes ``14 + 8j … 21 + 8j``; the two header beats are taken without
     output, then one beat out for every beat in. On the realigner's side channel each beat carries
-    whether its frame is dropped (EtherType, length: decided as input beats 0 and 1 go in), and
-    whether it is the input frame's last beat, with its ``bad``; the drop and the padding cut are
-    done on the realigner's output. ``bad`` on an input frame's last beat goes to its output
-    frame's last beat; the last output beat of a frame cut short of its padding therefore waits
-    until the padding's last beat (the verdict) has arrived, and leaves in that cycle.
+    whether its frame is dropped (EtherType, length, source: decided as input beats 0 and 1 go
+    in). A frame that may be padded (claim < 46 bytes, or a compressed one of at most 96
+    elements) is held from its output beat 1 on in a 6-beat buffer until its end or its 47th
+    byte shows whether it is padded; then the buffer leaves cut, or whole and unchanged, and a
+    longer frame streams on. ``bad`` of the input's last beat goes to the output's last beat.
+
+    Parameters
+    ----------
+    source_filter : bool
+        Check source addresses (default False: every source passes, ``source_drops`` stays 0).
+    open_opcodes : tuple of int
+        Opcodes that pass from any source.
 
     Attributes
     ----------
@@ -291,23 +352,28 @@ class EthDeframer(wiring.Component):
         any with the verdict in ``bad`` (from :class:`~wirereduce.hdl.eth.mac.RxCutThrough`).
     o : Out(FrameStream(64))
         Wirereduce frames.
-    frames, ethertype_drops, short_drops : Out(32)
+    expect : In(48); expect_valid : In(1)
+        The one source address that passes (besides ``open_opcodes``), and whether there is one.
+    ctrl_src : Out(48)
+        Source address of the last CONTROL frame passed on (0 before).
+    frames, ethertype_drops, short_drops, source_drops : Out(32)
         Wrapping counters.
     """
 
-    def __init__(self):
+    def __init__(self, source_filter: bool = False, open_opcodes: tuple = ()):
+        self.source_filter = bool(source_filter)
+        self.open_opcodes = tuple(int(op) for op in open_opcodes)
         super().__init__({
             "i": In(FrameStream(64)),
             "o": Out(FrameStream(64)),
-            "frames": Out(32), "ethertype_drops": Out(32), "short_drops": Out(32),
+            "expect": In(48), "expect_valid": In(1), "ctrl_src": Out(48),
+            "frames": Out(32), "ethertype_drops": Out(32), "short_drops": Out(32), "source_drops": Out(32),
         })
 
     def elaborate(self, platform):
         m = Module()
         i, o = self.i, self.o
-        # Side channel: the frame is dropped; the input frame's last beat (taken in this output
-        # beat's cycle) and its bad.
-        side = data.StructLayout({"drop": 1, "end": 1, "bad": 1})
+        side = data.StructLayout({"drop": 1})
         m.submodules.realign = ra = Realigner(64, strip=ETH_HEADER_BYTES, side=side)
 
         # ---- Input: mark the beats of frames to drop, decided on input beats 0 and 1. ----
@@ -315,20 +381,29 @@ class EthDeframer(wiring.Component):
         idx = Signal(range(3))                   # input beat of the frame: 0, 1, 2 = any later one
         dropping = Signal()                      # the current frame is dropped (from its beat 1 on)
         drop_now = Signal()
+        src_hi = Signal(16)                      # frame bytes 6–7 (input beat 0)
         ethertype = int.from_bytes(ETHERTYPE.to_bytes(2, "big"), "little")
         wrong_type = beat.data[32:48] != ethertype   # frame bytes 12–13, in input beat 1
+        src_bytes = [src_hi[0:8], src_hi[8:16]] + [beat.data[8 * k:8 * k + 8] for k in range(4)]
+        src = Cat(*reversed(src_bytes))          # bytes 6 … 11, most significant first on the wire
+        opcode = beat.data[56:64]                # frame byte 15: wirereduce byte 1
+        wrong_src = Signal()
+        if self.source_filter:
+            open_op = 0
+            for op in self.open_opcodes:
+                open_op = open_op | (opcode == op)
+            m.d.comb += wrong_src.eq(~open_op & ~(self.expect_valid & (src == self.expect)))
         with m.Switch(idx):
             with m.Case(0):
                 m.d.comb += drop_now.eq(beat.last)
             with m.Case(1):
-                m.d.comb += drop_now.eq(beat.last | wrong_type)
+                m.d.comb += drop_now.eq(beat.last | wrong_type | wrong_src)
             with m.Default():
                 m.d.comb += drop_now.eq(dropping)
         m.d.comb += [
             ra.i.payload.data.eq(beat.data), ra.i.payload.keep.eq(beat.keep),
             ra.i.payload.last.eq(beat.last), ra.i.payload.bad.eq(beat.bad),
-            ra.i.payload.side.drop.eq(drop_now), ra.i.payload.side.end.eq(beat.last),
-            ra.i.payload.side.bad.eq(beat.bad),
+            ra.i.payload.side.drop.eq(drop_now),
             ra.i.valid.eq(i.valid), i.ready.eq(ra.i.ready),
         ]
         with m.If(i.valid & i.ready):
@@ -336,83 +411,124 @@ class EthDeframer(wiring.Component):
                 m.d.sync += idx.eq(0)
             with m.Elif(idx < 2):
                 m.d.sync += idx.eq(idx + 1)
+            with m.If(idx == 0):
+                m.d.sync += src_hi.eq(beat.data[48:64])
             with m.If(idx == 1):
                 m.d.sync += dropping.eq(drop_now)
+                with m.If(~drop_now & (opcode == Opcode.CONTROL)):
+                    m.d.sync += self.ctrl_src.eq(src)
             with m.If((idx < 2) & beat.last):
                 m.d.sync += self.short_drops.eq(self.short_drops + 1)
             with m.Elif((idx == 1) & wrong_type):
                 m.d.sync += self.ethertype_drops.eq(self.ethertype_drops + 1)
+            with m.Elif((idx == 1) & wrong_src):
+                m.d.sync += self.source_drops.eq(self.source_drops + 1)
 
-        # ---- Output: drop marked frames, cut the padding. ----
+        # ---- Output: drop marked frames; hold frames that may be padded, then cut or replay. ----
         r = ra.o
         rb = r.payload
         n = _nbytes(m, rb.keep)
-        pos = Signal(16)                         # frame bytes sent so far (8 a beat)
-        codec_none = Signal()
-        limit = Signal(range(HEADER_BYTES + 4 * 65535 + 1))
-        pend_data = Signal(64)                   # the cut last beat, waiting for the padding's end
-        pend_keep = Signal(8)
+        pos = Signal(16)                         # frame bytes that have left realigner so far
         take = r.valid & r.ready
+        pad_len = ETH_MIN_PAYLOAD_BYTES          # 46
+        head_only = Signal()                     # beat 0: CONTROL, STATS_REQUEST, STATS or LOST
+        codec_byte = Signal(8)
+        claim = Signal(range(HEADER_BYTES + 4 * 65536 + 1))   # the claimed length, from beat 1 on
+        count = Signal(16)
+        tag_words = Signal(3)                    # 64-bit tag words of a compressed frame (≤ 3 here)
+        frame_bad = Signal()
+        total = Signal(16)
+        ended = Signal()                         # the held frame's last beat has been taken
 
-        def finish():
-            m.d.sync += [self.frames.eq(self.frames + 1), pos.eq(0)]
+        m.submodules.held = held = fifo.SyncFIFOBuffered(width=len(rb.data) + len(rb.keep) + 2, depth=8)
+        h_data, h_keep = held.r_data[:64], held.r_data[64:72]
+        h_last, h_bad = held.r_data[72], held.r_data[73]
+        m.d.comb += held.w_data.eq(Cat(rb.data, rb.keep, rb.last, rb.bad))
 
-        # The wirereduce length once the header's count is known: output beat 1 (frame bytes
-        # 8 … 15) carries it in frame bytes 10–11.
-        lim_now = Signal.like(limit)
-        m.d.comb += lim_now.eq(Mux(pos == _BEAT, HEADER_BYTES + 4 * rb.data[16:32], limit))
-        trim = Signal()
-        m.d.comb += trim.eq(codec_none & (pos >= _BEAT) & (lim_now <= pos + _BEAT))
-        left = Signal(range(2 * _BEAT))          # bytes of the frame left to send when trimming
-        m.d.comb += left.eq(lim_now - pos)
-        cut_keep = _keep_of(Mux(left < n, left, n))
+        def head_only_of(d):
+            op, flags = d[8:16], d[56:64]
+            return ((op == Opcode.CONTROL) | (op == Opcode.STATS_REQUEST) | (op == Opcode.STATS)
+                    | ((flags & Flag.LOST) != 0))
+
+        # Beat 1 (frame bytes 8 … 15) carries count in frame bytes 10–11.
+        count_now = rb.data[16:32]
+        raw_claim = HEADER_BYTES + 4 * count_now
+        compressed = codec_byte == Codec.INCEPTIONN_V1
+        may_pad = Mux(head_only, 1, Mux(codec_byte == Codec.NONE, raw_claim < pad_len,
+                                        compressed & (count_now <= 96)))
+        # Code bytes of the 32 tags of one tag word: 0, 1, 2, 4 for tags 0 … 3 (docs/codec.md).
+        code_bytes = 0
+        for t in range(32):
+            tag = rb.data[2 * t:2 * t + 2]
+            code_bytes = code_bytes + Mux(tag == 3, 4, tag)
+        word = (pos - 16)[3:6]                   # tag word index of the beat at pos ≥ 16
 
         with m.FSM():
             with m.State("BODY"):
                 with m.If(rb.side.drop):
                     m.d.comb += r.ready.eq(1)
+                with m.Elif((pos == _BEAT) & may_pad):
+                    m.d.comb += [held.w_en.eq(r.valid), r.ready.eq(held.w_rdy)]
+                    with m.If(take):
+                        m.d.sync += [
+                            pos.eq(pos + _BEAT), count.eq(count_now), ended.eq(rb.last),
+                            frame_bad.eq(rb.bad), total.eq(pos + n),
+                            claim.eq(Mux(head_only | ~compressed, Mux(head_only, HEADER_BYTES, raw_claim),
+                                         HEADER_BYTES + 8 * ((count_now + 31) >> 5))),
+                            tag_words.eq((count_now + 31) >> 5),
+                        ]
+                        m.next = "HOLD"
+                        with m.If(rb.last):
+                            m.next = "DECIDE"
                 with m.Else():
-                    ends = trim & (rb.last | rb.side.end)   # the cut, with the input frame's end
-                    early = trim & ~ends                    # the cut, before the padding's end
-                    m.d.comb += o.payload.data.eq(rb.data)
-                    with m.If(trim):
-                        m.d.comb += [o.payload.keep.eq(cut_keep), o.payload.last.eq(1),
-                                     o.payload.bad.eq(rb.side.bad)]
-                    with m.Else():
-                        m.d.comb += [o.payload.keep.eq(rb.keep), o.payload.last.eq(rb.last),
-                                     o.payload.bad.eq(rb.bad)]
-                    with m.If(early):
-                        m.d.comb += r.ready.eq(1)
-                    with m.Else():
-                        m.d.comb += [o.valid.eq(r.valid), r.ready.eq(o.ready)]
+                    m.d.comb += [o.payload.eq(rb), o.valid.eq(r.valid), r.ready.eq(o.ready)]
                     with m.If(take):
                         m.d.sync += pos.eq(pos + _BEAT)
                         with m.If(pos == 0):
-                            m.d.sync += codec_none.eq(rb.data[24:32] == 0)  # frame byte 3
-                        with m.If(pos == _BEAT):
-                            m.d.sync += limit.eq(lim_now)
-                        with m.If(early):
-                            m.d.sync += [pend_data.eq(rb.data), pend_keep.eq(cut_keep)]
-                            m.next = "PAD"
-                        with m.Elif(o.payload.last):
-                            finish()
-                            with m.If(~rb.last):
-                                m.next = "REST"
-            with m.State("PAD"):
-                # Padding is consumed; the held last beat leaves with the padding's last beat.
-                m.d.comb += [o.payload.data.eq(pend_data), o.payload.keep.eq(pend_keep),
-                             o.payload.last.eq(1), o.payload.bad.eq(rb.side.bad),
-                             o.valid.eq(r.valid & rb.side.end), r.ready.eq(~rb.side.end | o.ready)]
-                with m.If(take & rb.side.end):
-                    finish()
+                            m.d.sync += [head_only.eq(head_only_of(rb.data)), codec_byte.eq(rb.data[24:32])]
+                        with m.If(rb.last):
+                            m.d.sync += [self.frames.eq(self.frames + 1), pos.eq(0)]
+            with m.State("HOLD"):
+                # Beats 2 … 5 into the buffer; a compressed frame's tag words add their code bytes.
+                m.d.comb += [held.w_en.eq(r.valid), r.ready.eq(held.w_rdy)]
+                with m.If(take):
+                    m.d.sync += [pos.eq(pos + _BEAT), total.eq(pos + n), frame_bad.eq(rb.bad), ended.eq(rb.last)]
+                    with m.If(~head_only & compressed & (word < tag_words)):
+                        m.d.sync += claim.eq(claim + code_bytes)
+                    with m.If(rb.last | (pos + n > pad_len)):
+                        m.next = "DECIDE"
+            with m.State("DECIDE"):
+                with m.If(ended & (total == pad_len) & (claim < pad_len)):
+                    m.d.sync += pos.eq(_BEAT)
+                    m.next = "CUT"
+                with m.Else():
+                    m.next = "REPLAY"
+            with m.State("CUT"):
+                # The held beats up to the claimed length leave, the last one cut; the rest is padding.
+                left = claim - pos
+                cut = left <= _BEAT
+                m.d.comb += [o.payload.data.eq(h_data), o.payload.keep.eq(Mux(cut, _keep_of(left[:4]), h_keep)),
+                             o.payload.last.eq(cut), o.payload.bad.eq(cut & frame_bad),
+                             o.valid.eq(held.r_rdy), held.r_en.eq(o.ready)]
+                with m.If(held.r_rdy & o.ready):
+                    m.d.sync += pos.eq(pos + _BEAT)
+                    with m.If(cut):
+                        m.d.sync += self.frames.eq(self.frames + 1)
+                        m.next = "FLUSH"
+            with m.State("FLUSH"):
+                m.d.comb += held.r_en.eq(1)
+                with m.If(held.level == 0):
+                    m.d.sync += pos.eq(0)
                     m.next = "BODY"
-                    with m.If(~rb.last):
-                        m.next = "REST"
-            with m.State("REST"):
-                # The realigner's extra last beat of a frame already ended by the cut.
-                m.d.comb += r.ready.eq(1)
-                with m.If(r.valid & rb.last):
+            with m.State("REPLAY"):
+                # Not padding: the held beats leave as they came; a longer frame then streams on.
+                m.d.comb += [o.payload.data.eq(h_data), o.payload.keep.eq(h_keep), o.payload.last.eq(h_last),
+                             o.payload.bad.eq(h_bad), o.valid.eq(held.r_rdy), held.r_en.eq(o.ready)]
+                with m.If(held.r_rdy & o.ready & h_last):
+                    m.d.sync += [self.frames.eq(self.frames + 1), pos.eq(0)]
                     m.next = "BODY"
+                with m.Elif(held.level == 0):
+                    m.next = "BODY"     # (pos > 46 and not ended: BODY streams the rest as is)
         return m
 
 
@@ -560,13 +676,18 @@ class _EthPort(wiring.Component):
     members and, in ``sync``, the framing (:meth:`_framing`). ``line`` adds the line members."""
 
     def __init__(self, mtu: int, *, local_mac: int, peer_mac: int, rx_frames: int, cut_through: bool,
-                 line: dict):
+                 line: dict, role: str | None = None, mac_prefix: int = DEFAULT_MAC_PREFIX):
         with rejecting(self):
             check_mtu(mtu)
             check_mac("local_mac", local_mac)
             check_mac("peer_mac", peer_mac)
             if not isinstance(rx_frames, int) or isinstance(rx_frames, bool) or rx_frames < 1:
                 raise ValueError(f"rx_frames must be an int ≥ 1, not {rx_frames!r}")
+            if role is not None and role not in PORT_ROLES:
+                raise ValueError(f"role must be None or one of {', '.join(PORT_ROLES)}, not {role!r}")
+            check_mac_prefix(mac_prefix)
+        self.role = role
+        self.mac_prefix = mac_prefix
         self.mtu = mtu
         self.local_mac = local_mac
         self.peer_mac = peer_mac
@@ -578,6 +699,7 @@ class _EthPort(wiring.Component):
             "link_up": Out(1), "block_lock": Out(1), "hi_ber": Out(1),
             "stats": Out(eth_stats_layout()),
             "tx_tap": Out(beat_layout(64)), "tx_tap_valid": Out(1),
+            "rank": In(8), "nodes": In(8), "control_taken": In(1),
             **line,
         })
 
@@ -600,7 +722,8 @@ class _EthPort(wiring.Component):
         and ``hi_ber``, which the port drives); returns the framer's output and the deframer's
         input, the port's Ethernet frames out and in."""
         m.submodules.framer = framer = EthFramer(self.peer_mac, self.local_mac)
-        m.submodules.deframer = deframer = EthDeframer()
+        opened = (Opcode.CONTROL, Opcode.STATS_REQUEST) if self.role == "host" else ()
+        m.submodules.deframer = deframer = EthDeframer(self.role is not None, opened)
         wiring.connect(m, wiring.flipped(self.tx), framer.i)
         wiring.connect(m, deframer.o, wiring.flipped(self.rx))
         st = self.stats
@@ -610,9 +733,43 @@ class _EthPort(wiring.Component):
             self.tx_tap_valid.eq(framer.o.valid & framer.o.ready),
             self.tx_tap.eq(framer.o.payload),
             st.rx_frames.eq(deframer.frames), st.rx_ethertype_drops.eq(deframer.ethertype_drops),
-            st.rx_short_drops.eq(deframer.short_drops),
+            st.rx_short_drops.eq(deframer.short_drops), st.rx_source_drops.eq(deframer.source_drops),
         ]
+        if self.role is not None:
+            self._addresses(m, framer, deframer)
         return framer.o, deframer.i
+
+    def _addresses(self, m, framer, deframer):
+        """The run-time addresses of a port with a ``role`` (docs/protocol.md, Source filter).
+
+        All follow the node's CONTROL (``control_taken``, ``rank``, ``nodes``): ``configured`` from
+        the first one on. Own address :func:`role_mac` of ``rank``. A ring port sends to and hears
+        only its neighbour's facing port (``next``: rank + 1's ``prev`` port; ``prev``: rank − 1's
+        ``next`` port, modulo ``nodes``). The host port locks, at each CONTROL the node takes, to
+        the source address of the last CONTROL frame it passed on, sends to it, and hears only it
+        (besides CONTROL and STATS_REQUEST, from anyone); before the first, it sends to the
+        broadcast address."""
+        prefix = Const(self.mac_prefix, 48)
+        rank, nodes = self.rank, self.nodes
+        configured = Signal()
+        with m.If(self.control_taken):
+            m.d.sync += configured.eq(1)
+        own = prefix | (rank << 8) | PORT_ROLES[self.role]
+        if self.role == "host":
+            lock = Signal(48)
+            with m.If(self.control_taken):
+                m.d.sync += lock.eq(deframer.ctrl_src)
+            peer = Mux(configured, lock, Const(0xFFFF_FFFF_FFFF, 48))
+        elif self.role == "next":
+            after = Mux(rank + 1 >= nodes, 0, rank + 1)[:8]
+            peer = prefix | (after << 8) | PORT_ROLES["prev"]
+        else:
+            before = Mux(rank == 0, nodes - 1, rank - 1)[:8]
+            peer = prefix | (before << 8) | PORT_ROLES["next"]
+        m.d.comb += [
+            framer.src_mac.eq(own), framer.dst_mac.eq(peer),
+            deframer.expect.eq(peer), deframer.expect_valid.eq(configured),
+        ]
 
 
 class EthPort10G(_EthPort):
@@ -631,8 +788,18 @@ class EthPort10G(_EthPort):
         The node's MTU (largest wirereduce frame, bytes); the MAC accepts frames up to
         :func:`max_frame_bytes` (mtu + 18) and drops longer ones as oversize.
     local_mac, peer_mac : int
-        Source and destination addresses put on transmitted frames. Received frames are not
-        filtered by address (a point-to-point link).
+        Source and destination addresses put on transmitted frames when ``role`` is None;
+        received frames are then not filtered by address.
+    role : None, "host", "next" or "prev"
+        The port's place at its node (:data:`PORT_ROLES`). With a role, the addresses follow the
+        node's CONTROL (``rank``, ``nodes``, ``control_taken``) and the port drops, and counts in
+        ``stats.rx_source_drops``, every frame not from the one source it listens to: for a ring
+        port its neighbour's facing port (:func:`role_mac`), for the host port the sender of the
+        CONTROL the node took (CONTROL and STATS_REQUEST pass from anyone). Before the first
+        CONTROL a ring port takes nothing and the host port only CONTROL and STATS_REQUEST
+        (docs/protocol.md, Source filter).
+    mac_prefix : int
+        The :func:`role_mac` prefix (low 16 bits 0), default :data:`DEFAULT_MAC_PREFIX`.
     rx_frames : int
         Receive FIFO depth in frames of ``max_frame_bytes(mtu)`` (≥ 1, default 2): what the node
         may fall behind the line before frames are lost (``stats.rx_overflow``).
@@ -654,6 +821,9 @@ class EthPort10G(_EthPort):
         Receive PCS status (clauses 49.2.9, 49.2.14), in ``sync``.
     stats : Out(eth_stats_layout())
         Counters (``sync``).
+    rank, nodes, control_taken : In(8), In(8), In(1)
+        The node's :class:`~wirereduce.hdl.core.node.Node` outputs of the same names (used with
+        a ``role`` only).
     tx_tap : Out(beat_layout(64)); tx_tap_valid : Out(1)
         A copy of the Ethernet frames (header included, FCS not) as they leave the framer for
         the MAC, one beat in each cycle ``tx_tap_valid`` is high (``sync``): a capture point (pcap).
@@ -665,14 +835,15 @@ class EthPort10G(_EthPort):
     Raises
     ------
     ValueError
-        If ``mtu`` fails :func:`wirereduce.config.check_mtu`, an address is not 48 bits or
-        ``rx_frames`` < 1.
+        If ``mtu`` fails :func:`wirereduce.config.check_mtu`, an address is not 48 bits,
+        ``rx_frames`` < 1, ``role`` is unknown or ``mac_prefix`` fails :func:`check_mac_prefix`.
     """
 
     def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
-                 rx_frames: int = 2, cut_through: bool = False):
+                 rx_frames: int = 2, cut_through: bool = False, role: str | None = None,
+                 mac_prefix: int = DEFAULT_MAC_PREFIX):
         super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
-                         cut_through=cut_through,
+                         cut_through=cut_through, role=role, mac_prefix=mac_prefix,
                          line={"line_tx": Out(block_layout), "line_rx": In(block_layout)})
 
     def elaborate(self, platform):
@@ -740,9 +911,10 @@ class EthPort10GCdc(_EthPort):
     """
 
     def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
-                 rx_frames: int = 2, cut_through: bool = False):
+                 rx_frames: int = 2, cut_through: bool = False, role: str | None = None,
+                 mac_prefix: int = DEFAULT_MAC_PREFIX):
         super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
-                         cut_through=cut_through,
+                         cut_through=cut_through, role=role, mac_prefix=mac_prefix,
                          line={"gt_tx_data": Out(GT_WORD_BITS), "gt_rx_data": In(GT_WORD_BITS)})
 
     def elaborate(self, platform):

@@ -353,11 +353,16 @@ def check_links(links: str, width: int) -> str:
     return links
 
 
+#: Prefix of every address in an Ethernet-linked :class:`Network` (the ports' ``mac_prefix``).
+ETH_MAC_PREFIX = 0x02_77_72_00_00_00
+
+
 def eth_mac(node: int, port: int) -> int:
     """MAC address of port ``port`` of ``node`` in an Ethernet-linked :class:`Network`: locally
     administered ``02:77:72:00:nn:pp``; port 0 faces node + 1 (cw), 1 node − 1, 2 the host, and
-    3 is the host's own NIC."""
-    return 0x02_77_72_00_00_00 | (node << 8) | port
+    3 is the host's own NIC. Ports 0 … 2 are those :func:`wirereduce.hdl.eth.port.role_mac` gives
+    the node once CONTROL has made node ``nn`` rank ``nn`` (roles ``next``, ``prev``, ``host``)."""
+    return ETH_MAC_PREFIX | (node << 8) | port
 
 
 def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
@@ -371,6 +376,10 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     The ring ports are cut-through (``EthPort10G(cut_through=True)``: a frame found bad at its
     FCS is forwarded marked and sent on with a stomped FCS); the host ports, node side and NIC
     side, are store and forward, so a bad frame is never buffered or delivered.
+
+    The node's ports have roles (``next``, ``prev``, ``host``): their addresses follow the node's
+    CONTROL and they drop frames from any other source than their neighbour (``rx_source_drops``,
+    the node's ``drop_source``); the NIC ports have fixed addresses and no filter.
 
     Real Ethernet has no back-pressure: a receiving port whose node does not take frames fills its
     FIFO (2 frames) and then loses frames (counted in ``stats.rx_overflow``). In the allreduce
@@ -393,10 +402,13 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     n = len(ring)
     stats = [{} for _ in ring]  # each node's Ethernet ports' stats, by ETH_PORTS name
 
-    def port(name, node, idx, peer_node, peer_idx, cut_through=False):
+    def port(name, node, idx, peer_node, peer_idx, cut_through=False, role=None):
         p = EthPort10G(mtu, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
-                       cut_through=cut_through)
+                       cut_through=cut_through, role=role, mac_prefix=ETH_MAC_PREFIX)
         m.submodules[name] = p
+        if role is not None:  # the node's ports follow its CONTROL: addresses and source filter
+            m.d.comb += [p.rank.eq(ring[node].rank), p.nodes.eq(ring[node].nodes),
+                         p.control_taken.eq(ring[node].control_taken)]
         return p
 
     def cable(a, b, flip=None):
@@ -430,8 +442,8 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
     for k in range(n):
         nxt = (k + 1) % n
-        cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True)
-        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True)
+        cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True, role="next")
+        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True, role="prev")
         wiring.connect(m, ring[k].cw_out, cw.tx)
         wiring.connect(m, cw.rx, ring[k].ccw_in)
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
@@ -443,7 +455,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
         if not host_links:
             hosts.append((node.host_rx, node.host_tx))
             continue
-        side = port(f"eth_host{k}", k, 2, k, 3)
+        side = port(f"eth_host{k}", k, 2, k, 3, role="host")
         nic = port(f"eth_nic{k}", k, 3, k, 2)
         wiring.connect(m, node.host_tx, side.tx)
         wiring.connect(m, side.rx, node.host_rx)
