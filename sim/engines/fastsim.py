@@ -185,6 +185,8 @@ class FastSim:
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
         if s.links == "eth":
             config_h += "#define TAP 1\n"
+        if s.links in ("eth", "cmac"):
+            config_h += "#define FLIP 1\n"
         tb = _TB.read_text()
         digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
         out = self.build_root / f"{s.tag()}-{digest}"
@@ -255,9 +257,9 @@ class FastSim:
             (``NodeConfig(codec=True)``). The results are then
             ``ring_allreduce_compressed(arrays, k, host_compressed=True)``.
         corrupt : (int, int), optional
-            Fault injection, ``links="eth"`` only: ``(node, block)`` inverts one bit of the
-            ``block``-th (1-based) 66-bit data block node ``node`` sends node ``node + 1`` on
-            the cw cable, so the frame it falls in fails its FCS at the receiving port and is
+            Fault injection, ``links="eth"`` or ``"cmac"``: ``(node, block)`` inverts one bit of
+            the ``block``-th (1-based) 66-bit data block (``"cmac"``: 512-bit beat) node ``node``
+            sends node ``node + 1`` on the cw cable, so the frame it falls in fails its FCS at the receiving port and is
             dropped whole. The run then ends in :class:`RingStalled` (or is retried).
         retries : int
             When chunks are lost, run up to this many more collectives over just the lost
@@ -509,7 +511,9 @@ def run_allreduce(setup: SimSetup, arrays, *, build_root: str | Path = "build/fa
 
 def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
     """Validate :meth:`FastSim.allreduce`'s ``corrupt=(node, block)``; returns the frame player's
-    ``(flip_link, flip_block)`` (``(0, 0)``: no fault).
+    ``(flip_link, flip_block)`` (``(0, 0)``: no fault). ``block`` counts 66-bit data blocks on a
+    10G cable (``links="eth"``), 512-bit beats on a 100G one (``links="cmac"``,
+    :class:`~wirereduce.sim.cluster.network.CmacCable`).
 
     Raises
     ------
@@ -519,8 +523,8 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
     """
     if corrupt is None:
         return 0, 0
-    if setup.links != "eth":
-        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth'")
+    if setup.links not in ("eth", "cmac"):
+        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth' or 'cmac'")
     try:
         node, block = corrupt
     except (TypeError, ValueError):
