@@ -296,6 +296,28 @@ def test_rx_cut_through_forwards_bad_frames_marked_and_counts_them(cmac_mhz):
     assert counters == count
 
 
+@pytest.mark.parametrize("cut_through", [False, True])
+def test_rx_trims_ethernet_padding_by_count(cut_through):
+    """A short raw frame padded to 60 bytes by the sender comes out at ``16 + 4·count`` bytes; a
+    compressed one (codec ≠ 0) and a longer raw frame keep every byte (EthDeframer's rule at 10G)."""
+    from wirereduce.protocol import Header, Opcode
+
+    rng = random.Random(41)
+    frames, want = [], []
+    for count, codec, extra in ((0, 0, 0), (1, 0, 0), (5, 0, 0), (7, 0, 0), (5, 1, 0), (12, 0, 0), (20, 0, 0),
+                                (3, 0, 4)):
+        hdr = Header(opcode=Opcode.REDUCE, codec=codec, count=count, seq=count).pack()
+        body = hdr + rng.randbytes(4 * count + extra)     # extra: bytes beyond count (length mismatch)
+        padded = body + bytes(max(0, 46 - len(body)))
+        frames.append((eth(padded, rng), 0))
+        keep = len(padded) if codec or len(padded) > 64 else min(len(padded), 16 + 4 * count)
+        want.append(padded[:keep])
+    glue = CmacRxGlue(mtu=1500, cut_through=cut_through)
+    got, counters = run_rx(glue, frames, cmac_period=SYNC_PERIOD * 0.9, seed=6)
+    assert got == want
+    assert counters["frames"] == len(frames)
+
+
 def test_rx_rejects_a_depth_below_one_frame():
     with pytest.raises(ValueError, match="depth must hold one 9014-byte frame"):
         CmacRxGlue(mtu=9000, depth=100)

@@ -95,7 +95,7 @@ def simulate_allreduce(arrays, args, progress=True):
         except ValueError as e:
             raise CliError(f"--compress: {e}") from e
         if links != "model":
-            raise CliError("--compress runs on link models: it does not combine with --links eth")
+            raise CliError(f"--compress runs on link models: it does not combine with --links {links}")
     config = _node_config(args, codec=k is not None)
     try:
         sim = args.simulator or default_simulator()
@@ -110,9 +110,9 @@ def simulate_allreduce(arrays, args, progress=True):
         raise CliError(f"--retries must be an int ≥ 0, not {retries!r}")
     corrupt = getattr(args, "corrupt", None)
     if corrupt is not None:
-        if links != "eth" or getattr(args, "engine", "cocotb") != "fast":
+        if links not in ("eth", "cmac") or getattr(args, "engine", "cocotb") != "fast":
             raise CliError("--corrupt flips a bit on an Ethernet cable of the fast engine: it needs "
-                           "--engine fast --links eth")
+                           "--engine fast --links eth|cmac")
         from wirereduce.sim.engines.fastsim import check_corrupt
 
         try:
@@ -468,16 +468,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
-    p.add_argument("--links", choices=("model", "eth"), default="model",
+    p.add_argument("--links", choices=("model", "eth", "cmac"), default="model",
                    help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
-                        "MAC + 10GBASE-R PCS (64 bit only)")
+                        "MAC + 10GBASE-R PCS (64 bit only); cmac: the 100G CMAC glue on every ring link, "
+                        "with a model of the CMAC's AXI4-Stream user side (512 bit only)")
     p.add_argument("--pcap", metavar="FILE", default=None,
                    help="write the Ethernet frames node 0 sends node 1 (cw link) to a pcap file "
                         "(needs --engine fast --links eth)")
     p.add_argument("--corrupt", nargs=2, type=int, metavar=("NODE", "BLOCK"), default=None,
-                   help="fault injection: flip one bit of the BLOCK-th 66-bit data block node NODE sends "
-                        "node NODE+1; the run then reports the lost chunk and the link "
-                        "(needs --engine fast --links eth)")
+                   help="fault injection: flip one bit of the BLOCK-th 66-bit data block (--links cmac: "
+                        "512-bit beat) node NODE sends node NODE+1; the run then reports the lost chunk and "
+                        "the link (needs --engine fast --links eth|cmac)")
     p.add_argument("--retries", type=int, default=0, metavar="N",
                    help="when chunks are lost, sum just their elements again, up to N more times "
                         "(default 0: fail and report the lost chunks)")

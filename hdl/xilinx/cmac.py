@@ -46,7 +46,7 @@ from wirereduce.hdl.stream.frame import FrameStream
 from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_mtu
-from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_PORT_COUNTERS, ETHERTYPE
+from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_PORT_COUNTERS, ETHERTYPE, HEADER_BYTES
 
 __all__ = [
     "CMAC_WIDTH", "CMAC_BYTES", "ETH_MIN_FRAME_BYTES", "DEFAULT_SRC_MAC", "DEFAULT_DST_MAC",
@@ -233,6 +233,29 @@ class EthPrepend(wiring.Component):
         return m
 
 
+def _trim_padding(m, i, o):
+    """Connect frame stream ``i`` to ``o`` (both ``sync``, 512 bit), cutting Ethernet padding.
+
+    The sending glue pads a frame to 60 bytes with its header (46 wirereduce bytes, IEEE 802.3
+    clause 3.2.8) and Ethernet carries no length for an EtherType frame, so, as
+    :class:`~wirereduce.hdl.eth.port.EthDeframer` does at 10G, a one-beat frame with
+    ``codec = NONE`` (header byte 3) is cut to ``16 + 4·count`` bytes (count: header bytes 10–11)
+    when it is longer. Only one-beat frames can carry padding (46 < 64 bytes); longer frames and
+    compressed ones (their length is in their tags) pass unchanged.
+    """
+    first = Signal(init=1)
+    p = i.payload
+    limit = Signal(range(HEADER_BYTES + 4 * 65535 + 1))
+    m.d.comb += [
+        o.payload.eq(p), o.valid.eq(i.valid), i.ready.eq(o.ready),
+        limit.eq(HEADER_BYTES + 4 * p.data[80:96]),
+    ]
+    with m.If(first & p.last & (p.data[24:32] == 0)):
+        m.d.comb += o.payload.keep.eq(p.keep & Cat(*(limit > k for k in range(CMAC_BYTES))))
+    with m.If(i.valid & i.ready):
+        m.d.sync += first.eq(p.last)
+
+
 class CmacRxGlue(wiring.Component):
     """CMAC receive stream (``cmac_rx`` domain) to the node's frame stream (``sync`` domain).
 
@@ -299,6 +322,8 @@ class CmacRxGlue(wiring.Component):
 
     def __init__(self, mtu: int = 9000, depth: int | None = None, *, cut_through: bool = False):
         with rejecting(self):
+            if cut_through is True and depth is None:
+                depth = eth_frame_beats(mtu) + 17
             self.mtu, self.max_beats, self.depth = _check_depth(mtu, depth)
             if not isinstance(cut_through, bool):
                 raise TypeError(f"cut_through must be a bool, not {cut_through!r}")
@@ -404,7 +429,7 @@ class CmacRxGlue(wiring.Component):
 
         # ---- Read side (sync): one verdict, then its beats; good ones go through the header strip. ----
         m.submodules.strip = strip = Realigner(CMAC_WIDTH, strip=_H)
-        wiring.connect(m, wiring.flipped(self.o), strip.o)
+        _trim_padding(m, strip.o, self.o)
         if ct:
             # Cut-through: beats go on as soon as they are readable, each with its stored last/bad;
             # verdicts are read only to count.
