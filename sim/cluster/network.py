@@ -339,10 +339,14 @@ class Network(wiring.Component):
             rx, tx = node.host_rx, node.host_tx
             if self.host_links:
                 m.submodules[f"link_host{k}_rx"] = rx_link = LinkModel(w, self.link_latency, rate)
-                m.submodules[f"link_host{k}_tx"] = tx_link = LinkModel(w, self.link_latency, rate)
                 wiring.connect(m, rx_link.o, node.host_rx)
-                wiring.connect(m, node.host_tx, tx_link.i)
-                rx, tx = rx_link.i, tx_link.o
+                if self.links == "cmac":
+                    tx_out = _cmac_host_tx(m, k, node.host_tx, self.config.mtu, self.link_latency, rate)
+                else:
+                    m.submodules[f"link_host{k}_tx"] = tx_link = LinkModel(w, self.link_latency, rate)
+                    wiring.connect(m, node.host_tx, tx_link.i)
+                    tx_out = tx_link.o
+                rx, tx = rx_link.i, tx_out
             self._host_wires(m, k, rx, tx)
         for k in range(n if self.links == "model" else 0):
             nxt = (k + 1) % n
@@ -521,6 +525,31 @@ def _cmac_links(m, ring, mtu, latency, rate, flip_link, flip_block):
     for node, rx_ports, tx_ports in zip(ring, rxs, txs):
         stats = {port: cmac_port_stats(rx_ports[port], tx_ports[port]) for port in rx_ports}
         m.d.comb += node.port_counters.eq(port_counters(stats))
+
+
+def _cmac_host_tx(m, k, src, mtu, latency, rate):
+    """Node ``k``'s results to its host over a 100G cable: ``src`` (the node's ``host_tx``) →
+    CmacTxGlue → :class:`CmacCable` → CmacRxGlue (store and forward) → the returned stream.
+
+    A frame the node sends marked ``bad`` (a chunk spoilt upstream, forwarded cut-through) leaves
+    with ``tuser`` set and the host side's glue drops it whole, as a host NIC drops a frame with a
+    stomped FCS; so the host never takes a spoilt sum, and the chunk is reported missing. The host
+    side cannot be back-pressured (an Ethernet NIC): a host that stops reading loses frames
+    (the glue's ``overflow``), which the frame player never does at ``tx_ready_prob = 1``.
+    """
+    from amaranth.hdl import DomainRenamer
+    from wirereduce.hdl.xilinx.cmac import CmacRxGlue, CmacTxGlue
+
+    tx = CmacTxGlue(mtu, src_mac=eth_mac(k, 2))
+    rx = CmacRxGlue(mtu)
+    cable = CmacCable(latency, rate)
+    m.submodules[f"cmac_host{k}_tx"] = DomainRenamer({"cmac_tx": "sync"})(tx)
+    m.submodules[f"cmac_host{k}"] = cable
+    m.submodules[f"cmac_nic{k}_rx"] = DomainRenamer({"cmac_rx": "sync"})(rx)
+    wiring.connect(m, src, tx.i)
+    wiring.connect(m, tx.cmac, cable.tx)
+    wiring.connect(m, cable.rx, rx.cmac)
+    return rx.o
 
 
 def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
