@@ -229,7 +229,7 @@ def test_rx_cut_through_forwards_bad_frames_marked_and_counts_them(cmac_mhz):
     rng = random.Random(31)
     mtu = 1500
     frames = []
-    for k in range(60):
+    for _ in range(60):
         n = rng.choice([rng.randint(15, 140), rng.randint(15, 14 + mtu)])
         kind = rng.random()
         tuser, stomped = (1, int(rng.random() < 0.5)) if kind < 0.25 else (0, 0)
