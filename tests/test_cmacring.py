@@ -55,8 +55,8 @@ def test_bit_error_on_a_100g_cable_loses_one_chunk_and_is_reported(cmac_sim):
     ``bad`` (counted in ``cw_rx_fcs_errors``, so ``link_drop_cw`` of rank 2 is 1), rank 2 adds its
     chunk and sends the sum on with ``tuser`` set (stomped, ``tx_stomped``), and every later hop
     sees a stomped frame (``rx_stomped``, not a link error); each host's side drops it whole. No
-    host receives that chunk; the run ends in RingStalled naming it; every chunk that arrived is the golden sum, bit for bit; with
-    ``retries=1`` the whole result is exact."""
+    host receives that chunk; the run ends in RingStalled naming it; every chunk that arrived is
+    the golden sum, bit for bit; with ``retries=1`` the whole result is exact."""
     from wirereduce.host.driver import ChunksLost
     from wirereduce.sim.engines.fastsim import RingStalled
 
