@@ -214,8 +214,9 @@ def test_cmac_links_are_checked_before_any_build(work, capsys, extra, needles):
 def test_cli_links_choices_are_the_networks():
     import argparse
 
-    from wirereduce.cli import build_parser
     from wirereduce.sim.cluster.network import LINKS
+
+    from wirereduce.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -11,14 +11,18 @@ transmit, a 14-byte realignment of the 64-byte beats.
 Blocks
 ------
 :class:`CmacRxGlue`
-    CMAC RX AXI4-Stream (``cmac_rx`` domain, cannot be stalled) to a frame stream in ``sync``:
-    store-and-forward through an :class:`~amaranth.lib.fifo.AsyncFIFO`, so that no beat of a frame
-    with ``tuser`` set, of a frame for another EtherType, or of a frame cut short by a full FIFO
-    ever reaches the core; each dropped frame is counted.
+    CMAC RX AXI4-Stream (``cmac_rx`` domain, cannot be stalled) to a frame stream in ``sync``
+    through an :class:`~amaranth.lib.fifo.AsyncFIFO`: store-and-forward (no beat of a frame with
+    ``tuser`` set ever reaches the core) or, with ``cut_through=True`` (the ring ports), beats
+    passed on as they arrive and a ``tuser`` frame marked ``bad`` on its last beat, as the 10G
+    ports do; every dropped or marked frame is counted.
 :class:`CmacTxGlue`
     Frame stream in ``sync`` to CMAC TX AXI4-Stream (``cmac_tx`` domain): header prepended,
     padded to the 60-byte minimum, and each frame buffered whole before its first beat goes out,
-    so ``tvalid`` never drops inside a frame (PG203: a TX underflow corrupts the frame).
+    so ``tvalid`` never drops inside a frame (PG203: a TX underflow corrupts the frame); a frame
+    marked ``bad`` leaves with ``tx_axis_tuser`` on its last beat (the CMAC stomps its FCS).
+:func:`cmac_port_stats`
+    A glue pair's counters under the 10G ports' names, for the node's STATS.
 :class:`EthPrepend`
     The header and the padding to 60 bytes, on the 14-byte
     :class:`~wirereduce.hdl.stream.realign.Realigner` (receive strips with one directly).
@@ -279,6 +283,19 @@ class CmacRxGlue(wiring.Component):
       cycles of a reset (the FIFOs' read side is still leaving reset) → ``overflow``. The rest of
       the frame is discarded and the beats already stored are discarded by the reader.
 
+    With ``cut_through=True`` the reader does not wait for the verdict: beats leave as soon as
+    they are in the FIFO, each with its frame's ``last`` and ``bad`` stored beside it. A frame is
+    admitted at its first beat only if the FIFO has room for ``max_beats + 1`` beats (else it is
+    lost whole, ``overflow``); another EtherType or no payload byte: dropped whole, no beat stored
+    (``filtered``); a ``tuser`` frame: delivered with ``bad`` on its last beat (``bad``, or
+    ``stomped`` when the CMAC flags the FCS as stomped); a frame longer than ``14 + mtu`` bytes:
+    ended at the beat that shows it, marked ``bad`` (``filtered``). Latency: the FIFO's
+    synchroniser delay only.
+
+    In both modes a one-beat frame with ``codec = NONE`` has its Ethernet padding cut off:
+    it leaves at ``16 + 4·count`` bytes when longer (:func:`_trim_padding`, the rule of
+    :class:`~wirereduce.hdl.eth.port.EthDeframer`).
+
     The destination address is not checked: ring links are point to point.
 
     Latency: a frame's first beat leaves ``o`` after its last beat has arrived plus the FIFO's
@@ -294,7 +311,9 @@ class CmacRxGlue(wiring.Component):
         :class:`~wirereduce.hdl.core.node.NodeConfig` ``mtu``.
     depth : int or None
         Beat FIFO depth in 512-bit beats, rounded up to a power of two; default the longest
-        frame plus 16 beats (256 at MTU 9000: 9014 bytes are 141 beats).
+        frame plus 16 beats (plus 17 with ``cut_through``; 256 at MTU 9000: 9014 bytes are 141 beats).
+    cut_through : bool
+        Pass beats on before the frame's verdict, marking bad frames (default False: store and forward).
 
     Attributes
     ----------
@@ -302,15 +321,20 @@ class CmacRxGlue(wiring.Component):
         From :attr:`Cmac100G.rx`.
     o : Out(FrameStream(512)), domain ``sync``
         Good frames without the Ethernet header.
-    frames, bad, filtered, overflow : Out(32), domain ``sync``
-        Wrapping counters: frames passed to ``o``, and frames dropped for each reason above. A
+    frames, bad, stomped, filtered, overflow : Out(32), domain ``sync``
+        Wrapping counters: good frames passed to ``o``, and frames dropped (cut-through: marked)
+        for each reason above; ``stomped`` is a ``tuser`` frame whose FCS the CMAC reported stomped
+        (``cmac.stomped``), ``bad`` any other ``tuser`` frame. A
         frame lost while the verdict FIFO was full is counted when the next verdict (or a
         count-only verdict, written as soon as there is room) is read.
 
     Raises
     ------
     ValueError
-        On a bad ``mtu``, or a ``depth`` smaller than the longest frame.
+        On a bad ``mtu``, or a ``depth`` smaller than the longest frame (with ``cut_through``,
+        than the longest frame plus 17 beats).
+    TypeError
+        If ``cut_through`` is not a bool.
 
     Notes
     -----
