@@ -105,6 +105,8 @@ def simulate_allreduce(arrays, args, progress=True):
             check_k(k)
         except ValueError as e:
             raise CliError(f"--compress: {e}") from e
+        if links == "cmac":
+            raise CliError("--compress runs on link models and 10G Ethernet: it does not combine with --links cmac")
     config = _node_config(args, codec=k is not None)
     try:
         sim = args.simulator or default_simulator()
@@ -125,9 +127,9 @@ def simulate_allreduce(arrays, args, progress=True):
     if corrupt_header is not None:
         corrupt = (*corrupt_header, "header")
     if corrupt is not None:
-        if links != "eth" or getattr(args, "engine", "cocotb") != "fast":
+        if links not in ("eth", "cmac") or getattr(args, "engine", "cocotb") != "fast":
             raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
-                           "they need --engine fast --links eth")
+                           "they need --engine fast --links eth|cmac")
         from wirereduce.sim.engines.fastsim import check_corrupt
 
         try:
@@ -568,16 +570,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
-    p.add_argument("--links", choices=("model", "eth"), default="model",
+    p.add_argument("--links", choices=("model", "eth", "cmac"), default="model",
                    help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
-                        "MAC + 10GBASE-R PCS (64 bit only)")
+                        "MAC + 10GBASE-R PCS (64 bit only); cmac: the 100G CMAC glue on every ring link, "
+                        "with a model of the CMAC's AXI4-Stream user side (512 bit only)")
     p.add_argument("--pcap", metavar="FILE", default=None,
                    help="write the Ethernet frames node 0 sends node 1 (cw link) to a pcap file "
                         "(needs --engine fast --links eth)")
     p.add_argument("--corrupt", nargs=2, type=int, metavar=("NODE", "BLOCK"), default=None,
-                   help="fault injection: flip one bit of the BLOCK-th 66-bit data block node NODE sends "
-                        "node NODE+1; the run then reports the lost chunk and the link "
-                        "(needs --engine fast --links eth)")
+                   help="fault injection: flip one bit of the BLOCK-th 66-bit data block (--links cmac: "
+                        "512-bit beat) node NODE sends node NODE+1; the run then reports the lost chunk and "
+                        "the link (needs --engine fast --links eth|cmac)")
     p.add_argument("--corrupt-header", nargs=2, type=int, metavar=("NODE", "FRAME"), default=None,
                    help="fault injection: flip a bit in the wirereduce header of the FRAME-th frame node NODE "
                         "sends node NODE+1; the frame is dropped at the header check, a LOST placeholder "

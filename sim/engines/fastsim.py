@@ -188,6 +188,8 @@ class FastSim:
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
         if s.links == "eth":
             config_h += "#define TAP 1\n"
+        if s.links in ("eth", "cmac"):
+            config_h += "#define FLIP 1\n"
         tb = _TB.read_text()
         digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
         out = self.build_root / f"{s.tag()}-{digest}"
@@ -262,9 +264,9 @@ class FastSim:
             (``NodeConfig(codec=True)``). The results are then
             ``ring_allreduce_compressed(arrays, k, host_compressed=True)``.
         corrupt : (int, int), optional
-            Fault injection, ``links="eth"`` only: ``(node, block)`` inverts one bit of the
-            ``block``-th (1-based) 66-bit data block node ``node`` sends node ``node + 1`` on
-            the cw cable, so the frame it falls in fails its FCS at the receiving port and is
+            Fault injection, ``links="eth"`` or ``"cmac"``: ``(node, block)`` inverts one bit of
+            the ``block``-th (1-based) 66-bit data block (``"cmac"``: 512-bit beat) node ``node``
+            sends node ``node + 1`` on the cw cable, so the frame it falls in fails its FCS at the receiving port and is
             dropped whole. The run then ends in :class:`RingStalled` (or is retried).
         retries : int
             When chunks are lost, run up to this many more collectives over just the lost
@@ -551,7 +553,9 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
 
     ``(node, block)`` flips a bit of the ``block``-th 66-bit data block node ``node`` sends node
     ``node + 1``; ``(node, frame, "header")`` flips one in the wirereduce header of the
-    ``frame``-th frame on that cable (:func:`wirereduce.sim.cluster.network._eth_links`).
+    ``frame``-th frame on that cable (:func:`wirereduce.sim.cluster.network._eth_links`; 10G only).
+    ``block`` counts 66-bit data blocks on a 10G cable (``links="eth"``), 512-bit beats on a 100G
+    one (``links="cmac"``, :class:`~wirereduce.sim.cluster.network.CmacCable`).
 
     Raises
     ------
@@ -561,8 +565,8 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
     """
     if corrupt is None:
         return 0, 0
-    if setup.links != "eth":
-        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth'")
+    if setup.links not in ("eth", "cmac"):
+        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth' or 'cmac'")
     header = False
     try:
         if len(corrupt) == 3:
@@ -581,6 +585,8 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
     for name, v, lo, top in (("node", node, 0, setup.nodes - 1), ("frame" if header else "block", block, 1, hi)):
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= top:
             raise ValueError(f"corrupt {name} must be an int from {lo} to {top}, not {v!r}")
+    if header and setup.links != "eth":
+        raise ValueError("corrupt=(node, frame, 'header') hits a 10G cable's wirereduce header: it needs links='eth'")
     return node, block | (1 << 31 if header else 0)
 
 

@@ -84,7 +84,8 @@ class SimSetup:
     config: NodeConfig = field(default_factory=NodeConfig)
     link_latency: int = 4
     simulator: str = "verilator"
-    #: "model" (LinkModel) or "eth" (10G MAC + 10GBASE-R PCS on every link; 64 bit only).
+    #: "model" (LinkModel), "eth" (10G MAC + 10GBASE-R PCS on every link; 64 bit only) or "cmac"
+    #: (100G CMAC glue on a model of the CMAC's user side, CmacCable; 512 bit only).
     links: str = "model"
     #: Line rate of every link model, Gbit/s; None: the width's own
     #: (:func:`wirereduce.sim.cluster.network.line_rate_gbps`: 10 at 64 bit, 100 at 512).
@@ -105,7 +106,7 @@ class SimSetup:
             raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
         from wirereduce.sim.cluster.network import check_links
 
-        check_links(self.links, self.config.width)  # ValueError: not model/eth, or eth at a width other than 64
+        check_links(self.links, self.config.width)  # ValueError: not in LINKS, or at a width the link kind lacks
         for name in ("link_gbps", "clock_mhz"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
@@ -141,7 +142,7 @@ class SimSetup:
 
     def tag(self) -> str:
         c = self.config
-        eth = "_eth" if self.links == "eth" else ""
+        eth = f"_{self.links}" if self.links != "model" else ""
         codec = "_codec" if c.codec else ""
         rate = f"_r{float(self.link_rate):g}" if self.link_rate is not None else ""
         return (f"n{self.nodes}_w{c.width}_mtu{c.mtu}_s{c.slots}_l{self.link_latency}{eth}{codec}{rate}"

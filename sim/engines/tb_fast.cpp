@@ -17,7 +17,7 @@
 //   frames at cycle deadline_cycles (the driver's deadline, host/driver.py deadline_cycles), the
 //   player sends those frames (the driver's STATS_REQUESTs) and runs until each host has received
 //   one more frame per such request, or no host port has moved a beat for answer_cycles.
-//   flip_link, flip_block drive the network's fault-injection inputs (links="eth" only).
+//   flip_link, flip_block drive the network's fault-injection inputs (links="eth" or "cmac", FLIP defined).
 // Result file:
 //   u32 magic 'WRR1', u64 cycles, u32 status (0 done, 1 timeout)
 //   per node: u32 n_sent, n_sent × (u64 first_cycle, u64 last_cycle),
@@ -218,11 +218,11 @@ int main(int argc, char** argv) {
     top->rst = 1;
     for (int i = 0; i < 4; ++i) { top->clk = 0; top->eval(); top->clk = 1; top->eval(); }
     top->rst = 0;
-#ifdef TAP
+#ifdef FLIP
     top->flip_link = flip_link;
     top->flip_block = flip_block;
 #else
-    if (flip_block) { fprintf(stderr, "tb: this network has no fault injection (links=\"eth\" only)\n"); return 2; }
+    if (flip_block) { fprintf(stderr, "tb: this network has no fault injection (links=\"eth\" or \"cmac\" only)\n"); return 2; }
     (void)flip_link;
 #endif
 
