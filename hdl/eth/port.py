@@ -81,7 +81,8 @@ from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETH_PORTS, 
 
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
            "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "port_counters", "EthFramer", "EthDeframer",
-           "TX_LINE_COUNTERS", "RX_LINE_COUNTERS", "PauseBudget", "pause_budget", "MacPcsTx", "MacPcsRx", "EthPort10G", "EthPort10GCdc"]
+           "TX_LINE_COUNTERS", "RX_LINE_COUNTERS", "PauseBudget", "pause_budget", "MacPcsTx", "MacPcsRx",
+           "EthPort10G", "EthPort10GCdc"]
 
 #: Locally administered unicast addresses (IEEE 802 U/L bit set) used when none is given.
 DEFAULT_LOCAL_MAC = 0x02_77_72_00_00_00
@@ -694,7 +695,8 @@ class _EthPort(wiring.Component):
             if not isinstance(rx_frames, int) or isinstance(rx_frames, bool) or rx_frames < 1:
                 raise ValueError(f"rx_frames must be an int ≥ 1, not {rx_frames!r}")
             self.budget = pause_budget(max_frame_bytes(mtu), cable_cycles)
-            if not isinstance(pause_quanta, int) or isinstance(pause_quanta, bool) or not 1 <= pause_quanta <= PAUSE_MAX:
+            if (not isinstance(pause_quanta, int) or isinstance(pause_quanta, bool)
+                    or not 1 <= pause_quanta <= PAUSE_MAX):
                 raise ValueError(f"pause_quanta must be an int from 1 to {PAUSE_MAX}, not {pause_quanta!r}")
         self.flow_control = bool(flow_control)
         self.cable_cycles = cable_cycles

@@ -314,10 +314,12 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     FCS is forwarded marked and sent on with a stomped FCS); the host ports, node side and NIC
     side, are store and forward, so a bad frame is never buffered or delivered.
 
-    Real Ethernet has no back-pressure: a receiving port whose node does not take frames fills its
-    FIFO (2 frames) and then loses frames (counted in ``stats.rx_overflow``). In the allreduce
-    schedule with the host window ≤ slots that does not happen: a node's outputs leave at the
-    rate its inputs arrive (docs/architecture.md, Flow control), and the FIFO covers the jitter.
+    Every port, ring and host, NIC included, runs IEEE 802.3x flow control
+    (``EthPort10G(flow_control=True)``, ``hdl/eth/pause.py``): a receiving port whose node does
+    not take frames sends PAUSE (XOFF) when its FIFO passes the high-water mark, and the peer's
+    transmitter holds its next frame until XON or the pause time ends; the FIFO is sized by
+    :func:`~wirereduce.hdl.eth.port.pause_budget` for this ``latency``, so a late host costs
+    time, never frames (docs/architecture.md, Flow control).
 
     Fault injection: on the cable from node ``flip_link`` to node ``flip_link + 1`` (cw), payload
     bit 5 of the ``flip_block``-th scrambled data block (1-based) is inverted, so the frame it
@@ -333,7 +335,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
     def port(name, node, idx, peer_node, peer_idx, cut_through=False):
         p = EthPort10G(mtu, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
-                       cut_through=cut_through)
+                       cut_through=cut_through, flow_control=True, cable_cycles=latency)
         m.submodules[name] = p
         return p
 

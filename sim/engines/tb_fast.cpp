@@ -7,15 +7,18 @@
 // results) stays in Python, in the host driver; this file only moves beats.
 //
 // Script (little-endian):
-//   u32 magic 'WRS2', u32 nodes, u32 bytes_per_beat, u32 rx_valid_ppm, u32 tx_ready_ppm,
+//   u32 magic 'WRS3', u32 nodes, u32 bytes_per_beat, u32 rx_valid_ppm, u32 tx_ready_ppm,
 //   u64 seed, u64 timeout_cycles, u64 progress_every, u32 flip_link, u32 flip_block
-//   per node: u32 n_frames, u32 expect_frames
+//   per node: u32 n_frames, u32 expect_frames, u64 late_cycles
 //     per frame: u32 len, u32 own_gate, u32 all_gate, len bytes
 //   A frame may put its first beat on the bus once its own host has received own_gate frames
 //   and every host has received all_gate frames (the driver's window and start barrier).
 //   own_gate = STALL_GATE marks a frame sent only if the run stalls: when no host port has moved
 //   a beat for timeout_cycles, the player sends those frames (the driver's STATS_REQUESTs) and
 //   runs until each host has received one more frame per such request, or times out again.
+//   late_cycles holds the host's frames that wait for every host (all_gate > 0: its pushes)
+//   until late_cycles after the start barrier (every host has its first frame's answer): a
+//   host that starts late; the cycles it waits do not count towards timeout_cycles.
 //   flip_link, flip_block drive the network's fault-injection inputs (links="eth" only).
 // Result file:
 //   u32 magic 'WRR1', u64 cycles, u32 status (0 done, 1 timeout)
@@ -57,6 +60,7 @@ struct Received {
 struct Host {
     std::vector<Frame> script;
     uint32_t expect = 0;
+    uint64_t late = 0;     // cycles after the start barrier before its pushes may start
     uint32_t on_stall = 0;  // frames sent only once the run stalls (at the end of the script)
     // transmit side (host -> node)
     size_t frame = 0, offset = 0;
@@ -178,7 +182,7 @@ int main(int argc, char** argv) {
 #endif
     FILE* in = fopen(argv[1], "rb");
     if (!in) { perror(argv[1]); return 2; }
-    if (read_le<uint32_t>(in) != 0x32535257u) { fprintf(stderr, "tb: not a WRS2 script\n"); return 2; }
+    if (read_le<uint32_t>(in) != 0x33535257u) { fprintf(stderr, "tb: not a WRS3 script\n"); return 2; }
     const uint32_t nodes = read_le<uint32_t>(in);
     const uint32_t bpb = read_le<uint32_t>(in);
     const uint32_t rx_ppm = read_le<uint32_t>(in);
@@ -197,6 +201,7 @@ int main(int argc, char** argv) {
     for (auto& h : hosts) {
         uint32_t n = read_le<uint32_t>(in);
         h.expect = read_le<uint32_t>(in);
+        h.late = read_le<uint64_t>(in);
         h.script.resize(n);
         for (auto& f : h.script) {
             uint32_t len = read_le<uint32_t>(in);
@@ -225,6 +230,9 @@ int main(int argc, char** argv) {
 #endif
 
     uint64_t cycle = 0, idle = 0;
+    uint64_t barrier = UINT64_MAX;  // first cycle at which every host had an answer
+    uint64_t latest = 0;
+    for (auto& h : hosts) latest = std::max(latest, h.late);
     uint32_t status = 0;
     bool stalled = false;
     std::vector<size_t> stall_expect(nodes, 0);
@@ -238,6 +246,8 @@ int main(int argc, char** argv) {
             done = done && h.received.size() >= (stalled ? stall_expect[k] : h.expect);
         }
         if (done) break;
+        if (barrier == UINT64_MAX && least >= 1) barrier = cycle;
+        if (barrier != UINT64_MAX && cycle < barrier + latest) idle = 0;  // a late host is waiting
         if (idle > timeout) {
             status = 1;
             bool any_stall_frames = false;
@@ -261,7 +271,8 @@ int main(int argc, char** argv) {
                   (h.script[h.frame].own_gate == STALL_GATE                                          \
                        ? stalled                                                                     \
                        : h.received.size() >= h.script[h.frame].own_gate &&                          \
-                             least >= h.script[h.frame].all_gate);                                   \
+                             least >= h.script[h.frame].all_gate &&                                  \
+                             (h.script[h.frame].all_gate == 0 || cycle >= barrier + h.late));       \
         drive(h, rng, rx_ppm, tx_ppm, bpb, ok, top->host##k##_rx_tvalid, top->host##k##_rx_tdata,    \
               top->host##k##_rx_tkeep, top->host##k##_rx_tlast, top->host##k##_tx_tready);           \
     }
