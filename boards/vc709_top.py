@@ -168,8 +168,9 @@ class VC709Top(Elaboratable):
         ports = {}
         stats = {}  # the ports' stats, by the node port they serve: host, cw, ccw
         for n, (to_node, from_node) in CAGE_ROLES.items():
-            # Ring ports cut-through; every port sends and honours IEEE 802.3x PAUSE (hdl/eth/pause.py).
-            port = EthPort10GCdc(self.mtu, cut_through=to_node != "host_rx", flow_control=True)
+            # Ring ports cut-through. Every port honours IEEE 802.3x PAUSE (hdl/eth/pause.py); those
+            # receiving HOST_PUSH and REDUCE send it (the BROADCAST sender is a fork: never hold it).
+            port = EthPort10GCdc(self.mtu, cut_through=to_node != "host_rx", flow_control=to_node != "ccw_in")
             ports[n] = port
             m.submodules[f"eth{n}"] = DomainRenamer({"gt_tx": f"gt{n}_tx", "gt_rx": f"gt{n}_rx"})(port)
             ch = quad.channels[n]

@@ -314,12 +314,15 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     FCS is forwarded marked and sent on with a stomped FCS); the host ports, node side and NIC
     side, are store and forward, so a bad frame is never buffered or delivered.
 
-    Every port, ring and host, NIC included, runs IEEE 802.3x flow control
-    (``EthPort10G(flow_control=True)``, ``hdl/eth/pause.py``): a receiving port whose node does
-    not take frames sends PAUSE (XOFF) when its FIFO passes the high-water mark, and the peer's
-    transmitter holds its next frame until XON or the pause time ends; the FIFO is sized by
+    IEEE 802.3x flow control (``hdl/eth/pause.py``): every port honours PAUSE frames; the ports
+    that receive REDUCE (``eth_ccw{k}``) and HOST_PUSH (``eth_host{k}``) frames also send them
+    (``EthPort10G(flow_control=True)``): XOFF when the node stops taking frames and the FIFO passes
+    its high-water mark, XON when it drains; the FIFO is sized by
     :func:`~wirereduce.hdl.eth.port.pause_budget` for this ``latency``, so a late host costs
-    time, never frames (docs/architecture.md, Flow control).
+    time, never frames. The ports receiving BROADCAST and results do not send PAUSE: their
+    peers' transmitters are fed by a fork (host and ``ccw_out`` in lock-step), and holding one
+    of them at a frame start would underrun the other mid-frame; those receivers are never held
+    up anyway (docs/architecture.md, Flow control).
 
     Fault injection: on the cable from node ``flip_link`` to node ``flip_link + 1`` (cw), payload
     bit 5 of the ``flip_block``-th scrambled data block (1-based) is inverted, so the frame it
@@ -333,9 +336,9 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     n = len(ring)
     stats = [{} for _ in ring]  # each node's Ethernet ports' stats, by ETH_PORTS name
 
-    def port(name, node, idx, peer_node, peer_idx, cut_through=False):
+    def port(name, node, idx, peer_node, peer_idx, cut_through=False, flow_control=False):
         p = EthPort10G(mtu, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
-                       cut_through=cut_through, flow_control=True, cable_cycles=latency)
+                       cut_through=cut_through, flow_control=flow_control, cable_cycles=latency)
         m.submodules[name] = p
         return p
 
@@ -356,7 +359,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     for k in range(n):
         nxt = (k + 1) % n
         cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True)
-        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True)
+        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True, flow_control=True)  # receives REDUCE
         wiring.connect(m, ring[k].cw_out, cw.tx)
         wiring.connect(m, cw.rx, ring[k].ccw_in)
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
@@ -368,7 +371,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
         if not host_links:
             hosts.append((node.host_rx, node.host_tx))
             continue
-        side = port(f"eth_host{k}", k, 2, k, 3)
+        side = port(f"eth_host{k}", k, 2, k, 3, flow_control=True)  # receives HOST_PUSH
         nic = port(f"eth_nic{k}", k, 3, k, 2)
         wiring.connect(m, node.host_tx, side.tx)
         wiring.connect(m, side.rx, node.host_rx)
