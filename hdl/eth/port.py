@@ -834,6 +834,10 @@ class EthPort10G(_EthPort):
         m = Module()
         eth_tx, eth_rx = self._framing(m)
         m.submodules.mac_pcs_tx, m.submodules.mac_pcs_rx = tx, rx = self._mac_pcs()
+        if self.flow_control:  # PAUSE frames delay data frames: give the source slack (TxStartBuffer)
+            m.submodules.tx_start = start = TxStartBuffer()
+            wiring.connect(m, eth_tx, start.i)
+            eth_tx = start.o
         wiring.connect(m, eth_tx, tx.i)
         wiring.connect(m, rx.o, eth_rx)
         m.d.comb += [
@@ -845,6 +849,45 @@ class EthPort10G(_EthPort):
         ]
         m.d.comb += [self.stats[name].eq(tx.stats[name]) for name in TX_LINE_COUNTERS]
         m.d.comb += [self.stats[name].eq(rx.stats[name]) for name in RX_LINE_COUNTERS]
+        return m
+
+
+class TxStartBuffer(wiring.Component):
+    """A small FIFO in front of the MAC that starts a frame only once ``threshold`` beats of it,
+    or all of it, are in: the beats after that may come late by up to ``threshold`` cycles in all
+    without the MAC underrunning.
+
+    A port that sends PAUSE frames delays the frame queued behind one by up to 11 columns; a node
+    output fed by a fork (host and ``ccw_out`` in lock-step) then keeps feeding this FIFO, so the
+    fork's other output never starves.
+
+    Attributes
+    ----------
+    i, o : FrameStream(64)
+    """
+
+    def __init__(self, depth: int = 64, threshold: int = 32):
+        self.depth = depth
+        self.threshold = threshold
+        super().__init__({"i": In(FrameStream(64)), "o": Out(FrameStream(64))})
+
+    def elaborate(self, platform):
+        m = Module()
+        blay = beat_layout(64)
+        m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=blay.size, depth=self.depth)
+        ends = Signal(range(self.depth + 1))      # frames whose last beat is in the FIFO
+        sending = Signal()
+        win = self.i.valid & self.i.ready & self.i.payload.last
+        wout = self.o.valid & self.o.ready & self.o.payload.last
+        m.d.sync += ends.eq(ends + win - wout)
+        m.d.comb += [
+            q.w_data.eq(self.i.payload.as_value()), q.w_en.eq(self.i.valid), self.i.ready.eq(q.w_rdy),
+            self.o.payload.eq(q.r_data),
+            self.o.valid.eq(q.r_rdy & (sending | (ends != 0) | (q.r_level >= self.threshold))),
+            q.r_en.eq(self.o.valid & self.o.ready),
+        ]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += sending.eq(~self.o.payload.last)
         return m
 
 
