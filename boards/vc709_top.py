@@ -169,7 +169,10 @@ class VC709Top(Elaboratable):
         stats = {}  # the ports' stats, by the node port they serve: host, cw, ccw
         for n, (to_node, from_node) in CAGE_ROLES.items():
             role = {"host_rx": "host", "cw_in": "prev", "ccw_in": "next"}[to_node]  # source filter
-            port = EthPort10GCdc(self.mtu, cut_through=to_node != "host_rx", role=role)  # ring ports cut-through
+            # Ring ports cut-through. Every port honours IEEE 802.3x PAUSE (hdl/eth/pause.py); those
+            # receiving HOST_PUSH and REDUCE send it (the BROADCAST sender is a fork: never hold it).
+            port = EthPort10GCdc(self.mtu, cut_through=to_node != "host_rx", role=role,
+                                 flow_control=to_node != "ccw_in")
             ports[n] = port
             m.d.comb += [port.rank.eq(node.rank), port.nodes.eq(node.nodes), port.control_taken.eq(node.control_taken)]
             m.submodules[f"eth{n}"] = DomainRenamer({"gt_tx": f"gt{n}_tx", "gt_rx": f"gt{n}_rx"})(port)

@@ -663,6 +663,8 @@ class RxDropBad(wiring.Component):
         Bad frames dropped (wrapping counter).
     overflow : Out(32)
         Frames lost, whole or in part, because the FIFO was full (wrapping counter).
+    level : Out(range(depth + 1))
+        Beats in the FIFO (its write-side level): what a flow-control threshold watches.
 
     Raises
     ------
@@ -678,6 +680,7 @@ class RxDropBad(wiring.Component):
             "o": Out(FrameStream(64)),
             "dropped": Out(32),
             "overflow": Out(32),
+            "level": Out(range(self.depth + 1)),
         })
 
     def elaborate(self, platform):
@@ -704,6 +707,7 @@ class RxDropBad(wiring.Component):
         m.d.comb += [
             beats.w_data.eq(Cat(beat.data, beat.keep, beat.last)),
             beats.w_en.eq(write),
+            self.level.eq(beats.w_level),
         ]
         with m.If(self.i.valid):
             with m.If(beat.last):
@@ -775,6 +779,8 @@ class RxCutThrough(wiring.Component):
         Every admitted frame, ``bad`` set on the last beat of a bad one.
     overflow : Out(32)
         Frames dropped whole because the FIFO had no room for them (wrapping counter).
+    level : Out(range(depth + 1))
+        Beats in the FIFO (its write-side level): what a flow-control threshold watches.
 
     Raises
     ------
@@ -789,6 +795,7 @@ class RxCutThrough(wiring.Component):
             "i": In(stream.Signature(rx_beat_layout(), always_ready=True)),
             "o": Out(FrameStream(64)),
             "overflow": Out(32),
+            "level": Out(range(self.depth + 1)),
         })
 
     def elaborate(self, platform):
@@ -803,6 +810,7 @@ class RxCutThrough(wiring.Component):
         m.d.comb += [
             beats.w_data.eq(Cat(beat.data, beat.keep, beat.last, beat.bad & beat.last)),  # beat_layout order
             beats.w_en.eq(self.i.valid & admit_now),
+            self.level.eq(beats.w_level),
         ]
         with m.If(self.i.valid):
             with m.If(beat.last):

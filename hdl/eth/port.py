@@ -60,6 +60,7 @@ from amaranth.hdl import DomainRenamer, EnableInserter
 from amaranth.lib import cdc, data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.eth.mac import FCS_BYTES, MacRx, MacTx, RxCutThrough, RxDropBad
+from wirereduce.hdl.eth.pause import PAUSE_MAX, PauseRx, PauseTx
 from wirereduce.hdl.eth.pcs import (
     BerMonitor,
     BlockLock,
@@ -91,7 +92,8 @@ from wirereduce.protocol import (
 __all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "DEFAULT_MAC_PREFIX", "PORT_ROLES", "role_mac",
            "check_mac_prefix", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
            "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "port_counters", "EthFramer", "EthDeframer",
-           "TX_LINE_COUNTERS", "RX_LINE_COUNTERS", "MacPcsTx", "MacPcsRx", "EthPort10G", "EthPort10GCdc"]
+           "TX_LINE_COUNTERS", "RX_LINE_COUNTERS", "PauseBudget", "pause_budget", "MacPcsTx", "MacPcsRx",
+           "EthPort10G", "EthPort10GCdc"]
 
 #: Locally administered unicast addresses (IEEE 802 U/L bit set) used when none is given.
 DEFAULT_LOCAL_MAC = 0x02_77_72_00_00_00
@@ -534,8 +536,67 @@ class EthDeframer(wiring.Component):
 
 #: The :func:`eth_stats_layout` counters kept on the line side of a port, by :class:`MacPcsTx` and
 #: :class:`MacPcsRx` (in the transceiver domains of :class:`EthPort10GCdc`).
-TX_LINE_COUNTERS = ("tx_frames", "tx_stomped", "tx_aborted")
-RX_LINE_COUNTERS = ("rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow", "rx_stomped")
+TX_LINE_COUNTERS = ("tx_frames", "tx_stomped", "tx_aborted", "tx_pause_frames")
+RX_LINE_COUNTERS = ("rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow", "rx_stomped",
+                    "rx_pause_frames")
+
+#: Cycles (XGMII columns) of the pipelines a PAUSE decision crosses, rounded up, for
+#: :func:`pause_budget`: the level compare and its synchroniser into the transmit domain
+#: (``_DECIDE``); PauseTx → MacTx → encoder → scrambler → gearbox (``_TX_PIPE``); gearbox →
+#: descrambler → decoder → MacRx → PauseRx, and the pause request's crossing (``_RX_PIPE``).
+_DECIDE, _TX_PIPE, _RX_PIPE = 8, 8, 16
+#: Columns of a PAUSE frame on the wire: start column, 64 bytes, /T/ and the gap.
+_PAUSE_COLUMNS = 11
+
+
+class PauseBudget(tuple):
+    """:func:`pause_budget`'s answer: ``(high, low, in_flight, depth)`` in 64-bit beats."""
+
+    __slots__ = ()
+
+    def __new__(cls, high, low, in_flight, depth):
+        return super().__new__(cls, (high, low, in_flight, depth))
+
+    high = property(lambda self: self[0])
+    low = property(lambda self: self[1])
+    in_flight = property(lambda self: self[2])
+    depth = property(lambda self: self[3])
+
+
+def pause_budget(max_frame: int, cable_cycles: int) -> PauseBudget:
+    """Receive FIFO thresholds and depth for IEEE 802.3x flow control without loss.
+
+    When the FIFO reaches ``high`` beats the port decides to send XOFF; until the peer stops, at
+    most one beat a column keeps arriving for ``in_flight`` columns: the decision's own latency,
+    this port's frame in progress (one ``max_frame`` frame, F + 3 columns with its start, tail and
+    gap, F = ⌈max_frame / 8⌉), the XOFF frame (11 columns), the transmit pipeline, the cable
+    (``cable_cycles``), the peer's receive pipeline up to its PAUSE detection, the peer's frame
+    in progress (F + 3 again: a started frame always finishes, annex 31B.3.7), its transmit
+    pipeline, the cable back and our receive pipeline. ``depth = high + in_flight + F``: the
+    cut-through buffer admits a frame only if a whole ``max_frame`` fits
+    (:class:`~wirereduce.hdl.eth.mac.RxCutThrough`), so the last frame of the flight still
+    finds room. ``high = F`` (one frame of slack for normal jitter), ``low = F // 2`` (XON).
+
+    Returns
+    -------
+    PauseBudget
+        ``(high, low, in_flight, depth)`` in beats; e.g. 1518-byte frames, 4-cycle cables:
+        ``pause_budget(1518, 4) == (190, 95, 461, 841)``.
+
+    Raises
+    ------
+    ValueError
+        If ``cable_cycles`` is not an int ≥ 0 or ``max_frame`` not ≥ 64.
+    """
+    if not isinstance(cable_cycles, int) or isinstance(cable_cycles, bool) or cable_cycles < 0:
+        raise ValueError(f"cable_cycles must be an int ≥ 0 (one-way cable + PHY latency, cycles), not {cable_cycles!r}")
+    if not isinstance(max_frame, int) or max_frame < 64:
+        raise ValueError(f"max_frame must be an int ≥ 64 bytes, not {max_frame!r}")
+    f = -(-max_frame // _BEAT)
+    one_way = _TX_PIPE + cable_cycles + _RX_PIPE
+    in_flight = _DECIDE + (f + 3) + _PAUSE_COLUMNS + one_way + (f + 3) + one_way
+    high = f
+    return PauseBudget(high, f // 2, in_flight, high + in_flight + f)
 
 
 class MacPcsTx(wiring.Component):
@@ -548,6 +609,20 @@ class MacPcsTx(wiring.Component):
     32 of 33 behind a 32-bit :class:`~wirereduce.hdl.eth.pcs.TxGearbox` (:class:`EthPort10GCdc`).
     ``bad`` on a frame's last beat sends it with a stomped FCS.
 
+    IEEE 802.3x flow control: a :class:`~wirereduce.hdl.eth.pause.PauseTx` in front of the MAC,
+    under the same clock enable (a cycle of it is an XGMII column, so the pause timer counts
+    exact quanta of 8 columns), holds data frames while the peer's PAUSE timer runs
+    (``peer_pause``), and sends PAUSE frames when ``xoff``/``xon`` ask (``flow_control``).
+
+    Parameters
+    ----------
+    local_mac : int
+        Source address of the PAUSE frames.
+    flow_control : bool
+        Send PAUSE frames (XOFF/XON); received ones are honoured either way.
+    pause_quanta : int
+        pause_time of an XOFF (1 … 65535).
+
     Attributes
     ----------
     i : In(FrameStream(64))
@@ -555,14 +630,25 @@ class MacPcsTx(wiring.Component):
         cycles), else the MAC ends it with /E/ (``tx_aborted``).
     o : Out(stream.Signature(block_layout))
         Scrambled blocks, bit 0 of ``header`` first on the line.
+    xoff, xon : In(1)
+        The receive FIFO is at or above its high-water mark / below its low-water mark.
+    peer_pause : In(1); peer_quanta : In(16)
+        A good PAUSE frame was received (one cycle, any cycle: it is held until the next
+        enabled one) and its pause_time.
     stats : Out(StructLayout of :data:`TX_LINE_COUNTERS`)
-        Wrapping 32-bit counters.
+        Wrapping 32-bit counters; ``tx_frames`` counts every frame the MAC ended, the PAUSE
+        frames (also in ``tx_pause_frames``) included.
     """
 
-    def __init__(self):
+    def __init__(self, local_mac: int = DEFAULT_LOCAL_MAC, *, flow_control: bool = False,
+                 pause_quanta: int = PAUSE_MAX):
+        self.local_mac = local_mac
+        self.flow_control = bool(flow_control)
+        self.pause_quanta = pause_quanta
         super().__init__({
             "i": In(FrameStream(64)),
             "o": Out(stream.Signature(block_layout)),
+            "xoff": In(1), "xon": In(1), "peer_pause": In(1), "peer_quanta": In(16),
             "stats": Out(data.StructLayout({name: 32 for name in TX_LINE_COUNTERS})),
         })
 
@@ -572,20 +658,35 @@ class MacPcsTx(wiring.Component):
         m.submodules.scrambler = scr = Scrambler()
         en = Signal()
         mac_tx = MacTx()
+        pause = PauseTx(self.local_mac, self.pause_quanta)
         m.submodules.mac_tx = EnableInserter(en)(mac_tx)
+        m.submodules.pause_tx = EnableInserter(en)(pause)
         wiring.connect(m, enc.o, scr.i)
         wiring.connect(m, scr.o, wiring.flipped(self.o))
+        # A PAUSE request waits here for the next enabled cycle (PauseTx sees it in exactly one).
+        req, req_q = Signal(), Signal(16)
+        with m.If(self.peer_pause):
+            m.d.sync += [req.eq(1), req_q.eq(self.peer_quanta)]
+        with m.Elif(en):
+            m.d.sync += req.eq(0)
         m.d.comb += [
             en.eq(enc.i.ready),
-            mac_tx.i.valid.eq(self.i.valid),
-            mac_tx.i.payload.eq(self.i.payload),
-            self.i.ready.eq(mac_tx.i.ready & en),
-            mac_tx.stomp.eq(self.i.payload.bad),
+            pause.enable.eq(self.flow_control),
+            pause.xoff.eq(self.xoff), pause.xon.eq(self.xon),
+            pause.peer_pause.eq(req), pause.peer_quanta.eq(req_q),
+            pause.i.valid.eq(self.i.valid),
+            pause.i.payload.eq(self.i.payload),
+            self.i.ready.eq(pause.i.ready & en),
+            mac_tx.i.valid.eq(pause.o.valid),
+            mac_tx.i.payload.eq(pause.o.payload),
+            pause.o.ready.eq(mac_tx.i.ready),
+            mac_tx.stomp.eq(pause.o.payload.bad),
             enc.i.valid.eq(1),
             enc.i.payload.eq(Cat(mac_tx.xgmii.data, mac_tx.xgmii.ctrl)),
             self.stats.tx_frames.eq(mac_tx.stats.frames),
             self.stats.tx_stomped.eq(mac_tx.stats.stomped),
             self.stats.tx_aborted.eq(mac_tx.stats.aborted),
+            self.stats.tx_pause_frames.eq(pause.sent),
         ]
         return m
 
@@ -613,8 +714,22 @@ class MacPcsRx(wiring.Component):
 
     Attributes
     ----------
+    local_mac : int
+        The port's address: PAUSE frames to it (or to 01-80-C2-00-00-01) are honoured.
+    high, low : int, optional
+        Receive FIFO levels (beats) of ``xoff`` and ``xon`` (:func:`pause_budget`); default
+        never / never.
+
+    Attributes
+    ----------
     i : In(stream.Signature(block_layout, always_ready=True))
         Received blocks, one with each ``i.valid``.
+    pause : Out(1); pause_quanta : Out(16)
+        One cycle for each good PAUSE frame received
+        (:class:`~wirereduce.hdl.eth.pause.PauseRx`, between the MAC and the FIFO: the frame is
+        consumed), with its pause_time.
+    xoff, xon : Out(1)
+        The FIFO level is ≥ ``high`` / < ``low``.
     slip : Out(1)
         :class:`~wirereduce.hdl.eth.pcs.BlockLock`'s bit-slip request, for a gearbox in front;
         blocks that are aligned already never need it.
@@ -626,15 +741,20 @@ class MacPcsRx(wiring.Component):
         Wrapping 32-bit counters.
     """
 
-    def __init__(self, max_frame: int, *, depth: int, cut_through: bool = False):
+    def __init__(self, max_frame: int, *, depth: int, cut_through: bool = False,
+                 local_mac: int = DEFAULT_LOCAL_MAC, high: int | None = None, low: int | None = None):
         self.max_frame = max_frame
         self.depth = depth
         self.cut_through = bool(cut_through)
+        self.local_mac = local_mac
+        self.high = depth if high is None else high
+        self.low = 0 if low is None else low
         super().__init__({
             "i": In(stream.Signature(block_layout, always_ready=True)),
             "slip": Out(1),
             "o": Out(FrameStream(64)),
             "block_lock": Out(1), "hi_ber": Out(1),
+            "pause": Out(1), "pause_quanta": Out(16), "xoff": Out(1), "xon": Out(1),
             "stats": Out(data.StructLayout({name: 32 for name in RX_LINE_COUNTERS})),
         })
 
@@ -647,6 +767,8 @@ class MacPcsRx(wiring.Component):
         en = Signal()
         mac_rx = MacRx(self.max_frame)
         m.submodules.mac_rx = EnableInserter(en)(mac_rx)
+        pause_rx = PauseRx(self.local_mac)
+        m.submodules.pause_rx = EnableInserter(en)(pause_rx)
         drop = RxCutThrough if self.cut_through else RxDropBad
         m.submodules.drop_bad = drop_bad = drop(self.max_frame, depth=self.depth)
         wiring.connect(m, wiring.flipped(self.i), dsc.i)
@@ -662,11 +784,16 @@ class MacPcsRx(wiring.Component):
             self.block_lock.eq(lock.block_lock), self.hi_ber.eq(ber.hi_ber),
             en.eq(dec.o.valid),
             Cat(mac_rx.xgmii.data, mac_rx.xgmii.ctrl).eq(dec.o.payload.as_value()),
-            drop_bad.i.payload.eq(mac_rx.o.payload),
-            drop_bad.i.valid.eq(mac_rx.o.valid & en),  # MacRx's output register holds between enables
+            pause_rx.i.payload.eq(mac_rx.o.payload),
+            pause_rx.i.valid.eq(mac_rx.o.valid),
+            drop_bad.i.payload.eq(pause_rx.o.payload),
+            drop_bad.i.valid.eq(pause_rx.o.valid & en),  # the registers hold between enables
+            self.pause.eq(pause_rx.pause & en), self.pause_quanta.eq(pause_rx.quanta),
+            self.xoff.eq(drop_bad.level >= self.high), self.xon.eq(drop_bad.level < self.low),
             st.rx_fcs_errors.eq(mac_rx.stats.fcs_errors), st.rx_runts.eq(mac_rx.stats.runts),
             st.rx_oversize.eq(mac_rx.stats.oversize), st.rx_code_errors.eq(mac_rx.stats.errors),
             st.rx_overflow.eq(drop_bad.overflow), st.rx_stomped.eq(mac_rx.stats.stomped),
+            st.rx_pause_frames.eq(pause_rx.frames),
         ]
         return m
 
@@ -676,7 +803,8 @@ class _EthPort(wiring.Component):
     members and, in ``sync``, the framing (:meth:`_framing`). ``line`` adds the line members."""
 
     def __init__(self, mtu: int, *, local_mac: int, peer_mac: int, rx_frames: int, cut_through: bool,
-                 line: dict, role: str | None = None, mac_prefix: int = DEFAULT_MAC_PREFIX):
+                 flow_control: bool, cable_cycles: int, pause_quanta: int, line: dict,
+                 role: str | None = None, mac_prefix: int = DEFAULT_MAC_PREFIX):
         with rejecting(self):
             check_mtu(mtu)
             check_mac("local_mac", local_mac)
@@ -686,8 +814,15 @@ class _EthPort(wiring.Component):
             if role is not None and role not in PORT_ROLES:
                 raise ValueError(f"role must be None or one of {', '.join(PORT_ROLES)}, not {role!r}")
             check_mac_prefix(mac_prefix)
+            self.budget = pause_budget(max_frame_bytes(mtu), cable_cycles)
+            if (not isinstance(pause_quanta, int) or isinstance(pause_quanta, bool)
+                    or not 1 <= pause_quanta <= PAUSE_MAX):
+                raise ValueError(f"pause_quanta must be an int from 1 to {PAUSE_MAX}, not {pause_quanta!r}")
         self.role = role
         self.mac_prefix = mac_prefix
+        self.flow_control = bool(flow_control)
+        self.cable_cycles = cable_cycles
+        self.pause_quanta = pause_quanta
         self.mtu = mtu
         self.local_mac = local_mac
         self.peer_mac = peer_mac
@@ -711,10 +846,19 @@ class _EthPort(wiring.Component):
     def _frame_beats(self) -> int:
         return -(-self.max_frame // _BEAT)
 
+    @property
+    def rx_depth(self) -> int:
+        """Beats of the receive FIFO: ``rx_frames`` frames + 16, or with ``flow_control`` at least
+        :func:`pause_budget`'s depth."""
+        depth = self.rx_frames * self._frame_beats + 16
+        return max(depth, self.budget.depth) if self.flow_control else depth
+
     def _mac_pcs(self):
-        """The port's line side, single clock: ``(MacPcsTx(), MacPcsRx(...))``."""
-        rx_depth = self.rx_frames * self._frame_beats + 16
-        return MacPcsTx(), MacPcsRx(self.max_frame, depth=rx_depth, cut_through=self.cut_through)
+        """The port's line side, single clock: ``(MacPcsTx(...), MacPcsRx(...))``."""
+        fc = {"high": self.budget.high, "low": self.budget.low} if self.flow_control else {}
+        return (MacPcsTx(self.local_mac, flow_control=self.flow_control, pause_quanta=self.pause_quanta),
+                MacPcsRx(self.max_frame, depth=self.rx_depth, cut_through=self.cut_through,
+                         local_mac=self.local_mac, **fc))
 
     def _framing(self, m):
         """Adds the :class:`EthFramer` and :class:`EthDeframer` (``sync``) between ``tx``/``rx``
@@ -808,6 +952,16 @@ class EthPort10G(_EthPort):
         (:class:`~wirereduce.hdl.eth.mac.RxCutThrough`), instead of holding each until its FCS is
         checked and dropping bad ones (:class:`~wirereduce.hdl.eth.mac.RxDropBad`, the default).
         Either way a frame that arrives with ``bad`` on ``tx`` leaves with a stomped FCS.
+    flow_control : bool
+        IEEE 802.3x: send PAUSE frames when the receive FIFO passes its high-water mark (XOFF,
+        refreshed) and when it drains below the low-water mark (XON), sized by
+        :func:`pause_budget` so that nothing is lost (the FIFO grows to its ``depth``). PAUSE
+        frames received are honoured either way (``hdl/eth/pause.py``, annex 31B).
+    cable_cycles : int
+        One-way cable + PHY latency (cycles) the flow-control budget allows for (default 64:
+        about 70 m of fibre plus the transceivers at 156.25 MHz).
+    pause_quanta : int
+        pause_time of the XOFF frames (1 … 65535 quanta of 512 bit times; default 65535).
 
     Attributes
     ----------
@@ -836,29 +990,77 @@ class EthPort10G(_EthPort):
     ------
     ValueError
         If ``mtu`` fails :func:`wirereduce.config.check_mtu`, an address is not 48 bits,
-        ``rx_frames`` < 1, ``role`` is unknown or ``mac_prefix`` fails :func:`check_mac_prefix`.
+        ``rx_frames`` < 1, ``cable_cycles`` < 0, ``pause_quanta`` is not 1 … 65535, ``role`` is unknown
+        or ``mac_prefix`` fails :func:`check_mac_prefix`.
     """
 
     def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
-                 rx_frames: int = 2, cut_through: bool = False, role: str | None = None,
+                 rx_frames: int = 2, cut_through: bool = False, flow_control: bool = False,
+                 cable_cycles: int = 64, pause_quanta: int = PAUSE_MAX, role: str | None = None,
                  mac_prefix: int = DEFAULT_MAC_PREFIX):
         super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
-                         cut_through=cut_through, role=role, mac_prefix=mac_prefix,
+                         cut_through=cut_through, flow_control=flow_control, cable_cycles=cable_cycles,
+                         pause_quanta=pause_quanta, role=role, mac_prefix=mac_prefix,
                          line={"line_tx": Out(block_layout), "line_rx": In(block_layout)})
 
     def elaborate(self, platform):
         m = Module()
         eth_tx, eth_rx = self._framing(m)
         m.submodules.mac_pcs_tx, m.submodules.mac_pcs_rx = tx, rx = self._mac_pcs()
+        if self.flow_control:  # PAUSE frames delay data frames: give the source slack (TxStartBuffer)
+            m.submodules.tx_start = start = TxStartBuffer()
+            wiring.connect(m, eth_tx, start.i)
+            eth_tx = start.o
         wiring.connect(m, eth_tx, tx.i)
         wiring.connect(m, rx.o, eth_rx)
         m.d.comb += [
+            tx.peer_pause.eq(rx.pause), tx.peer_quanta.eq(rx.pause_quanta),
+            tx.xoff.eq(rx.xoff), tx.xon.eq(rx.xon),
             tx.o.ready.eq(1), self.line_tx.eq(tx.o.payload),
             rx.i.valid.eq(1), rx.i.payload.eq(self.line_rx),
             self.block_lock.eq(rx.block_lock), self.hi_ber.eq(rx.hi_ber),
         ]
         m.d.comb += [self.stats[name].eq(tx.stats[name]) for name in TX_LINE_COUNTERS]
         m.d.comb += [self.stats[name].eq(rx.stats[name]) for name in RX_LINE_COUNTERS]
+        return m
+
+
+class TxStartBuffer(wiring.Component):
+    """A small FIFO in front of the MAC that starts a frame only once ``threshold`` beats of it,
+    or all of it, are in: the beats after that may come late by up to ``threshold`` cycles in all
+    without the MAC underrunning.
+
+    A port that sends PAUSE frames delays the frame queued behind one by up to 11 columns; a node
+    output fed by a fork (host and ``ccw_out`` in lock-step) then keeps feeding this FIFO, so the
+    fork's other output never starves.
+
+    Attributes
+    ----------
+    i, o : FrameStream(64)
+    """
+
+    def __init__(self, depth: int = 64, threshold: int = 32):
+        self.depth = depth
+        self.threshold = threshold
+        super().__init__({"i": In(FrameStream(64)), "o": Out(FrameStream(64))})
+
+    def elaborate(self, platform):
+        m = Module()
+        blay = beat_layout(64)
+        m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=blay.size, depth=self.depth)
+        ends = Signal(range(self.depth + 1))      # frames whose last beat is in the FIFO
+        sending = Signal()
+        win = self.i.valid & self.i.ready & self.i.payload.last
+        wout = self.o.valid & self.o.ready & self.o.payload.last
+        m.d.sync += ends.eq(ends + win - wout)
+        m.d.comb += [
+            q.w_data.eq(self.i.payload.as_value()), q.w_en.eq(self.i.valid), self.i.ready.eq(q.w_rdy),
+            self.o.payload.eq(q.r_data),
+            self.o.valid.eq(q.r_rdy & (sending | (ends != 0) | (q.r_level >= self.threshold))),
+            q.r_en.eq(self.o.valid & self.o.ready),
+        ]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += sending.eq(~self.o.payload.last)
         return m
 
 
@@ -911,10 +1113,12 @@ class EthPort10GCdc(_EthPort):
     """
 
     def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
-                 rx_frames: int = 2, cut_through: bool = False, role: str | None = None,
+                 rx_frames: int = 2, cut_through: bool = False, flow_control: bool = False,
+                 cable_cycles: int = 64, pause_quanta: int = PAUSE_MAX, role: str | None = None,
                  mac_prefix: int = DEFAULT_MAC_PREFIX):
         super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
-                         cut_through=cut_through, role=role, mac_prefix=mac_prefix,
+                         cut_through=cut_through, flow_control=flow_control, cable_cycles=cable_cycles,
+                         pause_quanta=pause_quanta, role=role, mac_prefix=mac_prefix,
                          line={"gt_tx_data": Out(GT_WORD_BITS), "gt_rx_data": In(GT_WORD_BITS)})
 
     def elaborate(self, platform):
@@ -969,6 +1173,18 @@ class EthPort10GCdc(_EthPort):
             eth_rx.payload.eq(rx_beats.r_data),
             rx_beats.r_en.eq(eth_rx.ready),
         ]
+
+        # Flow control, gt_rx → gt_tx: each PAUSE received (its pause_time) through a small FIFO,
+        # the FIFO's two watermark levels through synchronisers.
+        m.submodules.pause_cross = pause_cross = fifo.AsyncFIFO(width=16, depth=4, w_domain="gt_rx",
+                                                                r_domain="gt_tx")
+        m.d.comb += [
+            pause_cross.w_en.eq(rx.pause), pause_cross.w_data.eq(rx.pause_quanta),
+            pause_cross.r_en.eq(1),
+            tx.peer_pause.eq(pause_cross.r_rdy), tx.peer_quanta.eq(pause_cross.r_data),
+        ]
+        m.submodules.sync_xoff = cdc.FFSynchronizer(rx.xoff, tx.xoff, o_domain="gt_tx")
+        m.submodules.sync_xon = cdc.FFSynchronizer(rx.xon, tx.xon, o_domain="gt_tx")
 
         # Status and counters into sync.
         m.submodules.sync_lock = cdc.FFSynchronizer(rx.block_lock, self.block_lock, o_domain="sync")

@@ -17,7 +17,6 @@ from amaranth import Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.node import Node
-from wirereduce.hdl.core.status import port_counters_layout
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameStream, beat_layout
 
@@ -162,31 +161,37 @@ class InjectableNode(wiring.Component):
     """A :class:`~wirereduce.hdl.core.node.Node` whose ring inputs also take frames from two
     injection ports, ``inj_cw`` and ``inj_ccw``, merged a whole frame at a time with what the
     link delivers (:class:`~wirereduce.hdl.stream.frame.FrameArbiter`): the fuzz suite's hook
-    for hostile frames on a ring port (:mod:`wirereduce.sim.fuzz`). Simulation only.
+    for hostile frames on a ring port (:mod:`wirereduce.sim.fuzz`). Every other member is the
+    node's own. Simulation only.
     """
 
     def __init__(self, config: NodeConfig):
         self.config = config
+        self._node = Node(config)
         beat = FrameStream(config.width)
-        super().__init__({
-            "host_rx": In(beat), "host_tx": Out(beat), "cw_in": In(beat), "cw_out": Out(beat),
-            "ccw_in": In(beat), "ccw_out": Out(beat), "port_counters": In(port_counters_layout()),
-            "inj_cw": In(beat), "inj_ccw": In(beat),
-        })
+        members = dict(self._node.signature.members)
+        members.update({"inj_cw": In(beat), "inj_ccw": In(beat)})
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.node = node = Node(self.config)
-        wiring.connect(m, wiring.flipped(self.host_rx), node.host_rx)
-        wiring.connect(m, node.host_tx, wiring.flipped(self.host_tx))
-        wiring.connect(m, node.cw_out, wiring.flipped(self.cw_out))
-        wiring.connect(m, node.ccw_out, wiring.flipped(self.ccw_out))
-        m.d.comb += node.port_counters.eq(self.port_counters)
-        for port in ("cw", "ccw"):
-            arb = m.submodules[f"inj_arb_{port}"] = FrameArbiter(beat_layout(self.config.width), 2)
-            wiring.connect(m, wiring.flipped(getattr(self, f"{port}_in")), arb.i0)
-            wiring.connect(m, wiring.flipped(getattr(self, f"inj_{port}")), arb.i1)
-            wiring.connect(m, arb.o, getattr(node, f"{port}_in"))
+        m.submodules.node = node = self._node
+        for name, member in node.signature.members.items():
+            if name in ("cw_in", "ccw_in"):
+                port = name[:-3]
+                arb = m.submodules[f"inj_arb_{port}"] = FrameArbiter(beat_layout(self.config.width), 2)
+                wiring.connect(m, wiring.flipped(getattr(self, name)), arb.i0)
+                wiring.connect(m, wiring.flipped(getattr(self, f"inj_{port}")), arb.i1)
+                wiring.connect(m, arb.o, getattr(node, name))
+            elif member.is_signature:
+                if member.flow == In:
+                    wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(node, name))
+                else:
+                    wiring.connect(m, getattr(node, name), wiring.flipped(getattr(self, name)))
+            elif member.flow == In:
+                m.d.comb += getattr(node, name).eq(getattr(self, name))
+            else:
+                m.d.comb += getattr(self, name).eq(getattr(node, name))
         return m
 
 
@@ -483,10 +488,16 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     CONTROL and they drop frames from any other source than their neighbour (``rx_source_drops``,
     the node's ``drop_source``); the NIC ports have fixed addresses and no filter.
 
-    Real Ethernet has no back-pressure: a receiving port whose node does not take frames fills its
-    FIFO (2 frames) and then loses frames (counted in ``stats.rx_overflow``). In the allreduce
-    schedule with the host window ≤ slots that does not happen: a node's outputs leave at the
-    rate its inputs arrive (docs/architecture.md, Flow control), and the FIFO covers the jitter.
+
+    IEEE 802.3x flow control (``hdl/eth/pause.py``): every port honours PAUSE frames; the ports
+    that receive REDUCE (``eth_ccw{k}``) and HOST_PUSH (``eth_host{k}``) frames also send them
+    (``EthPort10G(flow_control=True)``): XOFF when the node stops taking frames and the FIFO passes
+    its high-water mark, XON when it drains; the FIFO is sized by
+    :func:`~wirereduce.hdl.eth.port.pause_budget` for this ``latency``, so a late host costs
+    time, never frames. The ports receiving BROADCAST and results do not send PAUSE: their
+    peers' transmitters are fed by a fork (host and ``ccw_out`` in lock-step), and holding one
+    of them at a frame start would underrun the other mid-frame; those receivers are never held
+    up anyway (docs/architecture.md, Flow control).
 
     Fault injection: on the cable from node ``flip_link`` to node ``flip_link + 1`` (cw), payload
     bit 5 of the ``flip_block``-th scrambled data block (1-based) is inverted, so the frame it
@@ -504,9 +515,10 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     n = len(ring)
     stats = [{} for _ in ring]  # each node's Ethernet ports' stats, by ETH_PORTS name
 
-    def port(name, node, idx, peer_node, peer_idx, cut_through=False, role=None):
+    def port(name, node, idx, peer_node, peer_idx, cut_through=False, role=None, flow_control=False):
         p = EthPort10G(mtu, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
-                       cut_through=cut_through, role=role, mac_prefix=ETH_MAC_PREFIX)
+                       cut_through=cut_through, role=role, mac_prefix=ETH_MAC_PREFIX,
+                       flow_control=flow_control, cable_cycles=latency)
         m.submodules[name] = p
         if role is not None:  # the node's ports follow its CONTROL: addresses and source filter
             m.d.comb += [p.rank.eq(ring[node].rank), p.nodes.eq(ring[node].nodes),
@@ -545,7 +557,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     for k in range(n):
         nxt = (k + 1) % n
         cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True, role="next")
-        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True, role="prev")
+        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True, role="prev", flow_control=True)  # receives REDUCE
         wiring.connect(m, ring[k].cw_out, cw.tx)
         wiring.connect(m, cw.rx, ring[k].ccw_in)
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
@@ -557,7 +569,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
         if not host_links:
             hosts.append((node.host_rx, node.host_tx))
             continue
-        side = port(f"eth_host{k}", k, 2, k, 3, role="host")
+        side = port(f"eth_host{k}", k, 2, k, 3, role="host", flow_control=True)  # receives HOST_PUSH
         nic = port(f"eth_nic{k}", k, 3, k, 2)
         wiring.connect(m, node.host_tx, side.tx)
         wiring.connect(m, side.rx, node.host_rx)
