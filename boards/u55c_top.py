@@ -33,7 +33,8 @@ from wirereduce.boards.cmac_ip import cmac_ip_tcl
 from wirereduce.boards.common import check_options
 from wirereduce.boards.u55c import CMACS
 from wirereduce.hdl.core.node import Node
-from wirereduce.hdl.xilinx.cmac import Cmac100G, CmacRxGlue, CmacTxGlue
+from wirereduce.hdl.eth.port import port_counters
+from wirereduce.hdl.xilinx.cmac import Cmac100G, CmacRxGlue, CmacTxGlue, cmac_port_stats
 
 from wirereduce.config import NodeConfig
 
@@ -137,15 +138,23 @@ class U55CTop(Elaboratable):
         # QSFP0 faces rank - 1: reduce frames come in, broadcast frames go out.
         # QSFP1 faces rank + 1: reduce frames go out, broadcast frames come in.
         ring = ((node.cw_in, node.ccw_out), (node.ccw_in, node.cw_out))
+        # Cut-through receive (a frame found bad at its FCS goes on marked `bad` and leaves the
+        # next CMAC with tx_axis_tuser set, stomped), and the ports' counters in the node's STATS.
+        stats = {}
         for k, (cmac, (to_node, from_node)) in enumerate(zip(cmacs, ring)):
-            rx = DomainRenamer({"cmac_rx": f"cmac{k}"})(CmacRxGlue(mtu))
-            tx = DomainRenamer({"cmac_tx": f"cmac{k}"})(CmacTxGlue(mtu, src_mac=0x02_00_00_88_B5_00 | k))
+            rx_glue = CmacRxGlue(mtu, cut_through=True)
+            tx_glue = CmacTxGlue(mtu, src_mac=0x02_00_00_88_B5_00 | k)
+            stats[("cw", "ccw")[k]] = cmac_port_stats(rx_glue, tx_glue)
+            rx = DomainRenamer({"cmac_rx": f"cmac{k}"})(rx_glue)
+            tx = DomainRenamer({"cmac_tx": f"cmac{k}"})(tx_glue)
             m.submodules[f"rx{k}"] = rx
             m.submodules[f"tx{k}"] = tx
             wiring.connect(m, cmac.rx, rx.cmac)
             wiring.connect(m, tx.cmac, cmac.tx)
             wiring.connect(m, rx.o, to_node)
             wiring.connect(m, from_node, tx.i)
+
+        m.d.comb += node.port_counters.eq(port_counters(stats))
 
         # Placeholder host port (no cage on this board; PCIe/QDMA to come): nothing in, all out dropped.
         m.d.comb += [node.host_rx.valid.eq(0), node.host_tx.ready.eq(1)]

@@ -168,8 +168,13 @@ class VC709Top(Elaboratable):
         ports = {}
         stats = {}  # the ports' stats, by the node port they serve: host, cw, ccw
         for n, (to_node, from_node) in CAGE_ROLES.items():
-            port = EthPort10GCdc(self.mtu, cut_through=to_node != "host_rx")  # ring ports cut-through
+            role = {"host_rx": "host", "cw_in": "prev", "ccw_in": "next"}[to_node]  # source filter
+            # Ring ports cut-through. Every port honours IEEE 802.3x PAUSE (hdl/eth/pause.py); those
+            # receiving HOST_PUSH and REDUCE send it (the BROADCAST sender is a fork: never hold it).
+            port = EthPort10GCdc(self.mtu, cut_through=to_node != "host_rx", role=role,
+                                 flow_control=to_node != "ccw_in")
             ports[n] = port
+            m.d.comb += [port.rank.eq(node.rank), port.nodes.eq(node.nodes), port.control_taken.eq(node.control_taken)]
             m.submodules[f"eth{n}"] = DomainRenamer({"gt_tx": f"gt{n}_tx", "gt_rx": f"gt{n}_rx"})(port)
             ch = quad.channels[n]
             m.d.comb += [ch.tx_data.eq(port.gt_tx_data), port.gt_rx_data.eq(ch.rx_data)]

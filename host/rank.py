@@ -126,13 +126,16 @@ class RankDriver:
         self.window = default_window(self.config) if window is _DEFAULT else check_window(window)
         self.barrier = barrier
         self.ids = CollectiveIds(first_collective)
+        #: The last allreduce did not finish (chunks lost, an error): the next CONTROL carries
+        #: ``Flag.ABORT``, so the node drops what it left running instead of refusing.
+        self.unfinished = False
 
     def plan(self, array: np.ndarray, compression: int | None = None) -> Allreduce:
         """The :class:`Allreduce` every rank computes for an ``array`` of this length (checked,
         nothing sent). Other ranks' arrays are unknown here: the plan's arrays are this one's
         ``nodes`` times, and only this rank's session is run."""
         return Allreduce(self.config, [array] * self.nodes, nodes=self.nodes, compression=compression,
-                         window=self.window, ids=self.ids)
+                         window=self.window, ids=self.ids, abort=self.unfinished)
 
     def allreduce(self, bucket: np.ndarray, compression: int | None = None) -> np.ndarray:
         """The sum over every rank of ``bucket``, as this rank's node returns it (blocking).
@@ -166,7 +169,12 @@ class RankDriver:
     async def allreduce_async(self, bucket: np.ndarray, compression: int | None = None) -> np.ndarray:
         """:meth:`allreduce` in a running event loop."""
         job = self.plan(bucket, compression)
-        await self._run_round(job.round.sessions[self.rank], job.round)
+        try:
+            await self._run_round(job.round.sessions[self.rank], job.round)
+        except BaseException:
+            self.unfinished = True
+            raise
+        self.unfinished = False
         return job.results()[self.rank]
 
     async def stats(self) -> dict[str, int]:
@@ -181,9 +189,9 @@ class RankDriver:
     async def _run_round(self, s: NodeSession, rnd) -> None:
         t, rank = self.transport, self.rank
         await t.send(rank, rnd.control(rank))
-        while True:  # a stray result of an earlier collective may still be on its way
+        while True:  # a stray result of an earlier collective, or a stray STATS, may still be on its way
             data = await t.recv(rank)
-            if Header.unpack(data).opcode == Opcode.STATS:
+            if Header.unpack(data).opcode == Opcode.STATS and s.is_answer(data):
                 break
         s.check_ack(data)
         if self.barrier is not None:

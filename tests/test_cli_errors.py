@@ -196,3 +196,30 @@ def test_bad_compress(work, capsys, extra, needles):
 def test_bench_codec_flags_contradict(work, capsys):
     code = main(["bench", "--no-codec", "--codec-only", "--build-dir", str(work / "b")])
     _assert_user_error(code, capsys, work, "--no-codec", "--codec-only")
+
+
+@pytest.mark.parametrize("extra,needles", [
+    (["--links", "cmac"], ["links='cmac'", "512-bit"]),                         # default width 64
+    (["--width", "512", "--links", "cmac", "--corrupt", "1", "5"], ["--corrupt", "--engine fast"]),
+    (["--width", "512", "--links", "cmac", "--engine", "fast", "--corrupt", "2", "5"], ["node must be"]),
+    (["--width", "512", "--links", "cmac", "--compress", "8"], ["--compress", "--links cmac"]),
+])
+def test_cmac_links_are_checked_before_any_build(work, capsys, extra, needles):
+    inp = _npz(work / "in.npz", **_good(nodes=2))
+    code = _sim(work, inp, 2, *extra)
+    _assert_user_error(code, capsys, work, *needles)
+    assert not (work / "b").exists(), "nothing is built for a wrong argument"
+
+
+def test_cli_links_choices_are_the_networks():
+    import argparse
+
+    from wirereduce.sim.cluster.network import LINKS
+
+    from wirereduce.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sim = next(a for a in sub.choices["sim"]._actions if isinstance(a, argparse._SubParsersAction))
+    links = next(a for a in sim.choices["allreduce"]._actions if a.dest == "links")
+    assert tuple(links.choices) == LINKS

@@ -69,15 +69,18 @@ async def drive_cmac_rx(ctx, port, frames, rng, gap_prob, start=20):
     ctx.set(port.tvalid, 0)
 
 
-async def collect(ctx, o, got, rng, ready_prob, stop, hold_cycles=0):
-    """Collect frames from a beat stream in sync until ``stop()`` and the stream stays idle."""
+async def collect(ctx, o, got, rng, ready_prob, stop, hold_cycles=0, marks=None):
+    """Collect frames from a beat stream in sync until ``stop()`` and the stream stays idle; with
+    ``marks`` (a list) each frame's ``bad`` (last beat) is appended to it, and ``bad`` must be 0 on
+    every other beat."""
     cur = b""
     idle = 0
     cycle = 0
     while True:
         r = int(cycle >= hold_cycles and rng.random() < ready_prob)
         ctx.set(o.ready, r)
-        _, _, v, data, keep, last = await ctx.tick().sample(o.valid, o.payload.data, o.payload.keep, o.payload.last)
+        _, _, v, data, keep, last, bad = await ctx.tick().sample(o.valid, o.payload.data, o.payload.keep,
+                                                                 o.payload.last, o.payload.bad)
         cycle += 1
         if v and r:
             idle = 0
@@ -87,8 +90,11 @@ async def collect(ctx, o, got, rng, ready_prob, stop, hold_cycles=0):
             cur += int(data).to_bytes(B, "little")[:n]
             if not last:
                 assert n == B, "a beat before the last one is not full"
+                assert not bad, "bad set on a beat other than the last"
             else:
                 got.append(cur)
+                if marks is not None:
+                    marks.append(bad)
                 cur = b""
         elif cycle > hold_cycles:
             idle += 1
@@ -97,7 +103,8 @@ async def collect(ctx, o, got, rng, ready_prob, stop, hold_cycles=0):
             return
 
 
-def run_rx(glue, frames, *, cmac_period, seed, gap_prob=0.4, ready_prob=0.9, hold_cycles=0, start=20):
+def run_rx(glue, frames, *, cmac_period, seed, gap_prob=0.4, ready_prob=0.9, hold_cycles=0, start=20,
+           marks=None):
     rng = random.Random(seed)
     got = []
     done = []
@@ -109,8 +116,9 @@ def run_rx(glue, frames, *, cmac_period, seed, gap_prob=0.4, ready_prob=0.9, hol
     counters = {}
 
     async def receiver(ctx):
-        await collect(ctx, glue.o, got, random.Random(seed + 1), ready_prob, lambda: bool(done), hold_cycles)
-        counters.update({k: ctx.get(getattr(glue, k)) for k in ("frames", "bad", "filtered", "overflow")})
+        await collect(ctx, glue.o, got, random.Random(seed + 1), ready_prob, lambda: bool(done), hold_cycles, marks)
+        names = ("frames", "bad", "filtered", "overflow") + (("stomped",) if marks is not None else ())
+        counters.update({k: ctx.get(getattr(glue, k)) for k in names})
 
     sim = Simulator(glue)
     sim.add_clock(SYNC_PERIOD, domain="sync")
@@ -211,6 +219,105 @@ def test_rx_counts_frames_that_arrive_before_it_is_armed():
     assert counters == {"frames": 8, "bad": 0, "filtered": 0, "overflow": 16}
 
 
+@pytest.mark.parametrize("cmac_mhz", [390.0, 250.0])
+def test_rx_cut_through_forwards_bad_frames_marked_and_counts_them(cmac_mhz):
+    """Cut-through: every frame of ours is delivered (good ones clean, ``tuser`` ones marked
+    ``bad`` on their last beat, counted as ``bad`` or, when the CMAC says the FCS was stomped,
+    ``stomped``); frames of another EtherType or without payload are dropped whole; a frame over
+    the MTU is cut off at the beat that shows it and delivered marked. Expectations from the
+    frames' bytes."""
+    rng = random.Random(31)
+    mtu = 1500
+    frames = []
+    for _ in range(60):
+        n = rng.choice([rng.randint(15, 140), rng.randint(15, 14 + mtu)])
+        kind = rng.random()
+        tuser, stomped = (1, int(rng.random() < 0.5)) if kind < 0.25 else (0, 0)
+        et = 0x0800 if 0.25 <= kind < 0.35 else ETHERTYPE
+        frames.append((eth(payload(n - 14, rng), rng, et), tuser, stomped))
+    frames.insert(5, (eth(b"", rng), 0, 0))                                   # header only
+    frames.insert(9, (eth(payload(mtu + 1, rng), rng), 0, 0))                 # one byte too long
+    frames.insert(13, (eth(payload(mtu + 200, rng), rng), 1, 0))              # too long and bad
+    glue = CmacRxGlue(mtu=mtu, cut_through=True)
+    marks = []
+
+    # drive_cmac_rx sets tuser; set stomped alongside it on the same last beat.
+    async def sender(ctx):
+        r = random.Random(7)
+        port = glue.cmac
+        await ctx.tick("cmac_rx").repeat(20)
+        for frame, tuser, stomped in frames:
+            for word, keep, last in beats_of(frame):
+                while r.random() < 0.3:
+                    ctx.set(port.tvalid, 0)
+                    await ctx.tick("cmac_rx")
+                ctx.set(port.tvalid, 1)
+                ctx.set(port.tdata, word)
+                ctx.set(port.tkeep, keep)
+                ctx.set(port.tlast, last)
+                ctx.set(port.tuser, tuser if last else r.getrandbits(1))
+                ctx.set(port.stomped, stomped if last else r.getrandbits(1))
+                await ctx.tick("cmac_rx")
+        ctx.set(port.tvalid, 0)
+        done.append(1)
+
+    done, got, counters = [], [], {}
+
+    async def receiver(ctx):
+        await collect(ctx, glue.o, got, random.Random(8), 0.9, lambda: bool(done), 0, marks)
+        counters.update({k: ctx.get(getattr(glue, k)) for k in ("frames", "bad", "stomped", "filtered", "overflow")})
+
+    sim = Simulator(glue)
+    sim.add_clock(SYNC_PERIOD, domain="sync")
+    sim.add_clock(1 / (cmac_mhz * 1e6), domain="cmac_rx")
+    sim.add_testbench(sender)
+    sim.add_testbench(receiver)
+    sim.run()
+
+    want, want_marks = [], []
+    count = {"frames": 0, "bad": 0, "stomped": 0, "filtered": 0, "overflow": 0}
+    cut = 14 + mtu                      # bytes of a too-long frame that reach the node: whole beats up to it
+    cut_bytes = -(-(cut + 1) // B) * B  # the beat holding byte 14 + mtu is the last one delivered
+    for frame, tuser, stomped in frames:
+        ours = len(frame) > 14 and frame[12:14] == ETHERTYPE.to_bytes(2, "big")
+        if not ours:
+            count["filtered"] += 1
+            continue
+        if len(frame) > cut:
+            want.append(frame[14:cut_bytes])
+            want_marks.append(1)
+            count["bad" if tuser and not stomped else "stomped" if tuser else "filtered"] += 1
+            continue
+        want.append(frame[14:])
+        want_marks.append(tuser)
+        count["frames" if not tuser else "stomped" if stomped else "bad"] += 1
+    assert got == want
+    assert marks == want_marks
+    assert counters == count
+
+
+@pytest.mark.parametrize("cut_through", [False, True])
+def test_rx_trims_ethernet_padding_by_count(cut_through):
+    """A short raw frame padded to 60 bytes by the sender comes out at ``16 + 4·count`` bytes; a
+    compressed one (codec ≠ 0) and a longer raw frame keep every byte (EthDeframer's rule at 10G)."""
+    from wirereduce.protocol import Header, Opcode
+
+    rng = random.Random(41)
+    frames, want = [], []
+    for count, codec, extra in ((0, 0, 0), (1, 0, 0), (5, 0, 0), (7, 0, 0), (5, 1, 0), (12, 0, 0), (20, 0, 0),
+                                (3, 0, 4)):
+        hdr = Header(opcode=Opcode.REDUCE, codec=codec, count=count, seq=count).pack()
+        body = hdr + rng.randbytes(4 * count + extra)     # extra: bytes beyond count (length mismatch)
+        padded = body + bytes(max(0, 46 - len(body)))
+        frames.append((eth(padded, rng), 0))
+        keep = len(padded) if codec or len(padded) > 64 else min(len(padded), 16 + 4 * count)
+        want.append(padded[:keep])
+    glue = CmacRxGlue(mtu=1500, cut_through=cut_through)
+    got, counters = run_rx(glue, frames, cmac_period=SYNC_PERIOD * 0.9, seed=6)
+    assert got == want
+    assert counters["frames"] == len(frames)
+
+
 def test_rx_rejects_a_depth_below_one_frame():
     with pytest.raises(ValueError, match="depth must hold one 9014-byte frame"):
         CmacRxGlue(mtu=9000, depth=100)
@@ -219,14 +326,18 @@ def test_rx_rejects_a_depth_below_one_frame():
 # ---------------------------------------------------------------- transmit
 
 
-def run_tx(glue, frames, *, cmac_period, seed, valid_prob=0.8, tready_prob=0.6):
+def run_tx(glue, frames, *, cmac_period, seed, valid_prob=0.8, tready_prob=0.6, bads=None):
+    """Send ``frames`` through the TX glue (``bads[k]``: frame ``k`` arrives marked ``bad``) and
+    collect what the CMAC side takes; ``problems`` lists every PG203 rule broken, and a ``tuser``
+    that differs from the frame's ``bad`` (on its last beat; 0 on every other beat)."""
     rng = random.Random(seed)
+    bads = bads if bads is not None else [0] * len(frames)
     got = []
     problems = []
 
     async def sender(ctx):
         i = glue.i
-        for frame in frames:
+        for frame, bad in zip(frames, bads):
             for word, keep, last in beats_of(frame):
                 while rng.random() > valid_prob:
                     ctx.set(i.valid, 0)
@@ -234,6 +345,7 @@ def run_tx(glue, frames, *, cmac_period, seed, valid_prob=0.8, tready_prob=0.6):
                 ctx.set(i.payload.data, word | (rng.getrandbits(512) & ~_bitmask(keep)))  # junk beyond keep
                 ctx.set(i.payload.keep, keep)
                 ctx.set(i.payload.last, last)
+                ctx.set(i.payload.bad, bad if last else rng.getrandbits(1))   # bad only counts on the last beat
                 ctx.set(i.valid, 1)
                 await ctx.tick().until(i.ready)
         ctx.set(i.valid, 0)
@@ -258,8 +370,8 @@ def run_tx(glue, frames, *, cmac_period, seed, valid_prob=0.8, tready_prob=0.6):
             if v:
                 idle = 0
                 in_frame = True
-                if user:
-                    problems.append("tuser set")
+                if user != (bads[len(got)] if last else 0):
+                    problems.append(f"tuser {user} on a {'last' if last else 'middle'} beat of frame {len(got)}")
                 if r:
                     n = bin(keep).count("1")
                     cur += int(data).to_bytes(B, "little")[:n]
@@ -304,6 +416,21 @@ def test_tx_prepends_header_pads_and_never_underflows(cmac_mhz):
     assert len(got) == len(frames)
     for k, (g, f) in enumerate(zip(got, frames)):
         assert g == expected_tx(f, header), f"frame {k} ({len(f)} payload bytes) differs"
+
+
+def test_tx_drives_tuser_from_bad_on_the_last_beat():
+    """A frame that reaches the TX glue marked ``bad`` (cut-through, found bad upstream) leaves with
+    ``tuser`` on its last beat, so the CMAC stomps its FCS (PG203 ``tx_axis_tuser``); good frames and
+    every middle beat have ``tuser`` low; ``stomped`` counts the marked frames."""
+    rng = random.Random(23)
+    lengths = [1, 50, 51, 64, 115, 1500] + [rng.randint(1, 1500) for _ in range(14)]
+    frames = [rng.randbytes(n) for n in lengths]
+    bads = [rng.getrandbits(1) for _ in frames]
+    bads[0], bads[1] = 1, 0
+    glue = CmacTxGlue(mtu=1500)
+    got, problems = run_tx(glue, frames, cmac_period=SYNC_PERIOD * 0.95, seed=4, bads=bads)
+    assert problems == []
+    assert [len(g) for g in got] == [max(ETH_MIN_FRAME_BYTES, 14 + len(f)) for f in frames]
 
 
 def test_prepend_rejects_a_bad_header():

@@ -19,7 +19,7 @@ from wirereduce.hdl.codec.port import CodecIn, CodecOut, InsertHeader, StripHead
 from wirereduce.hdl.stream.frame import FrameGate
 
 from wirereduce import codec
-from wirereduce.protocol import Codec, Header, Opcode, frame
+from wirereduce.protocol import Codec, Flag, Header, Opcode, frame
 
 WIDTHS = [64, 256, 512]
 MAXN = 120
@@ -164,3 +164,67 @@ def test_codec_stages_one_beat_per_cycle_uncompressed(width):
     assert rec.frames == frames
     cycles = rec.all_cycles
     assert cycles[-1] - cycles[0] == len(cycles) - 1, "an idle cycle between beats"
+
+
+def _marked(frames_bad, width):
+    """Beats of (frame, bad) pairs: ``bad`` set on the last beat of the marked ones."""
+    out = []
+    for f, bad in frames_bad:
+        beats = byte_beats(f, width)
+        for b in beats:
+            b["bad"] = int(bad and b["last"])
+        out.append(beats)
+    return out
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_marked_frames_never_reach_the_adders(width):
+    """Frames marked ``bad`` (a cut-through port found them spoilt). A compressed one leaves
+    :class:`CodecIn` as a header-only placeholder (its header with ``flags | LOST``), still marked
+    bad, so no decoded value of it goes on and downstream nodes stay in step; not counted as a
+    codec drop. LOST placeholders and raw frames pass both stages unchanged with their mark;
+    :class:`CodecOut` keeps the mark of a frame it compresses."""
+    rng = np.random.default_rng(width)
+    k = 10
+    g1, g2, g3 = (gradients(rng, n, k) for n in (40, 33, 7))
+    h = Header(opcode=Opcode.REDUCE, count=40, seq=0, codec=Codec.INCEPTIONN_V1, eb_k=k)
+    good1 = frame(h, codec.encode(g1, k))
+    spoilt = frame(h.replace(count=33, seq=1), codec.encode(g2, k))
+    lost = h.replace(count=12, seq=2, flags=int(Flag.LOST)).pack()
+    raw = frame(h.replace(codec=Codec.NONE, eb_k=0, count=7, seq=3), g3)
+    good2 = frame(h.replace(count=7, seq=4), codec.encode(g3, k))
+    inputs = [(good1, 0), (spoilt, 1), (lost, 1), (raw, 1), (good2, 0)]
+    want = [(frame(h, codec.decode(codec.encode(g1, k), 40, k)), 0),
+            (h.replace(count=33, seq=1, flags=int(Flag.LOST)).pack(), 1),
+            (lost, 1), (raw, 1),
+            (frame(h.replace(count=7, seq=4), codec.decode(codec.encode(g3, k), 7, k)), 0)]
+    dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)))
+    rec, drops = Received(), []
+
+    async def count_drops(ctx):
+        async for _, _, d in ctx.tick().sample(dut.dropped):
+            if d:
+                drops.append(1)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source(dut.i, _marked(inputs, width)))
+    sim.add_testbench(sink(dut.o, len(want), width, rec, error=dut.o.payload.bad))
+    sim.add_process(count_drops)
+    sim.run()
+    assert [(f, e) for f, e in zip(rec.frames, rec.errors)] == want
+    assert drops == []
+
+    # CodecOut: the placeholder and the raw frame pass as they are; a compressed frame keeps its mark.
+    vals = frame(h.replace(opcode=Opcode.BROADCAST, count=7), g3)
+    inputs = [(lost, 1), (raw, 1), (vals, 1), (vals, 0)]
+    enc = frame(h.replace(opcode=Opcode.BROADCAST, count=7), codec.encode(g3, k))
+    want = [(lost, 1), (raw, 1), (enc, 1), (enc, 0)]
+    dut = CodecOut(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)))
+    rec = Received()
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source(dut.i, _marked(inputs, width)))
+    sim.add_testbench(sink(dut.o, len(want), width, rec, error=dut.o.payload.bad))
+    sim.run()
+    assert [(f, e) for f, e in zip(rec.frames, rec.errors)] == want

@@ -96,7 +96,6 @@ def test_setup_link_rate():
         SimSetup(nodes=4, config=NodeConfig(64), link_gbps=100.0)
     with pytest.raises(ValueError, match="link models"):
         SimSetup(nodes=4, config=NodeConfig(64), links="eth", link_gbps=10.0)
-    with pytest.raises(ValueError, match="codec nodes"):
-        SimSetup(nodes=4, config=NodeConfig(64, codec=True), links="eth")
+    assert "_eth_codec" in SimSetup(nodes=4, config=NodeConfig(64, codec=True), links="eth").tag()  # allowed now
     with pytest.raises(ValueError, match="clock_mhz"):
         SimSetup(nodes=4, clock_mhz=0)

@@ -151,7 +151,7 @@ def test_rank_driver_over_unix_socket(tmp_path):
         hdr = Header.unpack(payload)
         assert hdr.opcode == Opcode.CONTROL
         values = dict.fromkeys(STATS_COUNTERS, 0)
-        values.update(collective=hdr.collective, rank=1, nodes=2, chunks=hdr.seq)
+        values.update(collective=hdr.collective, rank=1, nodes=2, chunks=hdr.seq, request_tag=hdr.count)
         stats = Header(opcode=Opcode.STATS, count=len(STATS_COUNTERS)).pack() + np.array(
             [values[k] for k in STATS_COUNTERS], "<u4").tobytes()
         parse_stats(stats)

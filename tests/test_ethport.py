@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import struct
 
+import numpy as np
 import pytest
 from amaranth import Cat, ClockDomain, ClockSignal, Module, ResetSignal, Signal
 from amaranth.hdl import Fragment
@@ -18,9 +19,18 @@ from amaranth.sim import Simulator
 from amaranth_harness import stream_recv, stream_send, to_beats
 from test_mac import columns, fcs, on_line
 from wirereduce.hdl.eth.pcs import SYNC_DATA, Encoder, Scrambler
-from wirereduce.hdl.eth.port import EthFramer, EthPort10G, EthPort10GCdc, eth_header, eth_stats_layout
+from wirereduce.hdl.eth.port import (
+    DEFAULT_MAC_PREFIX,
+    EthFramer,
+    EthPort10G,
+    EthPort10GCdc,
+    eth_header,
+    eth_stats_layout,
+    role_mac,
+)
 
-from wirereduce.protocol import Codec, Header, Opcode
+from wirereduce import codec
+from wirereduce.protocol import Codec, Flag, Header, Opcode, frame
 
 MTU = 1500
 
@@ -99,13 +109,19 @@ def test_eth_header_and_parameters():
 
     # The crossing is its own component around the single-clock pieces, not a flag: same node side.
     single, board = EthPort10G(MTU), EthPort10GCdc(MTU)
-    shared = {"tx", "rx", "link_up", "block_lock", "hi_ber", "stats", "tx_tap", "tx_tap_valid"}
+    shared = {"tx", "rx", "link_up", "block_lock", "hi_ber", "stats", "tx_tap", "tx_tap_valid",
+              "rank", "nodes", "control_taken"}
     assert set(single.signature.members) == shared | {"line_tx", "line_rx"}
     assert set(board.signature.members) == shared | {"gt_tx_data", "gt_rx_data"}
     for port in (single, board):
         Fragment.get(port, None)
     with pytest.raises(ValueError, match="dst"):
         EthFramer(dst=-1)
+    with pytest.raises(ValueError, match="role"):
+        EthPort10G(MTU, role="cw")
+    with pytest.raises(ValueError, match="low 16 bits"):
+        EthPort10G(MTU, role="host", mac_prefix=0x02_77_72_00_00_01)
+    assert role_mac(DEFAULT_MAC_PREFIX, 3, "prev") == 0x02_77_72_00_03_01
 
 
 def test_back_to_back_random_frames_bitexact():
@@ -238,8 +254,8 @@ def test_cut_through_marks_a_bad_frame_and_the_next_hop_gets_it_stomped():
 class RawLine(wiring.Component):
     """XGMII columns from the testbench → Encoder → Scrambler → a single-clock port's line_rx."""
 
-    def __init__(self):
-        self.port = EthPort10G(MTU)
+    def __init__(self, **port_args):
+        self.port = EthPort10G(MTU, **port_args)
         super().__init__({"data": wiring.In(64), "ctrl": wiring.In(8, init=0xFF)})
 
     def elaborate(self, platform):
@@ -373,3 +389,106 @@ def test_framer_realigns_and_waits_for_link():
 def test_stats_layout_fields():
     assert set(eth_stats_layout().members) >= {"rx_frames", "rx_fcs_errors", "rx_ethertype_drops", "rx_overflow"}
     assert struct.calcsize("<I") * len(eth_stats_layout().members) * 8 == eth_stats_layout().size
+
+
+def _run_line(dut, items, *, rank=0, nodes=0, tx_frame=None):
+    """Feed ``items`` to a :class:`RawLine`: Ethernet frames (bytes, FCS added here) and the string
+    ``"control"`` (a one-cycle ``control_taken`` with ``rank``/``nodes``, between frames). Returns the
+    frames the port delivered (bytes, bad), its stats, and, when ``tx_frame`` is given (sent on
+    ``tx`` at the end), the first 12 bytes the framer put in front of it (dst, src)."""
+    idle = [(0x0707070707070707, 0xFF)]
+    script = idle * 80
+    for item in items:
+        if item == "control":  # as a node takes it: after the frames before it have been delivered
+            script += idle * 100 + ["control"]
+        else:
+            script += columns([on_line(item + fcs(item))]) + idle * 4
+    script += idle * 300
+    got, final, tap = [], {}, []
+
+    async def tb(ctx):
+        ctx.set(dut.port.rank, rank)
+        ctx.set(dut.port.nodes, nodes)
+        cur = b""
+        for step in script:
+            if step == "control":
+                ctx.set(dut.port.control_taken, 1)
+                await ctx.tick()
+                ctx.set(dut.port.control_taken, 0)
+                continue
+            ctx.set(dut.data, step[0])
+            ctx.set(dut.ctrl, step[1])
+            _, _, v, p = await ctx.tick().sample(dut.port.rx.valid, dut.port.rx.payload)
+            if v:
+                cur += int(p.data).to_bytes(8, "little")[:bin(int(p.keep)).count("1")]
+                if p.last:
+                    got.append((cur, int(p.bad)))
+                    cur = b""
+        if tx_frame is not None:
+            await stream_send(ctx, dut.port.tx, tx_frame, 64)
+            await ctx.tick().repeat(20)
+        final.update(stats(ctx, dut.port))
+
+    async def taps(ctx):
+        async for _, _, tv, tp in ctx.tick().sample(dut.port.tx_tap_valid, dut.port.tx_tap):
+            if tv:
+                tap.append(int(tp.data).to_bytes(8, "little"))
+
+    sim = Simulator(dut)
+    sim.add_clock(6.4e-9)
+    sim.add_testbench(tb)
+    sim.add_process(taps)
+    sim.run()
+    return got, final, b"".join(tap)[:12]
+
+
+def test_ring_port_hears_only_its_neighbour_and_trims_only_padding():
+    """A ``prev`` port of rank 2 of 4 listens to rank 1's ``next`` port: nothing before the node's
+    CONTROL, then only that source (a frame from rank 3 is dropped and counted in
+    ``rx_source_drops``). Padding: 46-byte frames are cut to what their header claims (raw data,
+    a LOST placeholder, a compressed frame by its tags); a frame with more payload than its count
+    claims, or one whose claim exceeds 46 bytes, is passed uncut for the node's length check."""
+    rng = random.Random(3)
+    mine = role_mac(DEFAULT_MAC_PREFIX, 2, "prev")
+    peer = role_mac(DEFAULT_MAC_PREFIX, 1, "next")
+    other = role_mac(DEFAULT_MAC_PREFIX, 3, "prev")
+    hdr = eth_header(mine, peer)
+    early = wr_frame(rng, 20, seq=0)
+    good = wr_frame(rng, 20, seq=0)
+    short = wr_frame(rng, 2, seq=1)                            # 24 bytes: padded to 46 on the wire
+    long_claim = wr_frame(rng, 2, seq=2, extra=36)             # 60 bytes claiming 24: not padding
+    lost = Header(opcode=Opcode.REDUCE, collective=1, count=300, seq=3, flags=int(Flag.LOST)).pack()
+    g = np.array([0.5, 0.0, 1e-3], np.float32)
+    comp = frame(Header(opcode=Opcode.REDUCE, codec=Codec.INCEPTIONN_V1, eb_k=10, collective=1, count=3, seq=4),
+                 codec.encode(g, 10))
+    big_claim = Header(opcode=Opcode.REDUCE, collective=1, count=9, seq=5).pack() + bytes(30)  # claims 52
+    pad = lambda f: f.ljust(46, b"\0")  # noqa: E731
+    items = [hdr + early, "control", hdr + good, eth_header(mine, other) + good, hdr + pad(short),
+             hdr + long_claim, hdr + pad(lost), hdr + pad(comp), hdr + pad(big_claim)]
+    dut = RawLine(role="prev", cut_through=True)
+    got, st, tap = _run_line(dut, items, rank=2, nodes=4, tx_frame=wr_frame(rng, 3))
+    assert len(comp) < 46
+    assert [f for f, _ in got] == [good, short, long_claim, lost, comp, pad(big_claim)]
+    assert st["rx_source_drops"] == 2 and st["rx_frames"] == 6
+    assert tap == eth_header(peer, mine)[:12]     # it sends to rank 1's next port, from its own address
+
+
+def test_host_port_locks_to_the_control_sender():
+    """The host port before any CONTROL takes only CONTROL and STATS_REQUEST (from anyone); once the
+    node takes a CONTROL it hears only that frame's sender (plus CONTROL and STATS_REQUEST) and
+    sends to it."""
+    rng = random.Random(4)
+    nic, stray = 0x02_00_00_00_00_0A, 0x02_00_00_00_00_0B
+    mine = role_mac(DEFAULT_MAC_PREFIX, 1, "host")
+    push = frame(Header(opcode=Opcode.HOST_PUSH, collective=1, count=20), np.ones(20, np.float32))
+    ctl = Header(opcode=Opcode.CONTROL, collective=1, src=1, hop=2, seq=1).pack()
+    req = Header(opcode=Opcode.STATS_REQUEST).pack()
+    pad = lambda f: f.ljust(46, b"\0")  # noqa: E731
+    items = [eth_header(mine, nic) + push, eth_header(mine, stray) + pad(req), eth_header(mine, nic) + pad(ctl),
+             "control", eth_header(mine, nic) + push, eth_header(mine, stray) + push,
+             eth_header(mine, stray) + pad(req)]
+    dut = RawLine(role="host")
+    got, st, tap = _run_line(dut, items, rank=1, nodes=2, tx_frame=wr_frame(rng, 3))
+    assert [f for f, _ in got] == [req, ctl, push, req]
+    assert st["rx_source_drops"] == 2
+    assert tap == eth_header(nic, mine)[:12]

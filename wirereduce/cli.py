@@ -105,8 +105,8 @@ def simulate_allreduce(arrays, args, progress=True):
             check_k(k)
         except ValueError as e:
             raise CliError(f"--compress: {e}") from e
-        if links != "model":
-            raise CliError("--compress runs on link models: it does not combine with --links eth")
+        if links == "cmac":
+            raise CliError("--compress runs on link models and 10G Ethernet: it does not combine with --links cmac")
     config = _node_config(args, codec=k is not None)
     try:
         sim = args.simulator or default_simulator()
@@ -127,15 +127,25 @@ def simulate_allreduce(arrays, args, progress=True):
     if corrupt_header is not None:
         corrupt = (*corrupt_header, "header")
     if corrupt is not None:
-        if links != "eth" or getattr(args, "engine", "cocotb") != "fast":
+        if links not in ("eth", "cmac") or getattr(args, "engine", "cocotb") != "fast":
             raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
-                           "they need --engine fast --links eth")
+                           "they need --engine fast --links eth|cmac")
         from wirereduce.sim.engines.fastsim import check_corrupt
 
         try:
             check_corrupt(tuple(corrupt), setup)
         except ValueError as e:
             raise CliError(f"--corrupt: {e}") from e
+    late = getattr(args, "late", None)
+    if late is not None:
+        if getattr(args, "engine", "cocotb") != "fast":
+            raise CliError("--late delays one host in the fast engine's frame player: it needs --engine fast")
+        from wirereduce.sim.engines.fastsim import check_late
+
+        try:
+            check_late(tuple(late), setup)
+        except ValueError as e:
+            raise CliError(f"--late: {e}") from e
     if getattr(args, "engine", "cocotb") == "fast":
         if args.simulator == "icarus" or args.waves:
             raise CliError("--engine fast runs Verilator with a C++ frame player: it takes neither "
@@ -149,6 +159,9 @@ def simulate_allreduce(arrays, args, progress=True):
             extra = {"pcap": pcap} if pcap is not None else {}
             if corrupt is not None:
                 extra["corrupt"] = tuple(corrupt)
+            if late is not None:
+                extra["late"] = tuple(late)
+                extra["final_stats"] = True
             if retries:
                 extra["retries"] = retries
             if k is not None:
@@ -158,6 +171,12 @@ def simulate_allreduce(arrays, args, progress=True):
             rec = run_allreduce(setup, arrays, build_root=Path(args.build_dir) / "fast", progress=progress, **extra)
             if pcap is not None:
                 print(f"wrote {pcap} (Ethernet frames node 0 sent node 1 on the cw link)")
+            if late is not None and rec.get("final_stats"):
+                ports = ("host", "cw", "ccw")
+                sent = [sum(st[f"{q}_tx_pause_frames"] for q in ports) for st in rec["final_stats"]]
+                lost = sum(st[f"{q}_rx_overflow"] for st in rec["final_stats"] for q in ports)
+                print(f"rank {late[0]} started {late[1]} cycles late: PAUSE frames sent per node {sent}, "
+                      f"frames lost to receive FIFO overflow {lost}")
         else:
             (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k, "retries": retries}],
                               build_root=args.build_dir, waves=args.waves, progress=progress, timeout_cycles=timeout)
@@ -593,16 +612,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
-    p.add_argument("--links", choices=("model", "eth"), default="model",
+    p.add_argument("--links", choices=("model", "eth", "cmac"), default="model",
                    help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
-                        "MAC + 10GBASE-R PCS (64 bit only)")
+                        "MAC + 10GBASE-R PCS (64 bit only); cmac: the 100G CMAC glue on every ring link, "
+                        "with a model of the CMAC's AXI4-Stream user side (512 bit only)")
     p.add_argument("--pcap", metavar="FILE", default=None,
                    help="write the Ethernet frames node 0 sends node 1 (cw link) to a pcap file "
                         "(needs --engine fast --links eth)")
     p.add_argument("--corrupt", nargs=2, type=int, metavar=("NODE", "BLOCK"), default=None,
-                   help="fault injection: flip one bit of the BLOCK-th 66-bit data block node NODE sends "
-                        "node NODE+1; the run then reports the lost chunk and the link "
-                        "(needs --engine fast --links eth)")
+                   help="fault injection: flip one bit of the BLOCK-th 66-bit data block (--links cmac: "
+                        "512-bit beat) node NODE sends node NODE+1; the run then reports the lost chunk and "
+                        "the link (needs --engine fast --links eth|cmac)")
     p.add_argument("--corrupt-header", nargs=2, type=int, metavar=("NODE", "FRAME"), default=None,
                    help="fault injection: flip a bit in the wirereduce header of the FRAME-th frame node NODE "
                         "sends node NODE+1; the frame is dropped at the header check, a LOST placeholder "
@@ -611,6 +631,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=0, metavar="N",
                    help="when chunks are lost, sum just their elements again, up to N more times "
                         "(default 0: fail and report the lost chunks)")
+    p.add_argument("--late", nargs=2, type=int, metavar=("RANK", "CYCLES"), default=None,
+                   help="ranks not in lock-step: RANK's host starts pushing CYCLES simulated cycles after the "
+                        "others (10 ms at 10G: 1562500); with --links eth the ports' IEEE 802.3x PAUSE "
+                        "frames hold the ring (needs --engine fast)")
     _add_sim_args(p)
     p.set_defaults(func=cmd_sim_allreduce)
 

@@ -39,7 +39,7 @@ from wirereduce.hdl.stream.frame import FrameGate, FrameStream, beat_layout, gat
 from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_width
-from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Opcode, header_layout
+from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode, header_layout
 
 __all__ = ["hdr_beat_layout", "StripHeader", "InsertHeader", "CodecIn", "CodecOut"]
 
@@ -141,10 +141,13 @@ _DATA_OPS_OUT = (Opcode.REDUCE, Opcode.BROADCAST, Opcode.HOST_RESULT)
 
 
 def _is_compressed(head, short, opcodes):
+    """The frame is transformed: complete header, version 1, ``codec = INCEPTIONN_V1``, one of
+    ``opcodes``, and not a ``flags & LOST`` placeholder (header only: it passes as it is)."""
     op_ok = 0
     for op in opcodes:
         op_ok = op_ok | (head.opcode == op)
-    return ~short & (head.version == VERSION) & (head.codec == Codec.INCEPTIONN_V1) & op_ok
+    return (~short & (head.version == VERSION) & (head.codec == Codec.INCEPTIONN_V1) & op_ok
+            & ((head.flags & Flag.LOST) == 0))
 
 
 class _CodecStage(wiring.Component):
@@ -230,6 +233,7 @@ class _CodecStage(wiring.Component):
         g_beat = Signal(blay)
         m.d.comb += [
             g_beat.data.eq(g.payload.data), g_beat.keep.eq(g.payload.keep), g_beat.last.eq(g.payload.last),
+            g_beat.bad.eq(g.payload.bad),
             strip.i.payload.eq(g.payload),
             strip.i.valid.eq(g.valid & route),
             bq.w_data.eq(g_beat),
@@ -242,6 +246,13 @@ class _CodecStage(wiring.Component):
             bypass.valid.eq(bq.r_rdy),
             bq.r_en.eq(bypass.ready),
         ]
+        # ``bad`` of each transformed frame (on its last beat, docs/protocol.md): the transform
+        # path has no ``bad``, so it goes round it, one entry per frame, to the frame's last
+        # output beat (``_t_end`` / ``_t_bad`` also for a transform that needs it).
+        self._t_end = g.valid & g.ready & route & g.payload.last
+        self._t_bad = g.payload.bad
+        m.submodules.tbad = tbad = fifo.SyncFIFOBuffered(width=1, depth=4)
+        m.d.comb += [tbad.w_en.eq(self._t_end), tbad.w_data.eq(self._t_bad)]
         out = stream.Signature(hdr_beat_layout(w)).create()
         verdicts = self._transform(m, strip.o, out)
         wiring.connect(m, out, insert.i)
@@ -260,10 +271,12 @@ class _CodecStage(wiring.Component):
         m.d.comb += [
             o.valid.eq(Mux(sel, t_ok & insert.o.valid, routes.r_rdy & bypass.valid)),
             o.payload.eq(Mux(sel, insert.o.payload.as_value(), bypass.payload.as_value())),
+            o.payload.bad.eq(Mux(sel, tbad.r_data[0] & insert.o.payload.last, bypass.payload.bad)),
             insert.o.ready.eq(t_ok & o.ready),
             bypass.ready.eq(routes.r_rdy & ~sel & o.ready),
             t_done.eq(t_skip | (t_ok & insert.o.valid & o.ready & insert.o.payload.last)),
             routes.r_en.eq(t_skip | (o.valid & o.ready & o.payload.last)),
+            tbad.r_en.eq(t_done),
         ]
         if verdicts is not None:
             m.d.comb += verdicts.r_en.eq(t_done)
@@ -311,19 +324,28 @@ class CodecIn(_CodecStage):
         blay = beat_layout(w)
         depth = -(-4 * self._max_elements // (w // 8)) + 4
         m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=blay.size, depth=depth)
-        m.submodules.verdicts = verdicts = fifo.SyncFIFOBuffered(width=1 + len(hdrq.r_data), depth=4)
+        m.submodules.verdicts = verdicts = fifo.SyncFIFOBuffered(width=2 + len(hdrq.r_data), depth=4)
+        # The frame's ``bad`` (a cut-through port upstream found it spoilt), in frame order.
+        m.submodules.ibad = ibad = fifo.SyncFIFOBuffered(width=1, depth=4)
+        m.d.comb += [ibad.w_en.eq(self._t_end), ibad.w_data.eq(self._t_bad)]
         d = dec.o.payload
         last = d.last
         m.d.comb += [
             beats.w_data.eq(d.as_value()),
             beats.w_en.eq(dec.o.valid & dec.o.ready),
-            dec.o.ready.eq(beats.w_rdy & (~last | (verdicts.w_rdy & hdrq.r_rdy))),
-            verdicts.w_data.eq(Cat(~dec.error, hdrq.r_data)),
+            dec.o.ready.eq(beats.w_rdy & (~last | (verdicts.w_rdy & hdrq.r_rdy & ibad.r_rdy))),
+            # good: it leaves (a bad frame leaves as a placeholder); lost: it was marked bad.
+            verdicts.w_data.eq(Cat(~dec.error | ibad.r_data[0], ibad.r_data[0], hdrq.r_data)),
+            ibad.r_en.eq(dec.o.valid & dec.o.ready & last),
             verdicts.w_en.eq(dec.o.valid & dec.o.ready & last),
             hdrq.r_en.eq(dec.o.valid & dec.o.ready & last),
         ]
         stored = data.View(blay, beats.r_data)
         good = verdicts.r_data[0]
+        lost = verdicts.r_data[1]
+        hdr = Signal(header_layout())
+        m.d.comb += [hdr.eq(verdicts.r_data[2:]), hdr.flags.eq(verdicts.r_data[2:].bit_select(56, 8) | Flag.LOST)]
+        emit_lost = Signal()   # a lost frame's beats are discarded; its placeholder leaves now
         # One entry per frame for the merge, written with the frame's first beat: 1 = it will
         # come out of the InsertHeader, 0 = it is discarded here.
         m.submodules.skips = skips = fifo.SyncFIFOBuffered(width=1, depth=4)
@@ -334,24 +356,36 @@ class CodecIn(_CodecStage):
             ann_now.eq(~announced & verdicts.r_rdy & beats.r_rdy & skips.w_rdy),
             can.eq(verdicts.r_rdy & beats.r_rdy & (announced | ann_now)),
         ]
-        m.d.comb += [
-            dst.payload.data.eq(stored.data),
-            dst.payload.keep.eq(stored.keep),
-            dst.payload.last.eq(stored.last),
-            dst.payload.hdr.eq(verdicts.r_data[1:]),
-            dst.valid.eq(can & good),
-        ]
         pop = Signal()
-        m.d.comb += pop.eq(can & Mux(good, dst.ready, 1))
-        m.d.comb += [
-            beats.r_en.eq(pop), verdicts.r_en.eq(pop & stored.last),
-            skips.w_en.eq(ann_now), skips.w_data.eq(good),
-        ]
-        with m.If(pop & stored.last):
-            m.d.sync += announced.eq(0)
-        with m.Elif(ann_now):
-            m.d.sync += announced.eq(1)
-        m.d.comb += self.dropped.eq(ann_now & ~good)  # once per frame, before its route is retired
+        with m.If(emit_lost):
+            # The placeholder of a frame marked bad: its header with ``flags | LOST``, no payload
+            # (one empty beat), marked bad by the merge (``tbad``). No value of it goes on.
+            m.d.comb += [
+                dst.payload.keep.eq(0), dst.payload.last.eq(1), dst.payload.hdr.eq(hdr),
+                dst.valid.eq(verdicts.r_rdy), verdicts.r_en.eq(verdicts.r_rdy & dst.ready),
+            ]
+            with m.If(verdicts.r_rdy & dst.ready):
+                m.d.sync += [emit_lost.eq(0), announced.eq(0)]
+        with m.Else():
+            m.d.comb += [
+                dst.payload.data.eq(stored.data),
+                dst.payload.keep.eq(stored.keep),
+                dst.payload.last.eq(stored.last),
+                dst.payload.hdr.eq(verdicts.r_data[2:]),
+                dst.valid.eq(can & good & ~lost),
+                pop.eq(can & Mux(good & ~lost, dst.ready, 1)),
+                beats.r_en.eq(pop), verdicts.r_en.eq(pop & stored.last & ~lost),
+            ]
+            with m.If(pop & stored.last & lost):
+                m.d.sync += [emit_lost.eq(1), announced.eq(1)]
+            with m.Elif(pop & stored.last):
+                m.d.sync += announced.eq(0)
+            with m.Elif(ann_now):
+                m.d.sync += announced.eq(1)
+        m.d.comb += [skips.w_en.eq(ann_now), skips.w_data.eq(good)]
+        # Once per frame dropped as malformed, before its route is retired; a frame marked bad
+        # is not counted here (its link counted it) but leaves as a placeholder.
+        m.d.comb += self.dropped.eq(ann_now & ~good)
         return skips
 
 

@@ -47,6 +47,11 @@ class RunState:
         Chunks in the current collective; frames with a higher ``seq`` are dropped.
     active : Signal()
         A CONTROL frame has started a collective since reset.
+    taken : Signal()
+        High for the one cycle after a CONTROL frame was accepted (:meth:`start`), when ``rank``
+        and ``nodes`` already hold its values; the node exports it as ``control_taken``. Whoever
+        owns the ``RunState`` resets it every cycle (``m.d.sync += run.taken.eq(0)``) before
+        any ``start``.
     is_first, is_last : Value
         The node is rank 0 / rank N-1.
     tag : Signal(16)
@@ -74,6 +79,7 @@ class RunState:
         self.nodes = Signal(8)
         self.chunks = Signal(32)
         self.active = Signal()
+        self.taken = Signal()
         self.tag = Signal(16)
         self.dtype = Signal(8)
         self.codec = Signal(8)
@@ -104,7 +110,7 @@ class RunState:
         again at chunk 0."""
         return [
             self.collective.eq(head.collective), self.rank.eq(head.src), self.nodes.eq(head.hop),
-            self.chunks.eq(head.seq), self.active.eq(1),
+            self.chunks.eq(head.seq), self.active.eq(1), self.taken.eq(1),
             self.dtype.eq(head.dtype), self.codec.eq(head.codec), self.eb_k.eq(head.eb_k),
             self.push_seq.eq(0), self.reduce_seq.eq(0), self.bcast_seq.eq(0),
         ]

@@ -82,19 +82,25 @@ def _count_too_big(h, max_elements: int):
     return (h.count == 0) | (h.count > max_elements)
 
 
-def host_input(m: Module, gate, status, run, slots, events, max_elements: int, codec_built: bool = False):
+def host_input(m: Module, gate, status, run, slots, events, max_elements: int, codec_built: bool = False,
+               quiet=1):
     """The host input. CONTROL and STATS_REQUEST are consumed here and answered with one STATS
     frame from ``status`` once it is free, which echoes their ``count`` (the request tag,
     ``run.tag``); a CONTROL frame first starts a collective (``run.start``) and empties the local
     buffer (``slots``), unless ``run.refusal`` refuses it (a collective still running and no
     ABORT flag, or an invalid field): then nothing changes but ``control_refused``. HOST_PUSH
-    frames are checked and counted; at ranks > 0 one waits until its buffer slot is free."""
+    frames are checked and counted; at ranks > 0 one waits until its buffer slot is free.
+
+    A CONTROL frame waits until the node is ``quiet`` (no frame part-way through a gate or the
+    reduce pipeline): the rank it sets steers the node's routes, which must not change under a
+    frame on its way through (found by the fuzz suite: a CONTROL taken as the last chunk's
+    broadcast was passing cut the result it was delivering)."""
     hh = gate.head
     host_ctl = hh.opcode == Opcode.CONTROL
     host_stats = hh.opcode == Opcode.STATS_REQUEST
     with m.If(gate.head_valid & ~gate.head_short & (hh.version == VERSION)
               & (host_ctl | host_stats)):
-        with m.If(~status.busy):
+        with m.If(~status.busy & (host_stats | quiet)):
             m.d.comb += [gate.drop.eq(1), status.trigger.eq(1)]
             m.d.sync += run.tag.eq(hh.count)
             with m.If(host_ctl):

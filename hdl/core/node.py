@@ -84,6 +84,13 @@ class Node(wiring.Component):
         (:data:`~wirereduce.hdl.core.status.PORT_COUNTERS`: ``link_drop_{port}``, then
         ``{port}_{counter}``). Ethernet ports fill it with
         :func:`wirereduce.hdl.eth.port.port_counters`; leave at 0 where the ports are not Ethernet.
+    control_taken : Out(1)
+        High for one cycle after a CONTROL frame started a collective (not for a refused one).
+    rank, nodes : Out(8)
+        The run-time rank and ring size (CONTROL's ``src`` and ``hop``; 0 before any CONTROL),
+        already the new ones while ``control_taken`` is high. With ``control_taken`` they let
+        the ports in front (e.g. the Ethernet ports' source filter, ``hdl/eth/port.py``) follow the
+        node's configuration without the node knowing what they are.
     """
 
     def __init__(self, config: NodeConfig | None = None):
@@ -94,6 +101,7 @@ class Node(wiring.Component):
             "cw_in": In(beat), "cw_out": Out(beat),
             "ccw_in": In(beat), "ccw_out": Out(beat),
             "port_counters": In(port_counters_layout()),
+            "control_taken": Out(1), "rank": Out(8), "nodes": Out(8),
         })
 
     def elaborate(self, platform):
@@ -103,6 +111,8 @@ class Node(wiring.Component):
         tagged = tagged_layout(w)
         run = RunState(codec=cfg.codec)
         events = EventCounters()
+        m.d.sync += run.taken.eq(0)   # before any run.start, which sets it for one cycle
+        m.d.comb += [self.control_taken.eq(run.taken), self.rank.eq(run.rank), self.nodes.eq(run.nodes)]
 
         m.submodules.host_gate = host_gate = FrameGate(w, cfg.max_beats, check_length=True, max_bytes=cfg.mtu)
         m.submodules.cw_gate = cw_gate = FrameGate(w, cfg.max_beats, check_length=True, max_bytes=cfg.mtu)
@@ -119,7 +129,8 @@ class Node(wiring.Component):
 
         # Host: CONTROL / STATS_REQUEST answered with STATS; pushed chunks go to the local buffer
         # (ranks > 0) or straight into the ring (rank 0).
-        host_input(m, host_gate, status, run, slots, events, cfg.max_elements, cfg.codec)
+        quiet = ~(host_gate.busy | cw_gate.busy | ccw_gate.busy | pipe.busy)
+        host_input(m, host_gate, status, run, slots, events, cfg.max_elements, cfg.codec, quiet)
         filled = slots.write(m, pipe, host_gate.o, run.is_first, (cfg.slot_beats - 1).bit_length())
         # Clockwise input: REDUCE frames wait for their local chunk; the pipeline's last read frees it.
         reduce_input(m, cw_gate, run, slots, events, cfg.max_elements, cfg.codec)

@@ -63,6 +63,8 @@ class ReducePipeline(wiring.Component):
     release, release_slot : Out
         ``release`` pulses for one cycle when the last beat of an added frame has been read
         from slot ``release_slot``, which the host may then refill.
+    busy : Out(1)
+        A beat is in the pipeline.
 
     Latency is :attr:`LATENCY` cycles from input beat to output beat.
 
@@ -93,6 +95,7 @@ class ReducePipeline(wiring.Component):
             "opcode": In(8),
             "release": Out(1),
             "release_slot": Out(range(slots)),
+            "busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -144,12 +147,15 @@ class ReducePipeline(wiring.Component):
 
         # Beat metadata travels beside the adder lanes.
         stage = s1
+        stages_valid = [s1.valid]
         for k in range(AdderLanes.LATENCY):
             nxt = Signal(meta, name=f"d{k + 2}")
             with m.If(en):
                 m.d.sync += nxt.eq(stage)
             stage = nxt
+            stages_valid.append(stage.valid)
         m.d.comb += out_valid.eq(stage.valid)
+        m.d.comb += self.busy.eq(Cat(*stages_valid).any())
 
         # Output: the sum in added lanes, the beat itself elsewhere; header rewritten.
         out = Signal(w)

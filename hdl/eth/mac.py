@@ -523,16 +523,19 @@ class MacRx(wiring.Component):
                     m.d.comb += crc_fin.eq(crc_update(crc_reg, a_d, k))
         total = Signal(range(max_frame + 3 * _LANES))
         m.d.comb += total.eq(cnt + j)
+        # Every field of the verdict is one expression of the frame, ``code`` included (never set
+        # here: a code error ends the frame elsewhere), so the Verilog is one continuous assign.
+        # A field left to a constant-only ``always @*`` block stays X under Icarus 11, which never
+        # runs a block with no inputs (tests/test_icarus.py).
         verdict = Signal(rx_error_layout())
-        with m.If(total > max_frame):
-            m.d.comb += verdict.oversize.eq(1)
-        with m.Elif(total < MIN_FRAME_BYTES):
-            m.d.comb += verdict.runt.eq(1)
-        with m.Elif(crc_fin[::-1] != FCS_ALGORITHM(8).residue()):
-            # A frame whose FCS was sent inverted leaves residue 0: the register starts from the
-            # output XOR (as for the residue, amaranth.lib.crc.Parameters.residue), the inversion
-            # undoes that XOR, and 32 zero bits leave 0. Any other mismatch is a link error.
-            m.d.comb += [verdict.stomped.eq(crc_fin == 0), verdict.fcs.eq(crc_fin != 0)]
+        oversize = total > max_frame
+        runt = ~oversize & (total < MIN_FRAME_BYTES)
+        # A frame whose FCS was sent inverted leaves residue 0: the register starts from the
+        # output XOR (as for the residue, amaranth.lib.crc.Parameters.residue), the inversion
+        # undoes that XOR, and 32 zero bits leave 0. Any other mismatch is a link error.
+        crc_bad = ~oversize & ~runt & (crc_fin[::-1] != FCS_ALGORITHM(8).residue())
+        m.d.comb += verdict.eq(Cat(crc_bad & (crc_fin != 0), runt, oversize, Const(0, 1),
+                                   crc_bad & (crc_fin == 0)))
 
         # Output register; the beat after a /T/ column (j > 4) waits one cycle in pend_*.
         o = self.o.payload
@@ -660,6 +663,8 @@ class RxDropBad(wiring.Component):
         Bad frames dropped (wrapping counter).
     overflow : Out(32)
         Frames lost, whole or in part, because the FIFO was full (wrapping counter).
+    level : Out(range(depth + 1))
+        Beats in the FIFO (its write-side level): what a flow-control threshold watches.
 
     Raises
     ------
@@ -675,6 +680,7 @@ class RxDropBad(wiring.Component):
             "o": Out(FrameStream(64)),
             "dropped": Out(32),
             "overflow": Out(32),
+            "level": Out(range(self.depth + 1)),
         })
 
     def elaborate(self, platform):
@@ -701,6 +707,7 @@ class RxDropBad(wiring.Component):
         m.d.comb += [
             beats.w_data.eq(Cat(beat.data, beat.keep, beat.last)),
             beats.w_en.eq(write),
+            self.level.eq(beats.w_level),
         ]
         with m.If(self.i.valid):
             with m.If(beat.last):
@@ -719,6 +726,9 @@ class RxDropBad(wiring.Component):
         good = Signal()
         left = Signal(nbits)
         stored = data.View(blay, beats.r_data)
+        # The whole payload in one unconditional assignment, ``bad`` (always 0 here: bad frames
+        # are dropped) included: no constant-only ``always @*`` block for Icarus to leave X.
+        m.d.comb += self.o.payload.eq(Cat(stored.data, stored.keep, left == 1, Const(0, 1)))
         with m.If(~active):
             m.d.comb += verdicts.r_en.eq(verdicts.r_rdy)
             with m.If(verdicts.r_rdy):
@@ -728,9 +738,6 @@ class RxDropBad(wiring.Component):
             with m.If(good):
                 m.d.comb += [
                     self.o.valid.eq(beats.r_rdy),
-                    self.o.payload.data.eq(stored.data),
-                    self.o.payload.keep.eq(stored.keep),
-                    self.o.payload.last.eq(left == 1),
                     pop.eq(self.o.valid & self.o.ready),
                 ]
             with m.Else():
@@ -772,6 +779,8 @@ class RxCutThrough(wiring.Component):
         Every admitted frame, ``bad`` set on the last beat of a bad one.
     overflow : Out(32)
         Frames dropped whole because the FIFO had no room for them (wrapping counter).
+    level : Out(range(depth + 1))
+        Beats in the FIFO (its write-side level): what a flow-control threshold watches.
 
     Raises
     ------
@@ -786,6 +795,7 @@ class RxCutThrough(wiring.Component):
             "i": In(stream.Signature(rx_beat_layout(), always_ready=True)),
             "o": Out(FrameStream(64)),
             "overflow": Out(32),
+            "level": Out(range(self.depth + 1)),
         })
 
     def elaborate(self, platform):
@@ -800,6 +810,7 @@ class RxCutThrough(wiring.Component):
         m.d.comb += [
             beats.w_data.eq(Cat(beat.data, beat.keep, beat.last, beat.bad & beat.last)),  # beat_layout order
             beats.w_en.eq(self.i.valid & admit_now),
+            self.level.eq(beats.w_level),
         ]
         with m.If(self.i.valid):
             with m.If(beat.last):

@@ -60,6 +60,7 @@ from amaranth.hdl import DomainRenamer, EnableInserter
 from amaranth.lib import cdc, data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.eth.mac import FCS_BYTES, MacRx, MacTx, RxCutThrough, RxDropBad
+from wirereduce.hdl.eth.pause import PAUSE_MAX, PauseRx, PauseTx
 from wirereduce.hdl.eth.pcs import (
     BerMonitor,
     BlockLock,
@@ -76,15 +77,55 @@ from wirereduce.hdl.stream.frame import FrameStream, beat_layout
 from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_mtu
-from wirereduce.protocol import ETH_HEADER_BYTES, ETH_PORT_COUNTERS, ETH_PORTS, ETHERTYPE, HEADER_BYTES
+from wirereduce.protocol import (
+    ETH_HEADER_BYTES,
+    ETH_MIN_PAYLOAD_BYTES,
+    ETH_PORT_COUNTERS,
+    ETH_PORTS,
+    ETHERTYPE,
+    HEADER_BYTES,
+    Codec,
+    Flag,
+    Opcode,
+)
 
-__all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
+__all__ = ["DEFAULT_LOCAL_MAC", "DEFAULT_PEER_MAC", "DEFAULT_MAC_PREFIX", "PORT_ROLES", "role_mac",
+           "check_mac_prefix", "GT_WORD_BITS", "GT_CLOCK_MHZ", "eth_stats_layout",
            "check_mac", "eth_header", "max_frame_bytes", "rx_drops", "port_counters", "EthFramer", "EthDeframer",
-           "TX_LINE_COUNTERS", "RX_LINE_COUNTERS", "MacPcsTx", "MacPcsRx", "EthPort10G", "EthPort10GCdc"]
+           "TX_LINE_COUNTERS", "RX_LINE_COUNTERS", "PauseBudget", "pause_budget", "MacPcsTx", "MacPcsRx",
+           "EthPort10G", "EthPort10GCdc"]
 
 #: Locally administered unicast addresses (IEEE 802 U/L bit set) used when none is given.
 DEFAULT_LOCAL_MAC = 0x02_77_72_00_00_00
 DEFAULT_PEER_MAC = 0x02_77_72_00_00_01
+#: The locally administered prefix of the addresses a port derives from its node's rank
+#: (:func:`role_mac`): ``02:77:72:00:rr:pp``.
+DEFAULT_MAC_PREFIX = 0x02_77_72_00_00_00
+#: The roles of a port whose addresses follow its node (:class:`EthPort10G` ``role``) and the port
+#: index each puts in the low byte of its address: ``next`` faces rank + 1 (sends REDUCE, hears
+#: BROADCAST), ``prev`` faces rank − 1 (sends BROADCAST, hears REDUCE), ``host`` the host.
+PORT_ROLES = {"next": 0, "prev": 1, "host": 2}
+
+
+def role_mac(prefix: int, rank: int, role: str) -> int:
+    """The address of the ``role`` port of the node at ``rank``: ``prefix | rank << 8 | index``
+    (:data:`PORT_ROLES`); what :class:`EthPort10G` with ``role`` computes in gateware, e.g.
+    ``role_mac(DEFAULT_MAC_PREFIX, 3, "prev") == 0x02_77_72_00_03_01``."""
+    return check_mac_prefix(prefix) | (rank << 8) | PORT_ROLES[role]
+
+
+def check_mac_prefix(prefix) -> int:
+    """Validate a :func:`role_mac` prefix: a 48-bit int whose low 16 bits are 0; returns it.
+
+    Raises
+    ------
+    ValueError
+        If it is not a 48-bit int or its low 16 bits (rank and port) are not 0.
+    """
+    check_mac("mac_prefix", prefix)
+    if prefix & 0xFFFF:
+        raise ValueError(f"mac_prefix must have its low 16 bits 0 (rank and port go there), not {prefix:#014x}")
+    return prefix
 #: Transceiver word width (bits) and word clock (MHz) of the board port: 10.3125 Gbaud / 32.
 GT_WORD_BITS = 32
 GT_CLOCK_MHZ = 322.265625
@@ -228,6 +269,9 @@ class EthFramer(wiring.Component):
     o : Out(FrameStream(64))
         Ethernet frames without FCS.
     enable : In(1)
+    dst_mac, src_mac : In(48)
+        The addresses put on each frame (read as its first beat leaves); undriven, ``dst`` and
+        ``src``. A port whose addresses follow the node's rank drives them.
 
     Raises
     ------
@@ -242,6 +286,7 @@ class EthFramer(wiring.Component):
             "i": In(FrameStream(64)),
             "o": Out(FrameStream(64)),
             "enable": In(1, init=1),
+            "dst_mac": In(48, init=dst), "src_mac": In(48, init=src),
         })
 
     def elaborate(self, platform):
@@ -250,7 +295,8 @@ class EthFramer(wiring.Component):
         started = Signal()               # the frame's first beat has left: it finishes, enable or not
         go = self.enable | started
         m.d.comb += [
-            ra.head.eq(int.from_bytes(self.header, "little")),
+            ra.head.eq(Cat(*(mac[8 * k:8 * k + 8] for mac in (self.dst_mac, self.src_mac) for k in reversed(range(6))),
+                           Const(int.from_bytes(self.header[12:], "little"), 16))),
             ra.i.payload.eq(self.i.payload),
             ra.i.valid.eq(self.i.valid & go),
             self.i.ready.eq(ra.i.ready & go),
@@ -269,20 +315,37 @@ class EthDeframer(wiring.Component):
     - A frame too short to carry the header plus 3 bytes (≤ 16 bytes) is dropped and counted in
       ``short_drops`` (:class:`~wirereduce.hdl.eth.mac.MacRx` never passes one: a good frame has at
       least 60 bytes).
-    - **Padding.** The MAC pads short frames to 60 bytes (clause 3.2.8) and Ethernet carries no
-      length for an EtherType frame, so the upper layer knows its own: for ``codec = NONE``
-      (header byte 3) the frame is cut to ``16 + 4·count`` bytes when it is longer (CONTROL,
-      STATS_REQUEST and short data frames). Compressed frames (``codec ≠ NONE``) are passed
-      uncut: their length is in their tags, so one shorter than 46 bytes keeps its padding.
+    - **Source filter** (``source_filter=True``): a frame whose source address (bytes 6–11) is not
+      ``expect`` while ``expect_valid`` is high is dropped whole and counted in ``source_drops``,
+      unless its opcode (frame byte 15) is one of ``open_opcodes`` (the host port's CONTROL and
+      STATS_REQUEST, which any host may send). While ``expect_valid`` is low only those pass.
+      ``ctrl_src`` is the source address of the last CONTROL frame passed on. Checks in this
+      order: short, EtherType, source.
+    - **Padding** (clause 3.2.8: the MAC pads a frame to 60 bytes, a 46-byte payload, and an
+      EtherType frame carries no length). Only a frame whose wirereduce part is **exactly 46
+      bytes** is cut, to the length its header claims when that is shorter: 16 bytes for CONTROL,
+      STATS_REQUEST, STATS and ``flags & LOST`` placeholders; ``16 + 4·count`` for
+      ``codec = NONE``; for ``codec = INCEPTIONN_V1`` ``16 + tag_bytes(count) + Σ code bytes``,
+      read from the tags (docs/codec.md). A frame of any other length is never cut, so the
+      node's own length checks see what really arrived (a hostile over-long frame is not
+      hidden), and so is a 46-byte frame whose claim is longer than 46 (the decompressor drops a
+      compressed one).
 
     The header comes off in a :class:`~wirereduce.hdl.stream.realign.Realigner` (strip 14 bytes):
     output beat ``j`` is input bytes ``14 + 8j … 21 + 8j``; the two header beats are taken without
     output, then one beat out for every beat in. On the realigner's side channel each beat carries
-    whether its frame is dropped (EtherType, length: decided as input beats 0 and 1 go in), and
-    whether it is the input frame's last beat, with its ``bad``; the drop and the padding cut are
-    done on the realigner's output. ``bad`` on an input frame's last beat goes to its output
-    frame's last beat; the last output beat of a frame cut short of its padding therefore waits
-    until the padding's last beat (the verdict) has arrived, and leaves in that cycle.
+    whether its frame is dropped (EtherType, length, source: decided as input beats 0 and 1 go
+    in). A frame that may be padded (claim < 46 bytes, or a compressed one of at most 96
+    elements) is held from its output beat 1 on in a 6-beat buffer until its end or its 47th
+    byte shows whether it is padded; then the buffer leaves cut, or whole and unchanged, and a
+    longer frame streams on. ``bad`` of the input's last beat goes to the output's last beat.
+
+    Parameters
+    ----------
+    source_filter : bool
+        Check source addresses (default False: every source passes, ``source_drops`` stays 0).
+    open_opcodes : tuple of int
+        Opcodes that pass from any source.
 
     Attributes
     ----------
@@ -291,23 +354,28 @@ class EthDeframer(wiring.Component):
         any with the verdict in ``bad`` (from :class:`~wirereduce.hdl.eth.mac.RxCutThrough`).
     o : Out(FrameStream(64))
         Wirereduce frames.
-    frames, ethertype_drops, short_drops : Out(32)
+    expect : In(48); expect_valid : In(1)
+        The one source address that passes (besides ``open_opcodes``), and whether there is one.
+    ctrl_src : Out(48)
+        Source address of the last CONTROL frame passed on (0 before).
+    frames, ethertype_drops, short_drops, source_drops : Out(32)
         Wrapping counters.
     """
 
-    def __init__(self):
+    def __init__(self, source_filter: bool = False, open_opcodes: tuple = ()):
+        self.source_filter = bool(source_filter)
+        self.open_opcodes = tuple(int(op) for op in open_opcodes)
         super().__init__({
             "i": In(FrameStream(64)),
             "o": Out(FrameStream(64)),
-            "frames": Out(32), "ethertype_drops": Out(32), "short_drops": Out(32),
+            "expect": In(48), "expect_valid": In(1), "ctrl_src": Out(48),
+            "frames": Out(32), "ethertype_drops": Out(32), "short_drops": Out(32), "source_drops": Out(32),
         })
 
     def elaborate(self, platform):
         m = Module()
         i, o = self.i, self.o
-        # Side channel: the frame is dropped; the input frame's last beat (taken in this output
-        # beat's cycle) and its bad.
-        side = data.StructLayout({"drop": 1, "end": 1, "bad": 1})
+        side = data.StructLayout({"drop": 1})
         m.submodules.realign = ra = Realigner(64, strip=ETH_HEADER_BYTES, side=side)
 
         # ---- Input: mark the beats of frames to drop, decided on input beats 0 and 1. ----
@@ -315,20 +383,29 @@ class EthDeframer(wiring.Component):
         idx = Signal(range(3))                   # input beat of the frame: 0, 1, 2 = any later one
         dropping = Signal()                      # the current frame is dropped (from its beat 1 on)
         drop_now = Signal()
+        src_hi = Signal(16)                      # frame bytes 6–7 (input beat 0)
         ethertype = int.from_bytes(ETHERTYPE.to_bytes(2, "big"), "little")
         wrong_type = beat.data[32:48] != ethertype   # frame bytes 12–13, in input beat 1
+        src_bytes = [src_hi[0:8], src_hi[8:16]] + [beat.data[8 * k:8 * k + 8] for k in range(4)]
+        src = Cat(*reversed(src_bytes))          # bytes 6 … 11, most significant first on the wire
+        opcode = beat.data[56:64]                # frame byte 15: wirereduce byte 1
+        wrong_src = Signal()
+        if self.source_filter:
+            open_op = 0
+            for op in self.open_opcodes:
+                open_op = open_op | (opcode == op)
+            m.d.comb += wrong_src.eq(~open_op & ~(self.expect_valid & (src == self.expect)))
         with m.Switch(idx):
             with m.Case(0):
                 m.d.comb += drop_now.eq(beat.last)
             with m.Case(1):
-                m.d.comb += drop_now.eq(beat.last | wrong_type)
+                m.d.comb += drop_now.eq(beat.last | wrong_type | wrong_src)
             with m.Default():
                 m.d.comb += drop_now.eq(dropping)
         m.d.comb += [
             ra.i.payload.data.eq(beat.data), ra.i.payload.keep.eq(beat.keep),
             ra.i.payload.last.eq(beat.last), ra.i.payload.bad.eq(beat.bad),
-            ra.i.payload.side.drop.eq(drop_now), ra.i.payload.side.end.eq(beat.last),
-            ra.i.payload.side.bad.eq(beat.bad),
+            ra.i.payload.side.drop.eq(drop_now),
             ra.i.valid.eq(i.valid), i.ready.eq(ra.i.ready),
         ]
         with m.If(i.valid & i.ready):
@@ -336,90 +413,190 @@ class EthDeframer(wiring.Component):
                 m.d.sync += idx.eq(0)
             with m.Elif(idx < 2):
                 m.d.sync += idx.eq(idx + 1)
+            with m.If(idx == 0):
+                m.d.sync += src_hi.eq(beat.data[48:64])
             with m.If(idx == 1):
                 m.d.sync += dropping.eq(drop_now)
+                with m.If(~drop_now & (opcode == Opcode.CONTROL)):
+                    m.d.sync += self.ctrl_src.eq(src)
             with m.If((idx < 2) & beat.last):
                 m.d.sync += self.short_drops.eq(self.short_drops + 1)
             with m.Elif((idx == 1) & wrong_type):
                 m.d.sync += self.ethertype_drops.eq(self.ethertype_drops + 1)
+            with m.Elif((idx == 1) & wrong_src):
+                m.d.sync += self.source_drops.eq(self.source_drops + 1)
 
-        # ---- Output: drop marked frames, cut the padding. ----
+        # ---- Output: drop marked frames; hold frames that may be padded, then cut or replay. ----
         r = ra.o
         rb = r.payload
         n = _nbytes(m, rb.keep)
-        pos = Signal(16)                         # frame bytes sent so far (8 a beat)
-        codec_none = Signal()
-        limit = Signal(range(HEADER_BYTES + 4 * 65535 + 1))
-        pend_data = Signal(64)                   # the cut last beat, waiting for the padding's end
-        pend_keep = Signal(8)
+        pos = Signal(16)                         # frame bytes that have left realigner so far
         take = r.valid & r.ready
+        pad_len = ETH_MIN_PAYLOAD_BYTES          # 46
+        head_only = Signal()                     # beat 0: CONTROL, STATS_REQUEST, STATS or LOST
+        codec_byte = Signal(8)
+        claim = Signal(range(HEADER_BYTES + 4 * 65536 + 1))   # the claimed length, from beat 1 on
+        count = Signal(16)
+        tag_words = Signal(3)                    # 64-bit tag words of a compressed frame (≤ 3 here)
+        frame_bad = Signal()
+        total = Signal(16)
+        ended = Signal()                         # the held frame's last beat has been taken
 
-        def finish():
-            m.d.sync += [self.frames.eq(self.frames + 1), pos.eq(0)]
+        m.submodules.held = held = fifo.SyncFIFOBuffered(width=len(rb.data) + len(rb.keep) + 2, depth=8)
+        h_data, h_keep = held.r_data[:64], held.r_data[64:72]
+        h_last, h_bad = held.r_data[72], held.r_data[73]
+        m.d.comb += held.w_data.eq(Cat(rb.data, rb.keep, rb.last, rb.bad))
 
-        # The wirereduce length once the header's count is known: output beat 1 (frame bytes
-        # 8 … 15) carries it in frame bytes 10–11.
-        lim_now = Signal.like(limit)
-        m.d.comb += lim_now.eq(Mux(pos == _BEAT, HEADER_BYTES + 4 * rb.data[16:32], limit))
-        trim = Signal()
-        m.d.comb += trim.eq(codec_none & (pos >= _BEAT) & (lim_now <= pos + _BEAT))
-        left = Signal(range(2 * _BEAT))          # bytes of the frame left to send when trimming
-        m.d.comb += left.eq(lim_now - pos)
-        cut_keep = _keep_of(Mux(left < n, left, n))
+        def head_only_of(d):
+            op, flags = d[8:16], d[56:64]
+            return ((op == Opcode.CONTROL) | (op == Opcode.STATS_REQUEST) | (op == Opcode.STATS)
+                    | ((flags & Flag.LOST) != 0))
+
+        # Beat 1 (frame bytes 8 … 15) carries count in frame bytes 10–11.
+        count_now = rb.data[16:32]
+        raw_claim = HEADER_BYTES + 4 * count_now
+        compressed = codec_byte == Codec.INCEPTIONN_V1
+        may_pad = Mux(head_only, 1, Mux(codec_byte == Codec.NONE, raw_claim < pad_len,
+                                        compressed & (count_now <= 96)))
+        # Code bytes of the 32 tags of one tag word: 0, 1, 2, 4 for tags 0 … 3 (docs/codec.md).
+        code_bytes = 0
+        for t in range(32):
+            tag = rb.data[2 * t:2 * t + 2]
+            code_bytes = code_bytes + Mux(tag == 3, 4, tag)
+        word = (pos - 16)[3:6]                   # tag word index of the beat at pos ≥ 16
 
         with m.FSM():
             with m.State("BODY"):
                 with m.If(rb.side.drop):
                     m.d.comb += r.ready.eq(1)
+                with m.Elif((pos == _BEAT) & may_pad):
+                    m.d.comb += [held.w_en.eq(r.valid), r.ready.eq(held.w_rdy)]
+                    with m.If(take):
+                        m.d.sync += [
+                            pos.eq(pos + _BEAT), count.eq(count_now), ended.eq(rb.last),
+                            frame_bad.eq(rb.bad), total.eq(pos + n),
+                            claim.eq(Mux(head_only | ~compressed, Mux(head_only, HEADER_BYTES, raw_claim),
+                                         HEADER_BYTES + 8 * ((count_now + 31) >> 5))),
+                            tag_words.eq((count_now + 31) >> 5),
+                        ]
+                        m.next = "HOLD"
+                        with m.If(rb.last):
+                            m.next = "DECIDE"
                 with m.Else():
-                    ends = trim & (rb.last | rb.side.end)   # the cut, with the input frame's end
-                    early = trim & ~ends                    # the cut, before the padding's end
-                    m.d.comb += o.payload.data.eq(rb.data)
-                    with m.If(trim):
-                        m.d.comb += [o.payload.keep.eq(cut_keep), o.payload.last.eq(1),
-                                     o.payload.bad.eq(rb.side.bad)]
-                    with m.Else():
-                        m.d.comb += [o.payload.keep.eq(rb.keep), o.payload.last.eq(rb.last),
-                                     o.payload.bad.eq(rb.bad)]
-                    with m.If(early):
-                        m.d.comb += r.ready.eq(1)
-                    with m.Else():
-                        m.d.comb += [o.valid.eq(r.valid), r.ready.eq(o.ready)]
+                    m.d.comb += [o.payload.eq(rb), o.valid.eq(r.valid), r.ready.eq(o.ready)]
                     with m.If(take):
                         m.d.sync += pos.eq(pos + _BEAT)
                         with m.If(pos == 0):
-                            m.d.sync += codec_none.eq(rb.data[24:32] == 0)  # frame byte 3
-                        with m.If(pos == _BEAT):
-                            m.d.sync += limit.eq(lim_now)
-                        with m.If(early):
-                            m.d.sync += [pend_data.eq(rb.data), pend_keep.eq(cut_keep)]
-                            m.next = "PAD"
-                        with m.Elif(o.payload.last):
-                            finish()
-                            with m.If(~rb.last):
-                                m.next = "REST"
-            with m.State("PAD"):
-                # Padding is consumed; the held last beat leaves with the padding's last beat.
-                m.d.comb += [o.payload.data.eq(pend_data), o.payload.keep.eq(pend_keep),
-                             o.payload.last.eq(1), o.payload.bad.eq(rb.side.bad),
-                             o.valid.eq(r.valid & rb.side.end), r.ready.eq(~rb.side.end | o.ready)]
-                with m.If(take & rb.side.end):
-                    finish()
+                            m.d.sync += [head_only.eq(head_only_of(rb.data)), codec_byte.eq(rb.data[24:32])]
+                        with m.If(rb.last):
+                            m.d.sync += [self.frames.eq(self.frames + 1), pos.eq(0)]
+            with m.State("HOLD"):
+                # Beats 2 … 5 into the buffer; a compressed frame's tag words add their code bytes.
+                m.d.comb += [held.w_en.eq(r.valid), r.ready.eq(held.w_rdy)]
+                with m.If(take):
+                    m.d.sync += [pos.eq(pos + _BEAT), total.eq(pos + n), frame_bad.eq(rb.bad), ended.eq(rb.last)]
+                    with m.If(~head_only & compressed & (word < tag_words)):
+                        m.d.sync += claim.eq(claim + code_bytes)
+                    with m.If(rb.last | (pos + n > pad_len)):
+                        m.next = "DECIDE"
+            with m.State("DECIDE"):
+                with m.If(ended & (total == pad_len) & (claim < pad_len)):
+                    m.d.sync += pos.eq(_BEAT)
+                    m.next = "CUT"
+                with m.Else():
+                    m.next = "REPLAY"
+            with m.State("CUT"):
+                # The held beats up to the claimed length leave, the last one cut; the rest is padding.
+                left = claim - pos
+                cut = left <= _BEAT
+                m.d.comb += [o.payload.data.eq(h_data), o.payload.keep.eq(Mux(cut, _keep_of(left[:4]), h_keep)),
+                             o.payload.last.eq(cut), o.payload.bad.eq(cut & frame_bad),
+                             o.valid.eq(held.r_rdy), held.r_en.eq(o.ready)]
+                with m.If(held.r_rdy & o.ready):
+                    m.d.sync += pos.eq(pos + _BEAT)
+                    with m.If(cut):
+                        m.d.sync += self.frames.eq(self.frames + 1)
+                        m.next = "FLUSH"
+            with m.State("FLUSH"):
+                m.d.comb += held.r_en.eq(1)
+                with m.If(held.level == 0):
+                    m.d.sync += pos.eq(0)
                     m.next = "BODY"
-                    with m.If(~rb.last):
-                        m.next = "REST"
-            with m.State("REST"):
-                # The realigner's extra last beat of a frame already ended by the cut.
-                m.d.comb += r.ready.eq(1)
-                with m.If(r.valid & rb.last):
+            with m.State("REPLAY"):
+                # Not padding: the held beats leave as they came; a longer frame then streams on.
+                m.d.comb += [o.payload.data.eq(h_data), o.payload.keep.eq(h_keep), o.payload.last.eq(h_last),
+                             o.payload.bad.eq(h_bad), o.valid.eq(held.r_rdy), held.r_en.eq(o.ready)]
+                with m.If(held.r_rdy & o.ready & h_last):
+                    m.d.sync += [self.frames.eq(self.frames + 1), pos.eq(0)]
                     m.next = "BODY"
+                with m.Elif(held.level == 0):
+                    m.next = "BODY"     # (pos > 46 and not ended: BODY streams the rest as is)
         return m
 
 
 #: The :func:`eth_stats_layout` counters kept on the line side of a port, by :class:`MacPcsTx` and
 #: :class:`MacPcsRx` (in the transceiver domains of :class:`EthPort10GCdc`).
-TX_LINE_COUNTERS = ("tx_frames", "tx_stomped", "tx_aborted")
-RX_LINE_COUNTERS = ("rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow", "rx_stomped")
+TX_LINE_COUNTERS = ("tx_frames", "tx_stomped", "tx_aborted", "tx_pause_frames")
+RX_LINE_COUNTERS = ("rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors", "rx_overflow", "rx_stomped",
+                    "rx_pause_frames")
+
+#: Cycles (XGMII columns) of the pipelines a PAUSE decision crosses, rounded up, for
+#: :func:`pause_budget`: the level compare and its synchroniser into the transmit domain
+#: (``_DECIDE``); PauseTx → MacTx → encoder → scrambler → gearbox (``_TX_PIPE``); gearbox →
+#: descrambler → decoder → MacRx → PauseRx, and the pause request's crossing (``_RX_PIPE``).
+_DECIDE, _TX_PIPE, _RX_PIPE = 8, 8, 16
+#: Columns of a PAUSE frame on the wire: start column, 64 bytes, /T/ and the gap.
+_PAUSE_COLUMNS = 11
+
+
+class PauseBudget(tuple):
+    """:func:`pause_budget`'s answer: ``(high, low, in_flight, depth)`` in 64-bit beats."""
+
+    __slots__ = ()
+
+    def __new__(cls, high, low, in_flight, depth):
+        return super().__new__(cls, (high, low, in_flight, depth))
+
+    high = property(lambda self: self[0])
+    low = property(lambda self: self[1])
+    in_flight = property(lambda self: self[2])
+    depth = property(lambda self: self[3])
+
+
+def pause_budget(max_frame: int, cable_cycles: int) -> PauseBudget:
+    """Receive FIFO thresholds and depth for IEEE 802.3x flow control without loss.
+
+    When the FIFO reaches ``high`` beats the port decides to send XOFF; until the peer stops, at
+    most one beat a column keeps arriving for ``in_flight`` columns: the decision's own latency,
+    this port's frame in progress (one ``max_frame`` frame, F + 3 columns with its start, tail and
+    gap, F = ⌈max_frame / 8⌉), the XOFF frame (11 columns), the transmit pipeline, the cable
+    (``cable_cycles``), the peer's receive pipeline up to its PAUSE detection, the peer's frame
+    in progress (F + 3 again: a started frame always finishes, annex 31B.3.7), its transmit
+    pipeline, the cable back and our receive pipeline. ``depth = high + in_flight + F``: the
+    cut-through buffer admits a frame only if a whole ``max_frame`` fits
+    (:class:`~wirereduce.hdl.eth.mac.RxCutThrough`), so the last frame of the flight still
+    finds room. ``high = F`` (one frame of slack for normal jitter), ``low = F // 2`` (XON).
+
+    Returns
+    -------
+    PauseBudget
+        ``(high, low, in_flight, depth)`` in beats; e.g. 1518-byte frames, 4-cycle cables:
+        ``pause_budget(1518, 4) == (190, 95, 461, 841)``.
+
+    Raises
+    ------
+    ValueError
+        If ``cable_cycles`` is not an int ≥ 0 or ``max_frame`` not ≥ 64.
+    """
+    if not isinstance(cable_cycles, int) or isinstance(cable_cycles, bool) or cable_cycles < 0:
+        raise ValueError(f"cable_cycles must be an int ≥ 0 (one-way cable + PHY latency, cycles), not {cable_cycles!r}")
+    if not isinstance(max_frame, int) or max_frame < 64:
+        raise ValueError(f"max_frame must be an int ≥ 64 bytes, not {max_frame!r}")
+    f = -(-max_frame // _BEAT)
+    one_way = _TX_PIPE + cable_cycles + _RX_PIPE
+    in_flight = _DECIDE + (f + 3) + _PAUSE_COLUMNS + one_way + (f + 3) + one_way
+    high = f
+    return PauseBudget(high, f // 2, in_flight, high + in_flight + f)
 
 
 class MacPcsTx(wiring.Component):
@@ -432,6 +609,20 @@ class MacPcsTx(wiring.Component):
     32 of 33 behind a 32-bit :class:`~wirereduce.hdl.eth.pcs.TxGearbox` (:class:`EthPort10GCdc`).
     ``bad`` on a frame's last beat sends it with a stomped FCS.
 
+    IEEE 802.3x flow control: a :class:`~wirereduce.hdl.eth.pause.PauseTx` in front of the MAC,
+    under the same clock enable (a cycle of it is an XGMII column, so the pause timer counts
+    exact quanta of 8 columns), holds data frames while the peer's PAUSE timer runs
+    (``peer_pause``), and sends PAUSE frames when ``xoff``/``xon`` ask (``flow_control``).
+
+    Parameters
+    ----------
+    local_mac : int
+        Source address of the PAUSE frames.
+    flow_control : bool
+        Send PAUSE frames (XOFF/XON); received ones are honoured either way.
+    pause_quanta : int
+        pause_time of an XOFF (1 … 65535).
+
     Attributes
     ----------
     i : In(FrameStream(64))
@@ -439,14 +630,25 @@ class MacPcsTx(wiring.Component):
         cycles), else the MAC ends it with /E/ (``tx_aborted``).
     o : Out(stream.Signature(block_layout))
         Scrambled blocks, bit 0 of ``header`` first on the line.
+    xoff, xon : In(1)
+        The receive FIFO is at or above its high-water mark / below its low-water mark.
+    peer_pause : In(1); peer_quanta : In(16)
+        A good PAUSE frame was received (one cycle, any cycle: it is held until the next
+        enabled one) and its pause_time.
     stats : Out(StructLayout of :data:`TX_LINE_COUNTERS`)
-        Wrapping 32-bit counters.
+        Wrapping 32-bit counters; ``tx_frames`` counts every frame the MAC ended, the PAUSE
+        frames (also in ``tx_pause_frames``) included.
     """
 
-    def __init__(self):
+    def __init__(self, local_mac: int = DEFAULT_LOCAL_MAC, *, flow_control: bool = False,
+                 pause_quanta: int = PAUSE_MAX):
+        self.local_mac = local_mac
+        self.flow_control = bool(flow_control)
+        self.pause_quanta = pause_quanta
         super().__init__({
             "i": In(FrameStream(64)),
             "o": Out(stream.Signature(block_layout)),
+            "xoff": In(1), "xon": In(1), "peer_pause": In(1), "peer_quanta": In(16),
             "stats": Out(data.StructLayout({name: 32 for name in TX_LINE_COUNTERS})),
         })
 
@@ -456,20 +658,35 @@ class MacPcsTx(wiring.Component):
         m.submodules.scrambler = scr = Scrambler()
         en = Signal()
         mac_tx = MacTx()
+        pause = PauseTx(self.local_mac, self.pause_quanta)
         m.submodules.mac_tx = EnableInserter(en)(mac_tx)
+        m.submodules.pause_tx = EnableInserter(en)(pause)
         wiring.connect(m, enc.o, scr.i)
         wiring.connect(m, scr.o, wiring.flipped(self.o))
+        # A PAUSE request waits here for the next enabled cycle (PauseTx sees it in exactly one).
+        req, req_q = Signal(), Signal(16)
+        with m.If(self.peer_pause):
+            m.d.sync += [req.eq(1), req_q.eq(self.peer_quanta)]
+        with m.Elif(en):
+            m.d.sync += req.eq(0)
         m.d.comb += [
             en.eq(enc.i.ready),
-            mac_tx.i.valid.eq(self.i.valid),
-            mac_tx.i.payload.eq(self.i.payload),
-            self.i.ready.eq(mac_tx.i.ready & en),
-            mac_tx.stomp.eq(self.i.payload.bad),
+            pause.enable.eq(self.flow_control),
+            pause.xoff.eq(self.xoff), pause.xon.eq(self.xon),
+            pause.peer_pause.eq(req), pause.peer_quanta.eq(req_q),
+            pause.i.valid.eq(self.i.valid),
+            pause.i.payload.eq(self.i.payload),
+            self.i.ready.eq(pause.i.ready & en),
+            mac_tx.i.valid.eq(pause.o.valid),
+            mac_tx.i.payload.eq(pause.o.payload),
+            pause.o.ready.eq(mac_tx.i.ready),
+            mac_tx.stomp.eq(pause.o.payload.bad),
             enc.i.valid.eq(1),
             enc.i.payload.eq(Cat(mac_tx.xgmii.data, mac_tx.xgmii.ctrl)),
             self.stats.tx_frames.eq(mac_tx.stats.frames),
             self.stats.tx_stomped.eq(mac_tx.stats.stomped),
             self.stats.tx_aborted.eq(mac_tx.stats.aborted),
+            self.stats.tx_pause_frames.eq(pause.sent),
         ]
         return m
 
@@ -497,8 +714,22 @@ class MacPcsRx(wiring.Component):
 
     Attributes
     ----------
+    local_mac : int
+        The port's address: PAUSE frames to it (or to 01-80-C2-00-00-01) are honoured.
+    high, low : int, optional
+        Receive FIFO levels (beats) of ``xoff`` and ``xon`` (:func:`pause_budget`); default
+        never / never.
+
+    Attributes
+    ----------
     i : In(stream.Signature(block_layout, always_ready=True))
         Received blocks, one with each ``i.valid``.
+    pause : Out(1); pause_quanta : Out(16)
+        One cycle for each good PAUSE frame received
+        (:class:`~wirereduce.hdl.eth.pause.PauseRx`, between the MAC and the FIFO: the frame is
+        consumed), with its pause_time.
+    xoff, xon : Out(1)
+        The FIFO level is ≥ ``high`` / < ``low``.
     slip : Out(1)
         :class:`~wirereduce.hdl.eth.pcs.BlockLock`'s bit-slip request, for a gearbox in front;
         blocks that are aligned already never need it.
@@ -510,15 +741,20 @@ class MacPcsRx(wiring.Component):
         Wrapping 32-bit counters.
     """
 
-    def __init__(self, max_frame: int, *, depth: int, cut_through: bool = False):
+    def __init__(self, max_frame: int, *, depth: int, cut_through: bool = False,
+                 local_mac: int = DEFAULT_LOCAL_MAC, high: int | None = None, low: int | None = None):
         self.max_frame = max_frame
         self.depth = depth
         self.cut_through = bool(cut_through)
+        self.local_mac = local_mac
+        self.high = depth if high is None else high
+        self.low = 0 if low is None else low
         super().__init__({
             "i": In(stream.Signature(block_layout, always_ready=True)),
             "slip": Out(1),
             "o": Out(FrameStream(64)),
             "block_lock": Out(1), "hi_ber": Out(1),
+            "pause": Out(1), "pause_quanta": Out(16), "xoff": Out(1), "xon": Out(1),
             "stats": Out(data.StructLayout({name: 32 for name in RX_LINE_COUNTERS})),
         })
 
@@ -531,6 +767,8 @@ class MacPcsRx(wiring.Component):
         en = Signal()
         mac_rx = MacRx(self.max_frame)
         m.submodules.mac_rx = EnableInserter(en)(mac_rx)
+        pause_rx = PauseRx(self.local_mac)
+        m.submodules.pause_rx = EnableInserter(en)(pause_rx)
         drop = RxCutThrough if self.cut_through else RxDropBad
         m.submodules.drop_bad = drop_bad = drop(self.max_frame, depth=self.depth)
         wiring.connect(m, wiring.flipped(self.i), dsc.i)
@@ -546,11 +784,16 @@ class MacPcsRx(wiring.Component):
             self.block_lock.eq(lock.block_lock), self.hi_ber.eq(ber.hi_ber),
             en.eq(dec.o.valid),
             Cat(mac_rx.xgmii.data, mac_rx.xgmii.ctrl).eq(dec.o.payload.as_value()),
-            drop_bad.i.payload.eq(mac_rx.o.payload),
-            drop_bad.i.valid.eq(mac_rx.o.valid & en),  # MacRx's output register holds between enables
+            pause_rx.i.payload.eq(mac_rx.o.payload),
+            pause_rx.i.valid.eq(mac_rx.o.valid),
+            drop_bad.i.payload.eq(pause_rx.o.payload),
+            drop_bad.i.valid.eq(pause_rx.o.valid & en),  # the registers hold between enables
+            self.pause.eq(pause_rx.pause & en), self.pause_quanta.eq(pause_rx.quanta),
+            self.xoff.eq(drop_bad.level >= self.high), self.xon.eq(drop_bad.level < self.low),
             st.rx_fcs_errors.eq(mac_rx.stats.fcs_errors), st.rx_runts.eq(mac_rx.stats.runts),
             st.rx_oversize.eq(mac_rx.stats.oversize), st.rx_code_errors.eq(mac_rx.stats.errors),
             st.rx_overflow.eq(drop_bad.overflow), st.rx_stomped.eq(mac_rx.stats.stomped),
+            st.rx_pause_frames.eq(pause_rx.frames),
         ]
         return m
 
@@ -560,13 +803,26 @@ class _EthPort(wiring.Component):
     members and, in ``sync``, the framing (:meth:`_framing`). ``line`` adds the line members."""
 
     def __init__(self, mtu: int, *, local_mac: int, peer_mac: int, rx_frames: int, cut_through: bool,
-                 line: dict):
+                 flow_control: bool, cable_cycles: int, pause_quanta: int, line: dict,
+                 role: str | None = None, mac_prefix: int = DEFAULT_MAC_PREFIX):
         with rejecting(self):
             check_mtu(mtu)
             check_mac("local_mac", local_mac)
             check_mac("peer_mac", peer_mac)
             if not isinstance(rx_frames, int) or isinstance(rx_frames, bool) or rx_frames < 1:
                 raise ValueError(f"rx_frames must be an int ≥ 1, not {rx_frames!r}")
+            if role is not None and role not in PORT_ROLES:
+                raise ValueError(f"role must be None or one of {', '.join(PORT_ROLES)}, not {role!r}")
+            check_mac_prefix(mac_prefix)
+            self.budget = pause_budget(max_frame_bytes(mtu), cable_cycles)
+            if (not isinstance(pause_quanta, int) or isinstance(pause_quanta, bool)
+                    or not 1 <= pause_quanta <= PAUSE_MAX):
+                raise ValueError(f"pause_quanta must be an int from 1 to {PAUSE_MAX}, not {pause_quanta!r}")
+        self.role = role
+        self.mac_prefix = mac_prefix
+        self.flow_control = bool(flow_control)
+        self.cable_cycles = cable_cycles
+        self.pause_quanta = pause_quanta
         self.mtu = mtu
         self.local_mac = local_mac
         self.peer_mac = peer_mac
@@ -578,6 +834,7 @@ class _EthPort(wiring.Component):
             "link_up": Out(1), "block_lock": Out(1), "hi_ber": Out(1),
             "stats": Out(eth_stats_layout()),
             "tx_tap": Out(beat_layout(64)), "tx_tap_valid": Out(1),
+            "rank": In(8), "nodes": In(8), "control_taken": In(1),
             **line,
         })
 
@@ -589,10 +846,19 @@ class _EthPort(wiring.Component):
     def _frame_beats(self) -> int:
         return -(-self.max_frame // _BEAT)
 
+    @property
+    def rx_depth(self) -> int:
+        """Beats of the receive FIFO: ``rx_frames`` frames + 16, or with ``flow_control`` at least
+        :func:`pause_budget`'s depth."""
+        depth = self.rx_frames * self._frame_beats + 16
+        return max(depth, self.budget.depth) if self.flow_control else depth
+
     def _mac_pcs(self):
-        """The port's line side, single clock: ``(MacPcsTx(), MacPcsRx(...))``."""
-        rx_depth = self.rx_frames * self._frame_beats + 16
-        return MacPcsTx(), MacPcsRx(self.max_frame, depth=rx_depth, cut_through=self.cut_through)
+        """The port's line side, single clock: ``(MacPcsTx(...), MacPcsRx(...))``."""
+        fc = {"high": self.budget.high, "low": self.budget.low} if self.flow_control else {}
+        return (MacPcsTx(self.local_mac, flow_control=self.flow_control, pause_quanta=self.pause_quanta),
+                MacPcsRx(self.max_frame, depth=self.rx_depth, cut_through=self.cut_through,
+                         local_mac=self.local_mac, **fc))
 
     def _framing(self, m):
         """Adds the :class:`EthFramer` and :class:`EthDeframer` (``sync``) between ``tx``/``rx``
@@ -600,7 +866,8 @@ class _EthPort(wiring.Component):
         and ``hi_ber``, which the port drives); returns the framer's output and the deframer's
         input, the port's Ethernet frames out and in."""
         m.submodules.framer = framer = EthFramer(self.peer_mac, self.local_mac)
-        m.submodules.deframer = deframer = EthDeframer()
+        opened = (Opcode.CONTROL, Opcode.STATS_REQUEST) if self.role == "host" else ()
+        m.submodules.deframer = deframer = EthDeframer(self.role is not None, opened)
         wiring.connect(m, wiring.flipped(self.tx), framer.i)
         wiring.connect(m, deframer.o, wiring.flipped(self.rx))
         st = self.stats
@@ -610,9 +877,43 @@ class _EthPort(wiring.Component):
             self.tx_tap_valid.eq(framer.o.valid & framer.o.ready),
             self.tx_tap.eq(framer.o.payload),
             st.rx_frames.eq(deframer.frames), st.rx_ethertype_drops.eq(deframer.ethertype_drops),
-            st.rx_short_drops.eq(deframer.short_drops),
+            st.rx_short_drops.eq(deframer.short_drops), st.rx_source_drops.eq(deframer.source_drops),
         ]
+        if self.role is not None:
+            self._addresses(m, framer, deframer)
         return framer.o, deframer.i
+
+    def _addresses(self, m, framer, deframer):
+        """The run-time addresses of a port with a ``role`` (docs/protocol.md, Source filter).
+
+        All follow the node's CONTROL (``control_taken``, ``rank``, ``nodes``): ``configured`` from
+        the first one on. Own address :func:`role_mac` of ``rank``. A ring port sends to and hears
+        only its neighbour's facing port (``next``: rank + 1's ``prev`` port; ``prev``: rank − 1's
+        ``next`` port, modulo ``nodes``). The host port locks, at each CONTROL the node takes, to
+        the source address of the last CONTROL frame it passed on, sends to it, and hears only it
+        (besides CONTROL and STATS_REQUEST, from anyone); before the first, it sends to the
+        broadcast address."""
+        prefix = Const(self.mac_prefix, 48)
+        rank, nodes = self.rank, self.nodes
+        configured = Signal()
+        with m.If(self.control_taken):
+            m.d.sync += configured.eq(1)
+        own = prefix | (rank << 8) | PORT_ROLES[self.role]
+        if self.role == "host":
+            lock = Signal(48)
+            with m.If(self.control_taken):
+                m.d.sync += lock.eq(deframer.ctrl_src)
+            peer = Mux(configured, lock, Const(0xFFFF_FFFF_FFFF, 48))
+        elif self.role == "next":
+            after = Mux(rank + 1 >= nodes, 0, rank + 1)[:8]
+            peer = prefix | (after << 8) | PORT_ROLES["prev"]
+        else:
+            before = Mux(rank == 0, nodes - 1, rank - 1)[:8]
+            peer = prefix | (before << 8) | PORT_ROLES["next"]
+        m.d.comb += [
+            framer.src_mac.eq(own), framer.dst_mac.eq(peer),
+            deframer.expect.eq(peer), deframer.expect_valid.eq(configured),
+        ]
 
 
 class EthPort10G(_EthPort):
@@ -631,8 +932,18 @@ class EthPort10G(_EthPort):
         The node's MTU (largest wirereduce frame, bytes); the MAC accepts frames up to
         :func:`max_frame_bytes` (mtu + 18) and drops longer ones as oversize.
     local_mac, peer_mac : int
-        Source and destination addresses put on transmitted frames. Received frames are not
-        filtered by address (a point-to-point link).
+        Source and destination addresses put on transmitted frames when ``role`` is None;
+        received frames are then not filtered by address.
+    role : None, "host", "next" or "prev"
+        The port's place at its node (:data:`PORT_ROLES`). With a role, the addresses follow the
+        node's CONTROL (``rank``, ``nodes``, ``control_taken``) and the port drops, and counts in
+        ``stats.rx_source_drops``, every frame not from the one source it listens to: for a ring
+        port its neighbour's facing port (:func:`role_mac`), for the host port the sender of the
+        CONTROL the node took (CONTROL and STATS_REQUEST pass from anyone). Before the first
+        CONTROL a ring port takes nothing and the host port only CONTROL and STATS_REQUEST
+        (docs/protocol.md, Source filter).
+    mac_prefix : int
+        The :func:`role_mac` prefix (low 16 bits 0), default :data:`DEFAULT_MAC_PREFIX`.
     rx_frames : int
         Receive FIFO depth in frames of ``max_frame_bytes(mtu)`` (≥ 1, default 2): what the node
         may fall behind the line before frames are lost (``stats.rx_overflow``).
@@ -641,6 +952,16 @@ class EthPort10G(_EthPort):
         (:class:`~wirereduce.hdl.eth.mac.RxCutThrough`), instead of holding each until its FCS is
         checked and dropping bad ones (:class:`~wirereduce.hdl.eth.mac.RxDropBad`, the default).
         Either way a frame that arrives with ``bad`` on ``tx`` leaves with a stomped FCS.
+    flow_control : bool
+        IEEE 802.3x: send PAUSE frames when the receive FIFO passes its high-water mark (XOFF,
+        refreshed) and when it drains below the low-water mark (XON), sized by
+        :func:`pause_budget` so that nothing is lost (the FIFO grows to its ``depth``). PAUSE
+        frames received are honoured either way (``hdl/eth/pause.py``, annex 31B).
+    cable_cycles : int
+        One-way cable + PHY latency (cycles) the flow-control budget allows for (default 64:
+        about 70 m of fibre plus the transceivers at 156.25 MHz).
+    pause_quanta : int
+        pause_time of the XOFF frames (1 … 65535 quanta of 512 bit times; default 65535).
 
     Attributes
     ----------
@@ -654,6 +975,9 @@ class EthPort10G(_EthPort):
         Receive PCS status (clauses 49.2.9, 49.2.14), in ``sync``.
     stats : Out(eth_stats_layout())
         Counters (``sync``).
+    rank, nodes, control_taken : In(8), In(8), In(1)
+        The node's :class:`~wirereduce.hdl.core.node.Node` outputs of the same names (used with
+        a ``role`` only).
     tx_tap : Out(beat_layout(64)); tx_tap_valid : Out(1)
         A copy of the Ethernet frames (header included, FCS not) as they leave the framer for
         the MAC, one beat in each cycle ``tx_tap_valid`` is high (``sync``): a capture point (pcap).
@@ -665,29 +989,78 @@ class EthPort10G(_EthPort):
     Raises
     ------
     ValueError
-        If ``mtu`` fails :func:`wirereduce.config.check_mtu`, an address is not 48 bits or
-        ``rx_frames`` < 1.
+        If ``mtu`` fails :func:`wirereduce.config.check_mtu`, an address is not 48 bits,
+        ``rx_frames`` < 1, ``cable_cycles`` < 0, ``pause_quanta`` is not 1 … 65535, ``role`` is unknown
+        or ``mac_prefix`` fails :func:`check_mac_prefix`.
     """
 
     def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
-                 rx_frames: int = 2, cut_through: bool = False):
+                 rx_frames: int = 2, cut_through: bool = False, flow_control: bool = False,
+                 cable_cycles: int = 64, pause_quanta: int = PAUSE_MAX, role: str | None = None,
+                 mac_prefix: int = DEFAULT_MAC_PREFIX):
         super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
-                         cut_through=cut_through,
+                         cut_through=cut_through, flow_control=flow_control, cable_cycles=cable_cycles,
+                         pause_quanta=pause_quanta, role=role, mac_prefix=mac_prefix,
                          line={"line_tx": Out(block_layout), "line_rx": In(block_layout)})
 
     def elaborate(self, platform):
         m = Module()
         eth_tx, eth_rx = self._framing(m)
         m.submodules.mac_pcs_tx, m.submodules.mac_pcs_rx = tx, rx = self._mac_pcs()
+        if self.flow_control:  # PAUSE frames delay data frames: give the source slack (TxStartBuffer)
+            m.submodules.tx_start = start = TxStartBuffer()
+            wiring.connect(m, eth_tx, start.i)
+            eth_tx = start.o
         wiring.connect(m, eth_tx, tx.i)
         wiring.connect(m, rx.o, eth_rx)
         m.d.comb += [
+            tx.peer_pause.eq(rx.pause), tx.peer_quanta.eq(rx.pause_quanta),
+            tx.xoff.eq(rx.xoff), tx.xon.eq(rx.xon),
             tx.o.ready.eq(1), self.line_tx.eq(tx.o.payload),
             rx.i.valid.eq(1), rx.i.payload.eq(self.line_rx),
             self.block_lock.eq(rx.block_lock), self.hi_ber.eq(rx.hi_ber),
         ]
         m.d.comb += [self.stats[name].eq(tx.stats[name]) for name in TX_LINE_COUNTERS]
         m.d.comb += [self.stats[name].eq(rx.stats[name]) for name in RX_LINE_COUNTERS]
+        return m
+
+
+class TxStartBuffer(wiring.Component):
+    """A small FIFO in front of the MAC that starts a frame only once ``threshold`` beats of it,
+    or all of it, are in: the beats after that may come late by up to ``threshold`` cycles in all
+    without the MAC underrunning.
+
+    A port that sends PAUSE frames delays the frame queued behind one by up to 11 columns; a node
+    output fed by a fork (host and ``ccw_out`` in lock-step) then keeps feeding this FIFO, so the
+    fork's other output never starves.
+
+    Attributes
+    ----------
+    i, o : FrameStream(64)
+    """
+
+    def __init__(self, depth: int = 64, threshold: int = 32):
+        self.depth = depth
+        self.threshold = threshold
+        super().__init__({"i": In(FrameStream(64)), "o": Out(FrameStream(64))})
+
+    def elaborate(self, platform):
+        m = Module()
+        blay = beat_layout(64)
+        m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=blay.size, depth=self.depth)
+        ends = Signal(range(self.depth + 1))      # frames whose last beat is in the FIFO
+        sending = Signal()
+        win = self.i.valid & self.i.ready & self.i.payload.last
+        wout = self.o.valid & self.o.ready & self.o.payload.last
+        m.d.sync += ends.eq(ends + win - wout)
+        m.d.comb += [
+            q.w_data.eq(self.i.payload.as_value()), q.w_en.eq(self.i.valid), self.i.ready.eq(q.w_rdy),
+            self.o.payload.eq(q.r_data),
+            self.o.valid.eq(q.r_rdy & (sending | (ends != 0) | (q.r_level >= self.threshold))),
+            q.r_en.eq(self.o.valid & self.o.ready),
+        ]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += sending.eq(~self.o.payload.last)
         return m
 
 
@@ -740,9 +1113,12 @@ class EthPort10GCdc(_EthPort):
     """
 
     def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
-                 rx_frames: int = 2, cut_through: bool = False):
+                 rx_frames: int = 2, cut_through: bool = False, flow_control: bool = False,
+                 cable_cycles: int = 64, pause_quanta: int = PAUSE_MAX, role: str | None = None,
+                 mac_prefix: int = DEFAULT_MAC_PREFIX):
         super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
-                         cut_through=cut_through,
+                         cut_through=cut_through, flow_control=flow_control, cable_cycles=cable_cycles,
+                         pause_quanta=pause_quanta, role=role, mac_prefix=mac_prefix,
                          line={"gt_tx_data": Out(GT_WORD_BITS), "gt_rx_data": In(GT_WORD_BITS)})
 
     def elaborate(self, platform):
@@ -797,6 +1173,18 @@ class EthPort10GCdc(_EthPort):
             eth_rx.payload.eq(rx_beats.r_data),
             rx_beats.r_en.eq(eth_rx.ready),
         ]
+
+        # Flow control, gt_rx → gt_tx: each PAUSE received (its pause_time) through a small FIFO,
+        # the FIFO's two watermark levels through synchronisers.
+        m.submodules.pause_cross = pause_cross = fifo.AsyncFIFO(width=16, depth=4, w_domain="gt_rx",
+                                                                r_domain="gt_tx")
+        m.d.comb += [
+            pause_cross.w_en.eq(rx.pause), pause_cross.w_data.eq(rx.pause_quanta),
+            pause_cross.r_en.eq(1),
+            tx.peer_pause.eq(pause_cross.r_rdy), tx.peer_quanta.eq(pause_cross.r_data),
+        ]
+        m.submodules.sync_xoff = cdc.FFSynchronizer(rx.xoff, tx.xoff, o_domain="gt_tx")
+        m.submodules.sync_xon = cdc.FFSynchronizer(rx.xon, tx.xon, o_domain="gt_tx")
 
         # Status and counters into sync.
         m.submodules.sync_lock = cdc.FFSynchronizer(rx.block_lock, self.block_lock, o_domain="sync")

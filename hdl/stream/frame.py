@@ -176,6 +176,9 @@ class FrameGate(wiring.Component):
         With ``drop``: a ``bad`` verdict at the end of this frame means a frame of ours was lost.
     lost_hdr : In(header_layout()); lost_ok, lost_wait : In(1); lost : Out(1)
         The placeholder to emit for a lost frame, and when (above).
+    busy : Out(1)
+        A frame is part-way through the output (passed, dropped or cut off) or a placeholder is
+        being sent: high from its first beat until its last.
     """
 
     def __init__(self, width: int, max_beats: int, check_length: bool = False, max_bytes: int | None = None):
@@ -205,6 +208,7 @@ class FrameGate(wiring.Component):
             "lost_ok": In(1),
             "lost_wait": In(1),
             "lost": Out(1),
+            "busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -296,7 +300,8 @@ class FrameGate(wiring.Component):
                 m.d.comb += o.keep.eq(out_beat.keep & cur_keep)
             return cut, err
 
-        with m.FSM():
+        with m.FSM() as fsm:
+            m.d.comb += self.busy.eq(~fsm.ongoing("START"))
             with m.State("START"):
                 m.d.comb += [
                     self.head.eq(head),

@@ -11,14 +11,18 @@ transmit, a 14-byte realignment of the 64-byte beats.
 Blocks
 ------
 :class:`CmacRxGlue`
-    CMAC RX AXI4-Stream (``cmac_rx`` domain, cannot be stalled) to a frame stream in ``sync``:
-    store-and-forward through an :class:`~amaranth.lib.fifo.AsyncFIFO`, so that no beat of a frame
-    with ``tuser`` set, of a frame for another EtherType, or of a frame cut short by a full FIFO
-    ever reaches the core; each dropped frame is counted.
+    CMAC RX AXI4-Stream (``cmac_rx`` domain, cannot be stalled) to a frame stream in ``sync``
+    through an :class:`~amaranth.lib.fifo.AsyncFIFO`: store-and-forward (no beat of a frame with
+    ``tuser`` set ever reaches the core) or, with ``cut_through=True`` (the ring ports), beats
+    passed on as they arrive and a ``tuser`` frame marked ``bad`` on its last beat, as the 10G
+    ports do; every dropped or marked frame is counted.
 :class:`CmacTxGlue`
     Frame stream in ``sync`` to CMAC TX AXI4-Stream (``cmac_tx`` domain): header prepended,
     padded to the 60-byte minimum, and each frame buffered whole before its first beat goes out,
-    so ``tvalid`` never drops inside a frame (PG203: a TX underflow corrupts the frame).
+    so ``tvalid`` never drops inside a frame (PG203: a TX underflow corrupts the frame); a frame
+    marked ``bad`` leaves with ``tx_axis_tuser`` on its last beat (the CMAC stomps its FCS).
+:func:`cmac_port_stats`
+    A glue pair's counters under the 10G ports' names, for the node's STATS.
 :class:`EthPrepend`
     The header and the padding to 60 bytes, on the 14-byte
     :class:`~wirereduce.hdl.stream.realign.Realigner` (receive strips with one directly).
@@ -46,12 +50,12 @@ from wirereduce.hdl.stream.frame import FrameStream
 from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_mtu
-from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETHERTYPE
+from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_PORT_COUNTERS, ETHERTYPE, HEADER_BYTES
 
 __all__ = [
     "CMAC_WIDTH", "CMAC_BYTES", "ETH_MIN_FRAME_BYTES", "DEFAULT_SRC_MAC", "DEFAULT_DST_MAC",
     "CmacRxSignature", "CmacTxSignature", "eth_frame_beats",
-    "EthPrepend", "CmacRxGlue", "CmacTxGlue", "Cmac100G",
+    "EthPrepend", "CmacRxGlue", "CmacTxGlue", "Cmac100G", "cmac_port_stats",
 ]
 
 #: Width of the CMAC's AXI4-Stream data bus in bits (PG203, AXI4-Stream user interface).
@@ -71,7 +75,7 @@ _H = ETH_HEADER_BYTES           # 14
 _S = CMAC_BYTES - _H            # 50: payload bytes that share a beat with the header
 
 # Verdict status codes of the receive store-and-forward queue.
-_GOOD, _BAD, _FILTERED, _LOST = range(4)
+_GOOD, _BAD, _FILTERED, _LOST, _STOMPED = range(5)
 _LOST_BITS = 8                  # frames lost without a verdict slot, carried in the next verdict
 
 
@@ -137,6 +141,11 @@ class CmacRxSignature(wiring.Signature):
     tlast : Out(1)
     tuser : Out(1)
         On the last beat: the frame is bad (FCS error, too long, ...). Ignored on other beats.
+    stomped : Out(1)
+        With ``tuser`` on the last beat: the bad FCS was a stomped one (the sender marked the frame
+        bad, PG203 ``stat_rx_stomped_fcs``), so the error did not happen on this link. The CMAC
+        reports it on its statistics output, not in the stream: :class:`Cmac100G` drives it from
+        ``stat_rx_stomped_fcs`` (see the note there).
 
     There is no ``tready``: the CMAC cannot be back-pressured.
     """
@@ -144,6 +153,7 @@ class CmacRxSignature(wiring.Signature):
     def __init__(self):
         super().__init__({
             "tvalid": Out(1), "tdata": Out(CMAC_WIDTH), "tkeep": Out(CMAC_BYTES), "tlast": Out(1), "tuser": Out(1),
+            "stomped": Out(1),
         })
 
 
@@ -156,7 +166,9 @@ class CmacTxSignature(wiring.Signature):
     tdata : Out(512); tkeep : Out(64)
         As in :class:`CmacRxSignature`.
     tuser : Out(1)
-        1 marks the frame bad (the CMAC stomps its FCS); the glue always drives 0.
+        On the last beat: the frame is bad, the CMAC sends it with a stomped FCS (PG203,
+        ``tx_axis_tuser``: "bad packet"; counted in ``stat_tx_bad_fcs``) so the far end drops or
+        marks it. The glue drives the frame's ``bad``.
     tready : In(1)
         The CMAC takes the beat. Once a frame's first beat is offered, ``tvalid`` must stay high
         until its last beat is taken, or the CMAC underflows (``tx_unfout``) and corrupts it.
@@ -225,6 +237,29 @@ class EthPrepend(wiring.Component):
         return m
 
 
+def _trim_padding(m, i, o):
+    """Connect frame stream ``i`` to ``o`` (both ``sync``, 512 bit), cutting Ethernet padding.
+
+    The sending glue pads a frame to 60 bytes with its header (46 wirereduce bytes, IEEE 802.3
+    clause 3.2.8) and Ethernet carries no length for an EtherType frame, so, as
+    :class:`~wirereduce.hdl.eth.port.EthDeframer` does at 10G, a one-beat frame with
+    ``codec = NONE`` (header byte 3) is cut to ``16 + 4·count`` bytes (count: header bytes 10–11)
+    when it is longer. Only one-beat frames can carry padding (46 < 64 bytes); longer frames and
+    compressed ones (their length is in their tags) pass unchanged.
+    """
+    first = Signal(init=1)
+    p = i.payload
+    limit = Signal(range(HEADER_BYTES + 4 * 65535 + 1))
+    m.d.comb += [
+        o.payload.eq(p), o.valid.eq(i.valid), i.ready.eq(o.ready),
+        limit.eq(HEADER_BYTES + 4 * p.data[80:96]),
+    ]
+    with m.If(first & p.last & (p.data[24:32] == 0)):
+        m.d.comb += o.payload.keep.eq(p.keep & Cat(*(limit > k for k in range(CMAC_BYTES))))
+    with m.If(i.valid & i.ready):
+        m.d.sync += first.eq(p.last)
+
+
 class CmacRxGlue(wiring.Component):
     """CMAC receive stream (``cmac_rx`` domain) to the node's frame stream (``sync`` domain).
 
@@ -248,6 +283,19 @@ class CmacRxGlue(wiring.Component):
       cycles of a reset (the FIFOs' read side is still leaving reset) → ``overflow``. The rest of
       the frame is discarded and the beats already stored are discarded by the reader.
 
+    With ``cut_through=True`` the reader does not wait for the verdict: beats leave as soon as
+    they are in the FIFO, each with its frame's ``last`` and ``bad`` stored beside it. A frame is
+    admitted at its first beat only if the FIFO has room for ``max_beats + 1`` beats (else it is
+    lost whole, ``overflow``); another EtherType or no payload byte: dropped whole, no beat stored
+    (``filtered``); a ``tuser`` frame: delivered with ``bad`` on its last beat (``bad``, or
+    ``stomped`` when the CMAC flags the FCS as stomped); a frame longer than ``14 + mtu`` bytes:
+    ended at the beat that shows it, marked ``bad`` (``filtered``). Latency: the FIFO's
+    synchroniser delay only.
+
+    In both modes a one-beat frame with ``codec = NONE`` has its Ethernet padding cut off:
+    it leaves at ``16 + 4·count`` bytes when longer (:func:`_trim_padding`, the rule of
+    :class:`~wirereduce.hdl.eth.port.EthDeframer`).
+
     The destination address is not checked: ring links are point to point.
 
     Latency: a frame's first beat leaves ``o`` after its last beat has arrived plus the FIFO's
@@ -263,7 +311,9 @@ class CmacRxGlue(wiring.Component):
         :class:`~wirereduce.hdl.core.node.NodeConfig` ``mtu``.
     depth : int or None
         Beat FIFO depth in 512-bit beats, rounded up to a power of two; default the longest
-        frame plus 16 beats (256 at MTU 9000: 9014 bytes are 141 beats).
+        frame plus 16 beats (plus 17 with ``cut_through``; 256 at MTU 9000: 9014 bytes are 141 beats).
+    cut_through : bool
+        Pass beats on before the frame's verdict, marking bad frames (default False: store and forward).
 
     Attributes
     ----------
@@ -271,15 +321,20 @@ class CmacRxGlue(wiring.Component):
         From :attr:`Cmac100G.rx`.
     o : Out(FrameStream(512)), domain ``sync``
         Good frames without the Ethernet header.
-    frames, bad, filtered, overflow : Out(32), domain ``sync``
-        Wrapping counters: frames passed to ``o``, and frames dropped for each reason above. A
+    frames, bad, stomped, filtered, overflow : Out(32), domain ``sync``
+        Wrapping counters: good frames passed to ``o``, and frames dropped (cut-through: marked)
+        for each reason above; ``stomped`` is a ``tuser`` frame whose FCS the CMAC reported stomped
+        (``cmac.stomped``), ``bad`` any other ``tuser`` frame. A
         frame lost while the verdict FIFO was full is counted when the next verdict (or a
         count-only verdict, written as soon as there is room) is read.
 
     Raises
     ------
     ValueError
-        On a bad ``mtu``, or a ``depth`` smaller than the longest frame.
+        On a bad ``mtu``, or a ``depth`` smaller than the longest frame (with ``cut_through``,
+        than the longest frame plus 17 beats).
+    TypeError
+        If ``cut_through`` is not a bool.
 
     Notes
     -----
@@ -289,21 +344,30 @@ class CmacRxGlue(wiring.Component):
     ``last``), so reset ``sync`` together with ``cmac_rx`` when that matters.
     """
 
-    def __init__(self, mtu: int = 9000, depth: int | None = None):
+    def __init__(self, mtu: int = 9000, depth: int | None = None, *, cut_through: bool = False):
         with rejecting(self):
+            if cut_through is True and depth is None:
+                depth = eth_frame_beats(mtu) + 17
             self.mtu, self.max_beats, self.depth = _check_depth(mtu, depth)
+            if not isinstance(cut_through, bool):
+                raise TypeError(f"cut_through must be a bool, not {cut_through!r}")
+            if cut_through and self.depth < self.max_beats + 1 + 16:
+                raise ValueError(f"a cut-through CmacRxGlue needs depth ≥ {self.max_beats + 17} beats "
+                                 f"(one {_H + self.mtu}-byte frame, its cut-off beat and 16), not {depth!r}")
+        self.cut_through = cut_through
         super().__init__({
             "cmac": In(CmacRxSignature()),
             "o": Out(FrameStream(CMAC_WIDTH)),
-            "frames": Out(32), "bad": Out(32), "filtered": Out(32), "overflow": Out(32),
+            "frames": Out(32), "bad": Out(32), "stomped": Out(32), "filtered": Out(32), "overflow": Out(32),
         })
 
     def elaborate(self, platform):
         m = Module()
         nbits = self.depth.bit_length()     # a frame never has more than `depth` beats stored
-        vlay = data.StructLayout({"n": nbits, "status": 2, "lost_before": _LOST_BITS})
+        vlay = data.StructLayout({"n": nbits, "status": 3, "lost_before": _LOST_BITS})
+        ct = self.cut_through
         m.submodules.beats = beats = fifo.AsyncFIFO(
-            width=CMAC_WIDTH + CMAC_BYTES, depth=self.depth, w_domain="cmac_rx", r_domain="sync")
+            width=CMAC_WIDTH + CMAC_BYTES + 2, depth=self.depth, w_domain="cmac_rx", r_domain="sync")
         m.submodules.verdicts = verdicts = fifo.AsyncFIFO(
             width=vlay.size, depth=16, w_domain="cmac_rx", r_domain="sync")
 
@@ -328,17 +392,36 @@ class CmacRxGlue(wiring.Component):
             too_long = too_long | ((seen_now == self.max_beats) & rx.tkeep[tail])
         armed = _armed(m, "cmac_rx")
         slot = verdicts.w_rdy & armed
-        admit_now = Mux(first, slot, admitted)
         filt_now = Mux(first, (ethertype != ETHERTYPE) | runt, filtered) | too_long
         lost_prev = ~first & lost
         write = Signal()
-        m.d.comb += write.eq(rx.tvalid & admit_now & ~filt_now & ~lost_prev & beats.w_rdy)
-        lost_now = lost_prev | (admit_now & ~filt_now & ~beats.w_rdy)
+        cut_bad = Signal()              # cut-through: the beat is stored as a frame's last, marked bad
+        if ct:
+            # Cut-through: a frame is admitted whole or not at all, when its first beat arrives with
+            # room in the beat FIFO for its longest length plus the cut-off beat, so no beat of an
+            # admitted frame is ever lost (a frame cannot be recalled once its first beats have left).
+            # A frame found too long is ended at the beat that shows it, marked bad.
+            room = beats.w_level <= self.depth - (self.max_beats + 1)
+            admit_now = Mux(first, slot & (room | (ethertype != ETHERTYPE) | runt), admitted)
+            lost_now = Mux(first, slot & ~room & ~((ethertype != ETHERTYPE) | runt), lost)
+            filt_prev = ~first & filtered
+            m.d.comb += [
+                write.eq(rx.tvalid & admit_now & ~lost_now & ~filt_prev
+                         & (Mux(first, ~((ethertype != ETHERTYPE) | runt), 1))),
+                cut_bad.eq(too_long | rx.tuser),
+            ]
+            last_w = rx.tlast | too_long
+        else:
+            admit_now = Mux(first, slot, admitted)
+            m.d.comb += write.eq(rx.tvalid & admit_now & ~filt_now & ~lost_prev & beats.w_rdy)
+            lost_now = lost_prev | (admit_now & ~filt_now & ~beats.w_rdy)
+            last_w = rx.tlast
         n_now = Mux(first, 0, stored) + write
-        status = Mux(lost_now, _LOST, Mux(rx.tuser, _BAD, Mux(filt_now, _FILTERED, _GOOD)))
+        status = Mux(lost_now, _LOST, Mux(rx.tuser, Mux(rx.stomped, _STOMPED, _BAD),
+                                          Mux(filt_now, _FILTERED, _GOOD)))
         verdict = Signal(vlay)
         m.d.comb += [
-            beats.w_data.eq(Cat(rx.tdata, rx.tkeep)),
+            beats.w_data.eq(Cat(rx.tdata, rx.tkeep, last_w, cut_bad)),
             beats.w_en.eq(write),
             verdicts.w_data.eq(verdict),
         ]
@@ -370,7 +453,30 @@ class CmacRxGlue(wiring.Component):
 
         # ---- Read side (sync): one verdict, then its beats; good ones go through the header strip. ----
         m.submodules.strip = strip = Realigner(CMAC_WIDTH, strip=_H)
-        wiring.connect(m, wiring.flipped(self.o), strip.o)
+        _trim_padding(m, strip.o, self.o)
+        if ct:
+            # Cut-through: beats go on as soon as they are readable, each with its stored last/bad;
+            # verdicts are read only to count.
+            s = strip.i
+            m.d.comb += [
+                s.payload.data.eq(beats.r_data[:CMAC_WIDTH]),
+                s.payload.keep.eq(beats.r_data[CMAC_WIDTH:CMAC_WIDTH + CMAC_BYTES]),
+                s.payload.last.eq(beats.r_data[-2]),
+                s.payload.bad.eq(beats.r_data[-1]),
+                s.valid.eq(beats.r_rdy),
+                beats.r_en.eq(s.ready),
+            ]
+            v = data.View(vlay, verdicts.r_data)
+            with m.If(verdicts.r_rdy):
+                m.d.comb += verdicts.r_en.eq(1)
+                m.d.sync += [
+                    self.frames.eq(self.frames + ((v.status == _GOOD) & (v.n != 0))),
+                    self.bad.eq(self.bad + (v.status == _BAD)),
+                    self.stomped.eq(self.stomped + (v.status == _STOMPED)),
+                    self.filtered.eq(self.filtered + (v.status == _FILTERED)),
+                    self.overflow.eq(self.overflow + (v.status == _LOST) + v.lost_before),
+                ]
+            return m
         # The reader's place in the queue must survive a reset of its own domain alone (the FIFOs
         # keep their contents then); it is cleared when the write side has emptied the FIFOs.
         active = Signal(reset_less=True)
@@ -381,7 +487,7 @@ class CmacRxGlue(wiring.Component):
         pop = Signal()
         m.d.comb += [
             s.payload.data.eq(beats.r_data[:CMAC_WIDTH]),
-            s.payload.keep.eq(beats.r_data[CMAC_WIDTH:]),
+            s.payload.keep.eq(beats.r_data[CMAC_WIDTH:CMAC_WIDTH + CMAC_BYTES]),
             s.payload.last.eq(left == 1),
             s.valid.eq(active & good & beats.r_rdy),
             pop.eq(active & beats.r_rdy & (~good | s.ready)),
@@ -399,6 +505,7 @@ class CmacRxGlue(wiring.Component):
             m.d.sync += [
                 self.frames.eq(self.frames + ((v.status == _GOOD) & (v.n != 0))),
                 self.bad.eq(self.bad + (v.status == _BAD)),
+                self.stomped.eq(self.stomped + (v.status == _STOMPED)),
                 self.filtered.eq(self.filtered + (v.status == _FILTERED)),
                 self.overflow.eq(self.overflow + (v.status == _LOST) + v.lost_before),
             ]
@@ -440,9 +547,10 @@ class CmacTxGlue(wiring.Component):
     i : In(FrameStream(512)), domain ``sync``
         Frames without Ethernet header, 1 to ``mtu`` bytes.
     cmac : Out(CmacTxSignature()), domain ``cmac_tx``
-        To :attr:`Cmac100G.tx`; ``tuser`` is always 0.
-    frames : Out(32), domain ``sync``
-        Frames taken from ``i`` (wrapping counter).
+        To :attr:`Cmac100G.tx`; ``tuser`` on a frame's last beat is its ``bad`` (a frame that
+        arrived cut-through and turned out bad leaves with a stomped FCS, as on the 10G ports).
+    frames, stomped : Out(32), domain ``sync``
+        Frames taken from ``i``, and of those the ones marked ``bad`` (wrapping counters).
 
     Notes
     -----
@@ -464,7 +572,7 @@ class CmacTxGlue(wiring.Component):
         super().__init__({
             "i": In(FrameStream(CMAC_WIDTH)),
             "cmac": Out(CmacTxSignature()),
-            "frames": Out(32),
+            "frames": Out(32), "stomped": Out(32),
         })
 
     def elaborate(self, platform):
@@ -473,7 +581,7 @@ class CmacTxGlue(wiring.Component):
         m.submodules.prepend = prepend = EthPrepend(self.header)
         wiring.connect(m, wiring.flipped(self.i), prepend.i)
         m.submodules.beats = beats = fifo.AsyncFIFO(
-            width=CMAC_WIDTH + CMAC_BYTES, depth=self.depth, w_domain="sync", r_domain="cmac_tx")
+            width=CMAC_WIDTH + CMAC_BYTES + 1, depth=self.depth, w_domain="sync", r_domain="cmac_tx")
         m.submodules.counts = counts = fifo.AsyncFIFO(width=nbits, depth=16, w_domain="sync", r_domain="cmac_tx")
 
         # ---- Write side (sync). ----
@@ -481,7 +589,7 @@ class CmacTxGlue(wiring.Component):
         n = Signal(nbits)
         m.d.comb += [
             p.ready.eq(_armed(m, "sync") & beats.w_rdy & (~p.payload.last | counts.w_rdy)),
-            beats.w_data.eq(Cat(p.payload.data, p.payload.keep)),
+            beats.w_data.eq(Cat(p.payload.data, p.payload.keep, p.payload.bad & p.payload.last)),
             beats.w_en.eq(p.valid & p.ready),
             counts.w_data.eq(n + 1),
             counts.w_en.eq(p.valid & p.ready & p.payload.last),
@@ -489,7 +597,7 @@ class CmacTxGlue(wiring.Component):
         with m.If(p.valid & p.ready):
             m.d.sync += n.eq(Mux(p.payload.last, 0, n + 1))
             with m.If(p.payload.last):
-                m.d.sync += self.frames.eq(self.frames + 1)
+                m.d.sync += [self.frames.eq(self.frames + 1), self.stomped.eq(self.stomped + p.payload.bad)]
 
         # ---- Read side (cmac_tx). ----
         tx = self.cmac
@@ -499,9 +607,9 @@ class CmacTxGlue(wiring.Component):
         left = Signal(nbits, reset_less=True)
         m.d.comb += [
             tx.tdata.eq(beats.r_data[:CMAC_WIDTH]),
-            tx.tkeep.eq(beats.r_data[CMAC_WIDTH:]),
+            tx.tkeep.eq(beats.r_data[CMAC_WIDTH:CMAC_WIDTH + CMAC_BYTES]),
             tx.tlast.eq(left == 1),
-            tx.tuser.eq(0),
+            tx.tuser.eq(beats.r_data[-1] & (left == 1)),
             # Held high for the whole frame: every beat of it is already readable.
             tx.tvalid.eq(sending),
             beats.r_en.eq(sending & tx.tready),
@@ -517,6 +625,35 @@ class CmacTxGlue(wiring.Component):
         with m.If(beats.r_rst | counts.r_rst):
             m.d.cmac_tx += sending.eq(0)
         return m
+
+
+def cmac_port_stats(rx: CmacRxGlue, tx: CmacTxGlue) -> dict:
+    """One ring port's counters, CMAC glue pair ``rx``/``tx``, by the names of the 10G ports'
+    :func:`~wirereduce.hdl.eth.port.eth_stats_layout`, for
+    :func:`~wirereduce.hdl.eth.port.port_counters` (so a 100G node fills the same STATS counters,
+    ``{port}_{counter}`` and ``link_drop_{port}``, as a 10G one).
+
+    ``rx_frames``: frames passed to the node (with ``cut_through``, the bad and stomped ones too,
+    marked); ``rx_fcs_errors``: frames the CMAC flagged with ``tuser`` and not as stomped (an
+    error on this link: FCS, and the CMAC's own runt/oversize checks); ``rx_stomped``: flagged
+    as stomped (spoilt before this link); ``rx_ethertype_drops``: the glue's ``filtered`` (another
+    EtherType, no payload byte, or longer than ``14 + mtu``); ``rx_overflow``; ``tx_frames``,
+    ``tx_stomped``. The CMAC does not report the others here (``rx_runts``, ``rx_oversize``,
+    ``rx_code_errors``, ``rx_short_drops``, ``tx_aborted``, source and PAUSE counters): 0.
+
+    Returns a dict of every :data:`~wirereduce.protocol.ETH_PORT_COUNTERS` name to a 32-bit value
+    in the glue's ``sync`` domain. Raises TypeError unless ``rx``/``tx`` are the glue blocks.
+    """
+    if not isinstance(rx, CmacRxGlue) or not isinstance(tx, CmacTxGlue):
+        raise TypeError(f"cmac_port_stats takes a CmacRxGlue and a CmacTxGlue, not {rx!r}, {tx!r}")
+    zero = Const(0, 32)
+    delivered = rx.frames + rx.bad + rx.stomped if rx.cut_through else rx.frames
+    known = {
+        "rx_frames": delivered[:32], "rx_fcs_errors": rx.bad, "rx_stomped": rx.stomped,
+        "rx_ethertype_drops": rx.filtered, "rx_overflow": rx.overflow,
+        "tx_frames": tx.frames, "tx_stomped": tx.stomped,
+    }
+    return {name: known.get(name, zero) for name in ETH_PORT_COUNTERS}
 
 
 class Cmac100G(wiring.Component):
@@ -593,6 +730,12 @@ class Cmac100G(wiring.Component):
         m = Module()
         pads = self.pads
         fec = int(self.rsfec)
+        # PG203 reports stomped FCSs on a statistics output (frames per cycle), not in the stream;
+        # it is taken as the ``stomped`` of the frame whose last beat is on the stream in the same
+        # cycle. PG203 does not state that alignment: on hardware a stomped frame whose statistics
+        # pulse comes earlier counts as an FCS error of this link instead (to be checked on a board).
+        stomped_fcs = Signal(3)
+        m.d.comb += self.rx.stomped.eq(stomped_fcs != 0)
         m.submodules.core = Instance(
             self.ip_name,
             # Transceivers (4 × 25.78125 Gbit/s, CAUI-4) and their reference clock: straight to pads.
@@ -622,6 +765,7 @@ class Cmac100G(wiring.Component):
             # User streams.
             o_rx_axis_tvalid=self.rx.tvalid, o_rx_axis_tdata=self.rx.tdata, o_rx_axis_tkeep=self.rx.tkeep,
             o_rx_axis_tlast=self.rx.tlast, o_rx_axis_tuser=self.rx.tuser,
+            o_stat_rx_stomped_fcs=stomped_fcs,
             i_tx_axis_tvalid=self.tx.tvalid, i_tx_axis_tdata=self.tx.tdata, i_tx_axis_tkeep=self.tx.tkeep,
             i_tx_axis_tlast=self.tx.tlast, i_tx_axis_tuser=self.tx.tuser, o_tx_axis_tready=self.tx.tready,
             i_tx_preamblein=Const(0, 56),

@@ -17,14 +17,13 @@ from amaranth import Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.node import Node
-from wirereduce.hdl.core.status import port_counters_layout
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameStream, beat_layout
 
 from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
-__all__ = ["LinkModel", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "bytes_per_cycle",
+__all__ = ["LinkModel", "CmacCable", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "bytes_per_cycle",
            "line_bytes_per_cycle", "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac"]
 
 # Link timing, defined here once for the network, the engines and the benchmark.
@@ -162,31 +161,126 @@ class InjectableNode(wiring.Component):
     """A :class:`~wirereduce.hdl.core.node.Node` whose ring inputs also take frames from two
     injection ports, ``inj_cw`` and ``inj_ccw``, merged a whole frame at a time with what the
     link delivers (:class:`~wirereduce.hdl.stream.frame.FrameArbiter`): the fuzz suite's hook
-    for hostile frames on a ring port (:mod:`wirereduce.sim.fuzz`). Simulation only.
+    for hostile frames on a ring port (:mod:`wirereduce.sim.fuzz`). Every other member is the
+    node's own. Simulation only.
     """
 
     def __init__(self, config: NodeConfig):
         self.config = config
+        self._node = Node(config)
         beat = FrameStream(config.width)
-        super().__init__({
-            "host_rx": In(beat), "host_tx": Out(beat), "cw_in": In(beat), "cw_out": Out(beat),
-            "ccw_in": In(beat), "ccw_out": Out(beat), "port_counters": In(port_counters_layout()),
-            "inj_cw": In(beat), "inj_ccw": In(beat),
-        })
+        members = dict(self._node.signature.members)
+        members.update({"inj_cw": In(beat), "inj_ccw": In(beat)})
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.node = node = Node(self.config)
-        wiring.connect(m, wiring.flipped(self.host_rx), node.host_rx)
-        wiring.connect(m, node.host_tx, wiring.flipped(self.host_tx))
-        wiring.connect(m, node.cw_out, wiring.flipped(self.cw_out))
-        wiring.connect(m, node.ccw_out, wiring.flipped(self.ccw_out))
-        m.d.comb += node.port_counters.eq(self.port_counters)
-        for port in ("cw", "ccw"):
-            arb = m.submodules[f"inj_arb_{port}"] = FrameArbiter(beat_layout(self.config.width), 2)
-            wiring.connect(m, wiring.flipped(getattr(self, f"{port}_in")), arb.i0)
-            wiring.connect(m, wiring.flipped(getattr(self, f"inj_{port}")), arb.i1)
-            wiring.connect(m, arb.o, getattr(node, f"{port}_in"))
+        m.submodules.node = node = self._node
+        for name, member in node.signature.members.items():
+            if name in ("cw_in", "ccw_in"):
+                port = name[:-3]
+                arb = m.submodules[f"inj_arb_{port}"] = FrameArbiter(beat_layout(self.config.width), 2)
+                wiring.connect(m, wiring.flipped(getattr(self, name)), arb.i0)
+                wiring.connect(m, wiring.flipped(getattr(self, f"inj_{port}")), arb.i1)
+                wiring.connect(m, arb.o, getattr(node, name))
+            elif member.is_signature:
+                if member.flow == In:
+                    wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(node, name))
+                else:
+                    wiring.connect(m, getattr(node, name), wiring.flipped(getattr(self, name)))
+            elif member.flow == In:
+                m.d.comb += getattr(node, name).eq(getattr(self, name))
+            else:
+                m.d.comb += getattr(self, name).eq(getattr(node, name))
+        return m
+
+
+class CmacCable(wiring.Component):
+    """One direction of a 100G cable as two CMACs' AXI4-Stream user sides see it (PG203).
+
+    The hard IP cannot be simulated here; this is what its user side does with a frame, and
+    nothing more: the frame the sending glue hands ``tx`` (Ethernet header to last pad byte, FCS
+    added by the CMAC) comes out of ``rx`` ``latency`` cycles later, beat for beat, as the
+    receiving CMAC would hand it on (FCS checked and stripped). No FCS is computed: the cable
+    knows which frames would fail theirs.
+
+    - ``tx.tready`` paces the sender at the line rate ``rate`` (wire bytes per cycle, each frame
+      costing its bytes plus preamble, FCS and inter-frame gap, 24 bytes), dropping inside frames
+      as the real CMAC does; ``rx`` has gaps accordingly and no ``tready``.
+    - A frame sent with ``tuser`` on its last beat (stomped by the sending CMAC) arrives with
+      ``tuser`` and ``stomped`` on its last beat (its FCS is a stomped one).
+    - Fault injection: when ``flip`` is high, the ``flip_beat``-th beat (1-based, counted from
+      reset over the beats this cable carries) has bit 5 of byte 40 inverted (payload, after the
+      Ethernet and wirereduce headers of a first beat); its frame arrives with ``tuser`` on its
+      last beat and ``stomped`` low, as an FCS error on this link. ``flip_beat = 0``: never.
+
+    Parameters
+    ----------
+    latency : int
+        Cycles from a beat taken on ``tx`` to it on ``rx``, ≥ 1.
+    rate : fractions.Fraction or int
+        Wire bytes per cycle, 1 … 64 (1280/33 for 100 Gbit/s at 322.265625 MHz).
+
+    Attributes
+    ----------
+    tx : In(CmacTxSignature()); rx : Out(CmacRxSignature())
+    flip : In(1); flip_beat : In(32)
+
+    Raises
+    ------
+    ValueError
+        If ``latency`` < 1 or ``rate`` is outside 1 … 64.
+    """
+
+    def __init__(self, latency: int = 4, rate: Fraction | int = 64):
+        from wirereduce.hdl.xilinx.cmac import CmacRxSignature, CmacTxSignature
+
+        with rejecting(self):
+            if not isinstance(latency, int) or isinstance(latency, bool) or latency < 1:
+                raise ValueError(f"cable latency must be an int ≥ 1 cycle, not {latency!r}")
+            rate = Fraction(rate)
+            if not 1 <= rate <= 64:
+                raise ValueError(f"the cable rate must be 1 … 64 bytes a cycle, not {rate}")
+        self._latency = latency
+        self._rate = rate
+        super().__init__({"tx": In(CmacTxSignature()), "rx": Out(CmacRxSignature()),
+                          "flip": In(1), "flip_beat": In(32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        tx = self.tx
+        num, den = self._rate.numerator, self._rate.denominator
+        busy = Signal(range((2 * 64 + 2 * ETH_OVERHEAD_BYTES) * den + num + 1))
+        nbytes = Signal(range(65))
+        m.d.comb += nbytes.eq(sum(tx.tkeep[k] for k in range(64)))
+        take = Signal()
+        m.d.comb += [tx.tready.eq(busy <= num), take.eq(tx.tvalid & tx.tready)]
+        cost = (nbytes + Mux(tx.tlast, ETH_OVERHEAD_BYTES, 0)) * den
+        drain = Signal(len(busy) + 1)
+        m.d.comb += drain.eq(busy + Mux(take, cost, 0))
+        m.d.sync += busy.eq(Mux(drain > num, drain - num, 0))
+
+        beats = Signal(32)
+        spoilt = Signal()           # a beat of the current frame was flipped
+        hit = Signal()
+        m.d.comb += hit.eq(take & self.flip & (beats + 1 == self.flip_beat))
+        with m.If(take & self.flip):
+            m.d.sync += beats.eq(beats + 1)
+        with m.If(take):
+            m.d.sync += spoilt.eq(~tx.tlast & (spoilt | hit))
+        bit = 8 * 40 + 5
+        valid, tdata, tkeep, tlast = take, tx.tdata ^ (hit << bit), tx.tkeep, tx.tlast
+        error = spoilt | hit
+        tuser = tx.tlast & (tx.tuser | error)
+        stomped = tx.tlast & tx.tuser & ~error
+        widths = {"valid": 1, "data": 512, "keep": 64, "last": 1, "user": 1, "stomped": 1}
+        for k in range(self._latency):
+            regs = [Signal(w, name=f"wire_{name}{k}") for name, w in widths.items()]
+            m.d.sync += [r.eq(x) for r, x in zip(regs, (valid, tdata, tkeep, tlast, tuser, stomped))]
+            valid, tdata, tkeep, tlast, tuser, stomped = regs
+        rx = self.rx
+        m.d.comb += [rx.tvalid.eq(valid), rx.tdata.eq(tdata), rx.tkeep.eq(tkeep), rx.tlast.eq(tlast & valid),
+                     rx.tuser.eq(tuser & valid), rx.stomped.eq(stomped & valid)]
         return m
 
 
@@ -255,6 +349,8 @@ class Network(wiring.Component):
         if self.links == "eth":
             members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1),
                             "flip_link": In(8), "flip_block": In(32)})
+        if self.links == "cmac":
+            members.update({"flip_link": In(8), "flip_block": In(32)})
         for k in range(nodes):
             members[f"host{k}_tx_tuser"] = Out(1)
             if self.inject:
@@ -300,15 +396,22 @@ class Network(wiring.Component):
             return m
         for k, node in enumerate(ring):
             m.submodules[f"node{k}"] = node
+        if self.links == "cmac":
+            _cmac_links(m, ring, self.config.mtu, self.link_latency, rate, self.flip_link, self.flip_block)
+        for k, node in enumerate(ring):
             rx, tx = node.host_rx, node.host_tx
             if self.host_links:
                 m.submodules[f"link_host{k}_rx"] = rx_link = LinkModel(w, self.link_latency, rate)
-                m.submodules[f"link_host{k}_tx"] = tx_link = LinkModel(w, self.link_latency, rate)
                 wiring.connect(m, rx_link.o, node.host_rx)
-                wiring.connect(m, node.host_tx, tx_link.i)
-                rx, tx = rx_link.i, tx_link.o
+                if self.links == "cmac":
+                    tx_out = _cmac_host_tx(m, k, node.host_tx, self.config.mtu, self.link_latency, rate)
+                else:
+                    m.submodules[f"link_host{k}_tx"] = tx_link = LinkModel(w, self.link_latency, rate)
+                    wiring.connect(m, node.host_tx, tx_link.i)
+                    tx_out = tx_link.o
+                rx, tx = rx_link.i, tx_out
             self._host_wires(m, k, rx, tx)
-        for k in range(n):
+        for k in range(n if self.links == "model" else 0):
             nxt = (k + 1) % n
             cw = LinkModel(w, self.link_latency, rate)
             ccw = LinkModel(w, self.link_latency, rate)
@@ -333,8 +436,9 @@ class Network(wiring.Component):
         ]
 
 
-#: What a :class:`Network`'s links are: link models, or real 10G Ethernet (MAC + PCS).
-LINKS = ("model", "eth")
+#: What a :class:`Network`'s links are: link models, real 10G Ethernet (MAC + PCS), or 100G
+#: CMAC glue on :class:`CmacCable` models of the CMAC's user side.
+LINKS = ("model", "eth", "cmac")
 
 
 def check_links(links: str, width: int) -> str:
@@ -343,21 +447,29 @@ def check_links(links: str, width: int) -> str:
     Raises
     ------
     ValueError
-        If ``links`` is not one of :data:`LINKS`, or is ``"eth"`` at a width other than 64
-        (the 10G MAC and PCS are 64-bit XGMII; there is no 100G MAC yet).
+        If ``links`` is not one of :data:`LINKS`, is ``"eth"`` at a width other than 64 (the
+        10G MAC and PCS are 64-bit XGMII), or ``"cmac"`` at a width other than 512 (the CMAC's
+        AXI4-Stream bus, PG203).
     """
     if links not in LINKS:
         raise ValueError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
     if links == "eth" and width != 64:
         raise ValueError(f"links='eth' is 10G Ethernet (MAC + 10GBASE-R PCS) at a 64-bit datapath, not {width} bit")
+    if links == "cmac" and width != 512:
+        raise ValueError(f"links='cmac' is the 100G CMAC glue at a 512-bit datapath, not {width} bit")
     return links
+
+
+#: Prefix of every address in an Ethernet-linked :class:`Network` (the ports' ``mac_prefix``).
+ETH_MAC_PREFIX = 0x02_77_72_00_00_00
 
 
 def eth_mac(node: int, port: int) -> int:
     """MAC address of port ``port`` of ``node`` in an Ethernet-linked :class:`Network`: locally
     administered ``02:77:72:00:nn:pp``; port 0 faces node + 1 (cw), 1 node − 1, 2 the host, and
-    3 is the host's own NIC."""
-    return 0x02_77_72_00_00_00 | (node << 8) | port
+    3 is the host's own NIC. Ports 0 … 2 are those :func:`wirereduce.hdl.eth.port.role_mac` gives
+    the node once CONTROL has made node ``nn`` rank ``nn`` (roles ``next``, ``prev``, ``host``)."""
+    return ETH_MAC_PREFIX | (node << 8) | port
 
 
 def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
@@ -372,10 +484,20 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     FCS is forwarded marked and sent on with a stomped FCS); the host ports, node side and NIC
     side, are store and forward, so a bad frame is never buffered or delivered.
 
-    Real Ethernet has no back-pressure: a receiving port whose node does not take frames fills its
-    FIFO (2 frames) and then loses frames (counted in ``stats.rx_overflow``). In the allreduce
-    schedule with the host window ≤ slots that does not happen: a node's outputs leave at the
-    rate its inputs arrive (docs/architecture.md, Flow control), and the FIFO covers the jitter.
+    The node's ports have roles (``next``, ``prev``, ``host``): their addresses follow the node's
+    CONTROL and they drop frames from any other source than their neighbour (``rx_source_drops``,
+    the node's ``drop_source``); the NIC ports have fixed addresses and no filter.
+
+
+    IEEE 802.3x flow control (``hdl/eth/pause.py``): every port honours PAUSE frames; the ports
+    that receive REDUCE (``eth_ccw{k}``) and HOST_PUSH (``eth_host{k}``) frames also send them
+    (``EthPort10G(flow_control=True)``): XOFF when the node stops taking frames and the FIFO passes
+    its high-water mark, XON when it drains; the FIFO is sized by
+    :func:`~wirereduce.hdl.eth.port.pause_budget` for this ``latency``, so a late host costs
+    time, never frames. The ports receiving BROADCAST and results do not send PAUSE: their
+    peers' transmitters are fed by a fork (host and ``ccw_out`` in lock-step), and holding one
+    of them at a frame start would underrun the other mid-frame; those receivers are never held
+    up anyway (docs/architecture.md, Flow control).
 
     Fault injection: on the cable from node ``flip_link`` to node ``flip_link + 1`` (cw), payload
     bit 5 of the ``flip_block``-th scrambled data block (1-based) is inverted, so the frame it
@@ -393,10 +515,14 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     n = len(ring)
     stats = [{} for _ in ring]  # each node's Ethernet ports' stats, by ETH_PORTS name
 
-    def port(name, node, idx, peer_node, peer_idx, cut_through=False):
+    def port(name, node, idx, peer_node, peer_idx, cut_through=False, role=None, flow_control=False):
         p = EthPort10G(mtu, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
-                       cut_through=cut_through)
+                       cut_through=cut_through, role=role, mac_prefix=ETH_MAC_PREFIX,
+                       flow_control=flow_control, cable_cycles=latency)
         m.submodules[name] = p
+        if role is not None:  # the node's ports follow its CONTROL: addresses and source filter
+            m.d.comb += [p.rank.eq(ring[node].rank), p.nodes.eq(ring[node].nodes),
+                         p.control_taken.eq(ring[node].control_taken)]
         return p
 
     def cable(a, b, flip=None):
@@ -430,8 +556,8 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
 
     for k in range(n):
         nxt = (k + 1) % n
-        cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True)
-        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True)
+        cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True, role="next")
+        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True, role="prev", flow_control=True)  # receives REDUCE
         wiring.connect(m, ring[k].cw_out, cw.tx)
         wiring.connect(m, cw.rx, ring[k].ccw_in)
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
@@ -443,7 +569,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
         if not host_links:
             hosts.append((node.host_rx, node.host_tx))
             continue
-        side = port(f"eth_host{k}", k, 2, k, 3)
+        side = port(f"eth_host{k}", k, 2, k, 3, role="host", flow_control=True)  # receives HOST_PUSH
         nic = port(f"eth_nic{k}", k, 3, k, 2)
         wiring.connect(m, node.host_tx, side.tx)
         wiring.connect(m, side.rx, node.host_rx)
@@ -453,6 +579,78 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     for node, node_stats in zip(ring, stats):
         m.d.comb += node.port_counters.eq(port_counters(node_stats))
     return hosts
+
+
+def _cmac_links(m, ring, mtu, latency, rate, flip_link, flip_block):
+    """Cable the ring ``ring`` (512-bit nodes) with 100G CMAC glue, single clock.
+
+    Each direction of each ring link is ``node.cw_out`` (or ``ccw_out``) →
+    :class:`~wirereduce.hdl.xilinx.cmac.CmacTxGlue` → :class:`CmacCable` (``latency`` cycles,
+    ``rate`` wire bytes a cycle) → :class:`~wirereduce.hdl.xilinx.cmac.CmacRxGlue` with
+    ``cut_through=True`` → the next node's ``cw_in`` (``ccw_in``), the glue's CMAC domains
+    renamed to ``sync``. As on the 10G ring, a frame found bad on a cable is passed on marked
+    ``bad`` and leaves every later hop with ``tuser`` set (stomped). The node's ``cw``/``ccw``
+    port counters come from the glue (:func:`~wirereduce.hdl.xilinx.cmac.cmac_port_stats`); the
+    host links stay :class:`LinkModel` s (the U55C's host port is not Ethernet).
+
+    Fault injection: the cable from node ``flip_link`` to node ``flip_link + 1`` (cw) flips a
+    bit of its ``flip_block``-th beat (:class:`CmacCable`; ``flip_block = 0``: never).
+    """
+    from amaranth.hdl import DomainRenamer
+    from wirereduce.hdl.eth.port import port_counters
+    from wirereduce.hdl.xilinx.cmac import CmacRxGlue, CmacTxGlue, cmac_port_stats
+
+    n = len(ring)
+    rxs = [{} for _ in ring]    # each node's receive glue by port ("cw": feeds cw_in, "ccw": ccw_in)
+    txs = [{} for _ in ring]    # its transmit glue by the same port (the "cw" port sends ccw_out)
+    for k in range(n):
+        nxt = (k + 1) % n
+        # (name, source stream, sink stream, sending node and its port, receiving node and its port)
+        for name, src, dst, (s_node, s_port), (r_node, r_port), flip in (
+                (f"cw{k}_{nxt}", ring[k].cw_out, ring[nxt].cw_in, (k, "ccw"), (nxt, "cw"), flip_link == k),
+                (f"ccw{nxt}_{k}", ring[nxt].ccw_out, ring[k].ccw_in, (nxt, "cw"), (k, "ccw"), None)):
+            tx = CmacTxGlue(mtu, src_mac=eth_mac(s_node, 0 if s_port == "ccw" else 1))
+            rx = CmacRxGlue(mtu, cut_through=True)
+            cable = CmacCable(latency, rate)
+            m.submodules[f"cmac_{name}_tx"] = DomainRenamer({"cmac_tx": "sync"})(tx)
+            m.submodules[f"cmac_{name}_rx"] = DomainRenamer({"cmac_rx": "sync"})(rx)
+            m.submodules[f"cmac_{name}"] = cable
+            wiring.connect(m, src, tx.i)
+            wiring.connect(m, tx.cmac, cable.tx)
+            wiring.connect(m, cable.rx, rx.cmac)
+            wiring.connect(m, rx.o, dst)
+            if flip is not None:
+                m.d.comb += [cable.flip.eq(flip), cable.flip_beat.eq(flip_block)]
+            txs[s_node][s_port] = tx
+            rxs[r_node][r_port] = rx
+    for node, rx_ports, tx_ports in zip(ring, rxs, txs):
+        stats = {port: cmac_port_stats(rx_ports[port], tx_ports[port]) for port in rx_ports}
+        m.d.comb += node.port_counters.eq(port_counters(stats))
+
+
+def _cmac_host_tx(m, k, src, mtu, latency, rate):
+    """Node ``k``'s results to its host over a 100G cable: ``src`` (the node's ``host_tx``) →
+    CmacTxGlue → :class:`CmacCable` → CmacRxGlue (store and forward) → the returned stream.
+
+    A frame the node sends marked ``bad`` (a chunk spoilt upstream, forwarded cut-through) leaves
+    with ``tuser`` set and the host side's glue drops it whole, as a host NIC drops a frame with a
+    stomped FCS; so the host never takes a spoilt sum, and the chunk is reported missing. The host
+    side cannot be back-pressured (an Ethernet NIC): a host that stops reading loses frames
+    (the glue's ``overflow``), which the frame player never does at ``tx_ready_prob = 1``.
+    """
+    from amaranth.hdl import DomainRenamer
+    from wirereduce.hdl.xilinx.cmac import CmacRxGlue, CmacTxGlue
+
+    tx = CmacTxGlue(mtu, src_mac=eth_mac(k, 2))
+    rx = CmacRxGlue(mtu)
+    cable = CmacCable(latency, rate)
+    m.submodules[f"cmac_host{k}_tx"] = DomainRenamer({"cmac_tx": "sync"})(tx)
+    m.submodules[f"cmac_host{k}"] = cable
+    m.submodules[f"cmac_nic{k}_rx"] = DomainRenamer({"cmac_rx": "sync"})(rx)
+    wiring.connect(m, src, tx.i)
+    wiring.connect(m, tx.cmac, cable.tx)
+    wiring.connect(m, cable.rx, rx.cmac)
+    return rx.o
 
 
 def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,

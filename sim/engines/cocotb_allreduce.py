@@ -39,6 +39,11 @@ async def run_jobs(dut):
         for name in ("tvalid", "tdata", "tkeep", "tlast"):
             getattr(dut, f"host{k}_rx_{name}").value = 0
         getattr(dut, f"host{k}_tx_tready").value = 0
+    # The Ethernet network's fault-injection inputs (links="eth"): 0, no fault. Left undriven they
+    # are X under Icarus, and the X reaches every data block on the ring cables.
+    for name in ("flip_link", "flip_block"):
+        if hasattr(dut, name):
+            getattr(dut, name).value = 0
     # The first clock edge comes after reset and the inputs are set, so no register samples X.
     await Timer(period_ps, "ps")
     cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())

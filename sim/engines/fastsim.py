@@ -51,11 +51,11 @@ from wirereduce.sim.engines.verilator import setup_verilator_env
 
 from wirereduce.protocol import Header, Opcode
 
-__all__ = ["FastSim", "FastResult", "RingStalled", "run_allreduce", "check_options", "check_corrupt",
+__all__ = ["FastSim", "FastResult", "RingStalled", "run_allreduce", "check_options", "check_corrupt", "check_late",
            "strip_zero_memory_init", "write_pcap"]
 
 _TB = Path(__file__).with_name("tb_fast.cpp")
-_SCRIPT_MAGIC = 0x33535257  # "WRS3"
+_SCRIPT_MAGIC = 0x34535257  # "WRS4"
 _STALL_GATE = 0xFFFFFFFF    # a script frame sent only once the run stalls (tb_fast.cpp)
 _RESULT_MAGIC = 0x31525257  # "WRR1"
 
@@ -88,22 +88,30 @@ class _Run:
     acks: list = field(default_factory=list)
     #: Cycle of the last HOST_RESULT beat (a completed round).
     last_result: int = 0
+    #: Each node's STATS after its last result (a completed round with ``final_stats``).
+    final: list = field(default_factory=list)
 
 
 def _gated(data: bytes, own_gate: int, all_gate: int) -> bytes:
     return struct.pack("<3I", len(data), own_gate, all_gate) + data
 
 
-def _script_frames(rnd: Round, rank: int, stats_tag: int) -> bytes:
+def _script_frames(rnd: Round, rank: int, stats_tag: int, late: int = 0, final_stats: bool = False) -> bytes:
     """Host ``rank``'s part of a frame script (``tb_fast.cpp``): the driver's plan, gated as the
     driver waits. Its CONTROL first; each push once the host has received the CONTROL answer plus
     :attr:`~wirereduce.host.driver.Push.after` results (the window) and every host its CONTROL
     answer (the start barrier); last a STATS_REQUEST with request tag ``stats_tag``, sent only if
-    the run stalls (the counters that say where frames were lost)."""
+    the run stalls (the counters that say where frames were lost). ``late``: cycles after the start
+    barrier before the host's first push (a host that starts late). ``final_stats``: a
+    STATS_REQUEST (same tag) once the host has every result, its answer expected too."""
     n = len(rnd.chunks)
-    parts = [struct.pack("<2I", 2 + n, 1 + n), _gated(rnd.control(rank), 0, 0)]
+    extra = 1 if final_stats else 0
+    parts = [struct.pack("<2IQ", 2 + n + extra, 1 + n + extra, late), _gated(rnd.control(rank), 0, 0)]
     parts += [_gated(p.frame, 1 + p.after, 1) for p in rnd.pushes(rank)]
-    parts.append(_gated(Header(opcode=Opcode.STATS_REQUEST, count=stats_tag).pack(), _STALL_GATE, 0))
+    stats_request = Header(opcode=Opcode.STATS_REQUEST, count=stats_tag).pack()
+    if final_stats:
+        parts.append(_gated(stats_request, 1 + n, 0))
+    parts.append(_gated(stats_request, _STALL_GATE, 0))
     return b"".join(parts)
 
 
@@ -130,6 +138,9 @@ class FastResult:
     retried : int
         Chunks lost and summed again (``retries``); then ``cycles`` runs from the first push of
         the first run to the end of the last, stall detection and the new CONTROL included.
+    final_stats : list of dict or None
+        With ``final_stats=True``: each node's STATS counters read after its host had every
+        result (the last round's); else None.
     """
 
     results: list
@@ -141,6 +152,7 @@ class FastResult:
     frames: int
     stats: list
     retried: int = 0
+    final_stats: list | None = None
 
     @property
     def bytes(self) -> int:
@@ -149,7 +161,8 @@ class FastResult:
     def as_dict(self) -> dict:
         return {"results": self.results, "cycles": self.cycles, "sim_cycles": self.sim_cycles,
                 "wall_s": self.wall_s, "build_s": self.build_s, "elements": self.elements,
-                "frames": self.frames, "bytes": self.bytes, "retried": self.retried}
+                "frames": self.frames, "bytes": self.bytes, "retried": self.retried,
+                **({"final_stats": self.final_stats} if self.final_stats is not None else {})}
 
 
 class FastSim:
@@ -188,6 +201,8 @@ class FastSim:
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
         if s.links == "eth":
             config_h += "#define TAP 1\n"
+        if s.links in ("eth", "cmac"):
+            config_h += "#define FLIP 1\n"
         tb = _TB.read_text()
         digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
         out = self.build_root / f"{s.tag()}-{digest}"
@@ -225,7 +240,8 @@ class FastSim:
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,
                   progress: bool = False, collective: int = 1, pcap: str | Path | None = None,
                   compression: int | None = None, corrupt: tuple[int, int] | None = None,
-                  retries: int = 0) -> FastResult:
+                  retries: int = 0, late: tuple[int, int] | None = None,
+                  final_stats: bool = False) -> FastResult:
         """Allreduce ``arrays`` (one float32 array per node) through the simulated ring.
 
         The host driver plans the allreduce (:class:`~wirereduce.host.driver.Allreduce`: chunks,
@@ -262,9 +278,9 @@ class FastSim:
             (``NodeConfig(codec=True)``). The results are then
             ``ring_allreduce_compressed(arrays, k, host_compressed=True)``.
         corrupt : (int, int), optional
-            Fault injection, ``links="eth"`` only: ``(node, block)`` inverts one bit of the
-            ``block``-th (1-based) 66-bit data block node ``node`` sends node ``node + 1`` on
-            the cw cable, so the frame it falls in fails its FCS at the receiving port and is
+            Fault injection, ``links="eth"`` or ``"cmac"``: ``(node, block)`` inverts one bit of
+            the ``block``-th (1-based) 66-bit data block (``"cmac"``: 512-bit beat) node ``node``
+            sends node ``node + 1`` on the cw cable, so the frame it falls in fails its FCS at the receiving port and is
             dropped whole. The run then ends in :class:`RingStalled` (or is retried).
         retries : int
             When chunks are lost, run up to this many more collectives over just the lost
@@ -272,6 +288,14 @@ class FastSim:
             as :meth:`Cluster.allreduce <wirereduce.host.driver.Cluster.allreduce>` on a live
             cluster); default 0: raise :class:`RingStalled`. Only the first round has the
             ``corrupt`` fault and the ``pcap`` tap.
+        late : (int, int), optional
+            ``(rank, cycles)``: that rank's host starts pushing ``cycles`` simulated cycles after
+            the start barrier (every node has acknowledged its CONTROL), the others at once:
+            ranks not in lock-step. The cycles count in ``cycles`` and not towards
+            ``timeout_cycles``. Only the first round is late.
+        final_stats : bool
+            Each host also asks its node for STATS once it has every result
+            (:attr:`FastResult.final_stats`: e.g. the PAUSE frames the ports sent and received).
 
         Returns
         -------
@@ -299,12 +323,13 @@ class FastSim:
             raise ValueError("pcap capture needs links='eth' (the link models carry no Ethernet frames)")
         check_compression(s, compression)
         flip = check_corrupt(corrupt, s)
+        late = check_late(late, s)
         job = Allreduce(s.config, arrays, nodes=s.nodes, compression=compression, retries=retries,
                         window=default_window(s.config) if window is None else window or None,
                         ids=CollectiveIds(collective))
         play = dict(rx_valid_prob=rx_valid_prob, tx_ready_prob=tx_ready_prob, seed=seed,
-                    timeout_cycles=timeout_cycles, progress=progress)
-        runs = [self._replay(job.round, flip=flip, pcap=pcap, **play)]
+                    timeout_cycles=timeout_cycles, progress=progress, final_stats=bool(final_stats))
+        runs = [self._replay(job.round, flip=flip, pcap=pcap, late=late, **play)]
         while runs[-1].stall_stats is not None:
             err = job.round.lost(runs[-1].stall_stats, runs[-1].what, RingStalled)
             if not job.retry(err):
@@ -318,7 +343,8 @@ class FastSim:
             stats = [first.stall_stats[k] for k in range(s.nodes)]
         return FastResult(results=job.results(), cycles=cycles, sim_cycles=sum(r.sim_cycles for r in runs),
                           wall_s=sum(r.wall_s for r in runs), build_s=self.build_s, elements=job.elements,
-                          frames=job.frames, stats=stats, retried=job.retried)
+                          frames=job.frames, stats=stats, retried=job.retried,
+                          final_stats=last.final if final_stats else None)
 
     def deadline(self, rnd: Round, rx_valid_prob: float = 1.0, tx_ready_prob: float = 1.0) -> int:
         """The driver's deadline of ``rnd`` on this ring (:func:`~wirereduce.host.driver.deadline_cycles`):
@@ -333,7 +359,8 @@ class FastSim:
 
     def _replay(self, rnd: Round, *, rx_valid_prob: float, tx_ready_prob: float, seed: int,
                 timeout_cycles: int | None, progress: bool, flip: tuple[int, int] = (0, 0),
-                pcap: str | Path | None = None) -> _Run:
+                pcap: str | Path | None = None, late: tuple[int, int] = (0, 0),
+                final_stats: bool = False) -> _Run:
         """Play one round of the driver's plan as a frame script in a fresh simulation; feed what
         came back to its sessions."""
         s = self.setup
@@ -351,7 +378,7 @@ class FastSim:
                                 round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6), seed & (2**64 - 1),
                                 deadline, ANSWER_CYCLES, 1 << 16 if progress else 0, *flip))
             for rank in range(s.nodes):
-                f.write(_script_frames(rnd, rank, stats_tags[rank]))
+                f.write(_script_frames(rnd, rank, stats_tags[rank], late[1] if rank == late[0] else 0, final_stats))
         try:
             wall = self._play(script, result, progress, nchunks * s.nodes, tap)
             sim_cycles, status, per_node = _read_result(result, s.nodes)
@@ -392,6 +419,9 @@ class FastSim:
             return run
         for sess, frames in zip(rnd.sessions, answered):
             for _first, last, data in frames:
+                if final_stats and Header.unpack(data).opcode == Opcode.STATS:
+                    run.final.append(parse_stats(data))
+                    continue
                 sess.receive(data)
                 run.last_result = max(run.last_result, last)
         if all(sess.settled for sess in rnd.sessions) and not all(sess.done for sess in rnd.sessions):
@@ -533,7 +563,9 @@ def run_allreduce(setup: SimSetup, arrays, *, build_root: str | Path = "build/fa
     from wirereduce.arrays import check_inputs
 
     check_inputs(arrays, setup.nodes)
-    check_options(**{k: v for k, v in options.items() if k not in ("pcap", "compression", "corrupt", "retries")})
+    check_options(**{k: v for k, v in options.items()
+                     if k not in ("pcap", "compression", "corrupt", "retries", "late", "final_stats")})
+    check_late(options.get("late"), setup)
     check_retries(options.get("retries", 0))
     check_corrupt(options.get("corrupt"), setup)
     if options.get("pcap") is not None and setup.links != "eth":
@@ -551,7 +583,9 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
 
     ``(node, block)`` flips a bit of the ``block``-th 66-bit data block node ``node`` sends node
     ``node + 1``; ``(node, frame, "header")`` flips one in the wirereduce header of the
-    ``frame``-th frame on that cable (:func:`wirereduce.sim.cluster.network._eth_links`).
+    ``frame``-th frame on that cable (:func:`wirereduce.sim.cluster.network._eth_links`; 10G only).
+    ``block`` counts 66-bit data blocks on a 10G cable (``links="eth"``), 512-bit beats on a 100G
+    one (``links="cmac"``, :class:`~wirereduce.sim.cluster.network.CmacCable`).
 
     Raises
     ------
@@ -561,8 +595,8 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
     """
     if corrupt is None:
         return 0, 0
-    if setup.links != "eth":
-        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth'")
+    if setup.links not in ("eth", "cmac"):
+        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth' or 'cmac'")
     header = False
     try:
         if len(corrupt) == 3:
@@ -581,7 +615,30 @@ def check_corrupt(corrupt, setup: SimSetup) -> tuple[int, int]:
     for name, v, lo, top in (("node", node, 0, setup.nodes - 1), ("frame" if header else "block", block, 1, hi)):
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= top:
             raise ValueError(f"corrupt {name} must be an int from {lo} to {top}, not {v!r}")
+    if header and setup.links != "eth":
+        raise ValueError("corrupt=(node, frame, 'header') hits a 10G cable's wirereduce header: it needs links='eth'")
     return node, block | (1 << 31 if header else 0)
+
+
+def check_late(late, setup: SimSetup) -> tuple[int, int]:
+    """Validate :meth:`FastSim.allreduce`'s ``late=(rank, cycles)``; returns it (``(0, 0)``: none).
+
+    Raises
+    ------
+    ValueError
+        If ``late`` is not a pair, ``rank`` not a rank of the setup or ``cycles`` not an int
+        from 0 to 2**40.
+    """
+    if late is None:
+        return 0, 0
+    try:
+        rank, cycles = late
+    except (TypeError, ValueError):
+        raise ValueError(f"late must be a (rank, cycles) pair, not {late!r}") from None
+    for name, v, lo, hi in (("rank", rank, 0, setup.nodes - 1), ("cycles", cycles, 0, 1 << 40)):
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ValueError(f"late {name} must be an int from {lo} to {hi}, not {v!r}")
+    return rank, cycles
 
 
 def check_options(window=None, rx_valid_prob=1.0, tx_ready_prob=1.0, seed=1, timeout_cycles=None,

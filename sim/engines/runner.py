@@ -84,7 +84,8 @@ class SimSetup:
     config: NodeConfig = field(default_factory=NodeConfig)
     link_latency: int = 4
     simulator: str = "verilator"
-    #: "model" (LinkModel) or "eth" (10G MAC + 10GBASE-R PCS on every link; 64 bit only).
+    #: "model" (LinkModel), "eth" (10G MAC + 10GBASE-R PCS on every link; 64 bit only) or "cmac"
+    #: (100G CMAC glue on a model of the CMAC's user side, CmacCable; 512 bit only).
     links: str = "model"
     #: Line rate of every link model, Gbit/s; None: the width's own
     #: (:func:`wirereduce.sim.cluster.network.line_rate_gbps`: 10 at 64 bit, 100 at 512).
@@ -105,16 +106,13 @@ class SimSetup:
             raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
         from wirereduce.sim.cluster.network import check_links
 
-        check_links(self.links, self.config.width)  # ValueError: not model/eth, or eth at a width other than 64
+        check_links(self.links, self.config.width)  # ValueError: not in LINKS, or at a width the link kind lacks
         for name in ("link_gbps", "clock_mhz"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
                 raise ValueError(f"{name} must be a positive number or None, not {v!r}")
         if (self.link_gbps is not None or self.clock_mhz is not None) and self.links != "model":
             raise ValueError("link_gbps and clock_mhz apply to link models (links='model') only")
-        if self.config.codec and self.links != "model":
-            raise ValueError("codec nodes run on link models: EthFramer trims padding by the raw fp32 "
-                             "count, which a compressed payload does not follow")
         self.link_rate  # noqa: B018 -- raises when the links would be faster than the datapath
 
     @property
@@ -144,7 +142,7 @@ class SimSetup:
 
     def tag(self) -> str:
         c = self.config
-        eth = "_eth" if self.links == "eth" else ""
+        eth = f"_{self.links}" if self.links != "model" else ""
         codec = "_codec" if c.codec else ""
         rate = f"_r{float(self.link_rate):g}" if self.link_rate is not None else ""
         return (f"n{self.nodes}_w{c.width}_mtu{c.mtu}_s{c.slots}_l{self.link_latency}{eth}{codec}{rate}"
@@ -171,16 +169,24 @@ def check_compression(setup: SimSetup, compression: int | None) -> None:
 _DUMP_REG = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+)\s+= 0;$", re.M)
 
 
+#: A one-statement ``always @*`` block (no ``begin``): ``lhs = rhs;`` on the next line.
+_ONE_LINE_COMB = re.compile(r"^(\s*)always @\*\n(\s*)([^\n;]+ = [^\n;]+;)$", re.M)
+
+
 def _kick_comb_blocks(text: str) -> str:
     """Make Icarus 11 evaluate every ``always @*`` block once at start-up.
 
-    Yosys's Verilog makes each combinational block read a register initialised to 0, counting
-    on that initialisation to trigger the block at time 0; Icarus 11 initialises it before the
-    blocks wait, so blocks whose inputs never change keep X outputs. Toggling the register at
-    1 ps triggers them all.
+    Yosys's Verilog makes each ``begin … end`` combinational block read a register initialised to
+    0, counting on that initialisation to trigger the block at time 0; Icarus 11 initialises it
+    before the blocks wait, so blocks whose inputs never change keep X outputs. Toggling the
+    register at 1 ps triggers them all. A one-statement block (``always @* x = 1'h0;``, what a
+    constant-only assignment becomes) reads nothing at all: each gets an ``initial #1`` copy of
+    its statement. The gateware avoids such blocks where it can (``MacRx``'s verdict);
+    ``tests/test_icarus.py`` checks that none is left unkicked.
     """
-    return _DUMP_REG.sub(lambda m: f"{m.group(1)}reg {m.group(2)} = 0;\n{m.group(1)}initial #1 {m.group(2)} = 1;",
+    text = _DUMP_REG.sub(lambda m: f"{m.group(1)}reg {m.group(2)} = 0;\n{m.group(1)}initial #1 {m.group(2)} = 1;",
                          text)
+    return _ONE_LINE_COMB.sub(lambda m: f"{m.group(0)}\n{m.group(1)}initial #1 {m.group(3)}", text)
 
 
 def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False) -> tuple[object, Path]:

@@ -7,9 +7,9 @@
 // results) stays in Python, in the host driver; this file only moves beats.
 //
 // Script (little-endian):
-//   u32 magic 'WRS3', u32 nodes, u32 bytes_per_beat, u32 rx_valid_ppm, u32 tx_ready_ppm,
+//   u32 magic 'WRS4', u32 nodes, u32 bytes_per_beat, u32 rx_valid_ppm, u32 tx_ready_ppm,
 //   u64 seed, u64 deadline_cycles, u64 answer_cycles, u64 progress_every, u32 flip_link, u32 flip_block
-//   per node: u32 n_frames, u32 expect_frames
+//   per node: u32 n_frames, u32 expect_frames, u64 late_cycles
 //     per frame: u32 len, u32 own_gate, u32 all_gate, len bytes
 //   A frame may put its first beat on the bus once its own host has received own_gate frames
 //   and every host has received all_gate frames (the driver's window and start barrier).
@@ -17,7 +17,10 @@
 //   frames at cycle deadline_cycles (the driver's deadline, host/driver.py deadline_cycles), the
 //   player sends those frames (the driver's STATS_REQUESTs) and runs until each host has received
 //   one more frame per such request, or no host port has moved a beat for answer_cycles.
-//   flip_link, flip_block drive the network's fault-injection inputs (links="eth" only).
+//   flip_link, flip_block drive the network's fault-injection inputs (links="eth" or "cmac", FLIP defined).
+//   late_cycles holds the host's frames that wait for every host (all_gate > 0: its pushes)
+//   until late_cycles after the start barrier (every host has its first frame's answer): a
+//   host that starts late; the deadline moves by the latest host's late_cycles.
 // Result file:
 //   u32 magic 'WRR1', u64 cycles, u32 status (0 done, 1 timeout)
 //   per node: u32 n_sent, n_sent × (u64 first_cycle, u64 last_cycle),
@@ -58,6 +61,7 @@ struct Received {
 struct Host {
     std::vector<Frame> script;
     uint32_t expect = 0;
+    uint64_t late = 0;     // cycles after the start barrier before its pushes may start
     uint32_t on_stall = 0;  // frames sent only once the run stalls (at the end of the script)
     // transmit side (host -> node)
     size_t frame = 0, offset = 0;
@@ -179,7 +183,7 @@ int main(int argc, char** argv) {
 #endif
     FILE* in = fopen(argv[1], "rb");
     if (!in) { perror(argv[1]); return 2; }
-    if (read_le<uint32_t>(in) != 0x33535257u) { fprintf(stderr, "tb: not a WRS3 script\n"); return 2; }
+    if (read_le<uint32_t>(in) != 0x34535257u) { fprintf(stderr, "tb: not a WRS4 script\n"); return 2; }
     const uint32_t nodes = read_le<uint32_t>(in);
     const uint32_t bpb = read_le<uint32_t>(in);
     const uint32_t rx_ppm = read_le<uint32_t>(in);
@@ -199,6 +203,7 @@ int main(int argc, char** argv) {
     for (auto& h : hosts) {
         uint32_t n = read_le<uint32_t>(in);
         h.expect = read_le<uint32_t>(in);
+        h.late = read_le<uint64_t>(in);
         h.script.resize(n);
         for (auto& f : h.script) {
             uint32_t len = read_le<uint32_t>(in);
@@ -218,15 +223,18 @@ int main(int argc, char** argv) {
     top->rst = 1;
     for (int i = 0; i < 4; ++i) { top->clk = 0; top->eval(); top->clk = 1; top->eval(); }
     top->rst = 0;
-#ifdef TAP
+#ifdef FLIP
     top->flip_link = flip_link;
     top->flip_block = flip_block;
 #else
-    if (flip_block) { fprintf(stderr, "tb: this network has no fault injection (links=\"eth\" only)\n"); return 2; }
+    if (flip_block) { fprintf(stderr, "tb: this network has no fault injection (links=\"eth\" or \"cmac\" only)\n"); return 2; }
     (void)flip_link;
 #endif
 
     uint64_t cycle = 0, idle = 0;
+    uint64_t barrier = UINT64_MAX;  // first cycle at which every host had an answer
+    uint64_t latest = 0;
+    for (auto& h : hosts) latest = std::max(latest, h.late);
     uint32_t status = 0;
     bool stalled = false;
     std::vector<size_t> stall_expect(nodes, 0);
@@ -240,7 +248,8 @@ int main(int argc, char** argv) {
             done = done && h.received.size() >= (stalled ? stall_expect[k] : h.expect);
         }
         if (done) break;
-        if (stalled ? idle > answer_wait : cycle > deadline) {
+        if (barrier == UINT64_MAX && least >= 1) barrier = cycle;
+        if (stalled ? idle > answer_wait : cycle > deadline + latest) {
             status = 1;
             bool any_stall_frames = false;
             for (auto& h : hosts) any_stall_frames = any_stall_frames || h.on_stall;
@@ -263,7 +272,8 @@ int main(int argc, char** argv) {
                   (h.script[h.frame].own_gate == STALL_GATE                                          \
                        ? stalled                                                                     \
                        : h.received.size() >= h.script[h.frame].own_gate &&                          \
-                             least >= h.script[h.frame].all_gate);                                   \
+                             least >= h.script[h.frame].all_gate &&                                  \
+                             (h.script[h.frame].all_gate == 0 || cycle >= barrier + h.late));       \
         drive(h, rng, rx_ppm, tx_ppm, bpb, ok, top->host##k##_rx_tvalid, top->host##k##_rx_tdata,    \
               top->host##k##_rx_tkeep, top->host##k##_rx_tlast, top->host##k##_tx_tready);           \
     }

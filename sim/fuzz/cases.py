@@ -27,6 +27,8 @@ PORTS = ("host", "cw", "ccw")
 #: moment it arrives, list every possible outcome). ``None``: counted nowhere (the node answers).
 #: ``"lost"``: the frame may be taken as the chunk it claims to be, marked bad (a forged LOST
 #: placeholder): no counter need move, but that chunk must then be reported missing.
+#: ``"taken"``: a CONTROL that arrives after the collective finished starts a new one (as any
+#: CONTROL then does); the node's ``collective`` changes instead of ``control_refused``.
 EXPECTED: dict[str, tuple[str, ...] | None] = {
     "short": ("drop_short",),
     "version": ("drop_version",),
@@ -43,7 +45,7 @@ EXPECTED: dict[str, tuple[str, ...] | None] = {
     "header_only": ("drop_seq", "drop_count", "drop_length"),
     "oversize": ("drop_seq", "drop_count", "drop_oversize"),
     "lost_forged": ("drop_seq", "drop_flags", "lost"),
-    "control_mid": ("control_refused",),
+    "control_mid": ("control_refused", "taken"),
     "stats_request": None,
     "garbage": ("drop_short", "drop_version", "drop_opcode", "drop_collective", "drop_flags", "drop_dtype",
                 "drop_codec", "drop_seq", "drop_count", "drop_length", "drop_oversize"),

@@ -111,7 +111,8 @@ async def fuzz(dut):
         after = await stats_all()
         rec["stats_before"], rec["stats_after"] = before, after
         try:
-            fresh_results = await cluster.allreduce(fresh, compression=compression)
+            # abort: a hostile CONTROL may have started a collective of its own on some node
+            fresh_results = await cluster.allreduce(fresh, compression=compression, abort=True)
             rec["fresh"] = [r.tobytes().hex() for r in fresh_results]
         except (DriverError, TimeoutError) as err:
             rec["fresh"] = None

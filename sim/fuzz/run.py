@@ -92,6 +92,9 @@ def judge(rec: dict, arrays, fresh, compression, chunk: int) -> Verdict:
     if expected is not None and ((case.port == "cw" and case.node == 0) or
                                  (case.port == "ccw" and case.node == nodes - 1)):
         expected = expected + ("drop_opcode",)  # that port takes no frames at that rank
+    taken = (before is not None and after is not None and after["collective"] != before["collective"])
+    if case.kind == "control_mid" and taken:
+        moved["taken"] = 1  # arrived between collectives: a new collective, as any CONTROL then
     if expected is None:
         uncounted = False
     else:

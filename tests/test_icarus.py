@@ -1,0 +1,69 @@
+"""Icarus Verilog sees what Verilator sees: the Ethernet-linked network (``links="eth"``) on Icarus 11.
+
+Icarus starts an ``always @*`` block waiting for a change of what it reads; a block that reads
+nothing (``always @* verdict[3] = 1'h0;``, what a constant-only Amaranth assignment becomes in
+Yosys's Verilog) never runs, and its outputs stay X, where Verilator gives 0. The gateware avoids
+such blocks where it can (``MacRx``'s verdict is one continuous assign) and the runner's start-up
+kick (``_kick_comb_blocks``) covers every block that is left. This test runs a short allreduce
+on Icarus over Ethernet links, bit for bit against the golden model, and checks the Verilog it
+ran: every combinational block is started.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+from wirereduce.sim.engines.runner import SimSetup, run_jobs
+from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
+
+from wirereduce.config import NodeConfig
+
+pytestmark = pytest.mark.cocotb
+
+
+def _unstarted_blocks(text: str) -> list[str]:
+    """``always @*`` blocks that Icarus would never run at start-up: a ``begin`` block that reads
+    no kicked start-up register, or a one-statement block without an ``initial`` copy."""
+    kicked = set(re.findall(r"initial #1 (\S+) = 1;", text))
+    bad = []
+    for m in re.finditer(r"always @\*( begin\n(.*?)\n\s*end\n|\n(\s*)([^\n]+)\n)", text, re.S):
+        if m.group(2) is not None:
+            if not any(reg in m.group(2) for reg in kicked):
+                bad.append(m.group(0)[:120])
+        else:
+            follow = text[m.end():m.end() + len(m.group(4)) + 40]
+            if f"initial #1 {m.group(4).strip()}" not in follow:
+                bad.append(m.group(0)[:120])
+    return bad
+
+
+def test_unstarted_blocks_are_found():
+    """The checker itself: a block that reads nothing and has no kick is reported; kicked ones not."""
+    from wirereduce.sim.engines.runner import _kick_comb_blocks
+
+    raw = ("  reg \\$auto$verilog_backend.cc:1:dump_module$1 = 0;\n"
+           "  always @* begin\n    if (\\$auto$verilog_backend.cc:1:dump_module$1 ) begin end\n    a = b;\n  end\n"
+           "  always @*\n    verdict[3] = 1'h0;\n")
+    assert len(_unstarted_blocks(raw)) == 2
+    assert _unstarted_blocks(_kick_comb_blocks(raw)) == []
+
+
+@pytest.mark.skipif(shutil.which("iverilog") is None, reason="Icarus Verilog (iverilog) is not installed")
+def test_eth_allreduce_on_icarus(tmp_path):
+    """Two nodes, every link 10GBASE-R (MAC + PCS, the source filters on): 150 elements, one
+    chunk padded on the wire (the last, 7 elements), bit for bit; no verdict or other
+    combinational output is left X (an X verdict would drop or corrupt frames)."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(150).astype(np.float32) for _ in range(2)]
+    setup = SimSetup(nodes=2, config=NodeConfig(64, 588, 4), links="eth", simulator="icarus")
+    (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays}, ][:1], build_root=tmp_path,
+                      timeout_cycles=5_000)
+    want = ring_allreduce(arrays)
+    for k, got in enumerate(rec["results"]):
+        assert bit_mismatches(got, want).size == 0, f"node {k} differs from the golden sum"
+    text = (tmp_path / setup.tag() / "wirereduce_net.v").read_text()
+    assert _unstarted_blocks(text) == []
+    assert "verdict[3] = 1'h0" not in text, "MacRx's verdict is a continuous assign, not a constant block"
