@@ -83,7 +83,7 @@ def test_bit_error_with_compression_loses_one_chunk_then_retried(sim):
     arrays = [(1 + rng.random(4 * EPF)).astype(np.float32) for _ in range(4)]
     want = ring_allreduce_compressed(arrays, K, host_compressed=True)
     with pytest.raises(ChunksLost) as info:
-        sim.allreduce(arrays, compression=K, corrupt=(1, 300), timeout_cycles=20_000)
+        sim.allreduce(arrays, compression=K, corrupt=(1, 300), timeout_cycles=20_000, final_stats=True)
     err = info.value
     st = err.stats
     assert all(err.missing[k] == [1] for k in range(4)), err.missing

@@ -210,7 +210,7 @@ def test_header_bit_error_loses_one_chunk_not_the_tail(eth_sim):
 
     arrays = edge_arrays(4, N, seed=13)
     with pytest.raises(ChunksLost) as info:
-        eth_sim.allreduce(arrays, corrupt=(1, 6, "header"), timeout_cycles=20_000)
+        eth_sim.allreduce(arrays, corrupt=(1, 6, "header"), timeout_cycles=20_000, final_stats=True)
     err = info.value
     st = err.stats
     header_drops = sum(st[2][n] for n in ("drop_collective", "drop_dtype", "drop_flags", "drop_version",

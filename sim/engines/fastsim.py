@@ -425,8 +425,12 @@ class FastSim:
                 sess.receive(data)
                 run.last_result = max(run.last_result, last)
         if all(sess.settled for sess in rnd.sessions) and not all(sess.done for sess in rnd.sessions):
-            run.what = "the nodes reported chunks lost (their counters were not read)"
-            run.stall_stats = {sess.rank: None for sess in rnd.sessions}
+            if len(run.final) == len(rnd.sessions):  # final_stats: the counters after the last result
+                run.what = "the nodes reported chunks lost"
+                run.stall_stats = {sess.rank: st for sess, st in zip(rnd.sessions, run.final)}
+            else:
+                run.what = "the nodes reported chunks lost (their counters were not read: final_stats=True reads them)"
+                run.stall_stats = {sess.rank: None for sess in rnd.sessions}
             return run
         if not all(sess.done for sess in rnd.sessions):
             missing = {sess.rank: sess.missing[:8] for sess in rnd.sessions if not sess.done}
