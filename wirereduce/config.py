@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from wirereduce.protocol import HEADER_BYTES, max_elements
 
-__all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "NodeConfig"]
+__all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "NodeConfig", "EngineConfig"]
 
 #: Smallest MTU: the 16-byte header and one fp32 element.
 MTU_MIN = HEADER_BYTES + 4
@@ -120,3 +120,46 @@ class NodeConfig:
     def __repr__(self):
         codec = ", codec=True" if self.codec else ""
         return f"NodeConfig(width={self.width}, mtu={self.mtu}, slots={self.slots}{codec})"
+
+
+@dataclass(frozen=True, repr=False)
+class EngineConfig(NodeConfig):
+    """Elaboration-time parameters of a schedule engine (:mod:`wirereduce.hdl.core.engine`).
+
+    Everything of :class:`NodeConfig` (``codec`` must stay False: the engine has no codec yet),
+    plus:
+
+    Parameters
+    ----------
+    ports : int
+        Network ports P, 1 … 6 (:data:`wirereduce.table.MAX_PORTS`): 2 for a ring, 4 for a 2-D
+        torus, 3 for a hypercube of 8.
+    max_flows : int
+        Table entries (flows) the engine holds, a power of two ≤ 256.
+
+    The receive queues of every network port hold ``slots`` frames of each class (REDUCE and
+    BROADCAST): with the driver's window ≤ ``slots`` they can never overflow
+    (docs/architecture.md "Why the engine cannot deadlock").
+
+    Raises
+    ------
+    ValueError, TypeError
+        Everything :class:`NodeConfig` raises; ``ports`` or ``max_flows`` out of range; ``codec``.
+    """
+
+    ports: int = 4
+    max_flows: int = 64
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.ports, int) or isinstance(self.ports, bool) or not 1 <= self.ports <= 6:
+            raise ValueError(f"ports must be an int from 1 to 6, not {self.ports!r}")
+        f = self.max_flows
+        if not isinstance(f, int) or isinstance(f, bool) or f < 1 or f > 256 or f & (f - 1):
+            raise ValueError(f"max_flows must be a power of two from 1 to 256, not {f!r}")
+        if self.codec:
+            raise ValueError("the schedule engine has no codec yet; build it with codec=False")
+
+    def __repr__(self):
+        return (f"EngineConfig(width={self.width}, ports={self.ports}, mtu={self.mtu}, slots={self.slots}, "
+                f"max_flows={self.max_flows})")

@@ -68,6 +68,10 @@ class Opcode(enum.IntEnum):
     STATS_REQUEST = 6
     #: Node → host: status and counters, payload :data:`STATS_COUNTERS` as little-endian u32.
     STATS = 7
+    #: Host → schedule engine: table entries (:mod:`wirereduce.table`), ``seq`` the first flow
+    #: they are for, ``count`` the payload's 32-bit words (2 per entry), ``collective`` the request
+    #: tag (echoed in STATS ``request_tag``). Refused while a collective runs. Answered with STATS.
+    SCHEDULE = 8
 
 
 class DType(enum.IntEnum):
@@ -98,6 +102,7 @@ class Flag(enum.IntFlag):
 FLAGS_ALLOWED: dict[int, int] = {
     Opcode.REDUCE: Flag.LOST, Opcode.BROADCAST: Flag.LOST, Opcode.HOST_PUSH: 0,
     Opcode.HOST_RESULT: Flag.LOST, Opcode.CONTROL: Flag.ABORT, Opcode.STATS_REQUEST: 0, Opcode.STATS: 0,
+    Opcode.SCHEDULE: 0,
 }
 
 #: The header, in wire order: (name, bits). Sums to ``HEADER_BYTES * 8``.
