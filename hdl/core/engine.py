@@ -1,18 +1,163 @@
 """The schedule engine: one node with P network ports that runs any allreduce tree schedule.
 
-(Interface only in this commit; the logic follows.)
+A schedule (:mod:`wirereduce.schedule`: ring, bidirectional ring, MULTITREE on any topology)
+splits the message into F flows, each reduced up a spanning tree to its root and gathered back
+down. The engine holds one table entry per flow (:mod:`wirereduce.table`), loaded at run time by
+SCHEDULE frames from the host, so one bitstream per P serves every topology, algorithm and rank.
+
+::
+
+    host_rx ─▶ host gate ─┬─ SCHEDULE ─▶ table (F entries)
+                          ├─ CONTROL / STATS_REQUEST ─▶ STATS
+                          └─ HOST_PUSH ─▶ local buffer (one copy per unit)
+    net{p}_in ─▶ gate p ─┬─ REDUCE ────▶ reduce queue p ──┐
+                         └─ BROADCAST ─▶ broadcast queue p ┼─▶ bcast source p ──┐
+                    summation units: one per parent port q ─▶ up source q       ├─▶ allocator ─▶ net{o}_out
+                                     and the root unit ────▶ root source ───────┘        └──▶ host FIFOs ─▶ host_tx
+
+- **Gates**: every input is a :class:`~wirereduce.hdl.stream.frame.FrameGate` with the length
+  check; headers are checked by :func:`~wirereduce.hdl.core.gates.check_header` (collective,
+  flags, dtype, codec, ``seq`` < chunks, ``hop`` (the flow) < F, count) and bad ones are
+  dropped whole and counted.
+- **Queues**: each network port splits its frames by class into a reduce queue and a broadcast
+  queue, each holding ``slots`` whole frames: with the driver's window ≤ ``slots`` no queue can
+  fill (docs/architecture.md "Why the engine cannot deadlock"), so a port never back-pressures
+  its link and a waiting REDUCE frame never blocks a BROADCAST behind it.
+- **Summation units** (:class:`~wirereduce.hdl.core.sumunit.SumUnit`): unit q computes the
+  partial sums this node sends to a parent on port q, the root unit the sums of the flows rooted
+  here. Each walks its own chunks in increasing chunk number and sums the terms in the table's
+  order, cut-through. Several units work at once, so every port can run at line rate.
+- **Broadcast**: a BROADCAST frame at the head of its queue looks up its flow's entry and is
+  forwarded to the entry's ``forward`` ports and delivered to the host.
+- **Allocator**: every frame that leaves (a unit's sum, a forwarded broadcast) needs a set of
+  output ports at once; it gets all of them in one cycle or none (a fixed priority: root, then
+  broadcasts, then units; a waiting source reserves its ports against lower ones), so two
+  multicasts can never each hold a port the other waits for.
+- **Host output**: the root's and every broadcast source's copies for the host go through a
+  store-and-forward FIFO each, and leave whole frames at the host port's rate, which may be
+  faster than a network port (``docs/architecture.md`` "Host link").
+
+Frames of an engine collective carry ``seq`` = chunk number g and ``hop`` = flow f
+(:mod:`wirereduce.table`); the outputs rewrite ``opcode`` (REDUCE / BROADCAST / HOST_RESULT)
+and ``src`` (this node's rank).
 """
 
 from __future__ import annotations
 
-from amaranth import Module
-from amaranth.lib import wiring
+from amaranth import Array, Cat, Const, Module, Mux, ResetInserter, Signal
+from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.stream.frame import FrameStream
+from wirereduce.hdl.core.gates import check_header
+from wirereduce.hdl.core.status import EventCounters, StatusResponder, port_counters_layout, report_status
+from wirereduce.hdl.core.sumunit import SumUnit, queue_head_layout
+from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, beat_layout, tagged_layout
 
 from wirereduce.config import EngineConfig
+from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode
+from wirereduce.table import ROOT
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "FrameQueue", "PacketFifo"]
+
+
+class FrameQueue(wiring.Component):
+    """A FIFO of whole frames (tagged beats) that shows the header fields of the frame at its head.
+
+    Parameters
+    ----------
+    width : int
+    frames, max_beats : int
+        Capacity: ``frames`` frames of up to ``max_beats`` beats.
+
+    Attributes
+    ----------
+    i : In(stream.Signature(tagged_layout(width))); i_seq, i_flow, i_count : In
+        Beats in; the header fields are sampled with the first beat.
+    o : Out(stream.Signature(tagged_layout(width))); head : Out(queue_head_layout())
+    pop : In(1)
+        The frame at the head has been read whole: show the next one's header.
+    """
+
+    def __init__(self, width: int, frames: int, max_beats: int):
+        self._w, self._frames, self._mb = width, frames, max_beats
+        tagged = tagged_layout(width)
+        super().__init__({
+            "i": In(stream.Signature(tagged)), "i_seq": In(32), "i_flow": In(8), "i_count": In(16),
+            "o": Out(stream.Signature(tagged)), "head": Out(queue_head_layout()), "pop": In(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        tagged = tagged_layout(self._w)
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=tagged.size, depth=self._frames * self._mb)
+        m.submodules.hdrs = hdrs = fifo.SyncFIFOBuffered(width=56, depth=self._frames + 1)
+        m.d.comb += [
+            self.i.ready.eq(beats.w_rdy & hdrs.w_rdy),
+            beats.w_data.eq(self.i.payload.as_value()),
+            beats.w_en.eq(self.i.valid & self.i.ready),
+            hdrs.w_data.eq(Cat(self.i_seq, self.i_flow, self.i_count)),
+            hdrs.w_en.eq(self.i.valid & self.i.ready & self.i.payload.first),
+            self.o.valid.eq(beats.r_rdy),
+            self.o.payload.eq(beats.r_data),
+            beats.r_en.eq(self.o.ready),
+            self.head.valid.eq(hdrs.r_rdy),
+            self.head.seq.eq(hdrs.r_data[0:32]),
+            self.head.flow.eq(hdrs.r_data[32:40]),
+            self.head.count.eq(hdrs.r_data[40:56]),
+            hdrs.r_en.eq(self.pop),
+        ]
+        return m
+
+
+class PacketFifo(wiring.Component):
+    """Store and forward: a frame leaves only once it is all in (so it leaves at the output's rate).
+
+    Parameters
+    ----------
+    width : int
+    depth : int
+        Beats it holds (at least one longest frame).
+    """
+
+    def __init__(self, width: int, depth: int):
+        self._w, self._depth = width, depth
+        tagged = tagged_layout(width)
+        super().__init__({"i": In(stream.Signature(tagged)), "o": Out(stream.Signature(tagged))})
+
+    def elaborate(self, platform):
+        m = Module()
+        tagged = tagged_layout(self._w)
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=tagged.size, depth=self._depth)
+        frames = Signal(range(self._depth + 2))
+        wrote = self.i.valid & self.i.ready & self.i.payload.last
+        read = self.o.valid & self.o.ready & self.o.payload.last
+        m.d.sync += frames.eq(frames + wrote - read)
+        m.d.comb += [
+            self.i.ready.eq(beats.w_rdy),
+            beats.w_data.eq(self.i.payload.as_value()),
+            beats.w_en.eq(self.i.valid & self.i.ready),
+            self.o.valid.eq(beats.r_rdy & (frames != 0)),
+            self.o.payload.eq(beats.r_data),
+            beats.r_en.eq(self.o.ready & (frames != 0)),
+        ]
+        return m
+
+
+class _Run:
+    """The run-time registers a CONTROL frame sets (the subset :func:`check_header` reads)."""
+
+    def __init__(self):
+        self.collective = Signal(16)
+        self.rank = Signal(8)
+        self.flows = Signal(9)
+        self.chunks = Signal(32)
+        self.active = Signal()
+        self.tag = Signal(16)
+        self.delivered = Signal(32)
+        self.dtype = Const(int(DType.FP32), 8)
+        self.codec = Const(int(Codec.NONE), 8)
+        self.eb_k = Const(0, 8)
+        self.running = self.active & (self.delivered < self.chunks)
+        self.nodes = self.flows  # what STATS reports as "nodes": the flow count
 
 
 class Engine(wiring.Component):
@@ -32,10 +177,16 @@ class Engine(wiring.Component):
         Network port p (the schedule's port numbering, :class:`wirereduce.schedule.Topology`).
     control_taken : Out(1); rank : Out(8)
         As :class:`~wirereduce.hdl.core.node.Node`.
+
+    Hop latency (first beat in to first beat out, cut-through): the gate's header beats, one
+    queue cycle, one allocation cycle and the unit's :attr:`SumUnit.latency` for a REDUCE hop
+    (1 + 6·(terms − 1)); for a BROADCAST hop the table look-up instead of the unit.
     """
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config if config is not None else EngineConfig()
+        if not isinstance(self.config, EngineConfig):
+            raise TypeError(f"an Engine takes an EngineConfig, not {type(self.config).__name__}")
         beat = FrameStream(self.config.width)
         members = {"host_rx": In(beat), "host_tx": Out(beat), "control_taken": Out(1), "rank": Out(8)}
         for p in range(self.config.ports):
@@ -44,4 +195,323 @@ class Engine(wiring.Component):
         super().__init__(members)
 
     def elaborate(self, platform):
-        return Module()
+        m = Module()
+        cfg = self.config
+        w, P, S = cfg.width, cfg.ports, cfg.slots
+        SB, MB, FM = cfg.slot_beats, cfg.max_beats, cfg.max_flows
+        tagged = tagged_layout(w)
+        slot_bits = (S - 1).bit_length()
+        beat_bits = (SB - 1).bit_length()
+        run = _Run()
+        events = EventCounters()
+        taken = Signal()
+        m.d.sync += taken.eq(0)
+        m.d.comb += [self.control_taken.eq(taken), self.rank.eq(run.rank)]
+        start = Signal()   # a CONTROL frame is taken in this cycle
+        m.submodules.status = status = StatusResponder(w, len(STATS_COUNTERS))
+
+        # --- schedule table ----------------------------------------------------------------
+        m.submodules.table = table = memory.Memory(shape=64, depth=FM, init=[])
+        twp = table.write_port()
+        nunits = P + 1   # units 0 … P-1 send to parent port q; unit P is the root unit
+        first = [Signal(9, init=0x100, name=f"first{u}") for u in range(nunits)]
+        table_ok = Signal()
+
+        # --- gates ----------------------------------------------------------------------------
+        def gate(name):
+            g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu)
+            return g
+
+        host_gate = gate("host")
+        wiring.connect(m, wiring.flipped(self.host_rx), host_gate.i)
+        net_gates = []
+        for p in range(P):
+            g = gate(f"net{p}")
+            wiring.connect(m, wiring.flipped(getattr(self, f"net{p}_in")), g.i)
+            net_gates.append(g)
+
+        # --- local buffer slots -------------------------------------------------------------
+        slot_valid = Signal(S)
+        slot_bad = Signal(S)
+        slot_counts = Signal(data.ArrayLayout(16, S))
+        slot_seqs = Signal(data.ArrayLayout(32, S))
+        push_seq = Signal(32)
+        push_flow = Signal(8)
+
+        # --- units ----------------------------------------------------------------------------
+        units = []
+        for u in range(nunits):
+            unit = m.submodules[f"unit{u}"] = SumUnit(
+                w, P, P if u < P else P + 1, S, SB, req=(1 << u) if u < P else None)
+            rp = table.read_port()
+            m.d.comb += [rp.addr.eq(unit.tab_addr), unit.tab_data.eq(rp.data)]
+            m.d.comb += [
+                unit.slot_valid.eq(slot_valid), unit.slot_bad.eq(slot_bad), unit.slot_counts.eq(slot_counts),
+                unit.slot_seqs.eq(slot_seqs),
+                unit.start.eq(start), unit.first.eq(first[u]), unit.chunks.eq(run.chunks),
+            ]
+            m.d.comb += events.flag("drop_count").eq(unit.mismatch)
+            units.append(unit)
+        busy_units = Cat(*(u.busy for u in units)).any()
+
+        # --- queues ---------------------------------------------------------------------------
+        flush = Signal()
+        m.d.comb += flush.eq(start)
+        rqs, bqs = [], []
+        for p, g in enumerate(net_gates):
+            rq = m.submodules[f"rq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
+            bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
+            hdr = g.o.payload.hdr
+            is_red = hdr.opcode == Opcode.REDUCE
+            for q, sel in ((rq, is_red), (bq, ~is_red)):
+                m.d.comb += [
+                    q.i.valid.eq(g.o.valid & sel),
+                    q.i.payload.data.eq(g.o.payload.data), q.i.payload.keep.eq(g.o.payload.keep),
+                    q.i.payload.last.eq(g.o.payload.last), q.i.payload.bad.eq(g.o.payload.bad),
+                    q.i.payload.first.eq(g.o.payload.first),
+                    q.i_seq.eq(hdr.seq), q.i_flow.eq(hdr.hop), q.i_count.eq(hdr.count),
+                ]
+            m.d.comb += g.o.ready.eq(Mux(is_red, rq.i.ready, bq.i.ready))
+            with m.If(g.o.valid & g.o.ready & g.o.payload.first):
+                m.d.comb += events.flag("reduce_frames").eq(is_red)
+                m.d.comb += events.flag("broadcast_frames").eq(~is_red)
+            # Reduce queue p feeds every unit; the one whose chunk it is takes the frame.
+            ready = Const(0, 1)
+            pop = Const(0, 1)
+            for unit in units:
+                uq = getattr(unit, f"q{p}")
+                m.d.comb += [uq.valid.eq(rq.o.valid), uq.payload.eq(rq.o.payload),
+                             getattr(unit, f"q{p}_head").eq(rq.head)]
+                ready = ready | uq.ready
+                pop = pop | getattr(unit, f"q{p}_pop")
+            m.d.comb += [rq.o.ready.eq(ready), rq.pop.eq(pop)]
+            rqs.append(rq)
+            bqs.append(bq)
+            h = g.head
+            count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
+            check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
+                         h.seq, count_bad, Const(0, 1), opcode=Opcode.REDUCE, flags_allowed=0,
+                         codec_built=False, lost_ok=0, lost_wait=0)
+
+        # --- broadcast sources: look up the flow, then forward ------------------------------
+        bsrc = []
+        for p, bq in enumerate(bqs):
+            rp = table.read_port()
+            m.d.comb += rp.addr.eq(bq.head.flow)
+            looked = Signal(name=f"bc{p}_looked")   # req holds the head frame's entry
+            reading = Signal(name=f"bc{p}_reading")  # rp.data is the head frame's entry next cycle
+            req = Signal(P + 1, name=f"bc{p}_req")
+            with m.If(start | bq.pop):
+                m.d.sync += [looked.eq(0), reading.eq(0)]
+            with m.Elif(bq.head.valid & ~looked & ~reading):
+                m.d.sync += reading.eq(1)
+            with m.Elif(reading):
+                m.d.sync += [looked.eq(1), reading.eq(0), req.eq(Cat(rp.data[40:40 + P], rp.data[46]))]
+            s = stream.Signature(tagged).create(path=(f"bc{p}",))
+            m.d.comb += [s.valid.eq(bq.o.valid & looked), s.payload.eq(bq.o.payload), bq.o.ready.eq(s.ready & looked)]
+            m.d.comb += bq.pop.eq(s.valid & s.ready & s.payload.last)
+            bsrc.append((s, req))
+
+        # --- sources, allocator and outputs --------------------------------------------------
+        root = units[P]
+        sources = [(root.o, root.o_req, False)] + [(s, r, False) for s, r in bsrc] + \
+                  [(units[q].o, units[q].o_req, True) for q in range(P)]
+        nsrc = len(sources)
+        out_busy = Signal(P)
+        owner = [Signal(range(nsrc), name=f"owner{o}") for o in range(P)]
+        active = Signal(nsrc)
+        mask = [Signal(P + 1, name=f"mask{i}") for i in range(nsrc)]
+        done = Signal(P)
+        hdone = Signal(nsrc)
+        reserved = Const(0, P)
+        taken_now = Const(0, P)
+        grants = []
+        for i, (s, req, _) in enumerate(sources):
+            want = req[:P]
+            request = s.valid & s.payload.first & ~active[i]
+            can = request & ((want & out_busy) == 0) & ((want & reserved) == 0) & ((want & taken_now) == 0)
+            grants.append(can)
+            taken_now = taken_now | Mux(can, want, 0)
+            reserved = reserved | Mux(request & ~can, want, 0)
+            with m.If(can):
+                m.d.sync += [active[i].eq(1), mask[i].eq(req)]
+                for o in range(P):
+                    with m.If(want[o]):
+                        m.d.sync += [out_busy[o].eq(1), owner[o].eq(i)]
+
+        # Host copies: one store-and-forward FIFO per multicast source (root, broadcasts).
+        host_fifos = []
+        for i in range(1 + P):
+            hf = m.submodules[f"host_fifo{i}"] = PacketFifo(w, 2 * MB)
+            host_fifos.append(hf)
+
+        outs = [getattr(self, f"net{o}_out") for o in range(P)]
+        valids = Array(s.valid for s, _, _ in sources)
+        payloads = Array(s.payload for s, _, _ in sources)
+        is_up = Array(Const(int(up), 1) for _, _, up in sources)
+        for o, out in enumerate(outs):
+            sel = owner[o]
+            pl = payloads[sel]
+            m.d.comb += [
+                out.valid.eq(out_busy[o] & valids[sel] & ~done[o]),
+                out.payload.data.eq(pl.data), out.payload.keep.eq(pl.keep),
+                out.payload.last.eq(pl.last), out.payload.bad.eq(pl.bad),
+            ]
+            with m.If(pl.first):
+                m.d.comb += [
+                    out.payload.data[8:16].eq(Mux(is_up[sel], Opcode.REDUCE, Opcode.BROADCAST)),
+                    out.payload.data[40:48].eq(run.rank),
+                ]
+        deliveries = []
+        for i, (s, _, _) in enumerate(sources):
+            ok = active[i]
+            for o in range(P):
+                ok = ok & (~mask[i][o] | done[o] | (outs[o].ready & (owner[o] == i)))
+            if i < 1 + P:
+                hf = host_fifos[i]
+                m.d.comb += [
+                    hf.i.valid.eq(s.valid & active[i] & mask[i][P] & ~hdone[i]),
+                    hf.i.payload.eq(s.payload),
+                ]
+                with m.If(s.payload.first):
+                    m.d.comb += [hf.i.payload.data[8:16].eq(Opcode.HOST_RESULT),
+                                 hf.i.payload.data[40:48].eq(run.rank)]
+                ok = ok & (~mask[i][P] | hdone[i] | hf.i.ready)
+                delivered = events.flag("result_frames")
+                m.d.comb += delivered.eq(hf.i.valid & hf.i.ready & hf.i.payload.first)
+                deliveries.append(delivered)
+            m.d.comb += s.ready.eq(ok)
+            with m.If(s.valid & s.ready):
+                m.d.sync += hdone[i].eq(0)
+                for o in range(P):
+                    with m.If(mask[i][o]):
+                        m.d.sync += done[o].eq(0)
+                with m.If(s.payload.last):
+                    m.d.sync += active[i].eq(0)
+                    for o in range(P):
+                        with m.If(mask[i][o]):
+                            m.d.sync += out_busy[o].eq(0)
+            with m.Elif(active[i]):
+                if i < 1 + P:
+                    with m.If(host_fifos[i].i.valid & host_fifos[i].i.ready):
+                        m.d.sync += hdone[i].eq(1)
+        fires = Array(s.valid & s.ready for s, _, _ in sources)
+        for o, out in enumerate(outs):
+            with m.If(out.valid & out.ready & ~fires[owner[o]]):
+                m.d.sync += done[o].eq(1)
+        total = deliveries[0]
+        for d in deliveries[1:]:
+            total = total + d
+        m.d.sync += run.delivered.eq(run.delivered + total)
+
+        m.submodules.tx_arb = tx_arb = FrameArbiter(beat_layout(w), P + 2)
+        for i, hf in enumerate(host_fifos):
+            a = getattr(tx_arb, f"i{i}")
+            m.d.comb += [
+                a.valid.eq(hf.o.valid), a.payload.data.eq(hf.o.payload.data), a.payload.keep.eq(hf.o.payload.keep),
+                a.payload.last.eq(hf.o.payload.last), a.payload.bad.eq(hf.o.payload.bad), hf.o.ready.eq(a.ready),
+            ]
+        wiring.connect(m, status.o, getattr(tx_arb, f"i{P + 1}"))
+        wiring.connect(m, tx_arb.o, wiring.flipped(self.host_tx))
+
+        # --- host input -------------------------------------------------------------------------
+        quiet = ~(host_gate.busy | Cat(*(g.busy for g in net_gates)).any() | busy_units | active.any())
+        hh = host_gate.head
+        hb = host_gate.o.payload
+        is_ctl = hh.opcode == Opcode.CONTROL
+        is_stats = hh.opcode == Opcode.STATS_REQUEST
+        is_sched = hh.opcode == Opcode.SCHEDULE
+        sched_streaming = Signal()
+        abort = (hh.flags & int(Flag.ABORT)) != 0
+        refuse = (run.running & ~abort) | ((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | (hh.dtype != DType.FP32) \
+            | (hh.codec != Codec.NONE) | (hh.eb_k != 0) | (hh.hop == 0) | (hh.hop > FM) | (hh.seq == 0) | ~table_ok
+        sched_bad = (hh.count == 0) | hh.count[0] | ((hh.seq + (hh.count >> 1)) > FM) | (hh.flags != 0)
+        host_cmd = (host_gate.head_valid & ~host_gate.head_short & (hh.version == VERSION)
+                    & (is_ctl | is_stats | is_sched))
+        with m.If(host_cmd):
+            with m.If(~status.busy & ~sched_streaming & (is_stats | quiet)):
+                with m.If(is_sched):
+                    m.d.sync += run.tag.eq(hh.collective)
+                    with m.If(run.running):
+                        m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1), events.flag("control_refused").eq(1)]
+                    with m.Elif(sched_bad):
+                        m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1), events.flag("drop_count").eq(1)]
+                    with m.Else():
+                        m.d.comb += [host_gate.accept.eq(1), host_gate.expect_bytes.eq(HEADER_BYTES + 4 * hh.count)]
+                        m.d.sync += sched_streaming.eq(1)
+                        with m.If(hh.seq == 0):
+                            m.d.sync += [fu.eq(0x100) for fu in first]
+                with m.Else():
+                    m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1)]
+                    m.d.sync += run.tag.eq(hh.count)
+                    with m.If(is_ctl):
+                        with m.If(refuse):
+                            m.d.comb += events.flag("control_refused").eq(1)
+                        with m.Else():
+                            m.d.comb += start.eq(1)
+                            m.d.sync += [
+                                run.collective.eq(hh.collective), run.rank.eq(hh.src), run.flows.eq(hh.hop),
+                                run.chunks.eq(hh.seq), run.active.eq(1), taken.eq(1), run.delivered.eq(0),
+                                push_seq.eq(0), push_flow.eq(0), slot_valid.eq(0),
+                            ]
+        with m.Else():
+            push_slot = hh.seq[:slot_bits] if slot_bits else Const(0, 1)
+            push_busy = (slot_valid >> push_slot)[0]
+            count_bad = (hh.count == 0) | (hh.count > cfg.max_elements) | (hh.hop != push_flow)
+            check_header(m, host_gate, run, events, hh.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
+                         opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0)
+
+        # Accepted frames: SCHEDULE entries into the table (one 64-bit word a cycle), pushes into
+        # every unit's copy of the local buffer.
+        words = w // 64
+        word = Signal(range(max(words, 2)))
+        hb_sched = hb.hdr.opcode == Opcode.SCHEDULE
+        widx = Signal(24)
+        m.d.comb += widx.eq(hb.index * words + word)
+        wdata = Array(hb.data[64 * k:64 * k + 64] for k in range(words))[word] if words > 1 else hb.data
+        ent = Signal(8)
+        m.d.comb += ent.eq(hb.hdr.seq + widx - 2)
+        write = host_gate.o.valid & hb_sched & (widx >= 2) & hb.keep[8 * word if words > 1 else 0]
+        if words > 1:
+            lastword = word == words - 1
+            m.d.comb += host_gate.o.ready.eq(Mux(hb_sched, lastword, 1))
+            with m.If(host_gate.o.valid & hb_sched):
+                m.d.sync += word.eq(Mux(lastword, 0, word + 1))
+        else:
+            m.d.comb += host_gate.o.ready.eq(1)
+        m.d.comb += [twp.addr.eq(ent), twp.data.eq(wdata), twp.en.eq(write)]
+        unit_of = wdata[0:3]
+        with m.If(write):
+            for u in range(nunits):
+                code = ROOT if u == P else u
+                with m.If((unit_of == code) & (first[u][8] | (ent < first[u][:8]))):
+                    m.d.sync += first[u].eq(ent)
+        with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.last):
+            m.d.comb += status.trigger.eq(1)
+            m.d.sync += [sched_streaming.eq(0), table_ok.eq(~hb.bad)]
+
+        is_push = host_gate.o.valid & host_gate.o.ready & (hb.hdr.opcode == Opcode.HOST_PUSH)
+        pslot = hb.hdr.seq[:slot_bits] if slot_bits else Const(0, 1)
+        addr = Cat(hb.index[:beat_bits], pslot) if slot_bits else hb.index[:beat_bits]
+        for unit in units:
+            m.d.comb += [unit.wr_addr.eq(addr), unit.wr_data.eq(hb.data), unit.wr_en.eq(is_push)]
+        with m.If(is_push & hb.first):
+            m.d.sync += [push_seq.eq(push_seq + 1), push_flow.eq(Mux(push_flow + 1 >= run.flows, 0, push_flow + 1))]
+            m.d.comb += events.flag("push_frames").eq(1)
+        for k in range(S):
+            released = Const(0, 1)
+            for unit in units:
+                released = released | (unit.release & (unit.release_slot == k))
+            with m.If(is_push & hb.last & (pslot == k)):
+                m.d.sync += [slot_valid[k].eq(1), slot_bad[k].eq(hb.bad), slot_counts[k].eq(hb.hdr.count),
+                                 slot_seqs[k].eq(hb.hdr.seq)]
+            with m.Elif(released):
+                m.d.sync += slot_valid[k].eq(0)
+        with m.If(start):
+            m.d.sync += slot_valid.eq(0)
+
+        self._units, self._rqs, self._bqs, self._slot_valid = units, rqs, bqs, slot_valid
+        port_counters = Signal(port_counters_layout())
+        report_status(m, status, run, events, port_counters)
+        events.update(m)
+        return m
