@@ -137,8 +137,8 @@ class EngineConfig(NodeConfig):
     max_flows : int
         Table entries (flows) the engine holds, a power of two ≤ 256.
 
-    The receive queues of every network port hold ``slots`` frames of each class (REDUCE and
-    BROADCAST): with the driver's window ≤ ``slots`` they can never overflow
+    The receive queues of every network port hold 2·``slots`` REDUCE frames and ``slots``
+    BROADCAST frames: with the driver's window ≤ ``slots`` they can never overflow
     (docs/architecture.md "Why the engine cannot deadlock").
 
     Raises

@@ -19,9 +19,9 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
   check; headers are checked by :func:`~wirereduce.hdl.core.gates.check_header` (collective,
   flags, dtype, codec, ``seq`` < chunks, ``hop`` (the flow) < F, count) and bad ones are
   dropped whole and counted.
-- **Queues**: each network port splits its frames by class into a reduce queue and a broadcast
-  queue, each holding ``slots`` whole frames: with the driver's window ≤ ``slots`` no queue can
-  fill (docs/architecture.md "Why the engine cannot deadlock"), so a port never back-pressures
+- **Queues**: each network port splits its frames by class into a reduce queue (2·``slots``
+  whole frames) and a broadcast queue (``slots`` frames): with the driver's window ≤ ``slots`` no
+  queue can fill (docs/architecture.md "Why the engine cannot deadlock"), so a port never back-pressures
   its link and a waiting REDUCE frame never blocks a BROADCAST behind it.
 - **Summation units** (:class:`~wirereduce.hdl.core.sumunit.SumUnit`): unit q computes the
   partial sums this node sends to a parent on port q, the root unit the sums of the flows rooted
@@ -259,7 +259,7 @@ class Engine(wiring.Component):
         m.d.comb += flush.eq(start)
         rqs, bqs = [], []
         for p, g in enumerate(net_gates):
-            rq = m.submodules[f"rq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
+            rq = m.submodules[f"rq{p}"] = ResetInserter(flush)(FrameQueue(w, 2 * S, MB))
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
@@ -437,10 +437,8 @@ class Engine(wiring.Component):
                     with m.Elif(sched_bad):
                         m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1), events.flag("drop_count").eq(1)]
                     with m.Else():
+                        # accept holds until the first beat leaves (FrameGate's protocol)
                         m.d.comb += [host_gate.accept.eq(1), host_gate.expect_bytes.eq(HEADER_BYTES + 4 * hh.count)]
-                        m.d.sync += sched_streaming.eq(1)
-                        with m.If(hh.seq == 0):
-                            m.d.sync += [fu.eq(0x100) for fu in first]
                 with m.Else():
                     m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1)]
                     m.d.sync += run.tag.eq(hh.count)
@@ -471,7 +469,7 @@ class Engine(wiring.Component):
         wdata = Array(hb.data[64 * k:64 * k + 64] for k in range(words))[word] if words > 1 else hb.data
         ent = Signal(8)
         m.d.comb += ent.eq(hb.hdr.seq + widx - 2)
-        write = host_gate.o.valid & hb_sched & (widx >= 2) & hb.keep[8 * word if words > 1 else 0]
+        write = host_gate.o.valid & hb_sched & (widx >= 2) & hb.keep.bit_select(word * 8, 1)
         if words > 1:
             lastword = word == words - 1
             m.d.comb += host_gate.o.ready.eq(Mux(hb_sched, lastword, 1))
@@ -481,11 +479,15 @@ class Engine(wiring.Component):
             m.d.comb += host_gate.o.ready.eq(1)
         m.d.comb += [twp.addr.eq(ent), twp.data.eq(wdata), twp.en.eq(write)]
         unit_of = wdata[0:3]
+        with m.If(host_gate.o.valid & hb_sched & hb.first & (word == 0) & (hb.hdr.seq == 0)):
+            m.d.sync += [fu.eq(0x100) for fu in first]   # a new table starts: no unit has a flow yet
         with m.If(write):
             for u in range(nunits):
                 code = ROOT if u == P else u
                 with m.If((unit_of == code) & (first[u][8] | (ent < first[u][:8]))):
                     m.d.sync += first[u].eq(ent)
+        with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.first):
+            m.d.sync += sched_streaming.eq(1)
         with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.last):
             m.d.comb += status.trigger.eq(1)
             m.d.sync += [sched_streaming.eq(0), table_ok.eq(~hb.bad)]
@@ -510,7 +512,6 @@ class Engine(wiring.Component):
         with m.If(start):
             m.d.sync += slot_valid.eq(0)
 
-        self._units, self._rqs, self._bqs, self._slot_valid = units, rqs, bqs, slot_valid
         port_counters = Signal(port_counters_layout())
         report_status(m, status, run, events, port_counters)
         events.update(m)

@@ -305,8 +305,6 @@ class SumUnit(wiring.Component):
                 m.d.comb += nacc[lane].eq(Mux(stage_meta.present[i] & stage_meta.mask[j], adder.s[lane], through[lane]))
             acc = nacc
 
-        self.debug = {"g": g, "f": f, "act": act, "stale": stale, "streaming": streaming, "stuck": stuck,
-                      "beat": beat, "nbeats": nbeats}
         m.d.comb += [
             out_valid.eq(stage_meta.valid),
             self.o.valid.eq(out_valid),
