@@ -10,9 +10,10 @@ beat, through a chain of fp32 adder lanes:
     ((t0 + t1) + t2) + …        (term i joins after i-1 adder stages)
 
 so the result's bits are fixed by the table and never by arrival order. It is cut-through: a
-beat leaves ``1 + 6·(terms - 1)`` cycles after it entered (:attr:`SumUnit.latency`), while the
-frames are still arriving. The header words pass through from term 0 (rewritten at the
-engine's outputs), as do lanes outside ``keep``.
+beat leaves ``1 + 6·(terms - 1)`` cycles after it entered, at the tap after its frame's last
+term (at most :attr:`SumUnit.latency`), while the frames are still arriving; a frame with another
+number of terms than the ones in the chain waits until the chain is empty. The header words pass
+through from term 0 (rewritten at the engine's outputs), as do lanes outside ``keep``.
 
 A term whose frame ends early (a length error marked by its gate) is padded and the sum leaves
 marked ``bad``; a term frame whose ``count`` disagrees with the local chunk's is never joined
@@ -105,7 +106,7 @@ class SumUnit(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles from a beat entering the adder chain to it leaving: 1 + 6·(terms − 1)."""
+        """Most cycles from a beat entering the adder chain to it leaving: 1 + 6·(terms − 1)."""
         return 1 + AdderLanes.LATENCY * (self._t - 1)
 
     def elaborate(self, platform):
@@ -161,6 +162,13 @@ class SumUnit(wiring.Component):
             count_ok = count_ok & ok
             has_local = has_local | (c == LOCAL)
         ready = ready & has_local & (codes[0] != NONE)
+        # Frames in the chain all leave at one tap (``depth`` adders in): a frame with another
+        # number of terms joins only once the chain is empty.
+        depth = Signal(range(T), name="depth")
+        new_depth = Signal(range(T + 1))
+        m.d.comb += new_depth.eq(sum((codes[i] != NONE for i in range(T)), Const(0, range(T + 1))) - 1)
+        chain_empty = Signal()
+        ready = ready & ((new_depth == depth) | chain_empty)
 
         # --- streaming state -----------------------------------------------------------------------
         streaming = Signal()
@@ -196,7 +204,7 @@ class SumUnit(wiring.Component):
                     last_keep.eq(Cat(*((nbytes - (((nbytes + bpb - 1) >> shift) - 1 << shift)) > k
                                        for k in range(bpb)))),
                     cur_slot.eq(slot), cur_bad.eq(slot_bad),
-                    cur_req.eq(fwd_req if self._req is None else self._req),
+                    cur_req.eq(fwd_req if self._req is None else self._req), depth.eq(new_depth),
                 ] + [cur[i].eq(codes[i]) for i in range(T)]
             with m.Elif(~stuck):
                 m.d.comb += self.mismatch.eq(1)
@@ -286,12 +294,15 @@ class SumUnit(wiring.Component):
         acc = terms[0]
         stage_meta = s1
         valids = [s1.valid]
+        taps = [(acc, stage_meta)]
         for i in range(1, T):
             adder = m.submodules[f"add{i}"] = AdderLanes(lanes)
             b = delay(terms[i], L * (i - 1), f"term{i}")
             m.d.comb += [adder.a.eq(acc), adder.b.eq(b), adder.en.eq(en)]
             through = delay(acc, L, f"acc{i}")
-            nmeta = stage_meta
+            # Beats of frames that leave at an earlier tap go no further.
+            nmeta = Signal(meta, name=f"meta{i}_in")
+            m.d.comb += [nmeta.eq(stage_meta), nmeta.valid.eq(stage_meta.valid & (depth > i - 1))]
             for k in range(L):
                 nxt = Signal(meta, name=f"meta{i}_{k}")
                 with m.If(en):
@@ -304,16 +315,21 @@ class SumUnit(wiring.Component):
                 lane = slice(32 * j, 32 * j + 32)
                 m.d.comb += nacc[lane].eq(Mux(stage_meta.present[i] & stage_meta.mask[j], adder.s[lane], through[lane]))
             acc = nacc
+            taps.append((acc, stage_meta))
 
+        # The frames in the chain leave at the tap after their last term: 1 + 6·(terms − 1) cycles.
+        tap_acc = Array(a for a, _ in taps)[depth]
+        tap_meta = Array(t for _, t in taps)[depth]
         m.d.comb += [
-            out_valid.eq(stage_meta.valid),
+            out_valid.eq(tap_meta.valid),
             self.o.valid.eq(out_valid),
-            self.o.payload.data.eq(acc),
-            self.o.payload.keep.eq(stage_meta.keep),
-            self.o.payload.last.eq(stage_meta.last),
-            self.o.payload.bad.eq(stage_meta.bad),
-            self.o.payload.first.eq(stage_meta.first),
-            self.o_req.eq(stage_meta.req),
+            self.o.payload.data.eq(tap_acc),
+            self.o.payload.keep.eq(tap_meta.keep),
+            self.o.payload.last.eq(tap_meta.last),
+            self.o.payload.bad.eq(tap_meta.bad),
+            self.o.payload.first.eq(tap_meta.first),
+            self.o_req.eq(tap_meta.req),
             self.busy.eq(streaming | Cat(*valids).any()),
+            chain_empty.eq(~Cat(*valids).any()),
         ]
         return m
