@@ -202,6 +202,17 @@ def _node(width, mtu):
     return make
 
 
+def _engine(width, mtu, ports):
+    def make():
+        from wirereduce.hdl.core.engine import Engine
+
+        from wirereduce.config import EngineConfig
+
+        return Engine(EngineConfig(width, mtu, slots=8, ports=ports, max_flows=64))
+
+    return make
+
+
 #: Every block, in report order. Names are the ``--blocks`` choices.
 BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("fp32_adder", "xc7", _fp32, "one fp32 adder lane (FP32Adder, 6 stages)", quick=True),
@@ -216,6 +227,11 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("pcs_rx64", "xc7", _pcs_rx, "PCSRx, 64-bit gearbox", quick=True),
     Block("node64", "xc7", _node(64, 1500), "Node 64 bit, MTU 1500, 8 slots (the VC709 node)"),
     Block("node512", "xcup", _node(512, 9000), "Node 512 bit, MTU 9000, 8 slots (the 100G node)"),
+    Block("engine_p2_64", "xc7", _engine(64, 1500, 2), "schedule engine, P = 2, 64 bit, MTU 1500, 8 slots, 64 flows"),
+    Block("engine_p4_64", "xc7", _engine(64, 1500, 4),
+          "schedule engine, P = 4 (torus), 64 bit, MTU 1500, 8 slots, 64 flows (the VC709 PCIe top)"),
+    Block("engine_p2_512", "xcup", _engine(512, 9000, 2),
+          "schedule engine, P = 2, 512 bit, MTU 9000, 8 slots, 64 flows"),
 ]}
 
 # --- stat ------------------------------------------------------------------------------------------------------------
