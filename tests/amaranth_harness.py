@@ -45,11 +45,13 @@ class HostPorts:
             raise TimeoutError(f"node {k}: {e}") from None
 
 
-def simulate(dut, testbenches, vcd: str | None = None):
+def simulate(dut, testbenches, vcd: str | None = None, processes=()):
     sim = Simulator(dut)
     sim.add_clock(6.4e-9)
     for tb in testbenches:
         sim.add_testbench(tb)
+    for proc in processes:
+        sim.add_process(proc)
     if vcd:
         with sim.write_vcd(vcd):
             sim.run()

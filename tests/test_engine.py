@@ -24,19 +24,22 @@ from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame
 class Mesh(wiring.Component):
     """Engines cabled as ``topology`` says, each directed link a LinkModel of ``latencies[(u, p)]``."""
 
-    def __init__(self, topology, config, latencies):
-        self.topology, self.config, self.latencies = topology, config, latencies
+    def __init__(self, topology, config, latencies, rate=None):
+        self.topology, self.config, self.latencies, self.rate = topology, config, latencies, rate
         self.engines = [Engine(config) for _ in range(topology.nodes)]
         super().__init__({})
 
     def elaborate(self, platform):
         m = Module()
         topo, P = self.topology, self.config.ports
+        self.links = {}
         for u, e in enumerate(self.engines):
             m.submodules[f"e{u}"] = e
         for u in range(topo.nodes):
             for p, (v, q) in enumerate(topo.links[u]):
-                link = m.submodules[f"l{u}_{p}"] = LinkModel(self.config.width, self.latencies.get((u, p), 3))
+                link = LinkModel(self.config.width, self.latencies.get((u, p), 3), self.rate)
+                m.submodules[f"l{u}_{p}"] = link
+                self.links[(u, p)] = link
                 wiring.connect(m, getattr(self.engines[u], f"net{p}_out"), link.i)
                 wiring.connect(m, link.o, getattr(self.engines[v], f"net{q}_in"))
             for p in range(len(topo.links[u]), P):
@@ -46,12 +49,12 @@ class Mesh(wiring.Component):
 
 
 def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, window=4, ready_prob=1.0,
-                 max_latency=3):
+                 max_latency=3, slots=4, rate=None, trace=None):
     ports = ports or s.topology.degree
-    cfg = EngineConfig(64, mtu, slots=4, ports=ports, max_flows=64)
+    cfg = EngineConfig(64, mtu, slots=slots, ports=ports, max_flows=64)
     rng = np.random.default_rng(seed)
     lat = {lk: int(rng.integers(1, max_latency + 1)) for lk in s.topology.directed_links()}
-    dut = Mesh(s.topology, cfg, lat)
+    dut = Mesh(s.topology, cfg, lat, rate)
     n = arrays[0].size
     chunks = table.plan(n, s, elements or cfg.max_elements)
     F, C = len(s.flows), len(chunks)
@@ -83,6 +86,8 @@ def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, wind
                         break
                     await ctx.tick()
                 hdr = Header(opcode=Opcode.HOST_PUSH, collective=5, seq=c.seq, hop=c.flow, count=c.count)
+                if trace is not None:
+                    trace.append(("push", u, c.seq, clock[0]))
                 await stream_send(ctx, e.host_rx, frame(hdr, arrays[u][c.start:c.start + c.count]), 64)
 
         async def collector(ctx):
@@ -103,12 +108,20 @@ def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, wind
                 assert h.seq not in got[u]
                 results[u][c.start:c.start + c.count] = np.frombuffer(data[HEADER_BYTES:], dtype="<f4")
                 got[u].add(h.seq)
+                if trace is not None:
+                    trace.append(("result", u, h.seq, clock[0]))
             await ctx.tick().repeat(30)
             await stream_send(ctx, e.host_rx, Header(opcode=Opcode.STATS_REQUEST, count=3).pack(), 64)
             stats[u] = parse_stats(await stream_recv(ctx, e.host_tx, 64))
         return [pusher, collector]
 
-    simulate(dut, [tb for u in range(len(arrays)) for tb in host(u)])
+    clock = [0]
+
+    async def count(ctx):
+        async for _ in ctx.tick():
+            clock[0] += 1
+
+    simulate(dut, [tb for u in range(len(arrays)) for tb in host(u)], processes=[count])
     return results, stats
 
 

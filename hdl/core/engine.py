@@ -19,10 +19,11 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
   check; headers are checked by :func:`~wirereduce.hdl.core.gates.check_header` (collective,
   flags, dtype, codec, ``seq`` < chunks, ``hop`` (the flow) < F, count) and bad ones are
   dropped whole and counted.
-- **Queues**: each network port splits its frames by class into a reduce queue (2·``slots``
-  whole frames) and a broadcast queue (``slots`` frames): with the driver's window ≤ ``slots`` no
-  queue can fill (docs/architecture.md "Why the engine cannot deadlock"), so a port never back-pressures
-  its link and a waiting REDUCE frame never blocks a BROADCAST behind it.
+- **Queues**: each network port looks up the flow of every frame and queues it by class and
+  unit: a reduce queue per summation unit (2·``slots`` whole frames each) and a broadcast queue
+  (``slots`` frames): with the driver's window ≤ ``slots`` no queue can fill
+  (docs/architecture.md "Why the engine cannot deadlock"), so a port never back-pressures its
+  link and a waiting REDUCE frame never blocks another unit's frame or a BROADCAST behind it.
 - **Summation units** (:class:`~wirereduce.hdl.core.sumunit.SumUnit`): unit q computes the
   partial sums this node sends to a parent on port q, the root unit the sums of the flows rooted
   here. Each walks its own chunks in increasing chunk number and sums the terms in the table's
@@ -257,40 +258,61 @@ class Engine(wiring.Component):
         # --- queues ---------------------------------------------------------------------------
         flush = Signal()
         m.d.comb += flush.eq(start)
-        rqs, bqs = [], []
+        bqs = []
         for p, g in enumerate(net_gates):
-            rq = m.submodules[f"rq{p}"] = ResetInserter(flush)(FrameQueue(w, 2 * S, MB))
-            bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
+            # A REDUCE frame goes to the queue of the unit that sums it, so a frame waiting for its
+            # unit never holds up another unit's frames behind it: the gate looks the flow up first.
+            h = g.head
+            trp = table.read_port()
+            m.d.comb += trp.addr.eq(h.hop)
+            looked = Signal(name=f"gate{p}_looked")
+            reading = Signal(name=f"gate{p}_reading")
+            unit_code = Signal(3, name=f"gate{p}_unit")
+            dest = Signal(range(nunits), name=f"gate{p}_dest")
+            head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
+            with m.If(start | head_gone):
+                m.d.sync += [looked.eq(0), reading.eq(0)]
+            with m.Elif(g.head_valid & ~looked & ~reading):
+                m.d.sync += reading.eq(1)
+            with m.Elif(reading):
+                m.d.sync += [looked.eq(1), reading.eq(0), unit_code.eq(trp.data[0:3])]
+            head_unit = Mux(unit_code == ROOT, P, unit_code)
+            unit_bad = (unit_code != ROOT) & ((unit_code >= P) | (unit_code == p))
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
-            for q, sel in ((rq, is_red), (bq, ~is_red)):
+            sel = Signal(range(nunits), name=f"gate{p}_sel")
+            m.d.comb += sel.eq(Mux(g.o.payload.first, head_unit, dest))
+            with m.If(g.o.valid & g.o.ready & g.o.payload.first):
+                m.d.sync += dest.eq(head_unit)
+                m.d.comb += events.flag("reduce_frames").eq(is_red)
+                m.d.comb += events.flag("broadcast_frames").eq(~is_red)
+            bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
+            targets = [(bq, ~is_red)]
+            for u, unit in enumerate(units):
+                uq = getattr(unit, f"q{p}")
+                if u == p:   # a unit never sums what arrives on its own parent port
+                    m.d.comb += [uq.valid.eq(0), getattr(unit, f"q{p}_head").valid.eq(0)]
+                    continue
+                rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(FrameQueue(w, 2 * S, MB))
+                targets.append((rq, is_red & (sel == u)))
+                m.d.comb += [uq.valid.eq(rq.o.valid), uq.payload.eq(rq.o.payload), rq.o.ready.eq(uq.ready),
+                             getattr(unit, f"q{p}_head").eq(rq.head), rq.pop.eq(getattr(unit, f"q{p}_pop"))]
+            ready = Const(0, 1)
+            for q, on in targets:
                 m.d.comb += [
-                    q.i.valid.eq(g.o.valid & sel),
+                    q.i.valid.eq(g.o.valid & on),
                     q.i.payload.data.eq(g.o.payload.data), q.i.payload.keep.eq(g.o.payload.keep),
                     q.i.payload.last.eq(g.o.payload.last), q.i.payload.bad.eq(g.o.payload.bad),
                     q.i.payload.first.eq(g.o.payload.first),
                     q.i_seq.eq(hdr.seq), q.i_flow.eq(hdr.hop), q.i_count.eq(hdr.count),
                 ]
-            m.d.comb += g.o.ready.eq(Mux(is_red, rq.i.ready, bq.i.ready))
-            with m.If(g.o.valid & g.o.ready & g.o.payload.first):
-                m.d.comb += events.flag("reduce_frames").eq(is_red)
-                m.d.comb += events.flag("broadcast_frames").eq(~is_red)
-            # Reduce queue p feeds every unit; the one whose chunk it is takes the frame.
-            ready = Const(0, 1)
-            pop = Const(0, 1)
-            for unit in units:
-                uq = getattr(unit, f"q{p}")
-                m.d.comb += [uq.valid.eq(rq.o.valid), uq.payload.eq(rq.o.payload),
-                             getattr(unit, f"q{p}_head").eq(rq.head)]
-                ready = ready | uq.ready
-                pop = pop | getattr(unit, f"q{p}_pop")
-            m.d.comb += [rq.o.ready.eq(ready), rq.pop.eq(pop)]
-            rqs.append(rq)
+                ready = ready | (on & q.i.ready)
+            m.d.comb += g.o.ready.eq(ready)
             bqs.append(bq)
-            h = g.head
-            count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
+            count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows) | \
+                ((h.opcode == Opcode.REDUCE) & looked & unit_bad)
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
-                         h.seq, count_bad, Const(0, 1), opcode=Opcode.REDUCE, flags_allowed=0,
+                         h.seq, count_bad, ~looked, opcode=Opcode.REDUCE, flags_allowed=0,
                          codec_built=False, lost_ok=0, lost_wait=0)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------
@@ -326,7 +348,12 @@ class Engine(wiring.Component):
         reserved = Const(0, P)
         taken_now = Const(0, P)
         grants = []
-        for i, (s, req, _) in enumerate(sources):
+        # Priority: the units' partial sums first (a REDUCE frame that waits stalls every hop after
+        # it, cut-through), then the root's results, then forwarded broadcasts (queued, they wait
+        # without holding anything up).
+        prio = list(range(1 + P, nsrc)) + list(range(1 + P))
+        for i in prio:
+            s, req, _ = sources[i]
             want = req[:P]
             request = s.valid & s.payload.first & ~active[i]
             can = request & ((want & out_busy) == 0) & ((want & reserved) == 0) & ((want & taken_now) == 0)
