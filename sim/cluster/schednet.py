@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from amaranth import Module
+from amaranth import ClockSignal, Instance, Module, ResetSignal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.engine import Engine
@@ -24,7 +24,34 @@ from wirereduce.sim.cluster.network import LinkModel, Network, line_bytes_per_cy
 from wirereduce.config import EngineConfig
 from wirereduce.schedule import Topology, parse_topology
 
-__all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies"]
+__all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "EngineBox"]
+
+#: Verilog module name of the engine a :class:`EngineBox` instantiates.
+ENGINE_MODULE = "wirereduce_engine"
+
+
+class EngineBox(wiring.Component):
+    """An :class:`~wirereduce.hdl.core.engine.Engine`'s ports around an ``Instance`` of the Verilog
+    module :data:`ENGINE_MODULE`, converted once (:func:`schednet_verilog`): sixteen identical
+    engines are then one module to convert and compile, not sixteen."""
+
+    def __init__(self, config: EngineConfig):
+        self._engine = Engine(config)
+        self._engine._MustUse__silence = True
+        super().__init__(self._engine.signature)
+
+    def elaborate(self, platform):
+        m = Module()
+        ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
+        for path, member in self.signature.members.flatten():
+            if not member.is_port:
+                continue
+            value = self
+            for part in path:
+                value = getattr(value, part)
+            ports[("i_" if member.flow == wiring.In else "o_") + "__".join(path)] = value
+        m.submodules.engine = Instance(ENGINE_MODULE, **ports)
+        return m
 
 
 def link_latencies(topology: Topology, latency: int, jitter: int = 0, seed: int = 0) -> dict[tuple[int, int], int]:
@@ -59,7 +86,8 @@ class ScheduleNetwork(wiring.Component):
 
     def __init__(self, topology: Topology | str, config: EngineConfig | None = None,
                  link_latency: int | dict = 4, link_rate: Fraction | int | None = None,
-                 host_rate: Fraction | int | None = None):
+                 host_rate: Fraction | int | None = None, boxed: bool = False):
+        self.boxed = bool(boxed)
         with rejecting(self):
             self.topology = parse_topology(topology)
             self.config = config if config is not None else EngineConfig(ports=self.topology.degree)
@@ -100,7 +128,7 @@ class ScheduleNetwork(wiring.Component):
         m = Module()
         topo, cfg = self.topology, self.config
         w = cfg.width
-        engines = [Engine(cfg) for _ in range(topo.nodes)]
+        engines = [(EngineBox if self.boxed else Engine)(cfg) for _ in range(topo.nodes)]
         for u, e in enumerate(engines):
             m.submodules[f"node{u}"] = e
             m.submodules[f"link_host{u}_rx"] = rx = LinkModel(w, self.link_latency, self.host_rate)
@@ -119,8 +147,11 @@ class ScheduleNetwork(wiring.Component):
 
 def schednet_verilog(topology: Topology | str, config: EngineConfig | None = None, link_latency: int | dict = 4,
                      link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None) -> str:
-    """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``."""
+    """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``; the engine is
+    converted once, as module :data:`ENGINE_MODULE`, and instantiated at every node."""
     from amaranth.back import verilog
 
-    top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate)
-    return verilog.convert(top, name="wirereduce_net", emit_src=False)
+    top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate, boxed=True)
+    net = verilog.convert(top, name="wirereduce_net", emit_src=False)
+    engine = verilog.convert(Engine(top.config), name=ENGINE_MODULE, emit_src=False)
+    return net + "\n" + engine
