@@ -221,7 +221,127 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
 
 
+def engine_rates(width: int, host_gbps: float | None, link_gbps: float | None = None):
+    """(clock MHz, link bytes/cycle, host bytes/cycle) of a simulated schedule-engine network.
+
+    The network links run at the width's line rate (10 Gbit/s at 64 bit) or ``link_gbps``. A host link
+    faster than the datapath at its standard clock (``host_gbps`` > 10 at 64 bit) is simulated by
+    running the datapath at the clock that makes it as fast as the host link and pacing the network
+    links to their rate (docs/architecture.md "Host link")."""
+    from fractions import Fraction
+
+    from wirereduce.sim.cluster.network import bytes_per_cycle, clock_mhz, line_rate_gbps
+
+    link = line_rate_gbps(width) if link_gbps is None else link_gbps
+    host = link if host_gbps is None else host_gbps
+    for name, v in (("--host-link-gbps", host), ("--link-gbps", link)):
+        if not v > 0:
+            raise CliError(f"{name} must be positive, not {v}")
+    mhz = max(clock_mhz(width), max(host, link) * 1000 / width)
+    rate = lambda g: min(Fraction(width // 8), bytes_per_cycle(g, mhz))  # noqa: E731
+    return mhz, rate(link), rate(host)
+
+
+def simulate_schedule(arrays, args, progress=True):
+    """Run ``arrays`` through a simulated schedule-engine network (``--topology``/``--algorithm``);
+    returns (results, record, schedule, clock MHz, wall seconds)."""
+    import time
+
+    from wirereduce import schedule as sched
+    from wirereduce.config import EngineConfig
+    from wirereduce.sim.engines.fastengine import FastEngineSim
+
+    try:
+        s = sched.build(args.topology, args.algorithm)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    ports = args.ports if args.ports is not None else s.topology.degree
+    try:
+        cfg = EngineConfig(args.width, args.mtu, args.slots, ports=ports, max_flows=max(8, 1 << (len(s.flows) - 1)
+                                                                                      .bit_length()))
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from e
+    if len(arrays) != s.nodes:
+        raise CliError(f"{args.topology} has {s.nodes} nodes; the input has {len(arrays)} arrays")
+    mhz, link_rate, host_rate = engine_rates(args.width, args.host_link_gbps)
+    t0 = time.perf_counter()
+    try:
+        sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
+                            build_root=args.build_dir)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args))
+    rec = {"cycles": r.cycles, "bytes": r.bytes, "elements": r.elements, "chunks": r.chunks, "wall_s": r.wall_s,
+           "sim_cycles": r.sim_cycles}
+    return r.results, rec, s, cfg, mhz, time.perf_counter() - t0
+
+
+def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
+    """Print a schedule run's figures against the golden model in the schedule's order."""
+    from wirereduce.sim.engines.fastengine import golden_check
+
+    us = rec["cycles"] / mhz
+    algbw = rec["bytes"] * 8 / (us * 1e3)
+    bad = golden_check(arrays, s, results)
+    print(f"topology={s.topology.name} algorithm={s.algorithm} flows={len(s.flows)} nodes={s.nodes} "
+          f"ports={cfg.ports} elements={rec['elements']} bytes={rec['bytes']} chunks={rec['chunks']} "
+          f"width={cfg.width} mtu={cfg.mtu}")
+    print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
+    print(f"simulation speed={rec['sim_cycles'] / max(rec['wall_s'], 1e-9):,.0f} simulated cycles per "
+          f"wall-clock second (verilator; {wall:.1f} s wall in all, build included)")
+    for k, b in enumerate(bad):
+        print(f"node{k}: {'bit-exact' if b == 0 else f'{b} elements differ'} vs the golden {s.algorithm} "
+              f"allreduce in table order")
+    return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
+
+
+def _check_schedule_args(args) -> None:
+    """CliError for options the schedule engine does not take (before anything is built)."""
+    if args.algorithm is None:
+        raise CliError("--topology needs --algorithm (ring, biring or multitree)")
+    if args.engine == "cocotb" and getattr(args, "engine_given", False):
+        raise CliError("the schedule engine runs on --engine fast only (the cocotb engine drives the ring "
+                       "node); drop --engine cocotb")
+    for flag, bad in (("--compress", getattr(args, "compress", None) is not None),
+                      ("--links eth/cmac", getattr(args, "links", "model") != "model"),
+                      ("--corrupt", getattr(args, "corrupt", None) is not None),
+                      ("--corrupt-header", getattr(args, "corrupt_header", None) is not None),
+                      ("--late", getattr(args, "late", None) is not None),
+                      ("--retries", getattr(args, "retries", 0) != 0),
+                      ("--pcap", getattr(args, "pcap", None) is not None),
+                      ("--simulator icarus", getattr(args, "simulator", None) == "icarus")):
+        if bad:
+            raise CliError(f"{flag} is not available on the schedule engine yet (--topology); it runs on the ring "
+                           f"node (leave out --topology)")
+
+
 def cmd_sim_allreduce(args) -> int:
+    if args.topology is not None:
+        _check_schedule_args(args)
+        from wirereduce.schedule import parse_topology
+
+        try:
+            topo = parse_topology(args.topology)
+        except ValueError as e:
+            raise CliError(str(e)) from e
+        if args.nodes is not None and args.nodes != topo.nodes:
+            raise CliError(f"--nodes {args.nodes} disagrees with {topo.name} ({topo.nodes} nodes); leave it out")
+        _timeout_arg(args)
+        arrays = load_inputs(args.input, topo.nodes)
+        results, rec, s, cfg, mhz, wall = simulate_schedule(arrays, args)
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(out, **{f"node{k}": r for k, r in enumerate(results)})
+        print(f"wrote {out}")
+        fig = report_schedule(rec, s, cfg, mhz, wall, arrays, results)
+        if args.check and not fig["bitexact"]:
+            print("CHECK FAILED: results differ from the golden model", file=sys.stderr)
+            return 1
+        return 0
+    if args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None:
+        raise CliError("--algorithm, --ports and --host-link-gbps need --topology (the schedule engine)")
+    if args.nodes is None:
+        raise CliError("--nodes is required (or --topology for the schedule engine)")
     if args.nodes < 2:
         raise CliError(f"--nodes must be at least 2, not {args.nodes}")
     _timeout_arg(args)
@@ -607,8 +727,18 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Runs the simulated N-node ring on the arrays node0 … node{N-1} "
                                       "(float32, equal length) of --input and writes each node's result "
                                       "to --output.")
-    p.add_argument("--nodes", type=int, required=True, help="ring size N (≥ 2)")
+    p.add_argument("--nodes", type=int, default=None, help="ring size N (≥ 2); not with --topology")
     p.add_argument("--input", required=True, help=".npz with float32 arrays node0 … node{N-1}")
+    p.add_argument("--topology", default=None, metavar="SPEC",
+                   help="run the schedule engine on this network instead of the ring node: ring:N, torus:AxB, "
+                        "mesh:AxB, torus:AxBxC, hypercube:N (needs --algorithm; --engine fast)")
+    p.add_argument("--algorithm", choices=("ring", "biring", "multitree"), default=None,
+                   help="the schedule the engines run (with --topology)")
+    p.add_argument("--ports", type=int, default=None,
+                   help="network ports P of every engine (default: the topology's degree)")
+    p.add_argument("--host-link-gbps", type=float, default=None, metavar="G",
+                   help="host link rate; a PCIe Gen3 x8 host link is modelled at 50 (default: the network links' "
+                        "rate, 10 at 64 bit, which caps every schedule at the ring's time)")
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
@@ -804,6 +934,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.engine_given = any(a == "--engine" or a.startswith("--engine=") for a in (sys.argv[1:] if argv is None
+                                                                                   else argv))
     try:
         return args.func(args)
     except CliError as e:
