@@ -221,27 +221,6 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
 
 
-def engine_rates(width: int, host_gbps: float | None, link_gbps: float | None = None):
-    """(clock MHz, link bytes/cycle, host bytes/cycle) of a simulated schedule-engine network.
-
-    The network links run at the width's line rate (10 Gbit/s at 64 bit) or ``link_gbps``. A host link
-    faster than the datapath at its standard clock (``host_gbps`` > 10 at 64 bit) is simulated by
-    running the datapath at the clock that makes it as fast as the host link and pacing the network
-    links to their rate (docs/architecture.md "Host link")."""
-    from fractions import Fraction
-
-    from wirereduce.sim.cluster.network import bytes_per_cycle, clock_mhz, line_rate_gbps
-
-    link = line_rate_gbps(width) if link_gbps is None else link_gbps
-    host = link if host_gbps is None else host_gbps
-    for name, v in (("--host-link-gbps", host), ("--link-gbps", link)):
-        if not v > 0:
-            raise CliError(f"{name} must be positive, not {v}")
-    mhz = max(clock_mhz(width), max(host, link) * 1000 / width)
-    rate = lambda g: min(Fraction(width // 8), bytes_per_cycle(g, mhz))  # noqa: E731
-    return mhz, rate(link), rate(host)
-
-
 def simulate_schedule(arrays, args, progress=True):
     """Run ``arrays`` through a simulated schedule-engine network (``--topology``/``--algorithm``);
     returns (results, record, schedule, clock MHz, wall seconds)."""
@@ -263,7 +242,12 @@ def simulate_schedule(arrays, args, progress=True):
         raise CliError(str(e)) from e
     if len(arrays) != s.nodes:
         raise CliError(f"{args.topology} has {s.nodes} nodes; the input has {len(arrays)} arrays")
-    mhz, link_rate, host_rate = engine_rates(args.width, args.host_link_gbps)
+    from wirereduce.sim.cluster.schednet import engine_rates
+
+    try:
+        mhz, link_rate, host_rate = engine_rates(args.width, args.host_link_gbps)
+    except ValueError as e:
+        raise CliError(str(e)) from e
     t0 = time.perf_counter()
     try:
         sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
@@ -414,6 +398,36 @@ def _bench_plan(args):
     if not re.fullmatch(r"[\w.+-]+", name):
         raise CliError(f"--name {name!r} must be a plain file name (letters, digits, . _ + -)")
     return configs, sizes, name
+
+
+def cmd_bench_schedules(args) -> int:
+    from wirereduce.sim.bench import schedules
+
+    rows = schedules.QUICK_ROWS if args.quick else schedules.ROWS
+    if args.topologies:
+        rows = tuple((t, ("ring", "biring" if t.startswith("ring:") else "multitree")) for t in args.topologies)
+    sizes = schedules.QUICK_SIZES if args.quick else schedules.SIZES
+    if args.sizes:
+        from wirereduce.sim.bench.algbw import parse_size
+
+        try:
+            sizes = tuple(parse_size(x) for x in args.sizes)
+        except ValueError as e:
+            raise CliError(str(e)) from e
+    from wirereduce import schedule as sched
+
+    for t, _ in rows:
+        try:
+            sched.parse_topology(t)
+        except ValueError as e:
+            raise CliError(str(e)) from e
+    if any(not g > 0 for g in args.host_link_gbps):
+        raise CliError("--host-link-gbps values must be positive")
+    name = args.name or ("bench-schedules-quick" if args.quick else "bench-schedules")
+    recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
+                                        build_root=args.build_dir)
+    print(f"# wrote {Path(args.out_dir) / (name + '.json')} and {name}.png")
+    return 0 if all(r["bitexact"] for r in recs) else 1
 
 
 def cmd_bench(args) -> int:
@@ -854,6 +868,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
     _add_sim_args(p)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "bench-schedules", help="benchmark ring, biring and MULTITREE on the schedule engine (any topology)",
+        description="Runs allreduces of random fp32 gradients on simulated schedule-engine networks for every "
+                    "(topology, algorithm), host-link rate and size, checks every result bit for bit against the "
+                    "golden model in table order, and prints algbw against the d-port and host-link lower bound "
+                    "and against the NTT ring on the same nodes. Writes OUT_DIR/NAME.json and NAME.png. Network "
+                    "links are 10G; a PCIe Gen3 x8 host link is modelled at 50 Gbit/s.")
+    p.add_argument("--quick", action="store_true",
+                   help="ring:4 only, 32K and 256K (default name bench-schedules-quick)")
+    p.add_argument("--topologies", nargs="+", default=None, metavar="SPEC",
+                   help="topologies to run (rings: ring and biring; others: ring and multitree)")
+    p.add_argument("--sizes", nargs="+", default=None, metavar="SIZE", help="message sizes per node, e.g. 32K 4M")
+    p.add_argument("--host-link-gbps", nargs="+", type=float, default=[50.0, 10.0], metavar="G",
+                   help="host link rates to run (default: 50 (PCIe Gen3 x8) and 10 (capped))")
+    p.add_argument("--out-dir", default="bench/results", help="where the JSON and PNG go (default: bench/results)")
+    p.add_argument("--name", default=None, help="file name stem (default: bench-schedules)")
+    p.add_argument("--build-dir", default="build/fastengine", help="where builds go (default: build/fastengine)")
+    p.set_defaults(func=cmd_bench_schedules)
 
     p = sub.add_parser(
         "bench", help="benchmark allreduce bandwidth, hop latency and simulation speed (nccl-tests-style table)",

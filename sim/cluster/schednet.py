@@ -19,12 +19,19 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.hdl.params import rejecting
-from wirereduce.sim.cluster.network import LinkModel, Network, line_bytes_per_cycle
+from wirereduce.sim.cluster.network import (
+    LinkModel,
+    Network,
+    bytes_per_cycle,
+    clock_mhz,
+    line_bytes_per_cycle,
+    line_rate_gbps,
+)
 
 from wirereduce.config import EngineConfig
 from wirereduce.schedule import Topology, parse_topology
 
-__all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "EngineBox"]
+__all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "EngineBox", "engine_rates"]
 
 #: Verilog module name of the engine a :class:`EngineBox` instantiates.
 ENGINE_MODULE = "wirereduce_engine"
@@ -155,3 +162,20 @@ def schednet_verilog(topology: Topology | str, config: EngineConfig | None = Non
     net = verilog.convert(top, name="wirereduce_net", emit_src=False)
     engine = verilog.convert(Engine(top.config), name=ENGINE_MODULE, emit_src=False)
     return net + "\n" + engine
+
+
+def engine_rates(width: int, host_gbps: float | None, link_gbps: float | None = None):
+    """(clock MHz, link bytes/cycle, host bytes/cycle) of a simulated schedule-engine network.
+
+    The network links run at the width's line rate (10 Gbit/s at 64 bit) or ``link_gbps``. A host link
+    faster than the datapath at its standard clock (``host_gbps`` > 10 at 64 bit) is simulated by
+    running the datapath at the clock that makes it as fast as the host link and pacing the network
+    links to their rate (docs/architecture.md "Host link")."""
+    link = line_rate_gbps(width) if link_gbps is None else link_gbps
+    host = link if host_gbps is None else host_gbps
+    for name, v in (("--host-link-gbps", host), ("--link-gbps", link)):
+        if not v > 0:
+            raise ValueError(f"{name} must be positive, not {v}")
+    mhz = max(clock_mhz(width), max(host, link) * 1000 / width)
+    rate = lambda g: min(Fraction(width // 8), bytes_per_cycle(g, mhz))  # noqa: E731
+    return mhz, rate(link), rate(host)

@@ -150,11 +150,14 @@ class FastEngineSim(FastSim):
         (out / "wirereduce_net.v").write_text(text)
         (out / "tb_fast.cpp").write_text(tb)
         (out / "tb_config.h").write_text(config_h)
+        # The engine stays one C++ class instantiated at every node: inlined 16 times over, a 4x4
+        # torus took Verilator more than 12 GB and many minutes.
+        (out / "engine.vlt").write_text('`verilator_config\nno_inline -module "wirereduce_engine"\n')
         jobs = str(max(1, min(4, os.cpu_count() or 1)))
         cmd = [
             "verilator", "--cc", "--exe", "--build", "-j", jobs, "--top-module", "wirereduce_net",
             "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
-            "-Wno-style", "--Mdir", "obj", "-o", "../Vtb", "wirereduce_net.v", "tb_fast.cpp",
+            "-Wno-style", "--Mdir", "obj", "-o", "../Vtb", "engine.vlt", "wirereduce_net.v", "tb_fast.cpp",
         ]
         env = dict(os.environ)
         # Many engines make a large model: -O1 on the per-cycle code keeps the build in minutes.
