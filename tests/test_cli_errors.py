@@ -164,7 +164,6 @@ def test_help_exits_zero(argv, work, capsys):
 @pytest.mark.parametrize("argv", [
     [],
     ["sim"],
-    ["sim", "allreduce", "--input", "x.npz", "--output", "y.npz"],  # --nodes is required
     ["verilog", "--width", "wide"],
 ])
 def test_usage_errors_exit_two(argv, work, capsys):
@@ -223,3 +222,27 @@ def test_cli_links_choices_are_the_networks():
     sim = next(a for a in sub.choices["sim"]._actions if isinstance(a, argparse._SubParsersAction))
     links = next(a for a in sim.choices["allreduce"]._actions if a.dest == "links")
     assert tuple(links.choices) == LINKS
+
+
+def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
+    code = main(["sim", "allreduce", "--input", "x.npz", "--output", "y.npz"])
+    _assert_user_error(code, capsys, work, "--nodes is required", "--topology")
+
+
+@pytest.mark.parametrize("extra,needles", [
+    (["--topology", "ring:4"], ["--algorithm"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--compress", "10"], ["--compress", "schedule engine"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth"], ["--links", "schedule engine"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb"], ["--engine fast"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--nodes", "3"], ["disagrees", "ring:4"]),
+    (["--topology", "cube:4", "--algorithm", "ring"], ["unknown topology"]),
+    (["--topology", "torus:4x4", "--algorithm", "multitree", "--ports", "2"], ["ports"]),
+    (["--algorithm", "ring", "--nodes", "4"], ["need --topology"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--host-link-gbps", "-5"], ["positive"]),
+])
+def test_schedule_engine_options_refused_before_building(work, capsys, extra, needles):
+    nodes = 16 if "torus:4x4" in extra else 4
+    inp = _npz(work / "in.npz", **_good(nodes))
+    code = main(["sim", "allreduce", "--input", str(inp), "--output", str(work / "out.npz"),
+                 "--build-dir", str(work / "b"), *extra])
+    _assert_user_error(code, capsys, work, *needles)
