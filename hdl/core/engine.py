@@ -356,10 +356,16 @@ class Engine(wiring.Component):
             s, req, _ = sources[i]
             want = req[:P]
             request = s.valid & s.payload.first & ~active[i]
-            can = request & ((want & out_busy) == 0) & ((want & reserved) == 0) & ((want & taken_now) == 0)
+            # Each step's results are named signals: as nested expressions the chain of sources
+            # would be expanded anew at every use (exponential in the number of sources).
+            can = Signal(name=f"grant{i}")
+            m.d.comb += can.eq(request & ((want & out_busy) == 0) & ((want & reserved) == 0)
+                               & ((want & taken_now) == 0))
             grants.append(can)
-            taken_now = taken_now | Mux(can, want, 0)
-            reserved = reserved | Mux(request & ~can, want, 0)
+            nxt_taken, nxt_reserved = Signal(P, name=f"taken{i}"), Signal(P, name=f"reserved{i}")
+            m.d.comb += [nxt_taken.eq(taken_now | Mux(can, want, 0)),
+                         nxt_reserved.eq(reserved | Mux(request & ~can, want, 0))]
+            taken_now, reserved = nxt_taken, nxt_reserved
             with m.If(can):
                 m.d.sync += [active[i].eq(1), mask[i].eq(req)]
                 for o in range(P):
