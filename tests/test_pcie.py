@@ -63,7 +63,12 @@ def _run_loop(frames, width, pcie_ns, sync_ns, *, seed, fifo_depth=16, p_valid=0
                 ctx.set(dut.h2c.tkeep, keep)
                 ctx.set(dut.h2c.tlast, last)
                 ctx.set(dut.h2c.tvalid, 1)
-                await ctx.tick("pcie").until(dut.h2c.tready)
+                for _ in range(max_cycles):
+                    _, _, ready = await ctx.tick("pcie").sample(dut.h2c.tready)
+                    if ready:
+                        break
+                else:
+                    raise TimeoutError("H2C: tready stayed low")
         ctx.set(dut.h2c.tvalid, 0)
         done["h2c"] = True
 
