@@ -68,6 +68,8 @@ def cmd_bitstream(args) -> int:
 
     out = Path(args.out or f"build/{args.board}")
     options = {} if args.mtu is None else {"mtu": args.mtu}
+    if args.host is not None:
+        options["host"] = args.host
     try:
         tree, plan = write_tree(args.board, out, **options)
     except (TypeError, ValueError) as e:
@@ -75,7 +77,8 @@ def cmd_bitstream(args) -> int:
     name = design_name(args.board)
     files = sorted(p.name for p in tree.iterdir() if p.is_file())
     mtu = "board default" if args.mtu is None else args.mtu
-    print(f"wrote the Vivado build tree for {args.board} (MTU {mtu}) to {tree}/: {', '.join(files)}")
+    host = "" if args.host is None else f", host link {args.host}"
+    print(f"wrote the Vivado build tree for {args.board} (MTU {mtu}{host}) to {tree}/: {', '.join(files)}")
     if shutil.which("vivado") is None:
         print(f"vivado is not on PATH: stopped after writing the build tree (no bitstream). To make "
               f"{tree}/{name}.bit, run `sh build_{name}.sh` in {tree} on a machine with Vivado (or put "
@@ -171,6 +174,9 @@ def add_subcommands(sub) -> None:
     p.add_argument("--out", default=None, help="build directory (default: build/<board>)")
     p.add_argument("--mtu", type=int, default=None,
                    help="largest frame in bytes (default: the board's, 1500 on the vc709; 9000 for jumbo)")
+    p.add_argument("--host", default=None, choices=("sfp", "pcie"),
+                   help="host link (vc709 only): sfp (default; the ring node, host on SFP+ cage 0) or pcie (the "
+                        "schedule engine with 4 network ports on cages 0-3, host over PCIe Gen3 x8 with XDMA)")
     p.set_defaults(func=cmd_bitstream)
 
     p = sub.add_parser(

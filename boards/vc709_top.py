@@ -112,56 +112,11 @@ class VC709Top(Elaboratable):
         return "set_clock_groups -asynchronous \\\n    " + " \\\n    ".join(groups)
 
     def elaborate(self, platform):
-        from wirereduce.boards.si5324 import Si5324Init
         from wirereduce.hdl.eth.port import EthPort10GCdc, port_counters
 
         m = Module()
         platform.add_file(CONSTRAINTS_FILE, self.constraints)
-        m.domains += [ClockDomain("init"), ClockDomain("sync")]
-        m.domains += [ClockDomain(f"gt{n}_{d}") for n in range(4) for d in ("tx", "rx")]
-
-        # --- clocks and resets -------------------------------------------------------------
-        clk200 = platform.request("clk200", 0, dir="-")
-        clk200_ibuf = Signal()
-        m.submodules.clk200_ibufds = Instance("IBUFDS", i_I=clk200.p, i_IB=clk200.n, o_O=clk200_ibuf)
-        m.submodules.clk200_bufg = Instance("BUFG", i_I=clk200_ibuf, o_O=ClockSignal("init"))
-        reset_btn = platform.request("rst", 0)
-        m.submodules.init_rst = ResetSynchronizer(reset_btn.i, domain="init")
-
-        core_clk_mmcm = Signal()
-        mmcm_fb = Signal()
-        mmcm_locked = Signal()
-        m.submodules.core_mmcm = Instance(
-            "MMCME2_BASE",
-            p_BANDWIDTH="OPTIMIZED", p_CLKIN1_PERIOD=5.0, p_DIVCLK_DIVIDE=4, p_CLKFBOUT_MULT_F=25.0,
-            p_CLKOUT0_DIVIDE_F=8.0, p_CLKOUT0_DUTY_CYCLE=0.5, p_CLKOUT0_PHASE=0.0, p_STARTUP_WAIT="FALSE",
-            i_CLKIN1=clk200_ibuf, i_CLKFBIN=mmcm_fb, o_CLKFBOUT=mmcm_fb, i_RST=reset_btn.i,
-            i_PWRDWN=Const(0, 1), o_CLKOUT0=core_clk_mmcm, o_LOCKED=mmcm_locked)
-        m.submodules.core_bufg = Instance("BUFG", i_I=core_clk_mmcm, o_O=ClockSignal("sync"))
-        m.submodules.sync_rst = ResetSynchronizer(~mmcm_locked | reset_btn.i, domain="sync")
-
-        # --- Si5324 over I2C (open drain: the pin is driven low while *_oe is 1) -----------------
-        i2c = platform.request("i2c", 0, dir={"scl": "-", "sda": "-"})
-        mux_rst_n = platform.request("i2c_mux_rst_n", 0, dir="-")
-        si_pins = platform.request("si5324", 0, dir={"rst_n": "-", "int": "-"})
-        m.submodules.si5324 = si = DomainRenamer("init")(Si5324Init(INIT_HZ))
-        for name in ("scl", "sda"):
-            m.submodules[f"i2c_{name}"] = buf = io.Buffer("io", getattr(i2c, name))
-            m.d.comb += [buf.o.eq(0), buf.oe.eq(getattr(si, f"{name}_oe")), getattr(si, f"{name}_i").eq(buf.i)]
-        m.submodules.i2c_mux_rst = mux_rst = io.Buffer("o", mux_rst_n)
-        m.submodules.si5324_rst = si_rst = io.Buffer("o", si_pins.rst_n)
-        m.d.comb += [mux_rst.o.eq(si.mux_rst_n), si_rst.o.eq(si.si5324_rst_n)]
-
-        # --- transceivers ----------------------------------------------------------------------
-        sfp = {n: platform.request("sfp", n, dir={"tx": "-", "rx": "-"}) for n in range(4)}
-        sfp_refclk = platform.request("sfp_refclk", 0, dir="-")
-        sma_refclk = platform.request("sma_refclk", 0, dir="-")
-        lanes = {n: (s.tx.p, s.tx.n, s.rx.p, s.rx.n) + (("off",) if n == RESERVED_CAGE else ())
-                 for n, s in sfp.items()}
-        quad = GthQuad10G(INIT_HZ, sfp_refclk, sma_refclk, lanes=lanes, use_refclk1=self.refclk == "sma",
-                          domains=False)
-        m.submodules.gth = DomainRenamer("init")(quad)
-        m.d.comb += quad.refclk_ready.eq(Const(1, 1) if self.refclk == "sma" else si.done)
+        si, quad, sfp = board_infrastructure(m, platform, self.refclk)
 
         # --- node and Ethernet ports -------------------------------------------------------------
         m.submodules.node = node = self.node
@@ -226,18 +181,90 @@ class VC709Top(Elaboratable):
         return m
 
 
-def top(**options) -> VC709Top:
-    """The board's top-level elaboratable: :class:`VC709Top`.
+def board_infrastructure(m: Module, platform, refclk: str, off_cages=(RESERVED_CAGE,)):
+    """What every VC709 top builds around its gateware, into ``m``: the ``init`` (200 MHz system clock),
+    ``sync`` (156.25 MHz MMCM) and ``gt{n}_tx``/``gt{n}_rx`` domains (n = 0-3), the CPU reset button,
+    the Si5324 start-up over I2C and the GTH quad 113 at 10GBASE-R from ``refclk`` (``"si5324"`` or
+    ``"sma"``), the channels of ``off_cages`` powered down; see :class:`VC709Top` (module docstring:
+    clocks, start-up).
 
-    Options: ``mtu`` (bytes, default 1500), ``slots`` (default 8), ``refclk`` (``"si5324"``,
-    default, or ``"sma"``).
+    Returns ``(si, quad, sfp)``: the :class:`~wirereduce.boards.si5324.Si5324Init` (``init``), the
+    :class:`~wirereduce.hdl.xilinx.gth.GthQuad10G` (``init``), whose ``channels[n]`` the caller wires
+    to cage n's port, and the requested ``sfp`` resources by cage (their ``tx_disable`` is the
+    caller's to drive). Used by :class:`VC709Top` and
+    :class:`wirereduce.boards.vc709_engine_top.VC709EngineTop`.
+    """
+    from wirereduce.boards.si5324 import Si5324Init
+
+    m.domains += [ClockDomain("init"), ClockDomain("sync")]
+    m.domains += [ClockDomain(f"gt{n}_{d}") for n in range(4) for d in ("tx", "rx")]
+
+    # --- clocks and resets -------------------------------------------------------------
+    clk200 = platform.request("clk200", 0, dir="-")
+    clk200_ibuf = Signal()
+    m.submodules.clk200_ibufds = Instance("IBUFDS", i_I=clk200.p, i_IB=clk200.n, o_O=clk200_ibuf)
+    m.submodules.clk200_bufg = Instance("BUFG", i_I=clk200_ibuf, o_O=ClockSignal("init"))
+    reset_btn = platform.request("rst", 0)
+    m.submodules.init_rst = ResetSynchronizer(reset_btn.i, domain="init")
+
+    core_clk_mmcm = Signal()
+    mmcm_fb = Signal()
+    mmcm_locked = Signal()
+    m.submodules.core_mmcm = Instance(
+        "MMCME2_BASE",
+        p_BANDWIDTH="OPTIMIZED", p_CLKIN1_PERIOD=5.0, p_DIVCLK_DIVIDE=4, p_CLKFBOUT_MULT_F=25.0,
+        p_CLKOUT0_DIVIDE_F=8.0, p_CLKOUT0_DUTY_CYCLE=0.5, p_CLKOUT0_PHASE=0.0, p_STARTUP_WAIT="FALSE",
+        i_CLKIN1=clk200_ibuf, i_CLKFBIN=mmcm_fb, o_CLKFBOUT=mmcm_fb, i_RST=reset_btn.i,
+        i_PWRDWN=Const(0, 1), o_CLKOUT0=core_clk_mmcm, o_LOCKED=mmcm_locked)
+    m.submodules.core_bufg = Instance("BUFG", i_I=core_clk_mmcm, o_O=ClockSignal("sync"))
+    m.submodules.sync_rst = ResetSynchronizer(~mmcm_locked | reset_btn.i, domain="sync")
+
+    # --- Si5324 over I2C (open drain: the pin is driven low while *_oe is 1) -----------------
+    i2c = platform.request("i2c", 0, dir={"scl": "-", "sda": "-"})
+    mux_rst_n = platform.request("i2c_mux_rst_n", 0, dir="-")
+    si_pins = platform.request("si5324", 0, dir={"rst_n": "-", "int": "-"})
+    m.submodules.si5324 = si = DomainRenamer("init")(Si5324Init(INIT_HZ))
+    for name in ("scl", "sda"):
+        m.submodules[f"i2c_{name}"] = buf = io.Buffer("io", getattr(i2c, name))
+        m.d.comb += [buf.o.eq(0), buf.oe.eq(getattr(si, f"{name}_oe")), getattr(si, f"{name}_i").eq(buf.i)]
+    m.submodules.i2c_mux_rst = mux_rst = io.Buffer("o", mux_rst_n)
+    m.submodules.si5324_rst = si_rst = io.Buffer("o", si_pins.rst_n)
+    m.d.comb += [mux_rst.o.eq(si.mux_rst_n), si_rst.o.eq(si.si5324_rst_n)]
+
+    # --- transceivers ----------------------------------------------------------------------
+    sfp = {n: platform.request("sfp", n, dir={"tx": "-", "rx": "-"}) for n in range(4)}
+    sfp_refclk = platform.request("sfp_refclk", 0, dir="-")
+    sma_refclk = platform.request("sma_refclk", 0, dir="-")
+    lanes = {n: (s.tx.p, s.tx.n, s.rx.p, s.rx.n) + (("off",) if n in off_cages else ())
+             for n, s in sfp.items()}
+    quad = GthQuad10G(INIT_HZ, sfp_refclk, sma_refclk, lanes=lanes, use_refclk1=refclk == "sma",
+                      domains=False)
+    m.submodules.gth = DomainRenamer("init")(quad)
+    m.d.comb += quad.refclk_ready.eq(Const(1, 1) if refclk == "sma" else si.done)
+    return si, quad, sfp
+
+
+def top(**options):
+    """The board's top-level elaboratable: :class:`VC709Top` (``host="sfp"``, the default) or, with
+    ``host="pcie"``, :class:`wirereduce.boards.vc709_engine_top.VC709EngineTop` (the schedule engine
+    with four network ports on cages 0-3 and the host over PCIe Gen3 x8).
+
+    Options: ``host`` (``"sfp"`` or ``"pcie"``), ``mtu`` (bytes, default 1500), ``slots`` (default 8),
+    ``refclk`` (``"si5324"``, default, or ``"sma"``).
 
     Raises
     ------
     TypeError
         On an option this board does not know (the message lists the known ones).
     ValueError
-        On a bad ``mtu`` / ``slots`` (from ``NodeConfig``) or ``refclk``.
+        On a bad ``host``, ``mtu`` / ``slots`` (from ``NodeConfig`` / ``EngineConfig``) or ``refclk``.
     """
-    check_options("vc709", options, {"mtu", "slots", "refclk"})
+    check_options("vc709", options, {"mtu", "slots", "refclk", "host"})
+    host = options.pop("host", "sfp")
+    if host == "pcie":
+        from wirereduce.boards.vc709_engine_top import VC709EngineTop
+
+        return VC709EngineTop(**options)
+    if host != "sfp":
+        raise ValueError(f"host must be 'sfp' (SFP+ cage 0 at 10GBASE-R) or 'pcie' (PCIe Gen3 x8), not {host!r}")
     return VC709Top(**options)
