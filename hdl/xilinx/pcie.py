@@ -32,7 +32,7 @@ ARM IHI 0051 (AMBA AXI4-Stream: ``tkeep``, ``tlast``, the handshake).
 from __future__ import annotations
 
 from amaranth import Cat, Const, Instance, Module, Signal
-from amaranth.hdl import IOPort
+from amaranth.hdl import IOPort, ResetInserter
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import rejecting
@@ -242,8 +242,11 @@ class XdmaHostGlue(wiring.Component):
     has no error flag); ``c2h_bad`` (``sync``) pulses with its last beat so it can be counted.
 
     Resets: a ``pcie`` reset (``~axi_aresetn``, the link went down) empties the H2C FIFO (the
-    ``AsyncFIFO`` write-domain reset, which reaches its read side); the C2H FIFO keeps what it
-    holds (its read domain is ``pcie``; ``AsyncFIFO`` leaves the data on a read-domain reset).
+    ``AsyncFIFO`` write-domain reset, which reaches its read side as ``r_rst``, and resets the
+    downsizer with it): a frame part-way to ``host_rx`` then never gets its last beat, and the
+    next frame's beats follow on (the engine's length check cuts and marks such a frame). The
+    C2H FIFO keeps what it holds (its read domain is ``pcie``; ``AsyncFIFO`` leaves the data on a
+    read-domain reset) and delivers it when the link is back.
 
     Parameters
     ----------
@@ -303,9 +306,12 @@ class XdmaHostGlue(wiring.Component):
             h2c_in.data.eq(self.h2c.tdata), h2c_in.keep.eq(self.h2c.tkeep), h2c_in.last.eq(self.h2c.tlast),
             h2c_fifo.w_data.eq(h2c_in), h2c_fifo.w_en.eq(self.h2c.tvalid), self.h2c.tready.eq(h2c_fifo.w_rdy),
         ]
-        m.submodules.h2c_down = down = StreamDownsizer(aw, self.width)
-        m.d.comb += [down.i.payload.eq(h2c_fifo.r_data), down.i.valid.eq(h2c_fifo.r_rdy),
-                     h2c_fifo.r_en.eq(down.i.ready)]
+        down = StreamDownsizer(aw, self.width)
+        # a pcie reset empties the FIFO (r_rst, also high for a while after start-up): nothing
+        # passes while it is high, and the next beat starts at sub-beat 0
+        m.submodules.h2c_down = ResetInserter(h2c_fifo.r_rst)(down)
+        m.d.comb += [down.i.payload.eq(h2c_fifo.r_data), down.i.valid.eq(h2c_fifo.r_rdy & ~h2c_fifo.r_rst),
+                     h2c_fifo.r_en.eq(down.i.ready & ~h2c_fifo.r_rst)]
         wiring.connect(m, down.o, wiring.flipped(self.host_rx))
 
         # --- C2H: host_tx -> upsizer (sync) -> AsyncFIFO -> pcie
