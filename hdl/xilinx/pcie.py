@@ -243,8 +243,10 @@ class XdmaHostGlue(wiring.Component):
 
     Resets: a ``pcie`` reset (``~axi_aresetn``, the link went down) empties the H2C FIFO (the
     ``AsyncFIFO`` write-domain reset, which reaches its read side as ``r_rst``, and resets the
-    downsizer with it): a frame part-way to ``host_rx`` then never gets its last beat, and the
-    next frame's beats follow on (the engine's length check cuts and marks such a frame). The
+    downsizer with it): a frame some of whose beats already left on ``host_rx`` is ended with
+    one more beat, ``last`` and ``bad`` with ``keep`` 0, so the engine drops it as a cut-through
+    frame found bad and the next frame starts clean (the DMA transfer it belonged to failed
+    anyway). The
     C2H FIFO keeps what it holds (its read domain is ``pcie``; ``AsyncFIFO`` leaves the data on a
     read-domain reset) and delivers it when the link is back.
 
@@ -312,7 +314,22 @@ class XdmaHostGlue(wiring.Component):
         m.submodules.h2c_down = ResetInserter(h2c_fifo.r_rst)(down)
         m.d.comb += [down.i.payload.eq(h2c_fifo.r_data), down.i.valid.eq(h2c_fifo.r_rdy & ~h2c_fifo.r_rst),
                      h2c_fifo.r_en.eq(down.i.ready & ~h2c_fifo.r_rst)]
-        wiring.connect(m, down.o, wiring.flipped(self.host_rx))
+        # A frame cut by a pcie reset after some of its beats left is ended with one more beat:
+        # last = 1, bad = 1, keep = 0 (FrameStream's "turned out bad after its first beats had
+        # already been passed on"), so it cannot run into the next frame.
+        mid = Signal()          # a frame is part-way out on host_rx
+        abort = Signal()        # the terminating beat is due
+        ending = Signal()
+        m.d.comb += ending.eq(abort | (h2c_fifo.r_rst & mid))
+        rx = self.host_rx
+        with m.If(ending):
+            m.d.comb += [rx.valid.eq(1), rx.payload.last.eq(1), rx.payload.bad.eq(1), rx.payload.keep.eq(0)]
+        with m.Else():
+            m.d.comb += [rx.valid.eq(down.o.valid), rx.payload.eq(down.o.payload), down.o.ready.eq(rx.ready)]
+        with m.If(h2c_fifo.r_rst & mid):
+            m.d.sync += abort.eq(1)
+        with m.If(rx.valid & rx.ready):
+            m.d.sync += [mid.eq(~rx.payload.last), abort.eq(0)]
 
         # --- C2H: host_tx -> upsizer (sync) -> AsyncFIFO -> pcie
         m.submodules.c2h_up = up = StreamUpsizer(aw, self.width)
