@@ -178,6 +178,76 @@ def test_same_width_is_a_plain_crossing():
     assert [len(b) for b in engine_beats] == [-(-len(f) // 32) for f in frames]
 
 
+def test_link_reset_ends_a_cut_frame_bad_and_the_next_frames_pass():
+    """A pcie reset (``~axi_aresetn``) while an H2C frame is part-way to the engine: that frame ends
+    with a ``bad`` last beat of no bytes, and the frames sent after the reset arrive whole, not bad."""
+    from amaranth import ClockDomain, Signal
+
+    glue = XdmaHostGlue(width=64, fifo_depth=64)
+    pcie_rst = Signal()
+
+    class Top(Elaboratable):
+        def elaborate(self, platform):
+            m = Module()
+            m.domains.pcie = cd = ClockDomain("pcie")
+            m.d.comb += cd.rst.eq(pcie_rst)
+            m.domains.sync = ClockDomain("sync")
+            m.submodules.glue = glue
+            return m
+
+    sim = Simulator(Top())
+    sim.add_clock(4e-9, domain="pcie")
+    sim.add_clock(6.4e-9, domain="sync")
+    rng = np.random.default_rng(9)
+    long_frame = bytes(rng.integers(0, 256, 1600, dtype=np.uint8))
+    after = [bytes(rng.integers(0, 256, n, dtype=np.uint8)) for n in (36, 100, 257)]
+    got = []                       # (bytes, bad of the last beat)
+    state = {"beats": 0}
+
+    async def h2c(ctx):
+        async def send(frame):
+            for word, keep, last in _beats(frame, AXIS):
+                ctx.set(glue.h2c.tdata, word)
+                ctx.set(glue.h2c.tkeep, keep)
+                ctx.set(glue.h2c.tlast, last)
+                ctx.set(glue.h2c.tvalid, 1)
+                await ctx.tick("pcie").until(glue.h2c.tready)
+            ctx.set(glue.h2c.tvalid, 0)
+        await send(long_frame)                  # 50 beats: all in the FIFO, the engine is slower
+        while state["beats"] < 5:
+            await ctx.tick("pcie")
+        ctx.set(pcie_rst, 1)                    # link reset part-way through the frame
+        await ctx.delay(16e-9)                  # (a tick of a domain in reset raises DomainReset)
+        ctx.set(pcie_rst, 0)
+        await ctx.tick("pcie").repeat(8)
+        for f in after:
+            await send(f)
+
+    async def engine(ctx):
+        rx = glue.host_rx
+        ctx.set(rx.ready, 1)
+        cur = b""
+        for _ in range(3000):
+            _, _, v, d, k, last, bad = await ctx.tick("sync").sample(
+                rx.valid, rx.payload.data, rx.payload.keep, rx.payload.last, rx.payload.bad)
+            if v:
+                state["beats"] += 1
+                cur += int(d).to_bytes(8, "little")[:bin(k).count("1")]
+                if last:
+                    got.append((cur, bad))
+                    cur = b""
+                    if len(got) == 1 + len(after):
+                        return
+        raise TimeoutError(f"{len(got)} frames")
+
+    sim.add_testbench(h2c)
+    sim.add_testbench(engine)
+    sim.run()
+    cut, cut_bad = got[0]
+    assert cut_bad == 1 and 0 < len(cut) < len(long_frame) and long_frame.startswith(cut)
+    assert got[1:] == [(f, 0) for f in after]
+
+
 def test_converters_keep_bad_and_tkeep():
     """``bad`` on the last narrow beat reaches the last wide beat and back; ``c2h_bad`` pulses once."""
     up, down = StreamUpsizer(256, 64), StreamDownsizer(256, 64)

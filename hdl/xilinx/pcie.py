@@ -32,7 +32,7 @@ ARM IHI 0051 (AMBA AXI4-Stream: ``tkeep``, ``tlast``, the handshake).
 from __future__ import annotations
 
 from amaranth import Cat, Const, Instance, Module, Signal
-from amaranth.hdl import IOPort
+from amaranth.hdl import IOPort, ResetInserter
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import rejecting
@@ -242,8 +242,13 @@ class XdmaHostGlue(wiring.Component):
     has no error flag); ``c2h_bad`` (``sync``) pulses with its last beat so it can be counted.
 
     Resets: a ``pcie`` reset (``~axi_aresetn``, the link went down) empties the H2C FIFO (the
-    ``AsyncFIFO`` write-domain reset, which reaches its read side); the C2H FIFO keeps what it
-    holds (its read domain is ``pcie``; ``AsyncFIFO`` leaves the data on a read-domain reset).
+    ``AsyncFIFO`` write-domain reset, which reaches its read side as ``r_rst``, and resets the
+    downsizer with it): a frame some of whose beats already left on ``host_rx`` is ended with
+    one more beat, ``last`` and ``bad`` with ``keep`` 0, so the engine drops it as a cut-through
+    frame found bad and the next frame starts clean (the DMA transfer it belonged to failed
+    anyway). The
+    C2H FIFO keeps what it holds (its read domain is ``pcie``; ``AsyncFIFO`` leaves the data on a
+    read-domain reset) and delivers it when the link is back.
 
     Parameters
     ----------
@@ -303,10 +308,28 @@ class XdmaHostGlue(wiring.Component):
             h2c_in.data.eq(self.h2c.tdata), h2c_in.keep.eq(self.h2c.tkeep), h2c_in.last.eq(self.h2c.tlast),
             h2c_fifo.w_data.eq(h2c_in), h2c_fifo.w_en.eq(self.h2c.tvalid), self.h2c.tready.eq(h2c_fifo.w_rdy),
         ]
-        m.submodules.h2c_down = down = StreamDownsizer(aw, self.width)
-        m.d.comb += [down.i.payload.eq(h2c_fifo.r_data), down.i.valid.eq(h2c_fifo.r_rdy),
-                     h2c_fifo.r_en.eq(down.i.ready)]
-        wiring.connect(m, down.o, wiring.flipped(self.host_rx))
+        down = StreamDownsizer(aw, self.width)
+        # a pcie reset empties the FIFO (r_rst, also high for a while after start-up): nothing
+        # passes while it is high, and the next beat starts at sub-beat 0
+        m.submodules.h2c_down = ResetInserter(h2c_fifo.r_rst)(down)
+        m.d.comb += [down.i.payload.eq(h2c_fifo.r_data), down.i.valid.eq(h2c_fifo.r_rdy & ~h2c_fifo.r_rst),
+                     h2c_fifo.r_en.eq(down.i.ready & ~h2c_fifo.r_rst)]
+        # A frame cut by a pcie reset after some of its beats left is ended with one more beat:
+        # last = 1, bad = 1, keep = 0 (FrameStream's "turned out bad after its first beats had
+        # already been passed on"), so it cannot run into the next frame.
+        mid = Signal()          # a frame is part-way out on host_rx
+        abort = Signal()        # the terminating beat is due
+        ending = Signal()
+        m.d.comb += ending.eq(abort | (h2c_fifo.r_rst & mid))
+        rx = self.host_rx
+        with m.If(ending):
+            m.d.comb += [rx.valid.eq(1), rx.payload.last.eq(1), rx.payload.bad.eq(1), rx.payload.keep.eq(0)]
+        with m.Else():
+            m.d.comb += [rx.valid.eq(down.o.valid), rx.payload.eq(down.o.payload), down.o.ready.eq(rx.ready)]
+        with m.If(h2c_fifo.r_rst & mid):
+            m.d.sync += abort.eq(1)
+        with m.If(rx.valid & rx.ready):
+            m.d.sync += [mid.eq(~rx.payload.last), abort.eq(0)]
 
         # --- C2H: host_tx -> upsizer (sync) -> AsyncFIFO -> pcie
         m.submodules.c2h_up = up = StreamUpsizer(aw, self.width)
