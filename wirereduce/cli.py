@@ -430,6 +430,32 @@ def cmd_bench_schedules(args) -> int:
     return 0 if all(r["bitexact"] for r in recs) else 1
 
 
+def cmd_slot_model(args) -> int:
+    from wirereduce import schedule as sched
+    from wirereduce.sim.bench import slotmodel
+
+    if args.rounds < 1:
+        raise CliError(f"--rounds must be at least 1, not {args.rounds}")
+    rows = slotmodel.MODEL_ROWS
+    if args.topologies:
+        rows = []
+        for spec in args.topologies:
+            topo, _, alg = spec.partition("/")
+            if alg not in sched.ALGORITHMS:
+                raise CliError(f"{spec!r}: give TOPOLOGY/ALGORITHM, ALGORITHM one of {', '.join(sched.ALGORITHMS)}")
+            try:
+                sched.build(topo, alg)
+            except ValueError as e:
+                raise CliError(f"{spec!r}: {e}") from e
+            rows.append((topo, alg, args.rounds))
+    else:
+        rows = tuple((t, a, args.rounds) for t, a, _ in rows)
+    out = Path(args.out_dir) / "slot-model.json"
+    slotmodel.run_slot_model(rows, out=str(out))
+    print(f"# wrote {out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from wirereduce.host.driver import ChunksLost
     from wirereduce.sim.bench import algbw as bench
@@ -887,6 +913,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="file name stem (default: bench-schedules)")
     p.add_argument("--build-dir", default="build/fastengine", help="where builds go (default: build/fastengine)")
     p.set_defaults(func=cmd_bench_schedules)
+
+    p = sub.add_parser(
+        "slot-model", help="why a schedule runs below its link bound: the engine's unit-ordering rules in a slot model",
+        description="Plays K chunks of every flow of each schedule through a frame-slot model of the schedule "
+                    "engine (sim/bench/slotmodel.py, docs/architecture.md \"Why the engine stays at the ring's "
+                    "rate\") with in-order or out-of-order summation units, cut-through or store-and-forward "
+                    "hops and either allocator priority, and prints slots against the busiest link's bound and "
+                    "the ratio against the NTT ring. Takes seconds; writes OUT_DIR/slot-model.json.")
+    p.add_argument("--topologies", nargs="+", default=None, metavar="TOPOLOGY/ALGORITHM",
+                   help="rows to model, e.g. torus:4x4/multitree ring:8/biring (default: the benchmark's rows)")
+    p.add_argument("--rounds", type=int, default=32, help="chunks per flow (default: 32)")
+    p.add_argument("--out-dir", default="bench/results", help="where the JSON goes (default: bench/results)")
+    p.set_defaults(func=cmd_slot_model)
 
     p = sub.add_parser(
         "bench", help="benchmark allreduce bandwidth, hop latency and simulation speed (nccl-tests-style table)",

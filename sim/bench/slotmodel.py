@@ -1,0 +1,208 @@
+"""Slot model of the schedule engine: how close a unit-ordering rule lets a schedule get to its link bound.
+
+The schedule engine (:mod:`wirereduce.hdl.core.engine`) measured at the NTT ring's rate on every
+schedule (docs/architecture.md "Schedule benchmark"). This model finds out why without a gateware
+run, and which change would help: it plays a schedule's flows through an abstract engine in which
+every frame takes exactly one **slot** (one frame time) on a link, and asks how many slots ``K``
+rounds of chunks (``K`` chunks per flow, chunk g = k·F + f as in :mod:`wirereduce.table`) take.
+
+What is modelled (the engine's rules, docs/architecture.md "Schedule engine"):
+
+- every node has one summation unit per parent port and a root unit; a unit starts at most one
+  chunk per slot, and a chunk's sum leaves as one frame on the parent port (or, at the root, one
+  multicast frame on every forward port at once: all or nothing, like the engine's allocator);
+- ``in_order=True``: a unit takes its chunks in increasing g (the engine's rule today);
+  ``in_order=False``: any of its chunks whose terms have all arrived (out-of-order units);
+- a BROADCAST frame waits in the queue of the port it arrived on, in arrival order (FIFO), and is
+  forwarded to its flow's forward ports at once;
+- a directed link carries at most one frame per slot;
+- ``cut_through=True``: a frame that starts on a link in slot t can be summed or forwarded by the
+  next node in the same slot (the chain streams through, as the engine's cut-through hops do);
+  ``cut_through=False``: from slot t + 1 (store and forward);
+- ``priority``: who wins a contended output port: ``"unit"`` (partial sums first, the engine's
+  allocator) or ``"broadcast"`` (forwarded results and roots first); ties go to the lower g;
+- the host link is never the bottleneck (local chunks are always there; results leave at once).
+
+What is not: frame lengths other than one slot, hop latency, partially overlapping frames (the
+real engine's frames start at any cycle, so its links fragment and it does a little worse than
+the model; on the 4 × 4 torus the two agree: in-order units reach 0.51 of the trees' bound in
+both, docs/architecture.md "Why the engine stays at the ring's rate").
+
+The bound is the busiest directed link's frames per round times ``K`` (:func:`link_frames_per_round`):
+no engine, however it orders its work, finishes in fewer slots.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from wirereduce.schedule import Schedule
+
+__all__ = ["SlotResult", "link_frames_per_round", "slot_model", "run_slot_model", "PRIORITIES", "MODEL_ROWS"]
+
+#: Allocator priorities the model knows.
+PRIORITIES = ("unit", "broadcast")
+
+
+@dataclass(frozen=True)
+class SlotResult:
+    """One model run.
+
+    Attributes
+    ----------
+    slots : int
+        Slots (frame times) until every node holds every chunk's result.
+    rounds : int
+        Chunks per flow (K).
+    bound_slots : int
+        The busiest link's frames per round × K: the fewest slots any engine can take.
+    """
+
+    slots: int
+    rounds: int
+    bound_slots: int
+
+    @property
+    def of_bound(self) -> float:
+        """``bound_slots / slots`` (1.0 = every slot of the busiest link used)."""
+        return self.bound_slots / self.slots
+
+
+def link_frames_per_round(schedule: Schedule) -> dict[tuple[int, int], int]:
+    """Frames each directed link ``(node, port)`` carries per round (one chunk of every flow).
+
+    A tree edge carries the child's partial sum up (on the child's port) and the result down (on
+    the parent's port).
+    """
+    load: dict[tuple[int, int], int] = defaultdict(int)
+    for fl in schedule.flows:
+        for e in fl.edges:
+            load[(e.child, e.child_port)] += 1
+            load[(e.parent, e.parent_port)] += 1
+    return dict(load)
+
+
+def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_through: bool = True,
+               priority: str = "unit", max_slots: int = 1_000_000) -> SlotResult:
+    """Play ``rounds`` chunks of every flow of ``schedule`` through the model (module docstring).
+
+    Raises
+    ------
+    ValueError
+        ``rounds`` < 1, an unknown ``priority``, or no progress within ``max_slots`` (a model
+        deadlock: that cannot happen with these rules, so it would be a bug).
+    """
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, not {rounds!r}")
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+    topo = schedule.topology
+    F = len(schedule.flows)
+    entry = {(t.node, e.flow): e for t in schedule.tables for e in t.entries}
+    unit_flows: dict[tuple[int, object], list[int]] = defaultdict(list)
+    for (u, f), e in entry.items():
+        unit_flows[(u, e.parent.port if e.parent else "root")].append(f)
+    todo = {k: sorted(r * F + f for r in range(rounds) for f in fl) for k, fl in unit_flows.items()}
+    arrived: dict[tuple[int, int, int], int] = {}   # (node, g, in port) -> slot the partial sum started
+    bq: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)   # (node, in port) -> [(g, slot)]
+    results = 0
+    want = schedule.nodes * F * rounds
+    bound = max(link_frames_per_round(schedule).values()) * rounds
+    unit_rank, bcast_rank = (0, 1) if priority == "unit" else (1, 0)
+    t = 0
+    while results < want:
+        t += 1
+        if t > max_slots:
+            raise ValueError(f"no progress after {max_slots} slots ({results} of {want} results)")
+        used: set[tuple[int, int]] = set()
+        sent: set = set()   # sources that started a frame in this slot
+
+        def ready(a: int, now: int = t) -> bool:
+            return a < now or (cut_through and a == now)
+
+        progress = True
+        while progress:
+            progress = False
+            cands = []
+            for key, gs in todo.items():
+                if ("unit", key) in sent or not gs:
+                    continue
+                u = key[0]
+                for g in (gs[:1] if in_order else gs):
+                    e = entry[(u, g % F)]
+                    if all((u, g, c.port) in arrived and ready(arrived[(u, g, c.port)]) for c in e.children):
+                        ports = [e.parent.port] if e.parent else [p.port for p in e.forward]
+                        cands.append((unit_rank, g, "unit", key, ports))
+                        break
+            for key, q in bq.items():
+                if ("bcast", key) in sent or not q or not ready(q[0][1]):
+                    continue
+                g = q[0][0]
+                cands.append((bcast_rank, g, "bcast", key, [p.port for p in entry[(key[0], g % F)].forward]))
+            cands.sort(key=lambda c: (c[0], c[1]))
+            for _, g, kind, key, ports in cands:
+                u = key[0]
+                if (kind, key) in sent or any((u, p) in used for p in ports):
+                    continue
+                sent.add((kind, key))
+                used.update((u, p) for p in ports)
+                progress = True
+                e = entry[(u, g % F)]
+                if kind == "unit":
+                    todo[key].remove(g)
+                    if e.parent is not None:
+                        v, q = topo.links[u][e.parent.port]
+                        arrived[(v, g, q)] = t
+                        continue
+                    results += 1   # the root holds the result
+                else:
+                    bq[key].pop(0)
+                for p in ports:
+                    v, q = topo.links[u][p]
+                    results += 1
+                    if entry[(v, g % F)].forward:
+                        bq[(v, q)].append((g, t))
+            if not cut_through:
+                break
+    return SlotResult(t, rounds, bound)
+
+
+#: (topology, algorithm, rounds) the model runs by default (``wirereduce slot-model``).
+MODEL_ROWS = (("ring:4", "biring", 32), ("ring:8", "biring", 32), ("torus:4x4", "ring", 32),
+              ("torus:4x4", "multitree", 32), ("hypercube:8", "multitree", 32), ("mesh:3x3", "multitree", 32))
+
+
+def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.json") -> list[dict]:
+    """Every (row, ordering rule, cut-through, priority): print a table, write JSON records to ``out``.
+
+    Each record: ``topology``, ``algorithm``, ``rounds``, ``in_order``, ``cut_through``, ``priority``,
+    ``slots``, ``bound_slots``, ``of_bound`` and ``vs_ring`` (chunks per slot ÷ the NTT ring's one chunk
+    per slot: the algbw ratio against the ring on the same nodes, with 50G hosts).
+    """
+    import json
+    from itertools import product
+    from pathlib import Path
+
+    from wirereduce import schedule as sched
+
+    recs = []
+    print(f"{'topology':>12} {'algorithm':>9} {'units':>12} {'hops':>14} {'priority':>9} {'slots':>6} "
+          f"{'bound':>6} {'of bound':>8} {'vs ring':>7}")
+    for topo, alg, k in rows:
+        s = sched.build(topo, alg)
+        for in_order, ct, prio in product((True, False), (True, False), PRIORITIES):
+            r = slot_model(s, k, in_order=in_order, cut_through=ct, priority=prio)
+            chunks = k * len(s.flows)
+            rec = {"kind": "slot-model", "topology": s.topology.name, "algorithm": alg, "rounds": k,
+                   "flows": len(s.flows), "in_order": in_order, "cut_through": ct, "priority": prio,
+                   "slots": r.slots, "bound_slots": r.bound_slots, "of_bound": r.of_bound,
+                   "vs_ring": chunks / r.slots}
+            recs.append(rec)
+            print(f"{s.topology.name:>12} {alg:>9} {'in order' if in_order else 'out of order':>12} "
+                  f"{'cut-through' if ct else 'store-forward':>14} {prio:>9} {r.slots:>6} {r.bound_slots:>6} "
+                  f"{r.of_bound:>8.2f} {rec['vs_ring']:>7.2f}")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(recs, indent=1) + "\n")
+    return recs
