@@ -50,6 +50,7 @@ from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.gates import check_header
 from wirereduce.hdl.core.status import EventCounters, StatusResponder, port_counters_layout, report_status
+from wirereduce.hdl.core.chunkbuf import ChunkBuffer
 from wirereduce.hdl.core.sumunit import SumUnit, queue_head_layout
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, beat_layout, tagged_layout
 
@@ -243,7 +244,7 @@ class Engine(wiring.Component):
         units = []
         for u in range(nunits):
             unit = m.submodules[f"unit{u}"] = SumUnit(
-                w, P, P if u < P else P + 1, S, SB, req=(1 << u) if u < P else None)
+                w, P, P if u < P else P + 1, S, SB, req=(1 << u) if u < P else None, max_beats=MB)
             rp = table.read_port()
             m.d.comb += [rp.addr.eq(unit.tab_addr), unit.tab_data.eq(rp.data)]
             m.d.comb += [
@@ -289,14 +290,13 @@ class Engine(wiring.Component):
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
             targets = [(bq, ~is_red)]
             for u, unit in enumerate(units):
-                uq = getattr(unit, f"q{p}")
+                ub = getattr(unit, f"b{p}")
                 if u == p:   # a unit never sums what arrives on its own parent port
-                    m.d.comb += [uq.valid.eq(0), getattr(unit, f"q{p}_head").valid.eq(0)]
+                    m.d.comb += [ub.valid.eq(0), ub.done.eq(0)]
                     continue
-                rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(FrameQueue(w, 2 * S, MB))
+                rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB))
                 targets.append((rq, is_red & (sel == u)))
-                m.d.comb += [uq.valid.eq(rq.o.valid), uq.payload.eq(rq.o.payload), rq.o.ready.eq(uq.ready),
-                             getattr(unit, f"q{p}_head").eq(rq.head), rq.pop.eq(getattr(unit, f"q{p}_pop"))]
+                wiring.connect(m, ub, rq.r)
             ready = Const(0, 1)
             for q, on in targets:
                 m.d.comb += [

@@ -26,6 +26,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.arith.fp32 import AdderLanes
+from wirereduce.hdl.core.chunkbuf import reader_signature
 from wirereduce.hdl.stream.frame import tagged_layout
 
 from wirereduce.protocol import HEADER_BYTES
@@ -81,17 +82,17 @@ class SumUnit(wiring.Component):
     busy, mismatch : Out(1)
     """
 
-    def __init__(self, width: int, ports: int, terms: int, slots: int, slot_beats: int, req: int | None = None):
+    def __init__(self, width: int, ports: int, terms: int, slots: int, slot_beats: int, req: int | None = None,
+                 max_beats: int | None = None):
         if not 1 <= terms <= MAX_TERMS:
             raise ValueError(f"a unit adds 1 … {MAX_TERMS} terms, not {terms}")
         self._w, self._p, self._t = width, ports, terms
         self._slots, self._sb, self._req = slots, slot_beats, req
-        tagged = tagged_layout(width)
+        self._mb = slot_beats if max_beats is None else max_beats
+        self._q = 2 * slots
         members = {}
         for p in range(ports):
-            members[f"q{p}"] = In(stream.Signature(tagged))
-            members[f"q{p}_head"] = In(queue_head_layout())
-            members[f"q{p}_pop"] = Out(1)
+            members[f"b{p}"] = Out(reader_signature(width, self._q, self._mb))
         members.update({
             "wr_addr": In(range(slots * slot_beats)), "wr_data": In(width), "wr_en": In(1),
             "slot_valid": In(slots), "slot_bad": In(slots), "slot_counts": In(data.ArrayLayout(16, slots)),
@@ -99,7 +100,7 @@ class SumUnit(wiring.Component):
             "release": Out(1), "release_slot": Out(range(slots)),
             "tab_addr": Out(8), "tab_data": In(64),
             "start": In(1), "first": In(9), "chunks": In(32),
-            "o": Out(stream.Signature(tagged)), "o_req": Out(ports + 1),
+            "o": Out(stream.Signature(tagged_layout(width))), "o_req": Out(ports + 1),
             "busy": Out(1), "mismatch": Out(1),
         })
         super().__init__(members)
@@ -113,62 +114,76 @@ class SumUnit(wiring.Component):
         m = Module()
         w, P, T = self._w, self._p, self._t
         lanes, bpb = w // 32, w // 8
-        S, SB = self._slots, self._sb
+        S, SB, Q, MB = self._slots, self._sb, self._q, self._mb
         slot_bits = (S - 1).bit_length()
         beat_bits = (SB - 1).bit_length()
+        qbits = (Q - 1).bit_length()
         shift = (bpb - 1).bit_length()
-        qs = [getattr(self, f"q{p}") for p in range(P)]
-        heads = [getattr(self, f"q{p}_head") for p in range(P)]
+        bufs = [getattr(self, f"b{p}") for p in range(P)]
 
         m.submodules.buf = buf = memory.Memory(shape=w, depth=S * SB, init=[])
         rd = buf.read_port()
         wp = buf.write_port()
         m.d.comb += [wp.addr.eq(self.wr_addr), wp.data.eq(self.wr_data), wp.en.eq(self.wr_en)]
 
-        # --- cursor: chunk g of flow f, and its table entry -------------------------------------
-        g = Signal(32)
-        f = Signal(8)
+        # --- two candidates: A, the oldest chunk not yet summed in the unit's own order, and B, the
+        # next one after it (lookahead of two). Each holds its chunk number, flow and table entry.
         act = Signal()
-        stale = Signal()   # the table read of a new f is under way
-        stuck = Signal()   # a count mismatch was reported for this g
-        m.d.comb += self.tab_addr.eq(f)
-        m.d.sync += stale.eq(0)
-        entry = self.tab_data
-        codes = [entry[3 + 3 * i:6 + 3 * i] for i in range(MAX_TERMS)]
-        fits = Const(1, 1)
-        for i in range(T, MAX_TERMS):
-            fits = fits & (codes[i] == NONE)
+        a_g, a_f, a_ent, a_ld = Signal(32, name="a_g"), Signal(8, name="a_f"), Signal(64, name="a_ent"), Signal(name="a_ld")
+        b_g, b_f, b_ent = Signal(32, name="b_g"), Signal(8, name="b_f"), Signal(64, name="b_ent")
+        b_known, b_ld = Signal(name="b_known"), Signal(name="b_ld")
+        # Table reads: the address is A's flow until A's entry is in, then B's; the data is the entry
+        # of the address of the cycle before.
+        addr_q = Signal(8)
+        addr_ok = Signal()
+        m.d.comb += self.tab_addr.eq(Mux(a_ld, b_f, a_f))
+        m.d.sync += [addr_q.eq(self.tab_addr), addr_ok.eq(~self.start)]
+        tab_for_a = addr_ok & ~a_ld & (addr_q == a_f)
+        tab_for_b = addr_ok & a_ld & b_known & ~b_ld & (addr_q == b_f)
 
-        slot = g[:slot_bits] if slot_bits else Const(0, 1)
         slot_seqs = Array(self.slot_seqs[k] for k in range(S))
-        # The slot must hold chunk g itself: a unit may reach g while the slot still (or already)
-        # holds chunk g ± slots of another unit's flow.
-        slot_ok = (self.slot_valid >> slot)[0] & (slot_seqs[slot] == g)
-        slot_bad = (self.slot_bad >> slot)[0]
         slot_counts = Array(self.slot_counts[k] for k in range(S))
-        count = slot_counts[slot]
-
-        ready = fits
-        count_ok = Const(1, 1)
-        has_local = Const(0, 1)
-        for i in range(T):
-            c = codes[i]
-            r = (c == NONE) | ((c == LOCAL) & slot_ok)
-            ok = Const(1, 1)
-            for p in range(P):
-                r = r | ((c == p) & heads[p].valid & (heads[p].seq == g))
-                ok = ok & ((c != p) | (heads[p].count == count))
-            ready = ready & r
-            count_ok = count_ok & ok
-            has_local = has_local | (c == LOCAL)
-        ready = ready & has_local & (codes[0] != NONE)
-        # Frames in the chain all leave at one tap (``depth`` adders in): a frame with another
-        # number of terms joins only once the chain is empty.
         depth = Signal(range(T), name="depth")
-        new_depth = Signal(range(T + 1))
-        m.d.comb += new_depth.eq(sum((codes[i] != NONE for i in range(T)), Const(0, range(T + 1))) - 1)
         chain_empty = Signal()
-        ready = ready & ((new_depth == depth) | chain_empty)
+
+        def candidate(g, ent, loaded, name):
+            """Whether chunk g (entry ``ent``) can start now, and what it starts with."""
+            codes = [ent[3 + 3 * i:6 + 3 * i] for i in range(MAX_TERMS)]
+            fits = Const(1, 1)
+            for i in range(T, MAX_TERMS):
+                fits = fits & (codes[i] == NONE)
+            slot = g[:slot_bits] if slot_bits else Const(0, 1)
+            qslot = g[:qbits] if qbits else Const(0, 1)
+            slot_ok = (self.slot_valid >> slot)[0] & (slot_seqs[slot] == g)
+            count = slot_counts[slot]
+            ready = fits & loaded & (g < self.chunks)
+            count_ok = Const(1, 1)
+            has_local = Const(0, 1)
+            for i in range(T):
+                c = codes[i]
+                r = (c == NONE) | ((c == LOCAL) & slot_ok)
+                ok = Const(1, 1)
+                for p, b in enumerate(bufs):
+                    here = (b.valid >> qslot)[0] & (Array(b.seq[k] for k in range(Q))[qslot] == g)
+                    r = r | ((c == p) & here)
+                    ok = ok & ((c != p) | (Array(b.count[k] for k in range(Q))[qslot] == count))
+                ready = ready & r
+                count_ok = count_ok & ok
+                has_local = has_local | (c == LOCAL)
+            ready = ready & has_local & (codes[0] != NONE)
+            new_depth = Signal(range(T + 1), name=f"{name}_depth")
+            m.d.comb += new_depth.eq(sum((codes[i] != NONE for i in range(T)), Const(0, range(T + 1))) - 1)
+            # Frames in the chain all leave at one tap (``depth`` adders in): a frame with another
+            # number of terms joins only once the chain is empty.
+            rdy = Signal(name=f"{name}_ready")
+            m.d.comb += rdy.eq(ready & ((new_depth == depth) | chain_empty))
+            good = Signal(name=f"{name}_count_ok")
+            m.d.comb += good.eq(count_ok)
+            return rdy, good, codes, slot, qslot, count, new_depth
+
+        a_rdy, a_good, a_codes, a_slot, a_qslot, a_count, a_depth = candidate(a_g, a_ent, a_ld, "a")
+        b_rdy, b_good, b_codes, b_slot, b_qslot, b_count, b_depth = candidate(b_g, b_ent, b_ld & b_known, "b")
+        a_stuck, b_stuck = Signal(name="a_stuck"), Signal(name="b_stuck")   # a count mismatch was reported
 
         # --- streaming state -----------------------------------------------------------------------
         streaming = Signal()
@@ -177,83 +192,106 @@ class SumUnit(wiring.Component):
         last_keep = Signal(bpb)
         beat = Signal(16)
         cur_slot = Signal(max(1, slot_bits))
+        cur_qslot = Signal(max(1, qbits))
         cur_bad = Signal()
         cur_req = Signal(P + 1)
-        ended = Signal(T)
         bad_acc = Signal()
-        next_f = entry[24:32]
-        gap = entry[32:40]
-        fwd_req = Cat(entry[40:40 + P], entry[46])
 
         # The whole chain advances together; it stalls only when its output is held.
         en = Signal()
         out_valid = Signal()
         m.d.comb += en.eq(~out_valid | self.o.ready)
 
-        nbytes = HEADER_BYTES + 4 * count
-        with m.If(self.start):
-            m.d.sync += [
-                g.eq(self.first[:8]), f.eq(self.first[:8]), act.eq(~self.first[8]), stale.eq(1),
-                streaming.eq(0), stuck.eq(0),
-            ]
-        with m.Elif(~streaming & act & ~stale & (g < self.chunks) & ready):
-            with m.If(count_ok):
-                m.d.sync += [
-                    streaming.eq(1), beat.eq(0), ended.eq(0), bad_acc.eq(0),
-                    nbeats.eq((nbytes + bpb - 1) >> shift),
-                    last_keep.eq(Cat(*((nbytes - (((nbytes + bpb - 1) >> shift) - 1 << shift)) > k
-                                       for k in range(bpb)))),
-                    cur_slot.eq(slot), cur_bad.eq(slot_bad),
-                    cur_req.eq(fwd_req if self._req is None else self._req), depth.eq(new_depth),
-                ] + [cur[i].eq(codes[i]) for i in range(T)]
-            with m.Elif(~stuck):
-                m.d.comb += self.mismatch.eq(1)
-                m.d.sync += stuck.eq(1)
+        take_a = Signal()
+        take_b = Signal()
+        idle = ~streaming & act & ~self.start
+        m.d.comb += [
+            take_a.eq(idle & a_rdy & a_good & ~a_stuck & b_known),
+            take_b.eq(idle & ~take_a & b_rdy & b_good & ~b_stuck),
+        ]
+        with m.If(idle & a_rdy & ~a_good & ~a_stuck):
+            m.d.comb += self.mismatch.eq(1)
+            m.d.sync += a_stuck.eq(1)
+        with m.Elif(idle & b_rdy & ~b_good & ~b_stuck & ~(a_rdy & a_good)):
+            m.d.comb += self.mismatch.eq(1)
+            m.d.sync += b_stuck.eq(1)
 
-        # Operands of the beat now: each port term's queue head (or padding once its frame ended).
+        def begin(codes, slot, qslot, count, new_depth, ent):
+            nbytes = HEADER_BYTES + 4 * count
+            fwd_req = Cat(ent[40:40 + P], ent[46])
+            m.d.sync += [
+                streaming.eq(1), beat.eq(0), bad_acc.eq(0),
+                nbeats.eq((nbytes + bpb - 1) >> shift),
+                last_keep.eq(Cat(*((nbytes - (((nbytes + bpb - 1) >> shift) - 1 << shift)) > k for k in range(bpb)))),
+                cur_slot.eq(slot), cur_qslot.eq(qslot), cur_bad.eq((self.slot_bad >> slot)[0]),
+                cur_req.eq(fwd_req if self._req is None else self._req), depth.eq(new_depth),
+            ] + [cur[i].eq(codes[i]) for i in range(T)]
+
+        def advance_b():
+            """B moves to the chunk after it in the unit's order (its entry is read next)."""
+            m.d.sync += [b_g.eq(b_g + b_ent[32:40]), b_f.eq(b_ent[24:32]), b_ld.eq(0), b_stuck.eq(0)]
+
+        with m.If(self.start):
+            m.d.sync += [a_g.eq(self.first[:8]), a_f.eq(self.first[:8]), act.eq(~self.first[8]), a_ld.eq(0),
+                         b_known.eq(0), b_ld.eq(0), streaming.eq(0), a_stuck.eq(0), b_stuck.eq(0)]
+        with m.Else():
+            with m.If(take_a):
+                begin(a_codes, a_slot, a_qslot, a_count, a_depth, a_ent)
+                # A becomes B; B moves on (or is worked out from the new A)
+                m.d.sync += [a_g.eq(b_g), a_f.eq(b_f), a_ent.eq(b_ent), a_ld.eq(b_ld), a_stuck.eq(b_stuck)]
+                with m.If(b_ld):
+                    advance_b()
+                with m.Else():
+                    m.d.sync += [b_known.eq(0), b_stuck.eq(0)]
+            with m.Elif(take_b):
+                begin(b_codes, b_slot, b_qslot, b_count, b_depth, b_ent)
+                advance_b()
+            with m.Else():
+                with m.If(tab_for_a):
+                    m.d.sync += [a_ent.eq(self.tab_data), a_ld.eq(1)]
+                with m.Elif(a_ld & ~b_known):
+                    m.d.sync += [b_g.eq(a_g + a_ent[32:40]), b_f.eq(a_ent[24:32]), b_known.eq(1), b_ld.eq(0)]
+                with m.Elif(tab_for_b):
+                    m.d.sync += [b_ent.eq(self.tab_data), b_ld.eq(1)]
+
+        # Operands of the beat now: each port term's beat from its buffer slot (or padding once its
+        # frame ended short).
+        is_last = beat == nbeats - 1
         term_valid = Const(1, 1)
+        early = Const(0, 1)   # a term's frame ended at or before this beat (not its expected last)
+        now_bad = Const(0, 1)
+        ended_now = []
         for i in range(T):
-            v = (cur[i] == NONE) | (cur[i] == LOCAL) | ended[i]
-            for p in range(P):
-                v = v | ((cur[i] == p) & qs[p].valid)
+            v = (cur[i] == NONE) | (cur[i] == LOCAL)
+            ended = Const(0, 1)
+            for p, b in enumerate(bufs):
+                filled = Array(b.filled[k] for k in range(Q))[cur_qslot]
+                done = (b.done >> cur_qslot)[0]
+                bad = (b.bad >> cur_qslot)[0]
+                mine = cur[i] == p
+                gone = done & (beat >= filled)            # ended before this beat: pad
+                v = v | (mine & ((filled > beat) | gone))
+                ended = ended | (mine & gone)
+                early = early | (mine & (gone | (done & (beat == filled - 1) & ~is_last)))
+                now_bad = now_bad | (mine & done & (beat == filled - 1) & bad)
             term_valid = term_valid & v
+            ended_now.append(ended)
         fire = Signal()
         m.d.comb += fire.eq(streaming & en & term_valid)
-        is_last = beat == nbeats - 1
-        early = Const(0, 1)   # a term's frame ended before this beat
-        now_bad = Const(0, 1)
-        take = [Const(0, 1)] * P
-        vals = []
-        for i in range(T):
-            val = Signal(w, name=f"opnd{i}")
-            for p in range(P):
-                use = (cur[i] == p) & ~ended[i]
-                take[p] = take[p] | use
-                with m.If(use):
-                    m.d.comb += val.eq(qs[p].payload.data)
-                early = early | (use & qs[p].payload.last & ~is_last) | ((cur[i] == p) & ended[i])
-                now_bad = now_bad | (use & qs[p].payload.last & qs[p].payload.bad)
-            vals.append(val)
-        for p in range(P):
-            m.d.comb += qs[p].ready.eq(fire & take[p])
+        for p, b in enumerate(bufs):
+            m.d.comb += [b.rd_addr.eq(cur_qslot * MB + beat if qbits else beat), b.rd_en.eq(en)]
         with m.If(fire):
             m.d.sync += [beat.eq(beat + 1), bad_acc.eq(bad_acc | early | now_bad)]
-            for i in range(T):
-                ends = Const(0, 1)
-                for p in range(P):
-                    ends = ends | ((cur[i] == p) & ~ended[i] & qs[p].payload.last)
-                with m.If(ends):
-                    m.d.sync += ended[i].eq(1)
             with m.If(is_last):
-                m.d.sync += [streaming.eq(0), g.eq(g + gap), f.eq(next_f), stale.eq(1), stuck.eq(0)]
+                m.d.sync += streaming.eq(0)
                 m.d.comb += [self.release.eq(1), self.release_slot.eq(cur_slot)]
-                for p in range(P):
-                    popped = Const(0, 1)
+                for p, b in enumerate(bufs):
+                    used = Const(0, 1)
                     for i in range(T):
-                        popped = popped | (cur[i] == p)
-                    m.d.comb += getattr(self, f"q{p}_pop").eq(popped)
+                        used = used | (cur[i] == p)
+                    m.d.comb += [b.free.eq(used), b.free_slot.eq(cur_qslot)]
 
-        # Local chunk: read this beat from the buffer (data next cycle, like the operands' stage 1).
+        # Local chunk: read this beat from the buffer (data next cycle, like the buffers' reads).
         addr = Cat(beat[:beat_bits], cur_slot) if slot_bits else beat[:beat_bits]
         m.d.comb += [rd.addr.eq(addr), rd.en.eq(en)]
 
@@ -263,8 +301,8 @@ class SumUnit(wiring.Component):
             "req": P + 1,
         })
         s1 = Signal(meta)
-        s1_vals = [Signal(w, name=f"s1_opnd{i}") for i in range(T)]
-        s1_local = Signal(T)
+        s1_code = [Signal(3, name=f"s1_code{i}") for i in range(T)]
+        s1_ended = Signal(T)
         mask = Signal(lanes)
         for j in range(lanes):
             word = beat * lanes + j
@@ -278,9 +316,17 @@ class SumUnit(wiring.Component):
                 s1.bad.eq(is_last & (bad_acc | early | now_bad | cur_bad)),
                 s1.mask.eq(mask), s1.req.eq(cur_req),
                 s1.present.eq(Cat(*(cur[i] != NONE for i in range(T)))),
-                s1_local.eq(Cat(*(cur[i] == LOCAL for i in range(T)))),
-            ] + [s1_vals[i].eq(vals[i]) for i in range(T)]
-        terms = [Mux(s1_local[i], rd.data, s1_vals[i]) for i in range(T)]
+                s1_ended.eq(Cat(*ended_now)),
+            ] + [s1_code[i].eq(cur[i]) for i in range(T)]
+        terms = []
+        for i in range(T):
+            val = Signal(w, name=f"opnd{i}")
+            with m.If(s1_code[i] == LOCAL):
+                m.d.comb += val.eq(rd.data)
+            for p, b in enumerate(bufs):
+                with m.If((s1_code[i] == p) & ~s1_ended[i]):
+                    m.d.comb += val.eq(b.rd_data)
+            terms.append(val)
 
         def delay(sig, n, name):
             for k in range(n):

@@ -1,0 +1,118 @@
+"""A reduce buffer addressed by chunk: frames of chunk g go to slot g mod Q, readable cut-through.
+
+The schedule engine's summation units may take their chunks out of order
+(:class:`~wirereduce.hdl.core.sumunit.SumUnit`, lookahead of two), so the frames a unit sums
+cannot wait in FIFO queues: two children that send two chunks in opposite orders would leave each
+chunk behind the other at one FIFO head each (a deadlock). Here a frame of chunk g is written to
+slot ``g mod Q`` (Q = 2·``slots``, docs/architecture.md "Why the engine cannot deadlock" for why
+no two chunks in flight ever share a slot) and the unit reads any slot's beats as soon as they are
+written, so a sum starts while its frames are still arriving (cut-through).
+
+A frame whose slot is still taken waits at the input (``i.ready`` low) and is counted in
+``collisions``: the window rule makes that impossible, so a non-zero count is a bug, never lost data.
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Module, Mux, Signal
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.stream.frame import tagged_layout
+
+__all__ = ["ChunkBuffer", "reader_signature"]
+
+
+def reader_signature(width: int, slots: int, max_beats: int) -> wiring.Signature:
+    """The reader's side of a :class:`ChunkBuffer` (members from the reader's view).
+
+    ``valid`` (a frame's first beat is in), ``seq``, ``count`` (its header fields), ``filled``
+    (beats written), ``done`` (its last beat is in), ``bad`` (that last beat was marked bad): one
+    per slot. ``rd_addr`` = slot · ``max_beats`` + beat and ``rd_en`` read a beat, whose ``data``
+    appears the cycle after; ``free`` with ``free_slot`` empties a slot.
+    """
+    return wiring.Signature({
+        "valid": In(slots), "done": In(slots), "bad": In(slots),
+        "seq": In(data.ArrayLayout(32, slots)), "count": In(data.ArrayLayout(16, slots)),
+        "filled": In(data.ArrayLayout(range(max_beats + 1), slots)),
+        "rd_addr": Out(range(slots * max_beats)), "rd_en": Out(1), "rd_data": In(width),
+        "free": Out(1), "free_slot": Out(range(slots)),
+    })
+
+
+class ChunkBuffer(wiring.Component):
+    """Frames in slots by chunk number (module docstring).
+
+    Parameters
+    ----------
+    width : int
+        Datapath width in bits.
+    slots : int
+        Q, a power of two: frames of chunk g go to slot g mod Q.
+    max_beats : int
+        Beats of the longest frame (a slot's size).
+
+    Attributes
+    ----------
+    i : In(stream.Signature(tagged_layout(width))); i_seq, i_flow, i_count : In
+        Beats in; the header fields are sampled with the first beat (as :class:`FrameQueue`).
+    r : In(reader_signature(width, slots, max_beats))
+        The summation unit's side.
+    collisions : Out(1)
+        Pulses when a first beat finds its slot taken (it waits).
+    """
+
+    def __init__(self, width: int, slots: int, max_beats: int):
+        if slots < 1 or slots & (slots - 1):
+            raise ValueError(f"slots must be a power of two, not {slots}")
+        self._w, self._q, self._mb = width, slots, max_beats
+        super().__init__({
+            "i": In(stream.Signature(tagged_layout(width))), "i_seq": In(32), "i_flow": In(8), "i_count": In(16),
+            "r": In(reader_signature(width, slots, max_beats)), "collisions": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        Q, MB = self._q, self._mb
+        bits = (Q - 1).bit_length()
+        m.submodules.mem = mem = memory.Memory(shape=self._w, depth=Q * MB, init=[])
+        wp = mem.write_port()
+        rp = mem.read_port()
+        m.d.comb += [rp.addr.eq(self.r.rd_addr), rp.en.eq(self.r.rd_en), self.r.rd_data.eq(rp.data)]
+
+        valid, done, bad = Signal(Q), Signal(Q), Signal(Q)
+        seqs = Signal(data.ArrayLayout(32, Q))
+        counts = Signal(data.ArrayLayout(16, Q))
+        filled = Signal(data.ArrayLayout(range(MB + 1), Q))
+        m.d.comb += [self.r.valid.eq(valid), self.r.done.eq(done), self.r.bad.eq(bad), self.r.seq.eq(seqs),
+                     self.r.count.eq(counts), self.r.filled.eq(filled)]
+
+        new_slot = self.i_seq[:bits] if bits else 0
+        wslot = Signal(max(bits, 1))      # the slot of the frame being written
+        slot = Signal(max(bits, 1))
+        with m.If(self.i.payload.first):
+            m.d.comb += slot.eq(new_slot)
+        with m.Else():
+            m.d.comb += slot.eq(wslot)
+        taken = (valid >> slot)[0]
+        m.d.comb += self.i.ready.eq(~self.i.payload.first | ~taken)
+        m.d.comb += self.collisions.eq(self.i.valid & self.i.payload.first & taken)
+        fill_arr = Array(filled[k] for k in range(Q))
+        beat = fill_arr[slot]
+        m.d.comb += [
+            wp.addr.eq(slot * MB + beat if bits else beat), wp.data.eq(self.i.payload.data),
+            wp.en.eq(self.i.valid & self.i.ready),
+        ]
+        for k in range(Q):
+            here = slot == k
+            with m.If(self.r.free & (self.r.free_slot == k)):
+                m.d.sync += [valid[k].eq(0), done[k].eq(0), bad[k].eq(0), filled[k].eq(0)]
+            with m.Elif(self.i.valid & self.i.ready & here):
+                m.d.sync += filled[k].eq(Mux(self.i.payload.first, 1, filled[k] + 1))
+                with m.If(self.i.payload.first):
+                    m.d.sync += [valid[k].eq(1), seqs[k].eq(self.i_seq), counts[k].eq(self.i_count)]
+                with m.If(self.i.payload.last):
+                    m.d.sync += [done[k].eq(1), bad[k].eq(self.i.payload.bad)]
+        with m.If(self.i.valid & self.i.ready & self.i.payload.first):
+            m.d.sync += wslot.eq(new_slot)
+        return m
+
