@@ -10,7 +10,7 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
     host_rx ─▶ host gate ─┬─ SCHEDULE ─▶ table (F entries)
                           ├─ CONTROL / STATS_REQUEST ─▶ STATS
                           └─ HOST_PUSH ─▶ local buffer (one copy per unit)
-    net{p}_in ─▶ gate p ─┬─ REDUCE ────▶ reduce queue p ──┐
+    net{p}_in ─▶ gate p ─┬─ REDUCE ────▶ reduce buffer (p, unit), by chunk ──┐
                          └─ BROADCAST ─▶ broadcast queue p ┼─▶ bcast source p ──┐
                     summation units: one per parent port q ─▶ up source q       ├─▶ allocator ─▶ net{o}_out
                                      and the root unit ────▶ root source ───────┘        └──▶ host FIFOs ─▶ host_tx
@@ -19,15 +19,21 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
   check; headers are checked by :func:`~wirereduce.hdl.core.gates.check_header` (collective,
   flags, dtype, codec, ``seq`` < chunks, ``hop`` (the flow) < F, count) and bad ones are
   dropped whole and counted.
-- **Queues**: each network port looks up the flow of every frame and queues it by class and
-  unit: a reduce queue per summation unit (2·``slots`` whole frames each) and a broadcast queue
-  (``slots`` frames): with the driver's window ≤ ``slots`` no queue can fill
-  (docs/architecture.md "Why the engine cannot deadlock"), so a port never back-pressures its
-  link and a waiting REDUCE frame never blocks another unit's frame or a BROADCAST behind it.
+- **Reduce buffers and queues**: each network port looks up the flow of every frame and sends a
+  REDUCE frame to the buffer of the unit that sums it, a
+  :class:`~wirereduce.hdl.core.chunkbuf.ChunkBuffer` of 2·``slots`` frames addressed by chunk
+  (chunk g in slot g mod 2·``slots``), and a BROADCAST frame to the port's broadcast queue
+  (``slots`` frames, FIFO). With the driver's window ≤ ``slots`` no two chunks in flight share a
+  buffer slot and no queue can fill (docs/architecture.md "Why the engine cannot deadlock"), so a
+  port never back-pressures its link and a waiting REDUCE frame never blocks another unit's frame
+  or a BROADCAST behind it.
 - **Summation units** (:class:`~wirereduce.hdl.core.sumunit.SumUnit`): unit q computes the
   partial sums this node sends to a parent on port q, the root unit the sums of the flows rooted
-  here. Each walks its own chunks in increasing chunk number and sums the terms in the table's
-  order, cut-through. Several units work at once, so every port can run at line rate.
+  here. Each follows its own chunks in increasing chunk number with a lookahead of two: it takes
+  the oldest one it has not summed if all its terms are in, else the next one, so a chunk whose
+  output or terms are late does not hold up the unit (docs/architecture.md "Why the engine stays
+  at the ring's rate"). It sums the terms in the table's order, cut-through. Several units work at
+  once, so every port can run at line rate.
 - **Broadcast**: a BROADCAST frame at the head of its queue looks up its flow's entry and is
   forwarded to the entry's ``forward`` ports and delivered to the host.
 - **Allocator**: every frame that leaves (a unit's sum, a forwarded broadcast) needs a set of
@@ -48,9 +54,9 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.core.chunkbuf import ChunkBuffer
 from wirereduce.hdl.core.gates import check_header
 from wirereduce.hdl.core.status import EventCounters, StatusResponder, port_counters_layout, report_status
-from wirereduce.hdl.core.chunkbuf import ChunkBuffer
 from wirereduce.hdl.core.sumunit import SumUnit, queue_head_layout
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, beat_layout, tagged_layout
 

@@ -1,23 +1,28 @@
-"""A summation unit of the schedule engine: one flow's partial sum at a time, in the table's order.
+"""A summation unit of the schedule engine: one chunk's partial sum at a time, in the table's order.
 
-The unit walks its chunks in increasing chunk number ``g`` (the table's ``next_flow``/``gap``
-chain, :mod:`wirereduce.table`). For chunk ``g`` of flow ``f`` its table entry names the terms
-of the sum, left to right: children's partial sums arriving on network ports and the host's
-local chunk. Once every term is there (the frame of chunk ``g`` at the head of each port's
-reduce queue, the local chunk in its buffer slot) it streams them all in lock step, beat by
-beat, through a chain of fp32 adder lanes:
+The unit follows its chunks in increasing chunk number ``g`` (the table's ``next_flow``/``gap``
+chain, :mod:`wirereduce.table`) with a **lookahead of two**: candidate A is the oldest chunk it has
+not summed, candidate B the next one in its order. For a candidate's chunk of flow ``f`` the table
+entry names the terms of the sum, left to right: children's partial sums arriving on network ports
+and the host's local chunk. A candidate is ready once every term is there (the first beat of its
+frame in slot g mod 2·slots of that port's :class:`~wirereduce.hdl.core.chunkbuf.ChunkBuffer`,
+the local chunk in its buffer slot); the unit takes A if it is ready, else B (so a late chunk does
+not hold up the one after it: docs/architecture.md "Why the engine stays at the ring's rate"), and
+streams all its terms in lock step, beat by beat, through a chain of fp32 adder lanes:
 
     ((t0 + t1) + t2) + …        (term i joins after i-1 adder stages)
 
 so the result's bits are fixed by the table and never by arrival order. It is cut-through: a
-beat leaves ``1 + 6·(terms - 1)`` cycles after it entered, at the tap after its frame's last
-term (at most :attr:`SumUnit.latency`), while the frames are still arriving; a frame with another
-number of terms than the ones in the chain waits until the chain is empty. The header words pass
-through from term 0 (rewritten at the engine's outputs), as do lanes outside ``keep``.
+beat is read from its buffer as soon as it is written and leaves ``1 + 6·(terms - 1)`` cycles
+after it entered the chain, at the tap after its frame's last term (at most
+:attr:`SumUnit.latency`), while the frames are still arriving; a frame with another number of
+terms than the ones in the chain waits until the chain is empty. The header words pass through
+from term 0 (rewritten at the engine's outputs), as do lanes outside ``keep``.
 
-A term whose frame ends early (a length error marked by its gate) is padded and the sum leaves
-marked ``bad``; a term frame whose ``count`` disagrees with the local chunk's is never joined
-(the unit pulses ``mismatch`` once and waits: the chunk is lost, and nothing of it is applied).
+A term whose frame ends early (a length error marked by its gate) is padded with zeros and the sum
+leaves marked ``bad``; a term frame whose ``count`` disagrees with the local chunk's is never
+joined (the unit pulses ``mismatch`` once and does not take that chunk: it is lost, and nothing of
+it is applied).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class SumUnit(wiring.Component):
         unit); sets the adder chain's length and :attr:`latency`.
     slots, slot_beats : int
         Local buffer geometry (powers of two), as :class:`~wirereduce.config.NodeConfig`.
+    max_beats : int, optional
+        Beats of the longest frame (a reduce buffer slot); default ``slot_beats``.
     req : int or None
         Output request mask of every frame (``1 << parent port``); ``None`` for the root unit,
         whose frames request the entry's ``forward`` ports and, with ``deliver``, the host
@@ -63,9 +70,8 @@ class SumUnit(wiring.Component):
 
     Attributes
     ----------
-    q{p} : In(stream.Signature(tagged_layout(width)))
-        Beats of the reduce queue of port p; ``q{p}_head`` its head frame; ``q{p}_pop`` pulses
-        when this unit has taken that frame's last beat.
+    b{p} : Out(reader_signature(width, 2·slots, max_beats))
+        The reduce buffer of port p for this unit: slot states, a read port, ``free``.
     wr_addr, wr_data, wr_en : In
         Write port of this unit's copy of the local buffer (slot · slot_beats + beat).
     slot_valid, slot_bad : In(slots); slot_counts, slot_seqs : In(ArrayLayout(16 / 32, slots))
@@ -129,7 +135,8 @@ class SumUnit(wiring.Component):
         # --- two candidates: A, the oldest chunk not yet summed in the unit's own order, and B, the
         # next one after it (lookahead of two). Each holds its chunk number, flow and table entry.
         act = Signal()
-        a_g, a_f, a_ent, a_ld = Signal(32, name="a_g"), Signal(8, name="a_f"), Signal(64, name="a_ent"), Signal(name="a_ld")
+        a_g, a_f, a_ent = Signal(32, name="a_g"), Signal(8, name="a_f"), Signal(64, name="a_ent")
+        a_ld = Signal(name="a_ld")
         b_g, b_f, b_ent = Signal(32, name="b_g"), Signal(8, name="b_f"), Signal(64, name="b_ent")
         b_known, b_ld = Signal(name="b_known"), Signal(name="b_ld")
         # Table reads: the address is A's flow until A's entry is in, then B's; the data is the entry
@@ -278,7 +285,7 @@ class SumUnit(wiring.Component):
             ended_now.append(ended)
         fire = Signal()
         m.d.comb += fire.eq(streaming & en & term_valid)
-        for p, b in enumerate(bufs):
+        for b in bufs:
             m.d.comb += [b.rd_addr.eq(cur_qslot * MB + beat if qbits else beat), b.rd_en.eq(en)]
         with m.If(fire):
             m.d.sync += [beat.eq(beat + 1), bad_acc.eq(bad_acc | early | now_bad)]
