@@ -82,7 +82,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     print(f"{topo:>12} {alg:>9} skipped: {e}", flush=True)
                     continue
                 flows = len(s.flows)
-                cfg = EngineConfig(64, 1500, slots=8, ports=s.topology.degree,
+                cfg = EngineConfig(64, 1500, slots=16, ports=s.topology.degree,
                                    max_flows=max(8, 1 << (flows - 1).bit_length()))
                 sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root)
                 for size in sizes:
