@@ -42,8 +42,10 @@ def test_biring_ring4_in_order_is_the_ring_rate():
     r = slot_model(s, k)
     assert r.bound_slots == 6 * k
     assert r.slots == 8 * k
-    # Units free to take any ready chunk fill the links: the bound is reached exactly.
+    # Units free to take any ready chunk fill the links: the bound is reached exactly; a lookahead of two
+    # (the engine's) is enough here.
     assert slot_model(s, k, in_order=False).slots == 6 * k
+    assert slot_model(s, k, in_order=False, lookahead=2).slots == 6 * k
 
 
 @pytest.mark.parametrize("topo,alg", [("ring:3", "biring"), ("torus:2x2", "multitree"), ("mesh:3x3", "multitree"),
@@ -60,6 +62,8 @@ def test_bad_arguments():
     s = sched.build("ring:4", "biring")
     with pytest.raises(ValueError, match="rounds"):
         slot_model(s, 0)
+    with pytest.raises(ValueError, match="lookahead"):
+        slot_model(s, 2, in_order=False, lookahead=0)
     with pytest.raises(ValueError, match="priority"):
         slot_model(s, 2, priority="fifo")
 
@@ -67,7 +71,7 @@ def test_bad_arguments():
 def test_run_writes_records(tmp_path, capsys):
     out = tmp_path / "m.json"
     recs = run_slot_model((("ring:4", "biring", 4),), out=str(out))
-    assert len(recs) == 8 and json.loads(out.read_text()) == recs
+    assert len(recs) == 12 and json.loads(out.read_text()) == recs
     assert {r["vs_ring"] for r in recs if r["in_order"] and r["cut_through"]} == {1.0}
     assert "biring" in capsys.readouterr().out
 
@@ -87,4 +91,4 @@ def test_cli_runs(tmp_path, capsys):
     from wirereduce.cli import main
 
     assert main(["slot-model", "--topologies", "ring:4/biring", "--rounds", "4", "--out-dir", str(tmp_path)]) == 0
-    assert len(json.loads((tmp_path / "slot-model.json").read_text())) == 8
+    assert len(json.loads((tmp_path / "slot-model.json").read_text())) == 12

@@ -11,8 +11,9 @@ What is modelled (the engine's rules, docs/architecture.md "Schedule engine"):
 - every node has one summation unit per parent port and a root unit; a unit starts at most one
   chunk per slot, and a chunk's sum leaves as one frame on the parent port (or, at the root, one
   multicast frame on every forward port at once: all or nothing, like the engine's allocator);
-- ``in_order=True``: a unit takes its chunks in increasing g (the engine's rule today);
-  ``in_order=False``: any of its chunks whose terms have all arrived (out-of-order units);
+- ``in_order=True``: a unit takes its chunks in increasing g (the engine's first rule);
+  ``in_order=False``: any of its chunks whose terms have all arrived (out-of-order units), or with
+  ``lookahead=D`` any of its D oldest chunks not yet summed (the engine now builds D = 2);
 - a BROADCAST frame waits in the queue of the port it arrived on, in arrival order (FIFO), and is
   forwarded to its flow's forward ports at once;
 - a directed link carries at most one frame per slot;
@@ -84,8 +85,11 @@ def link_frames_per_round(schedule: Schedule) -> dict[tuple[int, int], int]:
 
 
 def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_through: bool = True,
-               priority: str = "unit", max_slots: int = 1_000_000) -> SlotResult:
+               priority: str = "unit", lookahead: int | None = None, max_slots: int = 1_000_000) -> SlotResult:
     """Play ``rounds`` chunks of every flow of ``schedule`` through the model (module docstring).
+
+    ``lookahead`` (with ``in_order=False``): a unit considers only its ``lookahead`` oldest chunks not
+    yet summed (2 is what the engine builds); ``None``: all of them.
 
     Raises
     ------
@@ -95,6 +99,9 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
     """
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, not {rounds!r}")
+    if lookahead is not None and (not isinstance(lookahead, int) or lookahead < 1):
+        raise ValueError(f"lookahead must be a positive int or None, not {lookahead!r}")
+    look = 1 if in_order else lookahead
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
     topo = schedule.topology
@@ -129,7 +136,7 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
                 if ("unit", key) in sent or not gs:
                     continue
                 u = key[0]
-                for g in (gs[:1] if in_order else gs):
+                for g in (gs if look is None else gs[:look]):
                     e = entry[(u, g % F)]
                     if all((u, g, c.port) in arrived and ready(arrived[(u, g, c.port)]) for c in e.children):
                         ports = [e.parent.port] if e.parent else [p.port for p in e.forward]
@@ -191,15 +198,16 @@ def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.
           f"{'bound':>6} {'of bound':>8} {'vs ring':>7}")
     for topo, alg, k in rows:
         s = sched.build(topo, alg)
-        for in_order, ct, prio in product((True, False), (True, False), PRIORITIES):
-            r = slot_model(s, k, in_order=in_order, cut_through=ct, priority=prio)
+        for (in_order, look), ct, prio in product(((True, 1), (False, 2), (False, None)), (True, False), PRIORITIES):
+            r = slot_model(s, k, in_order=in_order, cut_through=ct, priority=prio, lookahead=look)
             chunks = k * len(s.flows)
             rec = {"kind": "slot-model", "topology": s.topology.name, "algorithm": alg, "rounds": k,
-                   "flows": len(s.flows), "in_order": in_order, "cut_through": ct, "priority": prio,
+                   "flows": len(s.flows), "in_order": in_order, "lookahead": look, "cut_through": ct, "priority": prio,
                    "slots": r.slots, "bound_slots": r.bound_slots, "of_bound": r.of_bound,
                    "vs_ring": chunks / r.slots}
             recs.append(rec)
-            print(f"{s.topology.name:>12} {alg:>9} {'in order' if in_order else 'out of order':>12} "
+            units = "in order" if in_order else ("lookahead 2" if look == 2 else "out of order")
+            print(f"{s.topology.name:>12} {alg:>9} {units:>12} "
                   f"{'cut-through' if ct else 'store-forward':>14} {prio:>9} {r.slots:>6} {r.bound_slots:>6} "
                   f"{r.of_bound:>8.2f} {rec['vs_ring']:>7.2f}")
     if out:
