@@ -21,8 +21,9 @@ def _add_node_args(p: argparse.ArgumentParser) -> None:
                    "(default: 64)")
     p.add_argument("--mtu", type=int, default=1500, help="largest frame in bytes, header + payload "
                    "(default: 1500; 9000 for jumbo frames)")
-    p.add_argument("--slots", type=int, default=8, help="chunks the local buffer holds, a power of two "
-                   "(default: 8)")
+    p.add_argument("--slots", type=int, default=None, help="chunks the local buffer holds, a power of two "
+                   "(default: 8; 16 with --topology, where the schedule engine's window needs it for full "
+                   "bandwidth)")
 
 
 def _node_config(args, codec: bool = False):
@@ -1006,6 +1007,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "slots", 0) is None:   # the engine's window needs 16 for full bandwidth; the ring node 8
+        args.slots = 16 if getattr(args, "topology", None) else 8
     args.engine_given = any(a == "--engine" or a.startswith("--engine=") for a in (sys.argv[1:] if argv is None
                                                                                    else argv))
     try:
