@@ -195,3 +195,49 @@ def test_control_and_schedule_rules():
     assert out["control"]["control_refused"] == 1 and out["control"]["chunks"] == 2
     assert out["control"]["nodes"] == 1  # STATS "nodes" of an engine: its flow count
     assert out["busy"]["control_refused"] == 2 and out["busy"]["request_tag"] == 14
+
+
+def test_unit_takes_the_next_chunk_when_the_oldest_is_late():
+    """Lookahead of two: a unit whose oldest chunk's child frame has not come sums the next chunk first, and
+    the late chunk afterwards; both sums are the table's order (child + local), bit for bit.
+
+    One engine, P = 2: flows 0 and 1 both summed by unit 1 (child on port 0, then the local chunk), sent on
+    port 1. The child's frame of chunk 1 comes first; the one of chunk 0 only once chunk 1's sum has left.
+    An in-order unit would wait for chunk 0 forever here."""
+    from wirereduce.table import LOCAL, EngineEntry, encode_entry
+
+    cfg = EngineConfig(64, 1500, slots=4, ports=2, max_flows=8)
+    dut = Engine(cfg)
+    n = 9
+    rng = np.random.default_rng(5)
+    local = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
+    child = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
+    entries = [EngineEntry(1, (0, LOCAL), (f + 1) % 2, 1, 0, False) for f in range(2)]
+    payload = b"".join(encode_entry(e).to_bytes(8, "little") for e in entries)
+    out = []
+
+    async def host(ctx):
+        ctx.set(dut.host_tx.ready, 1)
+        await stream_send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=4).pack() + payload, 64)
+        st = parse_stats(await stream_recv(ctx, dut.host_tx, 64))
+        assert st["drop_count"] == 0 and st["control_refused"] == 0, st
+        await stream_send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=5, src=1, hop=2, seq=2,
+                                                   count=7).pack(), 64)
+        assert parse_stats(await stream_recv(ctx, dut.host_tx, 64))["control_refused"] == 0
+        for g in range(2):
+            await stream_send(ctx, dut.host_rx, frame(Header(opcode=Opcode.HOST_PUSH, collective=5, seq=g, hop=g,
+                                                             count=n, src=1), local[g]), 64)
+
+        await ctx.tick().repeat(20)
+        hdr = lambda g: Header(opcode=Opcode.REDUCE, collective=5, seq=g, hop=g, count=n, src=0)  # noqa: E731
+        await stream_send(ctx, dut.net0_in, frame(hdr(1), child[1]), 64)
+        out.append(await stream_recv(ctx, dut.net1_out, 64, max_cycles=400))
+        await stream_send(ctx, dut.net0_in, frame(hdr(0), child[0]), 64)
+        out.append(await stream_recv(ctx, dut.net1_out, 64, max_cycles=400))
+
+    simulate(dut, [host])
+    got = [Header.unpack(f) for f in out]
+    assert [h.seq for h in got] == [1, 0] and all(h.opcode == Opcode.REDUCE for h in got)
+    for h, f in zip(got, out):
+        want = (child[h.seq] + local[h.seq]).view(np.uint32)
+        assert np.array_equal(np.frombuffer(f[HEADER_BYTES:], dtype="<u4"), want)

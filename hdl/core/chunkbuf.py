@@ -8,8 +8,8 @@ slot ``g mod Q`` (Q = 2·``slots``, docs/architecture.md "Why the engine cannot 
 no two chunks in flight ever share a slot) and the unit reads any slot's beats as soon as they are
 written, so a sum starts while its frames are still arriving (cut-through).
 
-A frame whose slot is still taken waits at the input (``i.ready`` low) and is counted in
-``collisions``: the window rule makes that impossible, so a non-zero count is a bug, never lost data.
+A frame whose slot is still taken waits at the input (``i.ready`` low) and ``collisions`` pulses:
+the window rule makes that impossible, so a pulse would be a bug, never lost data.
 """
 
 from __future__ import annotations
