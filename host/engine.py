@@ -22,6 +22,7 @@ import numpy as np
 from wirereduce.host.driver import DriverError, parse_stats
 
 from wirereduce.config import EngineConfig
+from wirereduce.formats import CANONICAL_NAN, Op, dtype_byte, format_of, from_words, to_words
 from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame
 from wirereduce.schedule import Schedule
 from wirereduce.table import ENTRY_BYTES, plan, table_frames_payloads
@@ -57,13 +58,22 @@ class EngineSession:
         The engines' build (ports, MTU, slots).
     collective : int
         Collective id, 0 … 65535.
-    array : numpy.ndarray, float32, shape (n,)
-        This host's gradient.
+    array : numpy.ndarray, shape (n,), float32, ml_dtypes.bfloat16, float16 or int32
+        This host's gradient; its dtype is the collective's format (:mod:`wirereduce.formats`).
+        Frames carry it as 32-bit payload words (two bf16/fp16 elements each).
     window : int
         Chunks pushed ahead of the results received, 1 … ``config.slots``.
     tag : int
         Request tag of the CONTROL (its STATS answer echoes it); SCHEDULE frames use
         ``tag + 1 …`` in their ``collective`` field.
+    op : str or Op
+        ``"sum"`` (default), ``"max"`` or ``"min"``.
+
+    Raises
+    ------
+    ValueError
+        A rank outside the schedule, a bad window, an unsupported dtype or operation, a schedule
+        with more flows than the engine holds.
     """
 
     rank: int
@@ -73,7 +83,8 @@ class EngineSession:
     array: np.ndarray
     window: int
     tag: int = 1
-    result: np.ndarray = field(init=False)
+    op: str | Op = "sum"
+    result_words: np.ndarray = field(init=False)
     received: set = field(init=False, default_factory=set)
     last_stats: dict | None = field(init=False, default=None)
 
@@ -81,11 +92,23 @@ class EngineSession:
         if not 0 <= self.rank < self.schedule.nodes:
             raise ValueError(f"rank {self.rank} is not a node of {self.schedule.topology.name}")
         check_window(self.window, self.config)
-        self.chunks = plan(self.array.size, self.schedule, self.config.max_elements)
+        self.format = format_of(np.asarray(self.array).dtype)
+        self.dtype = dtype_byte(self.format, self.op)
+        self.words = to_words(self.array, self.format)
+        self.chunks = plan(self.words.size, self.schedule, self.config.max_elements)
         if len(self.schedule.flows) > self.config.max_flows:
             raise ValueError(f"the schedule has {len(self.schedule.flows)} flows; the engine holds "
                              f"{self.config.max_flows}: build it with max_flows ≥ {len(self.schedule.flows)}")
-        self.result = np.full(self.array.size, np.nan, dtype=np.float32)
+        # Chunks not received read as the format's NaN (0 for int32) until they are.
+        fill = CANONICAL_NAN.get(self.format.name, 0)
+        if self.format.per_word == 2:
+            fill |= fill << 16
+        self.result_words = np.full(self.words.size, fill, dtype=np.uint32)
+
+    @property
+    def result(self) -> np.ndarray:
+        """The allreduce's result so far, shape (n,), the array's dtype."""
+        return from_words(self.result_words, self.format, np.asarray(self.array).size)
 
     # -- frames to send ----------------------------------------------------------------------------
 
@@ -105,7 +128,7 @@ class EngineSession:
         return (self.tag + 1 + i) & 0xFFFF
 
     def control_frame(self) -> bytes:
-        return Header(opcode=Opcode.CONTROL, collective=self.collective, src=self.rank,
+        return Header(opcode=Opcode.CONTROL, collective=self.collective, src=self.rank, dtype=self.dtype,
                       hop=len(self.schedule.flows), seq=len(self.chunks), count=self.tag & 0xFFFF).pack()
 
     def push_frames(self) -> list[EnginePush]:
@@ -113,9 +136,9 @@ class EngineSession:
         out = []
         for c in self.chunks:
             hdr = Header(opcode=Opcode.HOST_PUSH, collective=self.collective, seq=c.seq, hop=c.flow,
-                         count=c.count, src=self.rank)
-            out.append(EnginePush(c.seq, max(0, c.seq - self.window + 1),
-                                  frame(hdr, self.array[c.start:c.start + c.count])))
+                         count=c.count, src=self.rank, dtype=self.dtype)
+            payload = self.words[c.start:c.start + c.count].astype("<u4").tobytes()
+            out.append(EnginePush(c.seq, max(0, c.seq - self.window + 1), frame(hdr, payload)))
         return out
 
     # -- frames received ---------------------------------------------------------------------------
@@ -149,11 +172,12 @@ class EngineSession:
         if not 0 <= h.seq < len(self.chunks):
             raise DriverError(f"node {self.rank}: result for chunk {h.seq} of {len(self.chunks)}")
         c = self.chunks[h.seq]
-        if h.hop != c.flow or h.count != c.count or len(data) != HEADER_BYTES + 4 * c.count:
-            raise DriverError(f"node {self.rank}: result {h!r} does not match chunk {c} ({len(data)} bytes)")
+        if h.hop != c.flow or h.count != c.count or len(data) != HEADER_BYTES + 4 * c.count or h.dtype != self.dtype:
+            raise DriverError(f"node {self.rank}: result {h!r} does not match chunk {c} ({len(data)} bytes, "
+                              f"dtype byte 0x{self.dtype:02x})")
         if h.seq in self.received:
             raise DriverError(f"node {self.rank}: chunk {h.seq} received twice")
-        self.result[c.start:c.start + c.count] = np.frombuffer(data[HEADER_BYTES:], dtype="<f4")
+        self.result_words[c.start:c.start + c.count] = np.frombuffer(data[HEADER_BYTES:], dtype="<u4")
         self.received.add(h.seq)
 
     @property

@@ -84,3 +84,75 @@ def test_session_rejects_foreign_results():
         sess.receive(Header(opcode=Opcode.HOST_RESULT, collective=9, seq=2, hop=3, count=c.count).pack()
                      + bytes(4 * c.count))
     assert [p.after for p in sess.push_frames()][:6] == [0, 0, 0, 0, 1, 2]
+
+
+# --- element formats and operations (wirereduce.formats) -------------------------------------------------------------
+
+
+def format_arrays(name: str, nodes: int, n: int, seed: int) -> list[np.ndarray]:
+    """Arrays of format ``name``: every special class (±0, subnormals, ±Inf, NaNs, max finite), random
+    bit patterns, values of mixed magnitude, exact cancellation; int32 across the whole range (wraps)."""
+    from wirereduce.formats import FORMATS
+
+    f = FORMATS[name]
+    rng = np.random.default_rng(seed)
+    if name == "fp32":
+        return edge_arrays(nodes, n, seed)
+    if name == "int32":
+        out = [rng.integers(-(2**31), 2**31, n, dtype=np.int64).astype(np.int32) for _ in range(nodes)]
+        out[0][:1] = 2**31 - 1
+        out[1][:1] = 1          # wraps at the first add
+        return out
+    dt, u = f.numpy_dtype, f.uint
+    specials = np.array([0, 0x8000, 1, 0x8001, (1 << f.frac_bits) - 1, 1 << f.frac_bits,
+                         ((1 << f.exp_bits) - 2) << f.frac_bits | ((1 << f.frac_bits) - 1),
+                         (1 << f.exp_bits) - 1 << f.frac_bits, 0x8000 | ((1 << f.exp_bits) - 1 << f.frac_bits),
+                         ((1 << f.exp_bits) - 1 << f.frac_bits) | 1], dtype=u)
+    out = []
+    for _ in range(nodes):
+        a = (rng.standard_normal(n) * 2.0 ** rng.integers(-12, 12, n)).astype(np.float32).astype(dt).view(u).copy()
+        pick = rng.random(n) < 0.3
+        a[pick] = rng.choice(specials, pick.sum())
+        wild = rng.random(n) < 0.1
+        a[wild] = rng.integers(0, 1 << 16, wild.sum()).astype(u)
+        out.append(a.view(dt))
+    out[0][:1] = np.float32(1.5)
+    out[1][:1] = np.float32(-1.5)
+    return out
+
+
+@pytest.mark.parametrize("name,op,alg,n", [
+    ("bf16", "sum", "biring", 3001), ("fp16", "sum", "ring", 2999), ("int32", "sum", "biring", 1500),
+    ("fp32", "max", "ring", 700), ("bf16", "min", "biring", 1201), ("fp16", "max", "biring", 9),
+    ("int32", "min", "ring", 333), ("fp32", "min", "biring", 1),
+])
+def test_formats_bitexact(ring4, name, op, alg, n):
+    """Every format and operation through four engines, bit for bit against the golden model in table
+    order; 16-bit formats with an odd element count (a padded last word)."""
+    s = sched.build("ring:4", alg)
+    arrays = format_arrays(name, 4, n, seed=n)
+    r = ring4.allreduce(arrays, s, op=op)
+    assert [x.dtype for x in r.results] == [arrays[0].dtype] * 4
+    assert golden_check(arrays, s, r.results, op) == [0, 0, 0, 0]
+
+
+def test_bf16_frames_carry_twice_the_elements(ring4):
+    """bf16 packs two elements per payload word: the same element count takes half the chunks."""
+    s = sched.build("ring:4", "biring")
+    fp = format_arrays("fp32", 4, 4000, seed=5)
+    from wirereduce.formats import FORMATS
+
+    bf = [a.astype(FORMATS["bf16"].numpy_dtype) for a in fp]
+    r32, r16 = ring4.allreduce(fp, s), ring4.allreduce(bf, s)
+    assert golden_check(bf, s, r16.results) == [0, 0, 0, 0]
+    assert r16.bytes * 2 == r32.bytes and r16.chunks < r32.chunks
+
+
+def test_format_arguments_raise_before_running(ring4):
+    s = sched.build("ring:4", "ring")
+    with pytest.raises(ValueError, match="sum, max or min"):
+        ring4.allreduce([np.zeros(4, np.float32)] * 4, s, op="prod")
+    with pytest.raises(ValueError, match="unsupported element format"):
+        ring4.allreduce([np.zeros(4, np.float64)] * 4, s)
+    with pytest.raises(ValueError, match="node1"):
+        ring4.allreduce([np.zeros(4, np.float32), np.zeros(4, np.float16)] + [np.zeros(4, np.float32)] * 2, s)

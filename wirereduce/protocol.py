@@ -75,9 +75,16 @@ class Opcode(enum.IntEnum):
 
 
 class DType(enum.IntEnum):
-    """Element type of the payload (header field ``dtype``)."""
+    """Element format of the payload: bits 0-3 of the header field ``dtype``; bits 4-7 hold the
+    operation (:class:`wirereduce.formats.Op`, SUM = 0), so ``dtype`` = 1 is fp32 SUM."""
 
     FP32 = 1
+    #: bfloat16, two elements per 32-bit payload word
+    BF16 = 2
+    #: IEEE 754 binary16, two elements per 32-bit payload word
+    FP16 = 3
+    #: two's-complement 32-bit integer (SUM wraps modulo 2**32)
+    INT32 = 4
 
 
 class Codec(enum.IntEnum):

@@ -61,6 +61,7 @@ from wirereduce.hdl.core.sumunit import SumUnit, queue_head_layout
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, beat_layout, tagged_layout
 
 from wirereduce.config import EngineConfig
+from wirereduce.formats import supported_dtype_bytes
 from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode
 from wirereduce.table import ROOT
 
@@ -161,7 +162,7 @@ class _Run:
         self.active = Signal()
         self.tag = Signal(16)
         self.delivered = Signal(32)
-        self.dtype = Const(int(DType.FP32), 8)
+        self.dtype = Signal(8, init=int(DType.FP32))   # format (bits 0-3) and operation (bits 4-7)
         self.codec = Const(int(Codec.NONE), 8)
         self.eb_k = Const(0, 8)
         self.running = self.active & (self.delivered < self.chunks)
@@ -257,6 +258,7 @@ class Engine(wiring.Component):
                 unit.slot_valid.eq(slot_valid), unit.slot_bad.eq(slot_bad), unit.slot_counts.eq(slot_counts),
                 unit.slot_seqs.eq(slot_seqs),
                 unit.start.eq(start), unit.first.eq(first[u]), unit.chunks.eq(run.chunks),
+                unit.mode.eq(run.dtype),
             ]
             m.d.comb += events.flag("drop_count").eq(unit.mismatch)
             units.append(unit)
@@ -462,7 +464,10 @@ class Engine(wiring.Component):
         is_sched = hh.opcode == Opcode.SCHEDULE
         sched_streaming = Signal()
         abort = (hh.flags & int(Flag.ABORT)) != 0
-        refuse = (run.running & ~abort) | ((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | (hh.dtype != DType.FP32) \
+        fmt_ok = Const(0, 1)
+        for code in supported_dtype_bytes():
+            fmt_ok = fmt_ok | (hh.dtype == code)
+        refuse = (run.running & ~abort) | ((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok \
             | (hh.codec != Codec.NONE) | (hh.eb_k != 0) | (hh.hop == 0) | (hh.hop > FM) | (hh.seq == 0) | ~table_ok
         sched_bad = (hh.count == 0) | hh.count[0] | ((hh.seq + (hh.count >> 1)) > FM) | (hh.flags != 0)
         host_cmd = (host_gate.head_valid & ~host_gate.head_short & (hh.version == VERSION)
@@ -489,7 +494,7 @@ class Engine(wiring.Component):
                             m.d.sync += [
                                 run.collective.eq(hh.collective), run.rank.eq(hh.src), run.flows.eq(hh.hop),
                                 run.chunks.eq(hh.seq), run.active.eq(1), taken.eq(1), run.delivered.eq(0),
-                                push_seq.eq(0), push_flow.eq(0), slot_valid.eq(0),
+                                run.dtype.eq(hh.dtype), push_seq.eq(0), push_flow.eq(0), slot_valid.eq(0),
                             ]
         with m.Else():
             push_slot = hh.seq[:slot_bits] if slot_bits else Const(0, 1)

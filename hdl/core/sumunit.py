@@ -8,7 +8,8 @@ and the host's local chunk. A candidate is ready once every term is there (the f
 frame in slot g mod 2·slots of that port's :class:`~wirereduce.hdl.core.chunkbuf.ChunkBuffer`,
 the local chunk in its buffer slot); the unit takes A if it is ready, else B (so a late chunk does
 not hold up the one after it: docs/architecture.md "Why the engine stays at the ring's rate"), and
-streams all its terms in lock step, beat by beat, through a chain of fp32 adder lanes:
+streams all its terms in lock step, beat by beat, through a chain of reduce lanes
+(:class:`~wirereduce.hdl.arith.lanes.ReduceLanes`: the collective's format and operation, ``mode``):
 
     ((t0 + t1) + t2) + …        (term i joins after i-1 adder stages)
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.arith.fp32 import AdderLanes
+from wirereduce.hdl.arith.lanes import ReduceLanes
 from wirereduce.hdl.core.chunkbuf import reader_signature
 from wirereduce.hdl.stream.frame import tagged_layout
 
@@ -83,6 +84,9 @@ class SumUnit(wiring.Component):
     start : In(1); first : In(9); chunks : In(32)
         ``start`` (one cycle, a CONTROL frame taken) resets the unit to its first flow
         ``first`` (bit 8 set: the unit has no flow).
+    mode : In(8)
+        The collective's header ``dtype`` byte (format and operation, :mod:`wirereduce.formats`),
+        set at CONTROL; the lanes compute it.
     o : Out(stream.Signature(tagged_layout(width))); o_req : Out(ports + 1)
         The sums; ``o_req`` is the frame's output request, valid with each beat.
     busy, mismatch : Out(1)
@@ -105,7 +109,7 @@ class SumUnit(wiring.Component):
             "slot_seqs": In(data.ArrayLayout(32, slots)),
             "release": Out(1), "release_slot": Out(range(slots)),
             "tab_addr": Out(8), "tab_data": In(64),
-            "start": In(1), "first": In(9), "chunks": In(32),
+            "start": In(1), "first": In(9), "chunks": In(32), "mode": In(8),
             "o": Out(stream.Signature(tagged_layout(width))), "o_req": Out(ports + 1),
             "busy": Out(1), "mismatch": Out(1),
         })
@@ -114,7 +118,7 @@ class SumUnit(wiring.Component):
     @property
     def latency(self) -> int:
         """Most cycles from a beat entering the adder chain to it leaving: 1 + 6·(terms − 1)."""
-        return 1 + AdderLanes.LATENCY * (self._t - 1)
+        return 1 + ReduceLanes.LATENCY * (self._t - 1)
 
     def elaborate(self, platform):
         m = Module()
@@ -343,15 +347,15 @@ class SumUnit(wiring.Component):
                 sig = nxt
             return sig
 
-        L = AdderLanes.LATENCY
+        L = ReduceLanes.LATENCY
         acc = terms[0]
         stage_meta = s1
         valids = [s1.valid]
         taps = [(acc, stage_meta)]
         for i in range(1, T):
-            adder = m.submodules[f"add{i}"] = AdderLanes(lanes)
+            adder = m.submodules[f"add{i}"] = ReduceLanes(lanes)
             b = delay(terms[i], L * (i - 1), f"term{i}")
-            m.d.comb += [adder.a.eq(acc), adder.b.eq(b), adder.en.eq(en)]
+            m.d.comb += [adder.a.eq(acc), adder.b.eq(b), adder.en.eq(en), adder.mode.eq(self.mode)]
             through = delay(acc, L, f"acc{i}")
             # Beats of frames that leave at an earlier tap go no further.
             nmeta = Signal(meta, name=f"meta{i}_in")

@@ -35,8 +35,8 @@ from wirereduce.sim.engines.fastsim import (
 from wirereduce.sim.engines.runner import SimulationError
 from wirereduce.sim.engines.verilator import setup_verilator_env
 
-from wirereduce.arrays import check_inputs
 from wirereduce.config import EngineConfig
+from wirereduce.formats import check_typed_inputs, dtype_byte
 from wirereduce.protocol import Header, Opcode, wire_bytes
 from wirereduce.schedule import Schedule, Topology, parse_topology
 
@@ -66,10 +66,13 @@ class EngineResult:
     elements: int
     chunks: int
     stats: list
+    #: Bytes of one element (4 for fp32/int32, 2 for bf16/fp16).
+    element_bytes: int = 4
 
     @property
     def bytes(self) -> int:
-        return self.elements * 4
+        """The message size M of every node (what algbw divides by the time)."""
+        return self.elements * self.element_bytes
 
 
 @dataclass(frozen=True)
@@ -173,8 +176,9 @@ class FastEngineSim(FastSim):
 
     def allreduce(self, arrays, schedule: Schedule, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,
-                  progress: bool = False, collective: int = 1) -> EngineResult:
-        """Allreduce ``arrays`` (one float32 array per node) with ``schedule`` on the simulated network.
+                  progress: bool = False, collective: int = 1, op: str = "sum") -> EngineResult:
+        """Allreduce ``arrays`` (one array per node, all of one dtype: float32, ml_dtypes.bfloat16,
+        float16 or int32) with ``schedule`` and ``op`` (``"sum"``, ``"max"``, ``"min"``) on the simulated network.
 
         ``window`` defaults to the engines' ``slots``. Raises ValueError on bad inputs (before
         anything runs), :class:`EngineStalled` if results are missing at the deadline,
@@ -183,10 +187,11 @@ class FastEngineSim(FastSim):
         n = self.setup.nodes
         if schedule.topology.name != self.topology.name:
             raise ValueError(f"the schedule is for {schedule.topology.name}, the network is {self.topology.name}")
-        arrays = check_inputs(arrays, n)
+        _fmt, arrays = check_typed_inputs(arrays, n)
+        dtype_byte(_fmt, op)   # a bad op raises here, before anything runs
         check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
         window = check_window(self.config.slots if window is None else window, self.config)
-        sessions = [EngineSession(k, schedule, self.config, collective, a, window, tag=100 + 10 * k)
+        sessions = [EngineSession(k, schedule, self.config, collective, a, window, tag=100 + 10 * k, op=op)
                     for k, a in enumerate(arrays)]
         c = len(sessions[0].chunks)
         if timeout_cycles is None:
@@ -239,16 +244,15 @@ class FastEngineSim(FastSim):
                                 f"first missing chunks per node {missing}", stalled)
         return EngineResult(results=[s.result for s in sessions], cycles=last - (first_push or 0) + 1,
                             sim_cycles=sim_cycles, wall_s=wall, build_s=self.build_s,
-                            elements=arrays[0].size, chunks=c, stats=acks)
+                            elements=arrays[0].size, chunks=c, stats=acks, element_bytes=arrays[0].dtype.itemsize)
 
 
-def golden_check(arrays, schedule: Schedule, results) -> list[int]:
-    """Elements per node that differ from the golden model bit for bit (any NaN equals any NaN)."""
-    from wirereduce.sim.golden.allreduce import bit_mismatches
-    from wirereduce.sim.golden.schedule import allreduce
+def golden_check(arrays, schedule: Schedule, results, op: str = "sum") -> list[int]:
+    """Elements per node that differ from the golden model bit for bit (NaNs canonical on both sides)."""
+    from wirereduce.sim.golden.schedule import allreduce, mismatches
 
-    want = allreduce(arrays, schedule)
-    return [int(bit_mismatches(r, w).size) for r, w in zip(results, want)]
+    want = allreduce(arrays, schedule, op)
+    return [int(mismatches(r, w).size) for r, w in zip(results, want)]
 
 
 __all__ += ["golden_check"]

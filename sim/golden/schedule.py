@@ -7,6 +7,11 @@ it); the root's sum is the flow's result, and the gather copies it, unchanged, a
 tables' forward ports to every node. fp32 addition is not associative, so this order is what
 "bit-exact" in docs/arithmetic.md means for tree schedules; numpy's float32 ``+`` is IEEE 754 binary32 with
 round-to-nearest-even and subnormals kept.
+
+Every format and operation of :mod:`wirereduce.formats` (fp32, bf16, fp16, int32 × SUM, MAX, MIN)
+is computed the same way, on the payload words the frames carry: flows split the message by
+32-bit words (two bf16/fp16 elements each) and each word's elements are combined with
+:func:`wirereduce.formats.combine` (NaNs canonical, as the lanes give them).
 """
 
 from __future__ import annotations
@@ -15,18 +20,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wirereduce.arrays import check_inputs
+from wirereduce.formats import Op, check_typed_inputs, combine_words, from_words, to_words
 from wirereduce.schedule import Schedule
 
-__all__ = ["allreduce", "flow_result"]
+__all__ = ["allreduce", "flow_result", "mismatches"]
 
 
-def flow_result(arrays: Sequence[np.ndarray], schedule: Schedule, flow: int) -> np.ndarray:
-    """The finished sum of one flow (its share of the elements), as its root computes it.
+def flow_result(words: Sequence[np.ndarray], schedule: Schedule, flow: int, fmt="fp32",
+                op: Op | str = Op.SUM) -> np.ndarray:
+    """The finished result of one flow (its share of the payload words), as its root computes it.
 
-    ``arrays`` are already checked float32 arrays, one per node.
+    ``words`` are the nodes' payload words (uint32, :func:`wirereduce.formats.to_words`), one
+    array per node; returns uint32 words.
     """
-    sl = schedule.split(arrays[0].size)[flow]
+    op = Op[op.upper()] if isinstance(op, str) else Op(op)
+    sl = schedule.split(words[0].size)[flow]
     entries = [t.entries[flow] for t in schedule.tables]
     partial: dict[int, np.ndarray] = {}
 
@@ -37,8 +45,8 @@ def flow_result(arrays: Sequence[np.ndarray], schedule: Schedule, flow: int) -> 
             raise ValueError(f"flow {flow}: the tables' children form a cycle")
         acc = None
         for term in entries[u].terms():
-            x = arrays[u][sl] if term is None else compute(term.node, depth + 1)
-            acc = x.copy() if acc is None else np.add(acc, x, dtype=np.float32)
+            x = words[u][sl] if term is None else compute(term.node, depth + 1)
+            acc = x.copy() if acc is None else combine_words(acc, x, fmt, op)
         if acc is None:
             raise ValueError(f"flow {flow}: node {u} adds nothing (no children, no local chunk)")
         partial[u] = acc
@@ -47,30 +55,36 @@ def flow_result(arrays: Sequence[np.ndarray], schedule: Schedule, flow: int) -> 
     roots = [u for u, e in enumerate(entries) if e.parent is None]
     if len(roots) != 1:
         raise ValueError(f"flow {flow}: the tables name {len(roots)} roots")
-    with np.errstate(all="ignore"):  # overflow to Inf and Inf - Inf = NaN are defined results
-        return compute(roots[0], 0)
+    return compute(roots[0], 0)
 
 
-def allreduce(arrays: Sequence[np.ndarray], schedule: Schedule) -> list[np.ndarray]:
-    """Every node's result of the allreduce ``schedule`` runs on ``arrays`` (one float32 array per node).
+def allreduce(arrays: Sequence[np.ndarray], schedule: Schedule, op: Op | str = Op.SUM) -> list[np.ndarray]:
+    """Every node's result of the allreduce ``schedule`` runs on ``arrays`` (one array per node).
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray, shape (n,), all float32, ml_dtypes.bfloat16, float16 or int32
+    schedule : Schedule
+    op : ``"sum"``, ``"max"``, ``"min"`` or :class:`~wirereduce.formats.Op`
 
     Returns
     -------
-    list of numpy.ndarray, float32, one per node
-        Element range ``schedule.split(n)[f]`` holds flow f's sum as it reached that node
+    list of numpy.ndarray, the arrays' dtype, shape (n,), one per node
+        Word range ``schedule.split(words)[f]`` holds flow f's result as it reached that node
         through the gather.
 
     Raises
     ------
     ValueError
-        Bad inputs (:func:`wirereduce.arrays.check_inputs`, one array per node), or tables that
+        Bad inputs (:func:`wirereduce.formats.check_typed_inputs`, one array per node), or tables that
         do not describe a reduce and a gather reaching every node once.
     """
-    arrays = check_inputs(arrays, schedule.nodes)
-    n = arrays[0].size
-    out = [np.empty(n, dtype=np.float32) for _ in range(schedule.nodes)]
+    fmt, arrays = check_typed_inputs(arrays, schedule.nodes)
+    words = [to_words(a, fmt) for a in arrays]
+    n = words[0].size
+    out = [np.empty(n, dtype=np.uint32) for _ in range(schedule.nodes)]
     for f, sl in enumerate(schedule.split(n)):
-        result = flow_result(arrays, schedule, f)
+        result = flow_result(words, schedule, f, fmt, op)
         entries = [t.entries[f] for t in schedule.tables]
         root = next(u for u, e in enumerate(entries) if e.parent is None)
         got = {root: result}
@@ -87,4 +101,21 @@ def allreduce(arrays: Sequence[np.ndarray], schedule: Schedule) -> list[np.ndarr
                 raise ValueError(f"flow {f}: the result never reaches node {u}")
             if entries[u].deliver:
                 out[u][sl] = got[u]
-    return out
+    return [from_words(w, fmt, arrays[0].size) for w in out]
+
+
+def mismatches(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Indices where ``got`` and ``want`` (arrays of one format) differ bit for bit.
+
+    Both sides' NaNs are compared as bits: the golden model gives the canonical NaN the lanes give.
+
+    Raises
+    ------
+    ValueError
+        If the shapes or dtypes differ.
+    """
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise ValueError(f"got {got.dtype}{got.shape}, expected {want.dtype}{want.shape}")
+    u = np.uint32 if got.dtype.itemsize == 4 else np.uint16
+    return np.flatnonzero(got.view(u) != want.view(u))
