@@ -238,6 +238,7 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
     (["--topology", "cube:4", "--algorithm", "ring"], ["unknown topology"]),
     (["--topology", "torus:4x4", "--algorithm", "multitree", "--ports", "2"], ["ports"]),
     (["--algorithm", "ring", "--nodes", "4"], ["need --topology"]),
+    (["--op", "max", "--nodes", "4"], ["--op", "need --topology"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--host-link-gbps", "-5"], ["positive"]),
 ])
 def test_schedule_engine_options_refused_before_building(work, capsys, extra, needles):
@@ -246,3 +247,22 @@ def test_schedule_engine_options_refused_before_building(work, capsys, extra, ne
     code = main(["sim", "allreduce", "--input", str(inp), "--output", str(work / "out.npz"),
                  "--build-dir", str(work / "b"), *extra])
     _assert_user_error(code, capsys, work, *needles)
+
+
+@pytest.mark.parametrize("dtype,name", [(np.float16, "float16"), (np.int32, "int32"), ("bf16", "bfloat16")])
+def test_ring_node_refuses_other_formats_and_says_where_they_run(work, capsys, dtype, name):
+    import ml_dtypes
+
+    dt = ml_dtypes.bfloat16 if dtype == "bf16" else dtype
+    inp = _npz(work / "in.npz", **{k: v.astype(dt) for k, v in _good(2).items()})
+    _assert_user_error(_sim(work, inp), capsys, work, name, "float32 only", "--topology ring:2")
+
+
+def test_engine_refuses_mixed_formats_before_building(work, capsys):
+    arrays = _good(4)
+    arrays["node2"] = arrays["node2"].astype(np.float16)
+    inp = _npz(work / "in.npz", **arrays)
+    code = main(["sim", "allreduce", "--topology", "ring:4", "--algorithm", "ring", "--input", str(inp),
+                 "--output", str(work / "out.npz"), "--build-dir", str(work / "b")])
+    _assert_user_error(code, capsys, work, "node2", "float16")
+    assert not (work / "b").exists()

@@ -50,16 +50,20 @@ def cmd_verilog(args) -> int:
     return 0
 
 
-def load_inputs(path: str | Path, nodes: int) -> list[np.ndarray]:
+def load_inputs(path: str | Path, nodes: int, any_format: bool = False) -> list[np.ndarray]:
     """Read arrays ``node0`` … ``node{nodes-1}`` from an .npz file and validate them.
+
+    With ``any_format`` (the schedule engine) the arrays may be of any format of
+    :mod:`wirereduce.formats` (float32, bfloat16, float16, int32), all the same; otherwise float32.
 
     Raises
     ------
     CliError
-        If the file is missing or unreadable, an array is missing, or the arrays are not float32
-        1-D of equal, non-zero length.
+        If the file is missing or unreadable, an array is missing, or the arrays are not of one
+        supported dtype (float32 without ``any_format``), 1-D, of equal, non-zero length.
     """
     from wirereduce.arrays import check_inputs
+    from wirereduce.formats import check_typed_inputs
 
     path = Path(path)
     if not path.exists():
@@ -73,7 +77,20 @@ def load_inputs(path: str | Path, nodes: int) -> list[np.ndarray]:
         raise CliError(f"{path} lacks array(s) {', '.join(missing)} for --nodes {nodes} "
                        f"(it has: {', '.join(npz.files) or 'nothing'})")
     try:
-        return check_inputs([npz[f"node{k}"] for k in range(nodes)], nodes)
+        arrays = [npz[f"node{k}"] for k in range(nodes)]
+        if any_format:
+            from wirereduce.formats import FORMATS
+
+            # numpy stores an ml_dtypes.bfloat16 array as raw 2-byte records (|V2): read those as bf16
+            arrays = [a.view(FORMATS["bf16"].numpy_dtype) if a.dtype.kind == "V" and a.dtype.itemsize == 2 else a
+                      for a in arrays]
+            return check_typed_inputs(arrays, nodes)[1]
+        if arrays[0].dtype != np.float32 and arrays[0].dtype.kind in "fiV" and arrays[0].dtype.itemsize in (2, 4):
+            kind = "bfloat16" if arrays[0].dtype.kind == "V" else arrays[0].dtype
+            raise ValueError(f"the arrays are {kind}; the ring node sums float32 only. Run other "
+                             f"formats (bf16, fp16, int32) on the schedule engine: --topology ring:{nodes} "
+                             f"--algorithm ring")
+        return check_inputs(arrays, nodes)
     except ValueError as e:
         raise CliError(f"{path}: {e}") from e
 
@@ -255,9 +272,9 @@ def simulate_schedule(arrays, args, progress=True):
                             build_root=args.build_dir)
     except ValueError as e:
         raise CliError(str(e)) from e
-    r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args))
+    r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args), op=getattr(args, "op", "sum"))
     rec = {"cycles": r.cycles, "bytes": r.bytes, "elements": r.elements, "chunks": r.chunks, "wall_s": r.wall_s,
-           "sim_cycles": r.sim_cycles}
+           "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum")}
     return r.results, rec, s, cfg, mhz, time.perf_counter() - t0
 
 
@@ -267,8 +284,10 @@ def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
 
     us = rec["cycles"] / mhz
     algbw = rec["bytes"] * 8 / (us * 1e3)
-    bad = golden_check(arrays, s, results)
-    print(f"topology={s.topology.name} algorithm={s.algorithm} flows={len(s.flows)} nodes={s.nodes} "
+    op = rec.get("op", "sum")
+    bad = golden_check(arrays, s, results, op)
+    print(f"topology={s.topology.name} algorithm={s.algorithm} dtype={arrays[0].dtype} op={op} "
+          f"flows={len(s.flows)} nodes={s.nodes} "
           f"ports={cfg.ports} elements={rec['elements']} bytes={rec['bytes']} chunks={rec['chunks']} "
           f"width={cfg.width} mtu={cfg.mtu}")
     print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
@@ -312,7 +331,7 @@ def cmd_sim_allreduce(args) -> int:
         if args.nodes is not None and args.nodes != topo.nodes:
             raise CliError(f"--nodes {args.nodes} disagrees with {topo.name} ({topo.nodes} nodes); leave it out")
         _timeout_arg(args)
-        arrays = load_inputs(args.input, topo.nodes)
+        arrays = load_inputs(args.input, topo.nodes, any_format=True)
         results, rec, s, cfg, mhz, wall = simulate_schedule(arrays, args)
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -323,8 +342,9 @@ def cmd_sim_allreduce(args) -> int:
             print("CHECK FAILED: results differ from the golden model", file=sys.stderr)
             return 1
         return 0
-    if args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None:
-        raise CliError("--algorithm, --ports and --host-link-gbps need --topology (the schedule engine)")
+    if args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None or args.op != "sum":
+        raise CliError("--algorithm, --ports, --host-link-gbps and --op need --topology (the schedule engine; "
+                       "the ring node sums fp32 only)")
     if args.nodes is None:
         raise CliError("--nodes is required (or --topology for the schedule engine)")
     if args.nodes < 2:
@@ -775,7 +795,12 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(float32, equal length) of --input and writes each node's result "
                                       "to --output.")
     p.add_argument("--nodes", type=int, default=None, help="ring size N (≥ 2); not with --topology")
-    p.add_argument("--input", required=True, help=".npz with float32 arrays node0 … node{N-1}")
+    p.add_argument("--input", required=True,
+                   help=".npz with arrays node0 … node{N-1}: float32; with --topology also bfloat16 (ml_dtypes), "
+                        "float16 or int32, all of one dtype (the collective's format)")
+    p.add_argument("--op", choices=("sum", "max", "min"), default="sum",
+                   help="reduction (with --topology): sum (default; int32 wraps modulo 2^32), or IEEE 754-2019 "
+                        "maximum/minimum (NaN propagates, -0 < +0)")
     p.add_argument("--topology", default=None, metavar="SPEC",
                    help="run the schedule engine on this network instead of the ring node: ring:N, torus:AxB, "
                         "mesh:AxB, torus:AxBxC, hypercube:N (needs --algorithm; --engine fast)")
