@@ -266,3 +266,14 @@ def test_engine_refuses_mixed_formats_before_building(work, capsys):
                  "--output", str(work / "out.npz"), "--build-dir", str(work / "b")])
     _assert_user_error(code, capsys, work, "node2", "float16")
     assert not (work / "b").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--formats", "fp8"], "unknown format 'fp8'"),
+    (["--topology", "ring:1"], "ring"),
+    (["--elements", "0"], "--elements"),
+])
+def test_bench_formats_bad_arguments(work, capsys, argv, needle):
+    code = main(["bench-formats", "--build-dir", str(work / "b"), "--out-dir", str(work / "out"), *argv])
+    _assert_user_error(code, capsys, work, needle)
+    assert not (work / "out").exists()

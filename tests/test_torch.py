@@ -119,7 +119,8 @@ def test_backend_errors_reach_the_future():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(dtype="bfloat16"), "only float32"),
+    (dict(dtype="int8"), "not carried"),
+    (dict(dtype="bfloat16", compress_k=8), "fp32-only"),
     (dict(compress_k=3), "k"),
     (dict(compress_k=25), "k"),
     (dict(error_feedback=True), "needs compress_k"),
@@ -135,9 +136,82 @@ def test_bad_backend_and_bucket_raise():
     state = wrt.State(ScaleBackend())
     bucket = FakeBucket(0, _grad(6))
     bucket._buf = bucket._buf.double()
-    with pytest.raises(TypeError, match="float32"):
+    with pytest.raises(TypeError, match="float64"):
         wrt.allreduce_hook(state, bucket)
+    bf16 = FakeBucket(1, _grad(7))
+    bf16._buf = bf16._buf.to(torch.bfloat16)
+    with pytest.raises(TypeError, match="State.dtype='float32'|dtype='float32'"):
+        wrt.allreduce_hook(wrt.State(ScaleBackend(), dtype="float32"), bf16)
+    with pytest.raises(TypeError, match="fp32-only"):
+        wrt.allreduce_hook(wrt.State(ScaleBackend(), compress_k=8), bf16)
     assert state.backend.sent == []
+
+
+# --------------------------------------------------------------------------------------------------
+# bf16 and fp16 buckets
+
+
+def _typed_grad(dtype, seed, n=1000):
+    """A gradient bucket of torch ``dtype``: mixed magnitudes, ±0, subnormals of the format."""
+    g = torch.from_numpy(_grad(seed, n)).to(dtype)
+    tiny = torch.finfo(dtype).tiny
+    g[3:7] = torch.tensor([tiny, -tiny / 4, 0.0, -0.0], dtype=torch.float64).to(dtype)
+    return g
+
+
+class ReverseBackend:
+    """Records the arrays it is sent and answers them reversed: another array of the same format,
+    so the hook's answer must be exactly ``average(reversed(sent))``."""
+
+    def __init__(self, nodes):
+        self.nodes, self.rank, self.sent = nodes, 0, []
+
+    def allreduce(self, array, compression=None):
+        self.sent.append(array.copy())
+        return array[::-1].copy()
+
+
+@pytest.mark.parametrize("name", ["bfloat16", "float16"])
+@pytest.mark.parametrize("nodes", [3, 4, 6])
+def test_average_is_the_correctly_rounded_quotient(name, nodes):
+    """bf16/fp16 ``sum / N``: checked against exact rational division rounded to nearest-even."""
+    from test_lanes import exact_round, exact_value
+
+    from wirereduce.formats import FORMATS, format_of
+
+    f = FORMATS[{"bfloat16": "bf16", "float16": "fp16"}[name]]
+    rng = np.random.default_rng(nodes)
+    bits16 = rng.integers(0, 1 << 16, 4000).astype(np.uint16)
+    bits16[:4] = [0, 0x8000, 1, 0x8001]                      # zeros and the smallest subnormals
+    total = bits16.view(f.numpy_dtype)
+    got = wrt.average(total, nodes).view(np.uint16)
+    assert format_of(wrt.average(total, nodes).dtype).name == f.name
+    checked = 0
+    for b, r in zip(bits16.tolist(), got.tolist()):
+        x = exact_value(b, f)
+        if x is None:      # Inf / NaN stay Inf / NaN
+            assert (r >> f.frac_bits) & ((1 << f.exp_bits) - 1) == (1 << f.exp_bits) - 1
+            continue
+        assert r == exact_round(x / nodes, f, zero_negative=bool(b >> 15)), hex(b)
+        checked += 1
+    assert checked > 3000
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_hook_carries_bf16_and_fp16_natively(dtype):
+    """The bucket's bits go to the backend unchanged, in the bucket's format (half the bytes of
+    fp32), and the answer comes back ÷ N in that format and dtype."""
+    tdt = getattr(torch, dtype)
+    state = wrt.State(ReverseBackend(3), overlap=False)
+    bucket = FakeBucket(0, np.zeros(1))
+    bucket._buf = _typed_grad(tdt, 8, 1001)
+    out = wrt.allreduce_hook(state, bucket).wait()
+    sent = state.backend.sent[0]
+    assert wrt._dtype_name(sent.dtype) == dtype and sent.nbytes == 2 * 1001
+    assert np.array_equal(sent.view(np.uint16), bucket._buf.view(torch.int16).numpy().view(np.uint16))
+    assert out.dtype == tdt and out.shape == bucket._buf.shape
+    want = wrt.average(sent[::-1].copy(), 3).view(np.uint16)
+    assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), want)
 
 
 def test_import_wirereduce_needs_no_torch():
@@ -299,3 +373,92 @@ def test_train_through_sim_serve_is_bit_exact():
                         "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "every bucket's sum bit-identical to the golden model (2 checked at rank 0)" in r.stdout
+
+
+@pytest.mark.verilator
+def test_hook_bf16_fp16_through_the_engine_gateware():
+    """Four ranks in one process, each with its own State and worker thread, their bf16 and fp16
+    buckets summed by four simulated schedule engines (Verilator, ``biring`` on ring:4): every rank's
+    averaged bucket is the golden model's sum in the schedule's order, ÷ 4, bit for bit."""
+    from fractions import Fraction
+
+    from wirereduce.sim.engines.fastengine import FastEngineSim
+
+    from wirereduce import schedule as sched
+    from wirereduce.config import EngineConfig
+
+    cfg = EngineConfig(64, 1500, slots=8, ports=2, max_flows=64)   # the build tests/test_engine_system.py uses
+    sim = FastEngineSim("ring:4", cfg, 4, link_rate=Fraction(8, 5), host_rate=8, jitter=5, seed=3)
+    schedule = sched.build("ring:4", "biring")
+    group = wrt.EngineGroup(sim, schedule)
+    states = [wrt.State(group.backend(k)) for k in range(4)]
+    buckets = [(tdt, n) for tdt in (torch.bfloat16, torch.float16) for n in (1, 777, 3001)]
+    grads = {(k, i): _typed_grad(tdt, 100 * k + i, n) for k in range(4) for i, (tdt, n) in enumerate(buckets)}
+    futures = {}
+    for i in range(len(buckets)):          # DDP's order: bucket by bucket, each rank on its own thread
+        for k in range(4):
+            b = FakeBucket(i, np.zeros(1))
+            b._buf = grads[k, i]
+            futures[k, i] = wrt.allreduce_hook(states[k], b)
+    for i, (tdt, n) in enumerate(buckets):
+        arrays = [wrt._to_numpy(grads[k, i]) for k in range(4)]
+        for k in range(4):
+            got = futures[k, i].wait()
+            want = wrt.average(wrt.golden_sum(arrays, k, schedule), 4)
+            assert got.dtype == tdt and got.shape == (n,)
+            np.testing.assert_array_equal(got.view(torch.int16).numpy().view(np.uint16), want.view(np.uint16),
+                                          err_msg=f"rank {k} bucket {i} ({tdt}, {n})")
+    assert len(group.runs) == len(buckets)
+    # half the bytes of fp32 on the wire: the 3001-element bf16 bucket is 1501 payload words
+    assert group.runs[2].bytes == 2 * 3001 and group.runs[2].element_bytes == 2
+    for s in states:
+        s.close()
+
+
+def _ddp_bf16_worker(rank, nodes, port, out_dir):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from wirereduce.sim.workloads.gradients import digits_data, make_model
+
+    from wirereduce import schedule as sched
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nodes)
+    X, y, _, _ = digits_data(0)
+    lo = rank * 16
+    xb, yb = torch.from_numpy(X[lo:lo + 16]).to(torch.bfloat16), torch.from_numpy(y[lo:lo + 16])
+    plain = make_model(0).to(torch.bfloat16)
+    torch.nn.functional.cross_entropy(plain(xb).float(), yb).backward()
+    local = {f"local{i}": p.grad.view(torch.int16).numpy().copy() for i, p in enumerate(plain.parameters())}
+    # the engine's "ring" schedule: one flow, every element summed in the same order, so each
+    # parameter's golden sum does not depend on where DDP put it in its bucket (biring's would)
+    state = wrt.State(wrt.LoopbackBackend(schedule=sched.build(f"ring:{nodes}", "ring")))
+    model = DDP(make_model(0).to(torch.bfloat16))
+    model.register_comm_hook(state, wrt.allreduce_hook)
+    torch.nn.functional.cross_entropy(model(xb).float(), yb).backward()
+    avg = {f"avg{i}": p.grad.view(torch.int16).numpy().copy() for i, p in enumerate(model.parameters())}
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **local, **avg)
+    state.close()
+    dist.destroy_process_group()
+
+
+def test_ddp_bf16_hook_is_the_golden_bf16_allreduce(tmp_path):
+    """Real DDP on a bf16 model, 4 processes: DDP hands bf16 buckets to the hook, and every rank's
+    gradient is the golden bf16 allreduce (the ring schedule's order, each add rounded to bf16) ÷ 4,
+    bit for bit."""
+    import ml_dtypes
+
+    from wirereduce import schedule as sched
+
+    nodes = 4
+    torch.multiprocessing.spawn(_ddp_bf16_worker, args=(nodes, _free_port(), str(tmp_path)), nprocs=nodes, join=True)
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(nodes)]
+    schedule = sched.build(f"ring:{nodes}", "ring")
+    params = sorted(k for k in ranks[0] if k.startswith("local"))
+    assert len(params) == 6
+    for key in params:
+        i = key[len("local"):]
+        arrays = [r[key].reshape(-1).view(ml_dtypes.bfloat16) for r in ranks]
+        for k, r in enumerate(ranks):
+            want = wrt.average(wrt.golden_sum(arrays, k, schedule), nodes)
+            np.testing.assert_array_equal(r[f"avg{i}"].reshape(-1).view(np.uint16), want.view(np.uint16))

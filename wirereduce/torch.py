@@ -14,18 +14,33 @@ at once, so the allreduce of bucket *i* runs while autograd computes the gradien
 (NTT's layer-wise overlap). DDP waits for every bucket's future at the end of ``backward()``.
 
 A backend is any object with ``nodes`` (the ring size), ``rank`` and
-``allreduce(array, compression=None) -> numpy.ndarray``: the SUM over ranks, bit for bit the
-node's ring order ``((g0 + g1) + g2) + …`` (:func:`wirereduce.sim.golden.allreduce.ring_allreduce`).
+``allreduce(array, compression=None) -> numpy.ndarray``: the SUM over ranks in the array's own
+format, bit for bit the node's order: the ring node's ``((g0 + g1) + g2) + …``
+(:func:`wirereduce.sim.golden.allreduce.ring_allreduce`), or a schedule's table order on the
+schedule engine (:func:`wirereduce.sim.golden.schedule.allreduce`).
+
+Number formats: the hook reduces a bucket in its own dtype, float32, bfloat16 or float16 (a
+``model.to(torch.bfloat16)`` DDP model hands over bf16 buckets), so a bf16 bucket puts half the
+bytes of an fp32 one on the wire. Every add is rounded once to the format with round-to-nearest-
+even (``docs/arithmetic.md`` "Other formats and operations"). INCEPTIONN compression is fp32-only.
+The ring node (:class:`RankBackend`) sums float32 only; bf16/fp16 buckets need the schedule engine
+(:class:`EngineGroup` simulates one) or :class:`LoopbackBackend`.
 
 - :class:`LoopbackBackend` needs no network: every rank's bucket is exchanged through a gloo
   ``all_gather`` of its own process group and summed with the golden model, in rank order (with
   compression: :func:`wirereduce.sim.golden.codec.ring_allreduce_compressed`, host-compressed).
+- :class:`EngineGroup` runs every rank of one process (threads) on a simulated network of
+  schedule engines (:class:`wirereduce.sim.engines.fastengine.FastEngineSim`, Verilator): the
+  gateware's own sums, in any format, for single-process tests of the hook.
 - :class:`RankBackend` drives the rank's node with :class:`wirereduce.host.rank.RankDriver` over
   a raw-Ethernet :class:`~wirereduce.host.transports.packet.PacketTransport` (a real board, or a
   TAP of ``wirereduce sim serve``) or ``sim serve --unix``; :func:`backend_from_env` builds one
   from ``WIREREDUCE_IFACE`` / ``WIREREDUCE_UNIX``, ``WIREREDUCE_RANK``, ``WIREREDUCE_NODES``.
 
-Averaging: the hook returns ``sum / N`` (one fp32 division of the node's sum). DDP's default gloo
+Averaging: the hook returns ``sum / N`` (one division of the node's sum, rounded once to the
+bucket's format: bf16 and fp16 quotients are computed in fp32 and rounded to the format, which is
+the correctly rounded quotient because fp32 has at least 2p + 2 bits for p = 8 and 11, Figueroa's
+double-rounding condition). DDP's default gloo
 hook divides each rank's bucket by N *before* its allreduce and sums the quotients. For N a power
 of two both divisions are exact (a change of exponent; unless the quotient is subnormal), so the
 hook's result is the node's sum ÷ N exactly and differs from gloo's only by gloo's summation
@@ -48,7 +63,8 @@ import numpy as np
 
 from wirereduce.codec import check_k, quantize
 
-__all__ = ["State", "allreduce_hook", "LoopbackBackend", "RankBackend", "CheckedBackend", "backend_from_env",
+__all__ = ["State", "allreduce_hook", "LoopbackBackend", "EngineGroup", "RankBackend", "CheckedBackend",
+           "backend_from_env", "SUPPORTED_DTYPES", "average", "golden_sum",
            "require_torch", "ENV_IFACE", "ENV_UNIX", "ENV_RANK", "ENV_NODES", "ENV_NODE_MAC", "ENV_TIMEOUT"]
 
 #: Environment of :func:`backend_from_env` (what ``wirereduce train --backend sim`` sets per rank).
@@ -59,8 +75,63 @@ ENV_NODES = "WIREREDUCE_NODES"
 ENV_NODE_MAC = "WIREREDUCE_NODE_MAC"
 ENV_TIMEOUT = "WIREREDUCE_TIMEOUT"
 
-#: Number formats the hook carries; the others wait for the formats issue.
-SUPPORTED_DTYPES = ("float32",)
+#: Number formats the hook carries (torch dtype names), and their wirereduce format names.
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+_FORMAT_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _dtype_name(dtype) -> str:
+    """``"float32"``, ``"bfloat16"``, ``"float16"`` for a torch or numpy dtype (or its name); else the name."""
+    name = str(dtype).removeprefix("torch.")
+    return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(name, name)
+
+
+def _to_numpy(t) -> np.ndarray:
+    """A 1-D CPU copy of tensor ``t`` as numpy: float32, ml_dtypes.bfloat16 or float16."""
+    import ml_dtypes
+
+    torch = require_torch()
+    t = t.detach().to("cpu").contiguous().view(-1)
+    if t.dtype == torch.bfloat16:   # numpy has no bf16: go through the bits
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+    return t.numpy().copy()
+
+
+def _to_torch(a: np.ndarray):
+    """Tensor of numpy array ``a`` (float32, ml_dtypes.bfloat16 or float16), sharing nothing with it."""
+    torch = require_torch()
+    a = np.ascontiguousarray(a)
+    if _dtype_name(a.dtype) == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The bit patterns of a 4- or 2-byte float array (uint32 / uint16)."""
+    return a.view(np.uint32 if a.dtype.itemsize == 4 else np.uint16)
+
+
+def _as_format(array: np.ndarray, what: str) -> tuple[str, np.ndarray]:
+    """(torch dtype name, 1-D contiguous array) of a backend's input; TypeError on another dtype."""
+    a = np.ascontiguousarray(array).reshape(-1)
+    name = _dtype_name(a.dtype)
+    if name not in SUPPORTED_DTYPES:
+        raise TypeError(f"{what}: {a.dtype} arrays are not carried; use one of {', '.join(SUPPORTED_DTYPES)}")
+    return name, a
+
+
+def average(total: np.ndarray, nodes: int) -> np.ndarray:
+    """``total / nodes`` rounded once to ``total``'s format (float32, bfloat16 or float16), round-to-nearest-even.
+
+    bf16 and fp16 go through fp32: ``total`` widens exactly, the fp32 quotient is then rounded to the
+    format, and since fp32 carries p' = 24 >= 2p + 2 significand bits (p = 8, 11) that double
+    rounding is the correctly rounded quotient (Figueroa, "When is double rounding innocuous?", 1995).
+    """
+    name = _dtype_name(total.dtype)
+    with np.errstate(all="ignore"):
+        if name == "float32":
+            return np.divide(total, np.float32(nodes), dtype=np.float32)
+        return np.divide(total.astype(np.float32), np.float32(nodes), dtype=np.float32).astype(total.dtype)
 
 
 def require_torch():
@@ -95,8 +166,10 @@ class State:
         With ``compress_k``: each rank keeps, per bucket index, what compression dropped from its
         bucket, ``g − decode(encode(g))``, and adds it to the same bucket of the next step
         (small gradients are delayed rather than lost). Needs ``compress_k``.
-    dtype : str
-        Number format on the wire; only ``"float32"`` for now.
+    dtype : str or None
+        Number format of the buckets and on the wire: ``"float32"``, ``"bfloat16"`` or
+        ``"float16"``; a bucket of another dtype then raises TypeError. None (default): each
+        bucket travels in its own dtype (one of those three).
     overlap : bool
         True (default): the backend runs in one worker thread, buckets in DDP's order, while
         back-propagation goes on; False: inside the hook (blocking autograd).
@@ -104,8 +177,9 @@ class State:
     Raises
     ------
     ValueError
-        On a bad ``compress_k``, ``error_feedback`` without ``compress_k``, or a ``dtype`` other
-        than float32 (checked here, before any training step).
+        On a bad ``compress_k``, ``error_feedback`` without ``compress_k``, a ``dtype`` that is not
+        carried, or ``compress_k`` with a ``dtype`` other than float32 (the codec is fp32-only);
+        checked here, before any training step.
     TypeError
         If ``backend`` lacks ``allreduce``, ``nodes`` or ``rank``.
 
@@ -121,7 +195,7 @@ class State:
     backend: Any
     compress_k: int | None = None
     error_feedback: bool = False
-    dtype: str = "float32"
+    dtype: str | None = None
     overlap: bool = True
     residuals: dict = field(default_factory=dict, repr=False)
     timings: list = field(default_factory=list, repr=False)
@@ -134,9 +208,15 @@ class State:
             raise ValueError(f"error_feedback must be a bool, not {self.error_feedback!r}")
         if self.error_feedback and self.compress_k is None:
             raise ValueError("error_feedback needs compress_k: without compression nothing is dropped")
-        if self.dtype not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} is not carried yet (only float32; the other number formats "
-                             f"wait for the formats issue)")
+        if self.dtype is not None:
+            name = _dtype_name(self.dtype)
+            if name not in SUPPORTED_DTYPES:
+                raise ValueError(f"dtype {self.dtype!r} is not carried; use one of {', '.join(SUPPORTED_DTYPES)} "
+                                 f"or None (each bucket's own)")
+            if self.compress_k is not None and name != "float32":
+                raise ValueError(f"compress_k needs float32 buckets: the INCEPTIONN codec is fp32-only, "
+                                 f"dtype is {name}")
+            self.dtype = name
         self._executor = None
         self._lock = threading.Lock()
         self._layout = {}
@@ -186,15 +266,17 @@ class State:
         return grad
 
     def reduce(self, index: int, grad: np.ndarray, segments=None) -> np.ndarray:
-        """Bucket ``index``'s averaged gradient: backend sum of :meth:`prepare` ÷ world size (float32)."""
+        """Bucket ``index``'s averaged gradient: backend sum of :meth:`prepare` ÷ world size
+        (:func:`average`), in ``grad``'s format (float32, ml_dtypes.bfloat16 or float16, shape (n,)).
+
+        Raises RuntimeError if the backend answers another dtype or shape."""
         send = self.prepare(index, grad, segments)
         t0 = time.perf_counter()
         total = np.asarray(self.backend.allreduce(send, compression=self.compress_k))
         self.timings.append((index, int(grad.size), time.perf_counter() - t0))
-        if total.dtype != np.float32 or total.shape != grad.shape:
-            raise RuntimeError(f"backend returned {total.dtype} {total.shape} for a float32 {grad.shape} bucket")
-        with np.errstate(all="ignore"):
-            return np.divide(total, np.float32(self.world_size), dtype=np.float32)
+        if total.dtype != grad.dtype or total.shape != grad.shape:
+            raise RuntimeError(f"backend returned {total.dtype} {total.shape} for a {grad.dtype} {grad.shape} bucket")
+        return average(total, self.world_size)
 
     def executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -217,27 +299,36 @@ def allreduce_hook(state: State, bucket):
     ----------
     state : State
     bucket : torch.distributed.GradBucket
-        ``bucket.buffer()``: the flattened float32 gradients (1-D, on the CPU); ``bucket.index()``.
+        ``bucket.buffer()``: the flattened gradients (1-D; float32, bfloat16 or float16; copied to
+        the CPU); ``bucket.index()``.
 
     Returns
     -------
     torch.futures.Future[torch.Tensor]
-        Completed with the averaged bucket (float32, the buffer's shape) once the backend answers;
+        Completed with the averaged bucket (the buffer's dtype, shape and device) once the backend answers;
         with the backend's exception (``ChunksLost``, ``TimeoutError`` …) if it fails, which DDP
         raises from ``backward()``.
 
     Raises
     ------
     TypeError
-        If the bucket is not float32 (``state.dtype``), before anything is sent.
+        If the bucket's dtype is not carried, is not ``state.dtype``, or is not float32 with
+        ``state.compress_k``; before anything is sent.
     """
     torch = require_torch()
     state.last_call = time.perf_counter()
     buf = bucket.buffer()
-    if buf.dtype != torch.float32:
-        raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}; only float32 buckets are carried")
+    name = _dtype_name(buf.dtype)
+    if name not in SUPPORTED_DTYPES:
+        raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}; the hook carries "
+                        f"{', '.join(SUPPORTED_DTYPES)} buckets")
+    if state.dtype is not None and name != state.dtype:
+        raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}, State(dtype={state.dtype!r})")
+    if state.compress_k is not None and name != "float32":
+        raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}; compress_k needs float32 "
+                        f"buckets (the INCEPTIONN codec is fp32-only)")
     index = int(bucket.index())
-    grad = buf.detach().to("cpu").contiguous().view(-1).numpy().copy()
+    grad = _to_numpy(buf)
     segments = None
     if state.error_feedback and hasattr(bucket, "parameters"):
         segments = [(id(p), p.numel()) for p in bucket.parameters()]
@@ -248,7 +339,7 @@ def allreduce_hook(state: State, bucket):
     def run():
         try:
             avg = state.reduce(index, grad, segments)
-            fut.set_result(torch.from_numpy(avg).view(buf.shape).to(buf.device))
+            fut.set_result(_to_torch(avg).view(buf.shape).to(buf.device))
         except BaseException as e:  # noqa: B036 - handed to DDP, which raises it in backward()
             fut.set_exception(e)
 
@@ -259,28 +350,54 @@ def allreduce_hook(state: State, bucket):
     return fut
 
 
+def golden_sum(arrays, rank: int = 0, schedule=None) -> np.ndarray:
+    """The golden SUM of ``arrays`` (one 1-D array per rank, all float32, ml_dtypes.bfloat16 or
+    float16) that rank ``rank`` receives: with ``schedule`` (a :class:`wirereduce.schedule.Schedule`)
+    its table order (:func:`wirereduce.sim.golden.schedule.allreduce`), else the ring node's rank
+    order ``((g0 + g1) + g2) + …``, each add rounded to the format (:func:`wirereduce.formats.combine`).
+
+    Raises ValueError on inputs :func:`wirereduce.formats.check_typed_inputs` refuses."""
+    from wirereduce.formats import check_typed_inputs, combine
+    from wirereduce.sim.golden import schedule as golden_schedule
+
+    fmt, arrays = check_typed_inputs(arrays)
+    if schedule is not None:
+        return golden_schedule.allreduce(arrays, schedule)[rank]
+    acc = arrays[0].copy()
+    for a in arrays[1:]:
+        acc = combine(acc, a, fmt)
+    return acc
+
+
 class LoopbackBackend:
-    """The node's ring sum without a network: the ranks exchange their buckets with gloo.
+    """The node's sum without a network: the ranks exchange their buckets with gloo.
 
     Every call all-gathers the ranks' arrays over a gloo process group of its own (DDP's group is
     left to DDP; the hook's worker thread is the only user of this one) and returns the golden
-    model's sum in rank order: :func:`wirereduce.sim.golden.allreduce.ring_allreduce`, or with
-    ``compression`` :func:`wirereduce.sim.golden.codec.ring_allreduce_compressed` with
-    ``host_compressed=True`` (what codec nodes return to ``RankDriver.allreduce(..., compression=k)``).
+    model's sum (:func:`golden_sum`) in the array's format: in rank order, the ring node's
+    (:func:`wirereduce.sim.golden.allreduce.ring_allreduce` for float32), or in ``schedule``'s table
+    order, the schedule engine's; with ``compression`` (float32 only)
+    :func:`wirereduce.sim.golden.codec.ring_allreduce_compressed` with ``host_compressed=True``
+    (what codec nodes return to ``RankDriver.allreduce(..., compression=k)``).
 
     Parameters
     ----------
     group : torch.distributed.ProcessGroup, optional
         Default: a new gloo group of every rank (``torch.distributed`` must be initialised; every
         rank must build its backend at the same point, as any collective).
+    schedule : wirereduce.schedule.Schedule, optional
+        The schedule engine's schedule whose order to follow (its topology must have the world
+        size's nodes); default: the ring node's rank order.
 
     Raises
     ------
     RuntimeError
         If ``torch.distributed`` is not initialised.
+    ValueError
+        If ``schedule`` is for another number of nodes.
     """
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, schedule=None):
         torch = require_torch()
         dist = torch.distributed
         if not dist.is_available() or not dist.is_initialized():
@@ -288,23 +405,98 @@ class LoopbackBackend:
         self.group = group if group is not None else dist.new_group(backend="gloo")
         self.nodes = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
+        if schedule is not None and schedule.topology.nodes != self.nodes:
+            raise ValueError(f"the schedule is for {schedule.topology.nodes} nodes, the group has {self.nodes} ranks")
+        self.schedule = schedule
 
     def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
-        """Sum over ranks of ``array`` (float32, 1-D), in ring order; see the class."""
-        from wirereduce.sim.golden.allreduce import ring_allreduce
+        """Sum over ranks of ``array`` (float32, ml_dtypes.bfloat16 or float16; 1-D) in its format;
+        see the class. Raises TypeError on another dtype or on ``compression`` with a non-float32 array."""
         from wirereduce.sim.golden.codec import ring_allreduce_compressed
 
         torch = require_torch()
-        array = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        name, array = _as_format(array, "LoopbackBackend")
         if compression is not None:
             compression = check_k(compression)
-        t = torch.from_numpy(array)
+            if name != "float32":
+                raise TypeError(f"LoopbackBackend: compression needs float32 arrays, not {name}")
+        t = _to_torch(array)
         parts = [torch.empty_like(t) for _ in range(self.nodes)]
         torch.distributed.all_gather(parts, t, group=self.group)
-        arrays = [p.numpy() for p in parts]
+        arrays = [_to_numpy(p) for p in parts]
         if compression is None:
-            return ring_allreduce(arrays)
+            return golden_sum(arrays, self.rank, self.schedule)
         return ring_allreduce_compressed(arrays, compression, host_compressed=True)
+
+
+class EngineGroup:
+    """Every rank of one process, summed by a simulated network of schedule engines.
+
+    For single-process runs and tests of the hook against the gateware: ``backend(rank)`` gives
+    rank ``rank``'s backend; each rank calls its backend from its own thread (each
+    :class:`State` has one worker), the group waits until every rank has handed over its array,
+    runs one allreduce of all of them on ``sim`` (:meth:`FastEngineSim.allreduce
+    <wirereduce.sim.engines.fastengine.FastEngineSim.allreduce>`, Verilator) and gives each rank
+    its own node's result. The arrays travel in their format (float32, bf16, fp16).
+
+    Parameters
+    ----------
+    sim : wirereduce.sim.engines.fastengine.FastEngineSim
+        The network (built once; its topology's nodes are the ranks).
+    schedule : wirereduce.schedule.Schedule
+        For ``sim``'s topology.
+    timeout : float
+        Seconds a rank waits for the others before raising ``threading.BrokenBarrierError``.
+
+    Raises
+    ------
+    ValueError
+        If ``schedule`` is for another topology.
+    """
+
+    def __init__(self, sim, schedule, timeout: float = 600.0):
+        if schedule.topology.name != sim.topology.name:
+            raise ValueError(f"the schedule is for {schedule.topology.name}, the network is {sim.topology.name}")
+        self.sim, self.schedule = sim, schedule
+        self.nodes = sim.topology.nodes
+        self._inputs: list = [None] * self.nodes
+        self._outputs: list = [None] * self.nodes
+        self._error: BaseException | None = None
+        self._barrier = threading.Barrier(self.nodes, action=self._run, timeout=timeout)
+        #: :class:`~wirereduce.sim.engines.fastengine.EngineResult` of every allreduce run, in order.
+        self.runs: list = []
+
+    def _run(self) -> None:
+        self._error = None
+        try:
+            r = self.sim.allreduce(list(self._inputs), self.schedule)
+            self.runs.append(r)
+            self._outputs = list(r.results)
+        except BaseException as e:  # noqa: B036 - handed to every rank
+            self._error = e
+
+    def backend(self, rank: int) -> _GroupRank:
+        """Rank ``rank``'s backend (``nodes``, ``rank``, ``allreduce``). Raises ValueError off the range."""
+        if not 0 <= rank < self.nodes:
+            raise ValueError(f"rank must be in 0 … {self.nodes - 1}, not {rank}")
+        return _GroupRank(self, rank)
+
+
+class _GroupRank:
+    def __init__(self, group: EngineGroup, rank: int):
+        self.group, self.rank, self.nodes = group, rank, group.nodes
+
+    def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
+        """This rank's result of the group's next allreduce (blocks until every rank has called)."""
+        if compression is not None:
+            raise ValueError("EngineGroup carries uncompressed buckets (compression=None)")
+        _name, array = _as_format(array, "EngineGroup")
+        g = self.group
+        g._inputs[self.rank] = array
+        g._barrier.wait()
+        if g._error is not None:
+            raise g._error
+        return g._outputs[self.rank]
 
 
 class RankBackend:
@@ -329,9 +521,16 @@ class RankBackend:
 
     def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
         """``RankDriver.allreduce_async`` on this backend's event loop: the node's ring sum
-        (raises ChunksLost/TimeoutError/DriverError). Call from one thread at a time."""
+        (raises ChunksLost/TimeoutError/DriverError). Call from one thread at a time.
+
+        Raises TypeError for an array that is not float32: the ring node sums fp32 only (bf16 and
+        fp16 go through the schedule engine, ``wirereduce sim allreduce --topology ring:N``)."""
         import asyncio
 
+        name, _ = _as_format(array, "RankBackend")
+        if name != "float32":
+            raise TypeError(f"RankBackend: the ring node sums float32 only, this bucket is {name}; "
+                            f"use the schedule engine for {name} (or State(dtype='float32') with fp32 buckets)")
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         array = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
@@ -364,7 +563,8 @@ class CheckedBackend:
     def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
         got = np.asarray(self.backend.allreduce(array, compression=compression))
         want = np.asarray(self.reference.allreduce(array, compression=compression))
-        bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32)) if got.shape == want.shape else [0]
+        same = got.shape == want.shape and got.dtype == want.dtype
+        bad = np.flatnonzero(_bits(got) != _bits(want)) if same else [0]
         if len(bad):
             raise RuntimeError(f"rank {self.rank}: allreduce {self.checked}: {len(bad)} of {want.size} elements "
                                f"differ from the reference (first at {bad[0]})")

@@ -36,7 +36,8 @@ from wirereduce.config import EngineConfig
 from wirereduce.protocol import wire_bytes
 from wirereduce.table import plan
 
-__all__ = ["ROWS", "QUICK_ROWS", "SIZES", "QUICK_SIZES", "run_schedule_bench", "lower_bound_gbps"]
+__all__ = ["ROWS", "QUICK_ROWS", "SIZES", "QUICK_SIZES", "run_schedule_bench", "lower_bound_gbps",
+           "FORMAT_WIDTHS", "run_format_bench"]
 
 #: (topology, algorithms) the full benchmark runs.
 ROWS = (("ring:4", ("ring", "biring")), ("ring:8", ("ring", "biring")), ("torus:4x4", ("ring", "multitree")),
@@ -120,6 +121,76 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     _write(out_dir, name, records)
     if plot and records:
         _plot(Path(out_dir) / f"{name}.png", records)
+    return records
+
+
+#: (width, network link Gbit/s, host link Gbit/s) of the format benchmark: the VC709's 10G links
+#: with a 50G PCIe host, and 100G links at 512 bit with a host as fast as one link.
+FORMAT_WIDTHS = ((64, 10.0, 50.0), (512, 100.0, 100.0))
+
+
+def format_arrays(fmt: str, nodes: int, elements: int, seed: int = 1) -> list[np.ndarray]:
+    """Random gradients of format ``fmt`` (fp32, bf16, fp16: normal values of mixed magnitude;
+    int32: the whole range), one array of ``elements`` per node."""
+    from wirereduce.formats import FORMATS
+
+    rng = np.random.default_rng([seed, elements, nodes])
+    if fmt == "int32":
+        return [rng.integers(-(2**31), 2**31, elements, dtype=np.int64).astype(np.int32) for _ in range(nodes)]
+    dt = FORMATS[fmt].numpy_dtype
+    return [(rng.standard_normal(elements) * 2.0 ** rng.integers(-8, 8, elements)).astype(np.float32).astype(dt)
+            for _ in range(nodes)]
+
+
+def run_format_bench(topology: str = "ring:4", algorithm: str = "biring", elements: int = 1 << 20,
+                     formats=("fp32", "bf16", "fp16", "int32"), widths=FORMAT_WIDTHS, op: str = "sum", *,
+                     out_dir: str | Path = "bench/results", name: str = "bench-formats",
+                     build_root: str | Path = "build/fastengine", seed: int = 1) -> list[dict]:
+    """Elements per second of each number format on the schedule engine, against fp32's.
+
+    For every ``(width, link Gbit/s, host Gbit/s)`` of ``widths`` and format, one allreduce of
+    ``elements`` random values per node (default 2^20: 4 MiB of fp32, 2 MiB of bf16) with
+    ``algorithm`` on ``topology``, checked bit for bit against the golden model
+    (:func:`wirereduce.sim.engines.fastengine.golden_check`). Records ``elements_per_s``
+    (elements / simulated time) and ``vs_fp32`` = this format's elements/s ÷ fp32's at the same
+    width and rates: bf16 and fp16 pack two elements per 32-bit lane, so the target is ≥ 1.95.
+    Prints a table; writes ``<name>.json`` in ``out_dir``; returns the records.
+    """
+    from wirereduce.sim.cluster.schednet import engine_rates
+    from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
+
+    records: list[dict] = []
+    s = sched.build(topology, algorithm)
+    flows = len(s.flows)
+    print(f"{'topology':>10} {'algorithm':>9} {'width':>5} {'links':>6} {'host':>6} {'format':>6} {'elements':>9} "
+          f"{'cycles':>10} {'algbw':>8} {'Melem/s':>9} {'vs fp32':>7} {'exact':>5}", flush=True)
+    for width, link_gbps, host_gbps in widths:
+        mhz, link_rate, host_rate = engine_rates(width, host_gbps, link_gbps)
+        cfg = EngineConfig(width, 1500 if width == 64 else 9000, slots=16, ports=s.topology.degree,
+                           max_flows=max(8, 1 << (flows - 1).bit_length()))
+        sim = FastEngineSim(topology, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root)
+        fp32_rate = None
+        for fmt in formats:
+            arrays = format_arrays(fmt, s.nodes, elements, seed)
+            r = sim.allreduce(arrays, s, op=op)
+            bad = golden_check(arrays, s, r.results, op)
+            us = r.cycles / mhz
+            rate = elements / (us * 1e-6)
+            if fmt == "fp32":
+                fp32_rate = rate
+            rec = {
+                "kind": "format", "topology": s.topology.name, "algorithm": algorithm, "nodes": s.nodes,
+                "width": width, "mtu": cfg.mtu, "link_gbps": link_gbps, "host_link_gbps": host_gbps, "clock_mhz": mhz,
+                "format": fmt, "op": op, "elements": elements, "bytes": r.bytes, "chunks": r.chunks,
+                "cycles": r.cycles, "us": us, "algbw_gbps": r.bytes * 8 / (us * 1e3), "elements_per_s": rate,
+                "vs_fp32": rate / fp32_rate if fp32_rate else None, "bitexact": not any(bad),
+            }
+            records.append(rec)
+            _write(out_dir, name, records)
+            vs = f"{rec['vs_fp32']:.3f}" if rec["vs_fp32"] else "-"
+            print(f"{s.topology.name:>10} {algorithm:>9} {width:>5} {link_gbps:>5g}G {host_gbps:>5g}G {fmt:>6} "
+                  f"{elements:>9} {r.cycles:>10,} {rec['algbw_gbps']:>8.2f} {rate / 1e6:>9.1f} {vs:>7} "
+                  f"{'yes' if rec['bitexact'] else 'NO':>5}", flush=True)
     return records
 
 
