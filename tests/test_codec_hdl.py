@@ -575,9 +575,11 @@ def test_compressor_throughput(width, n):
     n_in = [beats(4 * n, width) for _ in frames]
     n_out = [len(kp) for kp in rec.keeps]
     total = rec.cycles[-1][-1] - acc[0] + 1
-    # The first frame must all be in before it leaves: latency ≤ 7 cycles after its last beat.
+    # The first frame must all be in before it leaves: latency ≤ 9 cycles after its last beat
+    # (7 … 9: two input stages, the input beat and its classification, then compaction, packing,
+    # the buffers and the output packer).
     latency = rec.cycles[0][0] - acc[n_in[0] - 1]
-    assert latency <= 7, latency
+    assert latency <= 9, latency
     # Ping-pong: frame f comes in while frame f-1 goes out.
     bound = n_in[0] + latency + sum(max(i, o) + 2 for i, o in zip(n_in[1:], n_out)) + n_out[-1] + 2
     assert total <= bound, (total, bound, n_in, n_out)

@@ -30,9 +30,10 @@ except on the last beat. The ``error`` output of each component is a side band o
 stream: it is meaningful on the beat with ``last`` = 1 (``o.valid`` high) and then tells whether
 the frame it ends was malformed.
 
-Not yet checked: timing closure. The byte alignment is done by barrel shifters that each take
-one cycle (lane compaction and packing in the compressor, lane extraction and decoding in the
-decompressor); at 512 bit and ~322 MHz some of them will likely need a pipeline register.
+Timing: both are pipelined to the logic-level budget of the 64-bit (xc7, 156.25 MHz) blocks,
+≤ 9 LUT levels between registers by the yosys estimate of ``wirereduce resources``
+(docs/architecture.md "Timing budgets"): the compressor has 7. The decompressor (16) is not yet. The 512-bit
+instances (xcup, 322.27 MHz, ≤ 5 levels) are not yet checked against their budget.
 """
 
 from __future__ import annotations
@@ -230,21 +231,24 @@ class BytePacker(wiring.Component):
 # per-value rules
 
 
-def _classify(m: Module, bits, k, name: str):
-    """Tag (2 bits), code (32 bits, unused high bytes zero) and code length (bytes) of one fp32."""
+def _classify(m: Module, bits, lim, sh, name: str):
+    """Tag (2 bits), code (32 bits, unused high bytes zero) and code length (bytes) of one fp32.
+
+    ``lim`` are the exponent fields ``127 - k``, ``134 - k``, ``142 - k`` at which ``q`` reaches
+    1, ``2**7`` and ``2**15``; ``sh`` is ``(150 - k) % 32``. With them ``k`` costs no adder here.
+    """
     sign = bits[31]
     exp = bits[23:31]
-    ek = Signal(9, name=f"{name}_ek")
-    m.d.comb += ek.eq(exp + k)
     # For tags 1 and 2 the value is normal (e ≥ 127 - k ≥ 103) and q = significand >> (150 - e - k).
-    shift = (150 - ek)[:5]
+    shift = Signal(5, name=f"{name}_shift")
+    m.d.comb += shift.eq(sh - exp[:5])
     q = Signal(24, name=f"{name}_q")
     m.d.comb += q.eq(Cat(bits[:23], Const(1, 1)) >> shift)
     tag = Signal(2, name=f"{name}_tag")
     m.d.comb += tag.eq(Mux(exp >= _EXP_ONE, 3,
-                           Mux(ek < _EXP_ONE, 0,
-                               Mux(ek < _EXP_ONE + 7, 1,
-                                   Mux(ek < _EXP_ONE + 15, 2, 3)))))
+                           Mux(exp < lim[0], 0,
+                               Mux(exp < lim[1], 1,
+                                   Mux(exp < lim[2], 2, 3)))))
     code = Signal(32, name=f"{name}_code")
     length = Signal(3, name=f"{name}_len")
     with m.Switch(tag):
@@ -290,27 +294,31 @@ class Compressor(wiring.Component):
     compressed payload, exactly ``wirereduce.sim.codec.encode(values, k)``: the tag block, then
     the codes, packed densely, ``keep`` on the last beat.
 
-    Because the tags come first, a frame is stored whole before it leaves. As beats arrive each
-    lane is classified (tag, 0/1/2/4 code bytes), the beat's codes are compacted into one chunk
-    of at most ``width/8`` bytes and a :class:`BytePacker` packs the chunks into a code buffer
-    (:mod:`amaranth.lib.memory`, one beat per row) while the tags collect in a tag buffer (one
-    row per 16 input beats). When the code buffer holds the whole frame, a reader sends the tag
-    rows and then the code rows through a second :class:`BytePacker`, which shifts the codes to
-    follow the tag block byte-exactly. Both buffers are double (ping-pong), so the next frame is
-    taken in while the previous one is sent.
+    Because the tags come first, a frame is stored whole before it leaves. Each input beat is
+    registered with ``k`` (as the thresholds of the tag compares), then each lane is classified
+    (tag, 0/1/2/4 code bytes) into a second register stage; from there the beat's codes are
+    compacted into one chunk of at most ``width/8`` bytes and a :class:`BytePacker` packs the
+    chunks into a code buffer (:mod:`amaranth.lib.memory`, one beat per row) while the tags
+    collect in a tag buffer (one row per 16 input beats). When the code buffer holds the whole
+    frame, a reader sends the tag rows and then the code rows through a second
+    :class:`BytePacker`, which shifts the codes to follow the tag block byte-exactly. Both
+    buffers are double (ping-pong), so the next frame is taken in while the previous one is
+    sent; the beats of a frame wait in the two input stages while their bank is still being sent.
 
     Timing (``valid`` and ``ready`` held high; measured and asserted in
     ``tests/test_codec_hdl.py``):
 
-    * **Latency**: one frame (store and forward). The first output beat is taken 5 … 7 cycles
-      after the frame's last input beat when the output side is idle.
+    * **Latency**: one frame (store and forward). The first output beat is taken 7 … 9 cycles
+      after the frame's last input beat when the output side is idle (two of them are the input
+      stages that keep the classification within the logic-level budget).
     * **Throughput**: one input beat per cycle, less one cycle at the end of a frame whose
       compressed bytes need one more beat to flush; one output beat per cycle while a frame is
       sent (the tag block and the codes are packed back to back). Back to back a frame costs
       ``max(input beats, output beats)`` plus at most 2 cycles: frames of 371 values are taken
-      at 0.999 (64 bit) and 1.000 (512 bit) input beats per cycle, frames of 100 values at 0.99
-      and 0.96. Frames of a few beats are limited by the two buffers covering the latency: about
-      2.3 cycles per one-beat frame, 3.9 per three-beat frame at 512 bit.
+      at 0.999 (64 bit) and 0.997 (512 bit) input beats per cycle, frames of 100 values at 0.994
+      and 0.976 (30 frames of gradients back to back, ``k`` = 8). Frames of a few beats are
+      limited by the two buffers covering the latency: about 2.3 cycles per one-beat frame, 4.1
+      per three-beat frame at 512 bit.
     * **Size**: two tag rows of ``width`` bits per 16 input beats and two code rows per input beat
       of ``max_elements`` values (two frames), plus two :class:`BytePacker`.
 
@@ -388,91 +396,138 @@ class Compressor(wiring.Component):
         meta_err = Array(Signal(name=f"err{b}") for b in range(2))
 
         # ------------------------------------------------------------------------------------
-        # Input: classify, compact the beat's codes into one chunk, collect the tags.
+        # Input, in three registered stages (each takes a beat when the next one can):
+        #   A  the beat, which lanes hold values, and k as the thresholds of the tag compares;
+        #   B  per lane the tag, the code and its length in bytes;
+        #   s1 the beat's codes compacted into one chunk for the packer; the tags collect.
         # ------------------------------------------------------------------------------------
         beat = self.i.payload
         wr_bank = Signal()
         index = Signal(range(max_beats + 1))      # beat of the frame, saturating at max_beats
+
+        s1_valid = Signal()
+        s1 = Signal(chunk_layout(w))
+        m.d.comb += [pack_in.i.valid.eq(s1_valid), pack_in.i.payload.eq(s1)]
+        s1_free = Signal()
+        m.d.comb += s1_free.eq(~s1_valid | pack_in.i.ready)
+        b_valid = Signal()
+        b_bank = Signal()
+        b_fire = Signal()
+        # A beat leaves stage B (its tags and the frame's metadata are written) once its bank is
+        # not busy with the previous frame of that bank: stages A and B fill meanwhile.
+        m.d.comb += b_fire.eq(b_valid & s1_free & ~busy.bit_select(b_bank, 1))
+        b_free = ~b_valid | b_fire
+        a_valid = Signal()
+        a_free = ~a_valid | b_free
+        a_fire = Signal()
+        m.d.comb += a_fire.eq(a_valid & b_free)
+
+        in_ready = Signal()
+        m.d.comb += [
+            in_ready.eq(a_free),
+            self.i.ready.eq(in_ready),
+        ]
+        i_fire = self.i.valid & in_ready
+
+        # Stage A.
+        a_data = Signal(w)
+        a_lane = Signal(lanes)                    # lane holds a value of the frame
+        a_over = Signal()                         # a value beyond max_elements (dropped)
+        a_last = Signal()
+        a_index = Signal(range(max_beats + 1))
+        a_bank = Signal()
+        # A value with exponent field e has q >= 1, >= 2**7, >= 2**15 when e >= 127 - k, 134 - k,
+        # 142 - k; q is its significand shifted right by (150 - k) - e.
+        a_lim = [Signal(8, name=f"a_lim{i}") for i in range(3)]
+        a_sh = Signal(5)
+        present = [beat.keep[4 * j] for j in range(lanes)]
+        # Element index * lanes + j < max_elements, as a compare of the beat index alone.
+        in_range = [index < _cdiv(maxn - j, lanes) for j in range(lanes)]
+        with m.If(a_fire):
+            m.d.sync += a_valid.eq(0)
+        with m.If(i_fire):
+            m.d.sync += [
+                a_valid.eq(1), a_data.eq(beat.data), a_last.eq(beat.last), a_index.eq(index), a_bank.eq(wr_bank),
+                a_lane.eq(Cat(*(present[j] & in_range[j] for j in range(lanes)))),
+                a_over.eq(Cat(*(present[j] & ~in_range[j] for j in range(lanes))).any()),
+                a_lim[0].eq(_EXP_ONE - k), a_lim[1].eq(_EXP_ONE + 7 - k), a_lim[2].eq(_EXP_ONE + 15 - k),
+                a_sh.eq((150 - k)[:5]),
+            ]
+
+        # Stage B.
+        b_tags = [Signal(2, name=f"lane{j}_t") for j in range(lanes)]
+        b_codes = [Signal(32, name=f"lane{j}_c") for j in range(lanes)]
+        b_lens = [Signal(3, name=f"lane{j}_l") for j in range(lanes)]
+        b_nvalid = Signal(range(lanes + 1))
+        b_over = Signal()
+        b_last = Signal()
+        b_index = Signal(range(max_beats + 1))
+        classified = [_classify(m, a_data[32 * j:32 * j + 32], a_lim, a_sh, f"lane{j}") for j in range(lanes)]
+        with m.If(b_fire):
+            m.d.sync += b_valid.eq(0)
+        with m.If(a_fire):
+            m.d.sync += [
+                b_valid.eq(1), b_nvalid.eq(sum(a_lane[j] for j in range(lanes))), b_over.eq(a_over),
+                b_last.eq(a_last), b_index.eq(a_index), b_bank.eq(a_bank),
+            ]
+            for j, (t, c, ln) in enumerate(classified):
+                v = a_lane[j]
+                m.d.sync += [b_tags[j].eq(Mux(v, t, 0)), b_codes[j].eq(Mux(v, c, 0)), b_lens[j].eq(Mux(v, ln, 0))]
+
+        # Stage s1: compaction.
+        offsets = [Const(0, 1)]
+        for j in range(1, lanes + 1):
+            o = Signal(range(4 * j + 1), name=f"offset{j}")
+            m.d.comb += o.eq(offsets[-1] + b_lens[j - 1])
+            offsets.append(o)
+        count = offsets[-1]
+        chunk = Signal(w)
+        parts = [(b_codes[j] << _bytes(offsets[j]))[:w] for j in range(lanes)]
+        expr = parts[0]
+        for p in parts[1:]:
+            expr = expr | p
+        m.d.comb += chunk.eq(expr)
+        with m.If(pack_in.i.ready):
+            m.d.sync += s1_valid.eq(0)
+        with m.If(b_fire):
+            m.d.sync += [s1_valid.eq(1), s1.data.eq(chunk), s1.count.eq(count), s1.last.eq(b_last)]
+
+        # Input-side frame bookkeeping: the beat index and bank at the input, the counts, tags,
+        # the bank's metadata and its busy bit at stage B.
+        with m.If(i_fire):
+            with m.If(beat.last):
+                m.d.sync += [index.eq(0), wr_bank.eq(~wr_bank)]
+            with m.Else():
+                m.d.sync += index.eq(Mux(index == max_beats, index, index + 1))
+
         n_acc = Signal(range(maxn + 1))
         c_acc = Signal(range(4 * maxn + 1))
         e_acc = Signal()
         tag_acc = Signal(w)
 
-        tags, valid, lengths, codes = [], [], [], []
-        overflow = []
-        for j in range(lanes):
-            present = beat.keep[4 * j]
-            # Element index * lanes + j < max_elements, as a compare of the beat index alone.
-            in_range = index < _cdiv(maxn - j, lanes)
-            v = Signal(name=f"lane{j}_valid")
-            m.d.comb += v.eq(present & in_range)
-            t, c, ln = _classify(m, beat.data[32 * j:32 * j + 32], k, f"lane{j}")
-            tm, cm, lm = Signal(2, name=f"lane{j}_t"), Signal(32, name=f"lane{j}_c"), Signal(3, name=f"lane{j}_l")
-            m.d.comb += [tm.eq(Mux(v, t, 0)), cm.eq(Mux(v, c, 0)), lm.eq(Mux(v, ln, 0))]
-            tags.append(tm)
-            codes.append(cm)
-            lengths.append(lm)
-            valid.append(v)
-            overflow.append(present & ~in_range)
-
-        offsets = [Const(0, 1)]
-        for j in range(1, lanes + 1):
-            o = Signal(range(4 * j + 1), name=f"offset{j}")
-            m.d.comb += o.eq(offsets[-1] + lengths[j - 1])
-            offsets.append(o)
-        count = offsets[-1]
-        chunk = Signal(w)
-        parts = [(codes[j] << _bytes(offsets[j]))[:w] for j in range(lanes)]
-        expr = parts[0]
-        for p in parts[1:]:
-            expr = expr | p
-        m.d.comb += chunk.eq(expr)
-        nvalid = Signal(range(lanes + 1))
-        m.d.comb += nvalid.eq(sum(valid))
-        too_many = Signal()
-        m.d.comb += too_many.eq(Cat(*overflow).any())
-
-        # One register stage between classification and the packer.
-        s1_valid = Signal()
-        s1 = Signal(chunk_layout(w))
-        m.d.comb += [pack_in.i.valid.eq(s1_valid), pack_in.i.payload.eq(s1)]
-        in_ready = Signal()
-        m.d.comb += [
-            in_ready.eq(~busy.bit_select(wr_bank, 1) & (~s1_valid | pack_in.i.ready)),
-            self.i.ready.eq(in_ready),
-        ]
-        i_fire = self.i.valid & in_ready
-        with m.If(pack_in.i.ready):
-            m.d.sync += s1_valid.eq(0)
-        with m.If(i_fire):
-            m.d.sync += [s1_valid.eq(1), s1.data.eq(chunk), s1.count.eq(count), s1.last.eq(beat.last)]
-
         # Tag row: 16 beats of 2*lanes tag bits each; written on every beat, so the row in
         # memory always holds the tags so far (and zeros above them: the block's padding).
-        slot = index[:4]
+        slot = b_index[:4]
         row = Signal(w)
-        m.d.comb += row.eq(Mux(slot == 0, 0, tag_acc) | (Cat(*tags) << Cat(Const(0, _log2(2 * lanes)), slot))[:w])
+        m.d.comb += row.eq(Mux(slot == 0, 0, tag_acc) | (Cat(*b_tags) << Cat(Const(0, _log2(2 * lanes)), slot))[:w])
         m.d.comb += [
-            tag_wr.addr.eq(Mux(wr_bank, tag_rows, 0) + index[4:]),
+            tag_wr.addr.eq(Mux(b_bank, tag_rows, 0) + b_index[4:]),
             tag_wr.data.eq(row),
-            tag_wr.en.eq(i_fire & (index < max_beats)),
+            tag_wr.en.eq(b_fire & (b_index < max_beats)),
         ]
 
-        with m.If(i_fire):
+        with m.If(b_fire):
             m.d.sync += tag_acc.eq(row)
-            with m.If(beat.last):
-                m.d.comb += busy_set.bit_select(wr_bank, 1).eq(1)
+            with m.If(b_last):
+                m.d.comb += busy_set.bit_select(b_bank, 1).eq(1)
                 m.d.sync += [
-                    index.eq(0), n_acc.eq(0), c_acc.eq(0), e_acc.eq(0), wr_bank.eq(~wr_bank),
-                    meta_n[wr_bank].eq(n_acc + nvalid),
-                    meta_c[wr_bank].eq(c_acc + count),
-                    meta_err[wr_bank].eq(e_acc | too_many | (n_acc + nvalid == 0)),
+                    n_acc.eq(0), c_acc.eq(0), e_acc.eq(0),
+                    meta_n[b_bank].eq(n_acc + b_nvalid),
+                    meta_c[b_bank].eq(c_acc + count),
+                    meta_err[b_bank].eq(e_acc | b_over | (n_acc + b_nvalid == 0)),
                 ]
             with m.Else():
-                m.d.sync += [
-                    index.eq(Mux(index == max_beats, index, index + 1)),
-                    n_acc.eq(n_acc + nvalid), c_acc.eq(c_acc + count), e_acc.eq(e_acc | too_many),
-                ]
+                m.d.sync += [n_acc.eq(n_acc + b_nvalid), c_acc.eq(c_acc + count), e_acc.eq(e_acc | b_over)]
 
         # Packed code beats go to the code buffer of the bank the packer's frame belongs to.
         cw_bank = Signal()
@@ -496,20 +551,26 @@ class Compressor(wiring.Component):
         rd_bank = Signal()
         rd_tags = Signal(init=1)
         rd_idx = Signal(range(max(tag_rows, code_rows) + 1))
-        n_r, c_r = meta_n[rd_bank], meta_c[rd_bank]
-        units_total = Signal(range(_cdiv(maxn, 32) + 1))  # 8-byte units of the tag block
-        m.d.comb += units_total.eq((n_r + 31) >> 5)
-        tag_beats = Signal(range(tag_rows * 16 + 1))
-        tag_tail = Signal(range(nb + 1))  # bytes of the tag block in its last beat
-        code_beats = Signal(range(code_rows + 1))
-        code_tail = Signal(range(nb + 1))
-        m.d.comb += [
-            # A frame of no values still sends one (empty) chunk, so that its last beat leaves.
-            tag_beats.eq(Mux(n_r == 0, 1, (units_total + units - 1) >> _log2(units))),
-            tag_tail.eq(Mux(n_r == 0, 0, 8 if units == 1 else _bytes((units_total - 1)[:_log2(units)] + 1))),
-            code_beats.eq((c_r + nb - 1) >> _log2(nb)),
-            code_tail.eq((c_r - 1)[:_log2(nb)] + 1),
-        ]
+        # Per bank, from its metadata (registered: written at the frame's last beat in stage B,
+        # read only once the bank is full, at least three cycles later): the last tag beat, the
+        # tag bytes in it, the last code beat, the code bytes in it, whether there are codes.
+        d_tag_last = Array(Signal(range(tag_rows * 16 + 1), name=f"tag_last{b}") for b in range(2))
+        d_tag_tail = Array(Signal(range(nb + 1), name=f"tag_tail{b}") for b in range(2))
+        d_code_last = Array(Signal(range(code_rows + 1), name=f"code_last{b}") for b in range(2))
+        d_code_tail = Array(Signal(range(nb + 1), name=f"code_tail{b}") for b in range(2))
+        d_no_codes = Array(Signal(name=f"no_codes{b}") for b in range(2))
+        for b in range(2):
+            n_b, c_b = meta_n[b], meta_c[b]
+            units_total = (n_b + 31) >> 5  # 8-byte units of the tag block
+            m.d.sync += [
+                # A frame of no values still sends one (empty) chunk, so that its last beat leaves.
+                d_tag_last[b].eq(Mux(n_b == 0, 0, ((units_total + units - 1) >> _log2(units)) - 1)),
+                d_tag_tail[b].eq(Mux(n_b == 0, 0, 8 if units == 1 else _bytes((units_total - 1)[:_log2(units)] + 1))),
+                d_code_last[b].eq(((c_b + nb - 1) >> _log2(nb)) - 1),
+                d_code_tail[b].eq((c_b - 1)[:_log2(nb)] + 1),
+                d_no_codes[b].eq(c_b == 0),
+            ]
+        no_codes = d_no_codes[rd_bank]
 
         r1_valid = Signal()
         r1_tags = Signal()
@@ -536,16 +597,16 @@ class Compressor(wiring.Component):
             with m.If(active):
                 m.d.sync += [r1_tags.eq(rd_tags), r1_err.eq(meta_err[rd_bank])]
                 with m.If(rd_tags):
-                    last_tag = rd_idx == tag_beats - 1
-                    m.d.sync += [r1_count.eq(Mux(last_tag, tag_tail, nb)), r1_last.eq(last_tag & (c_r == 0))]
+                    last_tag = rd_idx == d_tag_last[rd_bank]
+                    m.d.sync += [r1_count.eq(Mux(last_tag, d_tag_tail[rd_bank], nb)), r1_last.eq(last_tag & no_codes)]
                     with m.If(last_tag):
                         m.d.sync += [rd_idx.eq(0), rd_tags.eq(0)]
-                        m.d.comb += finish.eq(c_r == 0)
+                        m.d.comb += finish.eq(no_codes)
                     with m.Else():
                         m.d.sync += rd_idx.eq(rd_idx + 1)
                 with m.Else():
-                    last_code = rd_idx == code_beats - 1
-                    m.d.sync += [r1_count.eq(Mux(last_code, code_tail, nb)), r1_last.eq(last_code)]
+                    last_code = rd_idx == d_code_last[rd_bank]
+                    m.d.sync += [r1_count.eq(Mux(last_code, d_code_tail[rd_bank], nb)), r1_last.eq(last_code)]
                     m.d.sync += rd_idx.eq(rd_idx + 1)
                     m.d.comb += finish.eq(last_code)
         with m.If(finish):
