@@ -32,7 +32,7 @@ the frame it ends was malformed.
 
 Timing: both are pipelined to the logic-level budget of the 64-bit (xc7, 156.25 MHz) blocks,
 ≤ 9 LUT levels between registers by the yosys estimate of ``wirereduce resources``
-(docs/architecture.md "Timing budgets"): the compressor has 7. The decompressor (16) is not yet. The 512-bit
+(docs/architecture.md "Timing budgets"): the compressor has 7, the decompressor 8. The 512-bit
 instances (xcup, 322.27 MHz, ≤ 5 levels) are not yet checked against their budget.
 """
 
@@ -265,8 +265,9 @@ def _code_length(tag):
     return Mux(tag == 3, 4, tag)
 
 
-def _decode_small(m: Module, q, sign, k, name: str):
-    """fp32 bits of ``(-1)**sign * q * 2**-k`` for a 15-bit ``q`` (exact; ``q = 0`` gives ±0)."""
+def _decode_small(m: Module, q, sign, base, name: str):
+    """fp32 bits of ``(-1)**sign * q * 2**-k`` for a 15-bit ``q`` (exact; ``q = 0`` gives ±0);
+    ``base`` is ``141 - k``."""
     lz = Signal(range(16), name=f"{name}_lz")
     # Highest set bit wins: scan upwards so later (higher) bits override.
     lz_expr = Const(15, 4)
@@ -275,7 +276,7 @@ def _decode_small(m: Module, q, sign, k, name: str):
     m.d.comb += lz.eq(lz_expr)
     norm = Signal(15, name=f"{name}_norm")
     m.d.comb += norm.eq(q << lz)
-    exp = (141 - lz - k)[:8]
+    exp = (base - lz)[:8]
     out = Signal(32, name=f"{name}_val")
     m.d.comb += out.eq(Mux(q == 0, Cat(Const(0, 31), sign), Cat(Const(0, 9), norm[:14], exp, sign)))
     return out
@@ -630,28 +631,34 @@ class Decompressor(wiring.Component):
     ``n`` decoded fp32 values, ``width // 32`` per beat, ``keep`` covering ``4*n`` bytes on the
     last beat: bit for bit ``wirereduce.sim.codec.decode(payload, n, k)``.
 
-    The tag block is stored first (a ping-pong buffer, one row per input beat). The codes that
-    follow enter a ``2*width``-bit byte buffer; for each output beat the tags of its
-    ``width/32`` values give their code lengths, each lane picks its code at the running byte
-    offset, decodes it, and the beat consumes the sum of the lengths. Up to ``width/8`` code
-    bytes enter and leave the buffer per cycle, so one output beat per cycle is sustained even
-    when every value is raw. Code chunks wait in a small FIFO (:attr:`fifo_depth` entries, a tag
-    block's worth of beats plus 4), so the input runs ahead and stores the next frame's tag
+    Each input beat is registered with its place in the tag block (how many of its bytes are
+    tag bytes). The tag block is stored first (a ping-pong buffer, one row per input beat). The
+    codes that follow enter a ``2*width``-bit byte buffer. A generator walks the output beats of
+    each stored tag block and registers, one beat ahead, the tags of the beat's ``width/32``
+    values, their code lengths and running byte offsets; when the buffer holds the beat's bytes,
+    each lane's code is taken at its offset into a register while the beat's bytes leave the
+    buffer, and the next cycle decodes the codes into the output register. Up to ``width/8``
+    code bytes enter and leave the buffer per cycle, so one output beat per cycle is sustained
+    even when every value is raw. Code chunks wait in a small FIFO (:attr:`fifo_depth` entries,
+    a tag block's worth of beats plus 4), so the input runs ahead and stores the next frame's tag
     block in the other bank while the current frame's values still leave.
 
     Timing (``valid`` and ``ready`` held high; measured and asserted in
     ``tests/test_codec_hdl.py``):
 
-    * **Latency**: an output beat is taken 3 cycles after the input beat that completes its code
-      bytes, 4 when a frame's first beat needs bytes of two input beats (512 bit, tag block
-      ending mid-beat); the frame's whole tag block must have arrived before its first beat.
+    * **Latency**: an output beat is taken 5 cycles after the input beat that completes its code
+      bytes (input stage, chunk FIFO, byte buffer, code extraction, output register), and a
+      frame's first beat no earlier than 6 cycles after the input beat that ends its tag block
+      (input stage, tag buffer, generator, descriptor, extraction, output register).
     * **Throughput**: one output beat per cycle once codes are available. Back to back a frame
       costs ``max(input beats, output beats)`` plus at most 2 cycles: at 64 bit frames of 33,
       100 and 371 values leave with no idle output cycle; at 512 bit a frame whose tag block ends
-      mid-beat may cost one more cycle (24.9 cycles for 24 output beats at 371 values, 7.7 for 7
-      at 100). A frame of one input beat takes 1.5 cycles (512 bit).
+      mid-beat may cost one more cycle (24.7 cycles for 24 output beats at 371 values, 7.8 for 7
+      at 100; 30 frames of gradients back to back, ``k`` = 8). A frame of one input beat takes
+      2 cycles (512 bit): a bank's tags are released only when its last beat leaves.
     * **Size**: two tag rows of ``width`` bits per 16 output beats of ``max_elements`` values, a
-      ``2*width``-bit byte buffer and the chunk FIFO.
+      ``2*width``-bit byte buffer, the chunk FIFO, and the pipeline registers (an input beat, a
+      beat's codes before decoding, the output beat).
 
     Malformed input never hangs the decompressor: every input frame is consumed to its ``last``
     beat and gives one output frame of ``n`` values, with ``error`` set on its last beat if
@@ -679,8 +686,8 @@ class Decompressor(wiring.Component):
     fifo_depth : int
         Entries of the code-chunk FIFO.
     i : In(FrameStream(width))
-        Compressed payloads. ``i.ready`` depends combinationally on ``i.payload`` (``keep`` and
-        ``last``: whether the beat carries code bytes) and on ``o.ready``.
+        Compressed payloads. ``i.ready`` depends on registers only (not on ``i.payload`` or
+        ``o.ready``).
     n : In(16)
         Element count of the payload, sampled with its first beat.
     k : In(8)
@@ -715,14 +722,16 @@ class Decompressor(wiring.Component):
         m = Module()
         w, lanes, maxn = self.width, self.lanes, self.max_elements
         nb = w // 8
+        lb = _log2(nb)
         units = nb // 8
+        lu = _log2(units)
         ll = _log2(lanes)
         tag_rows = _cdiv(8 * _cdiv(maxn, 32), nb)  # input beats holding tags, per bank
         max_out = _cdiv(maxn, lanes)
 
         m.submodules.tag_mem = tag_mem = memory.Memory(shape=w, depth=2 * tag_rows, init=[])
         tag_wr = tag_mem.write_port()
-        tag_rd = tag_mem.read_port(transparent_for=(tag_wr,))
+        tag_rd = tag_mem.read_port()
         # Code chunks wait here, so the input runs ahead and stores the next frame's tag block
         # while the output still works on the previous frame.
         chunk = chunk_layout(w)
@@ -737,7 +746,9 @@ class Decompressor(wiring.Component):
         b_rows = Array(Signal(range(tag_rows + 1), name=f"tag_rows{b}") for b in range(2))
 
         # ------------------------------------------------------------------------------------
-        # Input side: tag bytes to the tag buffer, code bytes (and every frame's end) to the FIFO.
+        # Input side, two steps. Stage A takes the beat and registers it with what its position
+        # in the frame says: how many of its bytes are tag bytes, whether it ends the tag block.
+        # Then tag bytes go to the tag buffer, code bytes (and every frame's end) to the FIFO.
         # ------------------------------------------------------------------------------------
         beat = self.i.payload
         in_bank = Signal()
@@ -751,184 +762,282 @@ class Decompressor(wiring.Component):
             n_bad.eq((self.n == 0) | (self.n > maxn)),
         ]
         k_port = _clamp_k(m, self.k, "k_clamped")
-        cur_n = Signal(range(maxn + 1))
-        m.d.comb += cur_n.eq(Mux(first, n_port, b_n[in_bank]))
 
-        t_units = Signal(range(_cdiv(maxn, 32) + 1))   # 8-byte units of the tag block
-        t_beats = Signal(range(tag_rows + 1))          # beats holding tag bytes
-        t_tail_unit = Signal(range(units))             # unit of the block's last 8 bytes in its last beat
-        t_tail = Signal(range(nb + 1))                 # tag bytes in the last tag beat
-        m.d.comb += [
-            t_units.eq((cur_n + 31) >> 5),
-            t_beats.eq((t_units + units - 1) >> _log2(units)),
-        ]
-        if units == 1:
-            m.d.comb += t_tail.eq(8)
-        else:
-            m.d.comb += [t_tail_unit.eq((t_units - 1)[:_log2(units)]), t_tail.eq(_bytes(t_tail_unit + 1))]
+        def tag_shape(n):
+            """(beats holding tags - 1, tag bytes in the last of them, its 8-byte unit) of n values."""
+            t_units_m1 = (n - 1) >> 5  # 8-byte units of the tag block, less one
+            tail_unit = t_units_m1[:lu] if units > 1 else Const(0, 1)
+            return t_units_m1 >> lu, _bytes(tail_unit + 1), tail_unit
 
-        in_tags = index < t_beats
-        tag_end = index == t_beats - 1
+        def pad_mask(n):
+            """Bits of the tag block's last 8-byte unit that must be zero: 2*(n % 32) … 63."""
+            n5 = n[:5]
+            return Cat(*((n5 != 0) & (n5 <= b // 2) for b in range(64)))
+
+        # The current input frame's tag shape, registered with its first beat.
+        f_tb_m1 = Signal(range(tag_rows))
+        f_tail = Signal(range(nb + 1))
+        f_unit = Signal(range(units))
+        f_pad = Signal(64)
+        p_tb_m1, p_tail, p_unit = tag_shape(n_port)
+        cur_tb_m1 = Mux(first, p_tb_m1, f_tb_m1)
+
+        a_valid = Signal()
+        a_data = Signal(w)                   # the beat, bytes beyond keep zeroed
+        a_kept = Signal(range(nb + 1))
+        a_last = Signal()
+        a_first = Signal()
+        a_nbad = Signal()
+        a_n = Signal(range(maxn + 1))
+        a_k = Signal(range(K_MAX + 1))
+        a_bank = Signal()
+        a_index = Signal(range(tag_rows + 1))
+        a_in_tags = Signal()
+        a_tag_end = Signal()
+        a_tail = Signal(range(nb + 1))
+        a_unit = Signal(range(units))
+        a_pad = Signal(64)
+
         kept = Signal(range(nb + 1))
         m.d.comb += kept.eq(sum(beat.keep[b] for b in range(nb)))
-        tag_bytes = Signal(range(nb + 1))
-        m.d.comb += tag_bytes.eq(Mux(tag_end, t_tail, Mux(in_tags, nb, 0)))
+
         code_count = Signal(range(nb + 1))
-        m.d.comb += code_count.eq(Mux(kept > tag_bytes, kept - tag_bytes, 0))
-        kept_data = Signal(w)
-        m.d.comb += kept_data.eq(beat.data & _byte_mask(kept, nb))
-
-        # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero.
-        pad = Signal(64)
-        last_unit = kept_data[:64] if units == 1 else kept_data.word_select(t_tail_unit, 64)
-        m.d.comb += pad.eq(last_unit >> Cat(Const(0, 1), cur_n[:5]))
-        pad_err = tag_end & (cur_n[:5] != 0) & (pad != 0)
-        # The payload ends before its tag block does.
-        tags_cut = beat.last & in_tags & (~tag_end | (kept < t_tail))
-
-        needs_push = (code_count != 0) | beat.last
-        tag_ok = ~in_tags | ~b_full[in_bank]
-        m.d.comb += self.i.ready.eq(tag_ok & (~needs_push | chunks.w_rdy))
+        m.d.comb += code_count.eq(Mux(a_tag_end, Mux(a_kept > a_tail, a_kept - a_tail, 0), Mux(a_in_tags, 0, a_kept)))
+        tag_bytes = Mux(a_tag_end, a_tail, Mux(a_in_tags, nb, 0))
+        needs_push = (code_count != 0) | a_last
+        tag_ok = ~a_in_tags | ~b_full[a_bank]
+        a_go = Signal()
+        m.d.comb += a_go.eq(a_valid & tag_ok & (~needs_push | chunks.w_rdy))
+        m.d.comb += self.i.ready.eq(~a_valid | a_go)
         i_fire = self.i.valid & self.i.ready
 
-        w_chunk = Signal(chunk)
-        m.d.comb += [
-            w_chunk.data.eq(kept_data >> _bytes(tag_bytes)),
-            w_chunk.count.eq(code_count),
-            w_chunk.last.eq(beat.last),
-            chunks.w_data.eq(w_chunk.as_value()),
-            chunks.w_en.eq(i_fire & needs_push),
-            tag_wr.addr.eq(Mux(in_bank, tag_rows, 0) + index),
-            tag_wr.data.eq(kept_data),
-            tag_wr.en.eq(i_fire & in_tags),
-        ]
+        with m.If(a_go):
+            m.d.sync += a_valid.eq(0)
         with m.If(i_fire):
-            err_now = (first & n_bad) | pad_err | tags_cut
-            m.d.sync += b_err[in_bank].eq(Mux(first, 0, b_err[in_bank]) | err_now)
+            m.d.sync += [
+                a_valid.eq(1),
+                a_data.eq(beat.data & _byte_mask(kept, nb)),
+                a_kept.eq(kept),
+                a_last.eq(beat.last),
+                a_first.eq(first),
+                a_nbad.eq(first & n_bad),
+                a_n.eq(n_port),
+                a_k.eq(k_port),
+                a_bank.eq(in_bank),
+                a_index.eq(index),
+                a_in_tags.eq(first | (index <= f_tb_m1)),
+                a_tag_end.eq(index == cur_tb_m1),
+                a_tail.eq(Mux(first, p_tail, f_tail)),
+                a_unit.eq(Mux(first, p_unit, f_unit)),
+                a_pad.eq(Mux(first, pad_mask(n_port), f_pad)),
+            ]
             with m.If(first):
-                m.d.sync += [b_n[in_bank].eq(n_port), b_k[in_bank].eq(k_port)]
-            with m.If(in_tags & (tag_end | beat.last)):
-                m.d.sync += [b_full[in_bank].eq(1), b_rows[in_bank].eq(index + 1)]
+                m.d.sync += [f_tb_m1.eq(p_tb_m1), f_tail.eq(p_tail), f_unit.eq(p_unit), f_pad.eq(pad_mask(n_port))]
             with m.If(beat.last):
                 m.d.sync += [index.eq(0), in_bank.eq(~in_bank)]
             with m.Else():
                 m.d.sync += index.eq(Mux(index == tag_rows, index, index + 1))
 
+        # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero.
+        last_unit = a_data[:64] if units == 1 else a_data.word_select(a_unit, 64)
+        pad_err = a_tag_end & (last_unit & a_pad).any()
+        # The payload ends before its tag block does.
+        tags_cut = a_last & a_in_tags & (~a_tag_end | (a_kept < a_tail))
+
+        w_chunk = Signal(chunk)
+        m.d.comb += [
+            w_chunk.data.eq(a_data >> _bytes(tag_bytes)),
+            w_chunk.count.eq(code_count),
+            w_chunk.last.eq(a_last),
+            chunks.w_data.eq(w_chunk.as_value()),
+            chunks.w_en.eq(a_go & needs_push),
+            tag_wr.addr.eq(Mux(a_bank, tag_rows, 0) + a_index),
+            tag_wr.data.eq(a_data),
+            tag_wr.en.eq(a_go & a_in_tags),
+        ]
+        with m.If(a_go):
+            err_now = a_nbad | pad_err | tags_cut
+            m.d.sync += b_err[a_bank].eq(Mux(a_first, 0, b_err[a_bank]) | err_now)
+            with m.If(a_first):
+                m.d.sync += [b_n[a_bank].eq(a_n), b_k[a_bank].eq(a_k)]
+            with m.If(a_in_tags & (a_tag_end | a_last)):
+                m.d.sync += [b_full[a_bank].eq(1), b_rows[a_bank].eq(a_index + 1)]
+
         # ------------------------------------------------------------------------------------
-        # Output side: one beat of ``lanes`` values per cycle from the byte buffer.
+        # Output side, a pipeline of per-beat descriptors and two stages of values.
+        #   G  the descriptor generator walks the output beats of each full bank and reads the
+        #      tag row of each (one cycle, the tag buffer's read register);
+        #   D  the beat's tags, their code lengths and running byte offsets, registered;
+        #   E  when the beat's code bytes are in the byte buffer: each lane's code, extracted at
+        #      its offset, while the beat's bytes leave the buffer;
+        #   O  the decoded values (the output register).
         # ------------------------------------------------------------------------------------
+        d_valid = Signal()
+        d_tags = [Signal(2, name=f"lane{lane}_tag") for lane in range(lanes)]
+        d_off = [Const(0, 1)] + [Signal(range(4 * lane + 1), name=f"offset{lane}") for lane in range(1, lanes + 1)]
+        d_need = d_off[-1]
+        d_final = Signal()
+        d_lanes_m1 = Signal(range(lanes))
+        fire = Signal()
+        d_free = ~d_valid | fire
+
+        # G: generator.
+        g_bank = Signal()
+        g_j = Signal(range(max_out))
+        g_done = Signal(2)                   # the generator has walked bank b (until b is emptied)
+        g_n = b_n[g_bank]
+        g_final = g_j == ((g_n - 1) >> ll)[:len(g_j)]
+        p1_valid = Signal()
+        p1_final = Signal()
+        p1_rowok = Signal()
+        p1_slot = Signal(4)
+        p1_lanes_m1 = Signal(range(lanes))
+        p1_adv = ~p1_valid | d_free
+        g_issue = Signal()
+        m.d.comb += [
+            g_issue.eq(b_full[g_bank] & ~g_done.bit_select(g_bank, 1) & p1_adv),
+            tag_rd.addr.eq(Mux(g_bank, tag_rows, 0) + (g_j >> 4)),
+            tag_rd.en.eq(p1_adv),
+        ]
+        g_done_clr = Signal(2)
+        g_done_set = Signal(2)
+        m.d.sync += g_done.eq((g_done | g_done_set) & ~g_done_clr)
+        with m.If(p1_adv):
+            m.d.sync += [
+                p1_valid.eq(g_issue), p1_final.eq(g_final), p1_rowok.eq((g_j >> 4) < b_rows[g_bank]),
+                p1_slot.eq(g_j[:4]), p1_lanes_m1.eq((g_n - 1)[:ll]),
+            ]
+        with m.If(g_issue):
+            with m.If(g_final):
+                m.d.sync += [g_j.eq(0), g_bank.eq(~g_bank)]
+                m.d.comb += g_done_set.bit_select(g_bank, 1).eq(1)
+            with m.Else():
+                m.d.sync += g_j.eq(g_j + 1)
+
+        # D: the beat's tags (missing rows and lanes beyond n count as tag 0), lengths, offsets.
+        row = Mux(p1_rowok, tag_rd.data, 0)
+        tslice = row.word_select(p1_slot, 2 * lanes)
+        p_tags = [Mux(~p1_final | (lane <= p1_lanes_m1), tslice[2 * lane:2 * lane + 2], 0) for lane in range(lanes)]
+        p_off = [Const(0, 1)]
+        for lane in range(1, lanes + 1):
+            o = Signal(range(4 * lane + 1), name=f"next_offset{lane}")
+            m.d.comb += o.eq(p_off[-1] + _code_length(p_tags[lane - 1]))
+            p_off.append(o)
+        with m.If(d_free):
+            m.d.sync += [d_valid.eq(p1_valid), d_final.eq(p1_final), d_lanes_m1.eq(p1_lanes_m1)]
+            m.d.sync += [d_tags[lane].eq(p_tags[lane]) for lane in range(lanes)]
+            m.d.sync += [d_off[lane].eq(p_off[lane]) for lane in range(1, lanes + 1)]
+
+        # The byte buffer and the beat's bytes.
         ubuf = Signal(2 * w)                 # code bytes of the current frame; bytes ≥ fill are 0
         fill = Signal(range(2 * nb + 1))
         out_bank = Signal()
-        j = Signal(range(max_out))           # output beat of the frame
         ended = Signal()                     # the frame's last chunk has been taken
         err_acc = Signal()
 
-        on = b_full[out_bank]
-        n_o = b_n[out_bank]
-        k_o = Signal(range(K_MAX + 1))
-        m.d.comb += k_o.eq(b_k[out_bank])
-        out_beats_m1 = Signal(range(max_out))
-        last_lanes_m1 = Signal(range(lanes))
-        m.d.comb += [out_beats_m1.eq((n_o - 1) >> ll), last_lanes_m1.eq((n_o - 1)[:ll])]
-        is_final = j == out_beats_m1
-
-        row = Signal(w)
-        m.d.comb += row.eq(Mux((j >> 4) < b_rows[out_bank], tag_rd.data, 0))
-        tslice = row.word_select(j[:4], 2 * lanes)
-        tags, lengths = [], []
-        for lane in range(lanes):
-            t = Signal(2, name=f"lane{lane}_tag")
-            m.d.comb += t.eq(Mux(~is_final | (lane <= last_lanes_m1), tslice[2 * lane:2 * lane + 2], 0))
-            ln = Signal(3, name=f"lane{lane}_len")
-            m.d.comb += ln.eq(_code_length(t))
-            tags.append(t)
-            lengths.append(ln)
-        offsets = [Const(0, 1)]
-        for lane in range(1, lanes + 1):
-            o = Signal(range(4 * lane + 1), name=f"offset{lane}")
-            m.d.comb += o.eq(offsets[-1] + lengths[lane - 1])
-            offsets.append(o)
-        need = offsets[-1]
-
+        e_valid = Signal()
         o_valid = Signal()
-        o_beat = Signal(beat_layout(w))
-        o_err = Signal()
-        m.d.comb += [self.o.valid.eq(o_valid), self.o.payload.eq(o_beat), self.error.eq(o_err)]
-        slot_free = ~o_valid | self.o.ready
-        enough = fill >= need
-        fire = Signal()
+        o_adv = ~o_valid | self.o.ready
+        e_free = ~e_valid | o_adv
+        enough = fill >= d_need
         drain = Signal()    # the last beat has its bytes but the frame has not ended: drop extra bytes
         m.d.comb += [
-            fire.eq(on & slot_free & Mux(is_final, ended, enough | ended)),
-            drain.eq(on & is_final & ~ended & enough),
+            fire.eq(d_valid & e_free & Mux(d_final, ended, enough | ended)),
+            drain.eq(d_valid & d_final & ~ended & enough),
         ]
-        take = Signal(range(nb + 1))
-        m.d.comb += take.eq(Mux(fire, Mux(enough, need, fill), 0))
-        done = fire & is_final
-        # Bytes staying in the buffer after this cycle (none when the frame is done: the next
-        # frame's first chunk may enter the emptied buffer in the same cycle).
+        done = Signal()
+        m.d.comb += done.eq(fire & d_final)
+        # Bytes staying in the buffer after this cycle: all but the beat's when it fires, none when
+        # it takes all (a truncated frame) or the frame is done (the next frame's first chunk may
+        # enter the emptied buffer in the same cycle).
+        empty = Signal()
+        m.d.comb += empty.eq(done | (fire & ~enough))
+        rem_fire = Signal(range(2 * nb + 1))
+        m.d.comb += rem_fire.eq(fill - d_need)
         rem = Signal(range(2 * nb + 1))
-        m.d.comb += rem.eq(Mux(done, 0, fill - take))
+        m.d.comb += rem.eq(Mux(empty, 0, Mux(fire, rem_fire, fill)))
+        rem_fits = Mux(empty, 1, Mux(fire, rem_fire <= nb, fill <= nb))
 
         head = Signal(chunk)
         m.d.comb += head.eq(chunks.r_data)
         take_chunk = Signal()
         m.d.comb += [
-            take_chunk.eq(chunks.r_rdy & (~ended | done) & (drain | (rem <= nb))),
+            take_chunk.eq(chunks.r_rdy & (~ended | done) & (drain | rem_fits)),
             chunks.r_en.eq(take_chunk),
         ]
         push = take_chunk & ~drain
 
-        # Decode each lane from the window at its offset.
-        window = ubuf[:w]
-        values = []
-        for lane in range(lanes):
-            t = tags[lane]
-            c = Signal(32, name=f"lane{lane}_code")
-            m.d.comb += c.eq(window >> _bytes(offsets[lane]))
-            complete = offsets[lane + 1] <= fill
-            one = t == 1
-            q = Signal(15, name=f"lane{lane}_q")
-            m.d.comb += q.eq(Mux(one, c[:7], c[:15]))
-            sign = Mux(one, c[7], c[15])
-            small = _decode_small(m, q, sign, k_o, f"lane{lane}")
-            v = Signal(32, name=f"lane{lane}_value")
-            m.d.comb += v.eq(Mux((t == 0) | ~complete, 0, Mux(t == 3, c, small)))
-            values.append(v)
+        # The byte buffer: the beat's bytes leave from the bottom, a chunk enters above the rest
+        # (at most nb bytes stay when one enters; the shifts by each candidate run in parallel).
+        kept_bytes = Signal(2 * w)
+        m.d.comb += kept_bytes.eq(Mux(empty, 0, Mux(fire, ubuf >> _bytes(d_need), ubuf)))
+        in_data = Signal(w)
+        m.d.comb += in_data.eq(head.data & _byte_mask(head.count, nb))
+        incoming = Mux(empty, in_data, Mux(fire, in_data << _bytes(rem_fire[:lb + 1]), in_data << _bytes(fill[:lb + 1])))
+        with m.If(push):
+            m.d.sync += [ubuf.eq(kept_bytes | incoming[:2 * w]), fill.eq(rem + head.count)]
+        with m.Else():
+            m.d.sync += [ubuf.eq(kept_bytes), fill.eq(rem)]
 
-        with m.If(o_valid & self.o.ready):
-            m.d.sync += o_valid.eq(0)
+        # E: extract each lane's code from the window at its offset.
+        window = ubuf[:w]
+        e_zero = Signal(lanes)               # tag 0, or its code bytes are missing: +0.0
+        e_raw = Signal(lanes)                # tag 3: the code is the value
+        e_code = [Signal(32, name=f"lane{lane}_code") for lane in range(lanes)]
+        e_q = [Signal(15, name=f"lane{lane}_q") for lane in range(lanes)]
+        e_sign = Signal(lanes)
+        e_base = Signal(8)                   # 141 - k: exponent field of q * 2**-k before normalisation
+        e_keep = Signal(nb)
+        e_last = Signal()
+        e_err = Signal()
+        with m.If(e_free):
+            m.d.sync += e_valid.eq(fire)
         with m.If(fire):
-            last_keep = _keep_mask(Cat(Const(0, 2), last_lanes_m1 + 1), nb)
-            frame_err = err_acc | ~enough | (is_final & ((fill > need) | b_err[out_bank]))
+            last_keep = _keep_mask(Cat(Const(0, 2), d_lanes_m1 + 1), nb)
+            frame_err = err_acc | ~enough | (d_final & ((fill > d_need) | b_err[out_bank]))
             m.d.sync += [
-                o_valid.eq(1),
-                o_beat.data.eq(Cat(*values)),
-                o_beat.keep.eq(Mux(is_final, last_keep, (1 << nb) - 1)),
-                o_beat.last.eq(is_final),
-                o_err.eq(frame_err),
+                e_base.eq(141 - b_k[out_bank]),
+                e_keep.eq(Mux(d_final, last_keep, (1 << nb) - 1)),
+                e_last.eq(d_final),
+                e_err.eq(frame_err),
                 err_acc.eq(frame_err),
-                j.eq(j + 1),
             ]
+            for lane in range(lanes):
+                t = d_tags[lane]
+                c = Signal(32, name=f"lane{lane}_window")
+                m.d.comb += c.eq(window >> _bytes(d_off[lane]))
+                one = t == 1
+                m.d.sync += [
+                    e_code[lane].eq(c),
+                    e_q[lane].eq(Mux(one, c[:7], c[:15])),
+                    e_sign[lane].eq(Mux(one, c[7], c[15])),
+                    e_zero[lane].eq((t == 0) | (d_off[lane + 1] > fill)),
+                    e_raw[lane].eq(t == 3),
+                ]
+
+        # After the beat: the frame's end (which overrides err_acc), the chunk taken.
         with m.If(done):
-            m.d.sync += [j.eq(0), err_acc.eq(0), ended.eq(0), out_bank.eq(~out_bank), b_full[out_bank].eq(0)]
+            m.d.sync += [err_acc.eq(0), ended.eq(0), out_bank.eq(~out_bank), b_full[out_bank].eq(0)]
+            m.d.comb += g_done_clr.bit_select(out_bank, 1).eq(1)
         with m.If(take_chunk):
             m.d.sync += ended.eq(head.last)
             with m.If(drain & (head.count != 0)):
                 m.d.sync += err_acc.eq(1)
 
-        # Tag rows are read one cycle ahead: the address is that of the next cycle's beat.
-        j_next = Mux(done, 0, Mux(fire, j + 1, j))
-        bank_next = out_bank ^ done
-        m.d.comb += tag_rd.addr.eq(Mux(bank_next, tag_rows, 0) + (j_next >> 4))
-
-        # The byte buffer: the beat's bytes leave from the bottom, a chunk enters above the rest.
-        kept_bytes = Signal(2 * w)
-        m.d.comb += kept_bytes.eq(Mux(done, 0, ubuf >> _bytes(take)))
-        with m.If(push):
-            incoming = (head.data & _byte_mask(head.count, nb)) << _bytes(rem)
-            m.d.sync += [ubuf.eq(kept_bytes | incoming[:2 * w]), fill.eq(rem + head.count)]
-        with m.Else():
-            m.d.sync += [ubuf.eq(kept_bytes), fill.eq(rem)]
+        # O: decode.
+        o_beat = Signal(beat_layout(w))
+        o_err = Signal()
+        m.d.comb += [self.o.valid.eq(o_valid), self.o.payload.eq(o_beat), self.error.eq(o_err)]
+        values = []
+        for lane in range(lanes):
+            small = _decode_small(m, e_q[lane], e_sign[lane], e_base, f"lane{lane}")
+            values.append(Mux(e_zero[lane], 0, Mux(e_raw[lane], e_code[lane], small)))
+        with m.If(o_adv):
+            m.d.sync += [
+                o_valid.eq(e_valid),
+                o_beat.data.eq(Cat(*values)),
+                o_beat.keep.eq(e_keep),
+                o_beat.last.eq(e_last),
+                o_err.eq(e_err),
+            ]
         return m
