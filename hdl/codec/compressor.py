@@ -654,8 +654,9 @@ class Decompressor(wiring.Component):
       costs ``max(input beats, output beats)`` plus at most 2 cycles: at 64 bit frames of 33,
       100 and 371 values leave with no idle output cycle; at 512 bit a frame whose tag block ends
       mid-beat may cost one more cycle (24.7 cycles for 24 output beats at 371 values, 7.8 for 7
-      at 100; 30 frames of gradients back to back, ``k`` = 8). A frame of one input beat takes
-      2 cycles (512 bit): a bank's tags are released only when its last beat leaves.
+      at 100; 30 frames of gradients back to back, ``k`` = 8). Frames of one input beat leave
+      at one per cycle (512 bit): a bank's tag rows are free for the next block as soon as the
+      generator has read the last of them.
     * **Size**: two tag rows of ``width`` bits per 16 output beats of ``max_elements`` values, a
       ``2*width``-bit byte buffer, the chunk FIFO, and the pipeline registers (an input beat, a
       beat's codes before decoding, the output beat).
@@ -878,13 +879,14 @@ class Decompressor(wiring.Component):
         d_need = d_off[-1]
         d_final = Signal()
         d_lanes_m1 = Signal(range(lanes))
+        d_k = Signal(range(K_MAX + 1))
+        d_err = Signal()
         fire = Signal()
         d_free = ~d_valid | fire
 
         # G: generator.
         g_bank = Signal()
         g_j = Signal(range(max_out))
-        g_done = Signal(2)                   # the generator has walked bank b (until b is emptied)
         g_n = b_n[g_bank]
         g_final = g_j == ((g_n - 1) >> ll)[:len(g_j)]
         p1_valid = Signal()
@@ -892,25 +894,26 @@ class Decompressor(wiring.Component):
         p1_rowok = Signal()
         p1_slot = Signal(4)
         p1_lanes_m1 = Signal(range(lanes))
+        p1_k = Signal(range(K_MAX + 1))
+        p1_err = Signal()
         p1_adv = ~p1_valid | d_free
         g_issue = Signal()
         m.d.comb += [
-            g_issue.eq(b_full[g_bank] & ~g_done.bit_select(g_bank, 1) & p1_adv),
+            g_issue.eq(b_full[g_bank] & p1_adv),
             tag_rd.addr.eq(Mux(g_bank, tag_rows, 0) + (g_j >> 4)),
             tag_rd.en.eq(p1_adv),
         ]
-        g_done_clr = Signal(2)
-        g_done_set = Signal(2)
-        m.d.sync += g_done.eq((g_done | g_done_set) & ~g_done_clr)
         with m.If(p1_adv):
             m.d.sync += [
                 p1_valid.eq(g_issue), p1_final.eq(g_final), p1_rowok.eq((g_j >> 4) < b_rows[g_bank]),
                 p1_slot.eq(g_j[:4]), p1_lanes_m1.eq((g_n - 1)[:ll]),
+                # The bank's k, and its input-side errors (all known once its tags are stored).
+                p1_k.eq(b_k[g_bank]), p1_err.eq(b_err[g_bank]),
             ]
         with m.If(g_issue):
             with m.If(g_final):
-                m.d.sync += [g_j.eq(0), g_bank.eq(~g_bank)]
-                m.d.comb += g_done_set.bit_select(g_bank, 1).eq(1)
+                # The bank's tag rows are all read: the input may store the next block in it.
+                m.d.sync += [g_j.eq(0), g_bank.eq(~g_bank), b_full[g_bank].eq(0)]
             with m.Else():
                 m.d.sync += g_j.eq(g_j + 1)
 
@@ -924,14 +927,14 @@ class Decompressor(wiring.Component):
             m.d.comb += o.eq(p_off[-1] + _code_length(p_tags[lane - 1]))
             p_off.append(o)
         with m.If(d_free):
-            m.d.sync += [d_valid.eq(p1_valid), d_final.eq(p1_final), d_lanes_m1.eq(p1_lanes_m1)]
+            m.d.sync += [d_valid.eq(p1_valid), d_final.eq(p1_final), d_lanes_m1.eq(p1_lanes_m1),
+                         d_k.eq(p1_k), d_err.eq(p1_err)]
             m.d.sync += [d_tags[lane].eq(p_tags[lane]) for lane in range(lanes)]
             m.d.sync += [d_off[lane].eq(p_off[lane]) for lane in range(1, lanes + 1)]
 
         # The byte buffer and the beat's bytes.
         ubuf = Signal(2 * w)                 # code bytes of the current frame; bytes ≥ fill are 0
         fill = Signal(range(2 * nb + 1))
-        out_bank = Signal()
         ended = Signal()                     # the frame's last chunk has been taken
         err_acc = Signal()
 
@@ -994,9 +997,9 @@ class Decompressor(wiring.Component):
             m.d.sync += e_valid.eq(fire)
         with m.If(fire):
             last_keep = _keep_mask(Cat(Const(0, 2), d_lanes_m1 + 1), nb)
-            frame_err = err_acc | ~enough | (d_final & ((fill > d_need) | b_err[out_bank]))
+            frame_err = err_acc | ~enough | (d_final & ((fill > d_need) | d_err))
             m.d.sync += [
-                e_base.eq(141 - b_k[out_bank]),
+                e_base.eq(141 - d_k),
                 e_keep.eq(Mux(d_final, last_keep, (1 << nb) - 1)),
                 e_last.eq(d_final),
                 e_err.eq(frame_err),
@@ -1017,8 +1020,7 @@ class Decompressor(wiring.Component):
 
         # After the beat: the frame's end (which overrides err_acc), the chunk taken.
         with m.If(done):
-            m.d.sync += [err_acc.eq(0), ended.eq(0), out_bank.eq(~out_bank), b_full[out_bank].eq(0)]
-            m.d.comb += g_done_clr.bit_select(out_bank, 1).eq(1)
+            m.d.sync += [err_acc.eq(0), ended.eq(0)]
         with m.If(take_chunk):
             m.d.sync += ended.eq(head.last)
             with m.If(drain & (head.count != 0)):
