@@ -575,9 +575,11 @@ def test_compressor_throughput(width, n):
     n_in = [beats(4 * n, width) for _ in frames]
     n_out = [len(kp) for kp in rec.keeps]
     total = rec.cycles[-1][-1] - acc[0] + 1
-    # The first frame must all be in before it leaves: latency ≤ 7 cycles after its last beat.
+    # The first frame must all be in before it leaves: latency ≤ 9 cycles after its last beat
+    # (7 … 9: two input stages, the input beat and its classification, then compaction, packing,
+    # the buffers and the output packer).
     latency = rec.cycles[0][0] - acc[n_in[0] - 1]
-    assert latency <= 7, latency
+    assert latency <= 9, latency
     # Ping-pong: frame f comes in while frame f-1 goes out.
     bound = n_in[0] + latency + sum(max(i, o) + 2 for i, o in zip(n_in[1:], n_out)) + n_out[-1] + 2
     assert total <= bound, (total, bound, n_in, n_out)
@@ -601,11 +603,13 @@ def test_decompressor_throughput(width, n):
     n_in = [beats(len(p), width) for p in payloads]
     n_out = [len(kp) for kp in rec.keeps]
     total = rec.cycles[-1][-1] - acc[0] + 1
-    # The first output beat is taken 3 clock edges after the first input beat with code bytes,
-    # 4 when it needs bytes of the next input beat too (512 bit, tag block ending mid-beat).
+    # The first output beat is taken 5 clock edges after the first input beat with code bytes
+    # (input stage, chunk FIFO, byte buffer, code extraction, output register), 6 when it needs
+    # bytes of the next input beat too or its tag block ends in that beat (512 bit: the tag
+    # block passes the input stage, the tag buffer, the generator and the descriptor register).
     first_code = codec.tag_bytes(n) // (width // 8)
     latency = rec.cycles[0][0] - acc[first_code]
-    assert latency <= 4, latency
+    assert latency <= 6, latency
     assert total <= sum(max(i, o) + 2 for i, o in zip(n_in, n_out)) + latency, (total, n_in, n_out)
     if n == MTU_MAX:
         out = rec.all_cycles

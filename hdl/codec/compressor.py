@@ -30,9 +30,10 @@ except on the last beat. The ``error`` output of each component is a side band o
 stream: it is meaningful on the beat with ``last`` = 1 (``o.valid`` high) and then tells whether
 the frame it ends was malformed.
 
-Not yet checked: timing closure. The byte alignment is done by barrel shifters that each take
-one cycle (lane compaction and packing in the compressor, lane extraction and decoding in the
-decompressor); at 512 bit and ~322 MHz some of them will likely need a pipeline register.
+Timing: both are pipelined to the logic-level budget of the 64-bit (xc7, 156.25 MHz) blocks,
+≤ 9 LUT levels between registers by the yosys estimate of ``wirereduce resources``
+(docs/architecture.md "Timing budgets"): the compressor has 7, the decompressor 8. The 512-bit
+instances (xcup, 322.27 MHz, ≤ 5 levels) are not yet checked against their budget.
 """
 
 from __future__ import annotations
@@ -230,21 +231,24 @@ class BytePacker(wiring.Component):
 # per-value rules
 
 
-def _classify(m: Module, bits, k, name: str):
-    """Tag (2 bits), code (32 bits, unused high bytes zero) and code length (bytes) of one fp32."""
+def _classify(m: Module, bits, lim, sh, name: str):
+    """Tag (2 bits), code (32 bits, unused high bytes zero) and code length (bytes) of one fp32.
+
+    ``lim`` are the exponent fields ``127 - k``, ``134 - k``, ``142 - k`` at which ``q`` reaches
+    1, ``2**7`` and ``2**15``; ``sh`` is ``(150 - k) % 32``. With them ``k`` costs no adder here.
+    """
     sign = bits[31]
     exp = bits[23:31]
-    ek = Signal(9, name=f"{name}_ek")
-    m.d.comb += ek.eq(exp + k)
     # For tags 1 and 2 the value is normal (e ≥ 127 - k ≥ 103) and q = significand >> (150 - e - k).
-    shift = (150 - ek)[:5]
+    shift = Signal(5, name=f"{name}_shift")
+    m.d.comb += shift.eq(sh - exp[:5])
     q = Signal(24, name=f"{name}_q")
     m.d.comb += q.eq(Cat(bits[:23], Const(1, 1)) >> shift)
     tag = Signal(2, name=f"{name}_tag")
     m.d.comb += tag.eq(Mux(exp >= _EXP_ONE, 3,
-                           Mux(ek < _EXP_ONE, 0,
-                               Mux(ek < _EXP_ONE + 7, 1,
-                                   Mux(ek < _EXP_ONE + 15, 2, 3)))))
+                           Mux(exp < lim[0], 0,
+                               Mux(exp < lim[1], 1,
+                                   Mux(exp < lim[2], 2, 3)))))
     code = Signal(32, name=f"{name}_code")
     length = Signal(3, name=f"{name}_len")
     with m.Switch(tag):
@@ -261,8 +265,9 @@ def _code_length(tag):
     return Mux(tag == 3, 4, tag)
 
 
-def _decode_small(m: Module, q, sign, k, name: str):
-    """fp32 bits of ``(-1)**sign * q * 2**-k`` for a 15-bit ``q`` (exact; ``q = 0`` gives ±0)."""
+def _decode_small(m: Module, q, sign, base, name: str):
+    """fp32 bits of ``(-1)**sign * q * 2**-k`` for a 15-bit ``q`` (exact; ``q = 0`` gives ±0);
+    ``base`` is ``141 - k``."""
     lz = Signal(range(16), name=f"{name}_lz")
     # Highest set bit wins: scan upwards so later (higher) bits override.
     lz_expr = Const(15, 4)
@@ -271,7 +276,7 @@ def _decode_small(m: Module, q, sign, k, name: str):
     m.d.comb += lz.eq(lz_expr)
     norm = Signal(15, name=f"{name}_norm")
     m.d.comb += norm.eq(q << lz)
-    exp = (141 - lz - k)[:8]
+    exp = (base - lz)[:8]
     out = Signal(32, name=f"{name}_val")
     m.d.comb += out.eq(Mux(q == 0, Cat(Const(0, 31), sign), Cat(Const(0, 9), norm[:14], exp, sign)))
     return out
@@ -290,27 +295,31 @@ class Compressor(wiring.Component):
     compressed payload, exactly ``wirereduce.sim.codec.encode(values, k)``: the tag block, then
     the codes, packed densely, ``keep`` on the last beat.
 
-    Because the tags come first, a frame is stored whole before it leaves. As beats arrive each
-    lane is classified (tag, 0/1/2/4 code bytes), the beat's codes are compacted into one chunk
-    of at most ``width/8`` bytes and a :class:`BytePacker` packs the chunks into a code buffer
-    (:mod:`amaranth.lib.memory`, one beat per row) while the tags collect in a tag buffer (one
-    row per 16 input beats). When the code buffer holds the whole frame, a reader sends the tag
-    rows and then the code rows through a second :class:`BytePacker`, which shifts the codes to
-    follow the tag block byte-exactly. Both buffers are double (ping-pong), so the next frame is
-    taken in while the previous one is sent.
+    Because the tags come first, a frame is stored whole before it leaves. Each input beat is
+    registered with ``k`` (as the thresholds of the tag compares), then each lane is classified
+    (tag, 0/1/2/4 code bytes) into a second register stage; from there the beat's codes are
+    compacted into one chunk of at most ``width/8`` bytes and a :class:`BytePacker` packs the
+    chunks into a code buffer (:mod:`amaranth.lib.memory`, one beat per row) while the tags
+    collect in a tag buffer (one row per 16 input beats). When the code buffer holds the whole
+    frame, a reader sends the tag rows and then the code rows through a second
+    :class:`BytePacker`, which shifts the codes to follow the tag block byte-exactly. Both
+    buffers are double (ping-pong), so the next frame is taken in while the previous one is
+    sent; the beats of a frame wait in the two input stages while their bank is still being sent.
 
     Timing (``valid`` and ``ready`` held high; measured and asserted in
     ``tests/test_codec_hdl.py``):
 
-    * **Latency**: one frame (store and forward). The first output beat is taken 5 … 7 cycles
-      after the frame's last input beat when the output side is idle.
+    * **Latency**: one frame (store and forward). The first output beat is taken 7 … 9 cycles
+      after the frame's last input beat when the output side is idle (two of them are the input
+      stages that keep the classification within the logic-level budget).
     * **Throughput**: one input beat per cycle, less one cycle at the end of a frame whose
       compressed bytes need one more beat to flush; one output beat per cycle while a frame is
       sent (the tag block and the codes are packed back to back). Back to back a frame costs
       ``max(input beats, output beats)`` plus at most 2 cycles: frames of 371 values are taken
-      at 0.999 (64 bit) and 1.000 (512 bit) input beats per cycle, frames of 100 values at 0.99
-      and 0.96. Frames of a few beats are limited by the two buffers covering the latency: about
-      2.3 cycles per one-beat frame, 3.9 per three-beat frame at 512 bit.
+      at 0.999 (64 bit) and 0.997 (512 bit) input beats per cycle, frames of 100 values at 0.994
+      and 0.976 (30 frames of gradients back to back, ``k`` = 8). Frames of a few beats are
+      limited by the two buffers covering the latency: about 2.3 cycles per one-beat frame, 4.1
+      per three-beat frame at 512 bit.
     * **Size**: two tag rows of ``width`` bits per 16 input beats and two code rows per input beat
       of ``max_elements`` values (two frames), plus two :class:`BytePacker`.
 
@@ -388,91 +397,138 @@ class Compressor(wiring.Component):
         meta_err = Array(Signal(name=f"err{b}") for b in range(2))
 
         # ------------------------------------------------------------------------------------
-        # Input: classify, compact the beat's codes into one chunk, collect the tags.
+        # Input, in three registered stages (each takes a beat when the next one can):
+        #   A  the beat, which lanes hold values, and k as the thresholds of the tag compares;
+        #   B  per lane the tag, the code and its length in bytes;
+        #   s1 the beat's codes compacted into one chunk for the packer; the tags collect.
         # ------------------------------------------------------------------------------------
         beat = self.i.payload
         wr_bank = Signal()
         index = Signal(range(max_beats + 1))      # beat of the frame, saturating at max_beats
+
+        s1_valid = Signal()
+        s1 = Signal(chunk_layout(w))
+        m.d.comb += [pack_in.i.valid.eq(s1_valid), pack_in.i.payload.eq(s1)]
+        s1_free = Signal()
+        m.d.comb += s1_free.eq(~s1_valid | pack_in.i.ready)
+        b_valid = Signal()
+        b_bank = Signal()
+        b_fire = Signal()
+        # A beat leaves stage B (its tags and the frame's metadata are written) once its bank is
+        # not busy with the previous frame of that bank: stages A and B fill meanwhile.
+        m.d.comb += b_fire.eq(b_valid & s1_free & ~busy.bit_select(b_bank, 1))
+        b_free = ~b_valid | b_fire
+        a_valid = Signal()
+        a_free = ~a_valid | b_free
+        a_fire = Signal()
+        m.d.comb += a_fire.eq(a_valid & b_free)
+
+        in_ready = Signal()
+        m.d.comb += [
+            in_ready.eq(a_free),
+            self.i.ready.eq(in_ready),
+        ]
+        i_fire = self.i.valid & in_ready
+
+        # Stage A.
+        a_data = Signal(w)
+        a_lane = Signal(lanes)                    # lane holds a value of the frame
+        a_over = Signal()                         # a value beyond max_elements (dropped)
+        a_last = Signal()
+        a_index = Signal(range(max_beats + 1))
+        a_bank = Signal()
+        # A value with exponent field e has q >= 1, >= 2**7, >= 2**15 when e >= 127 - k, 134 - k,
+        # 142 - k; q is its significand shifted right by (150 - k) - e.
+        a_lim = [Signal(8, name=f"a_lim{i}") for i in range(3)]
+        a_sh = Signal(5)
+        present = [beat.keep[4 * j] for j in range(lanes)]
+        # Element index * lanes + j < max_elements, as a compare of the beat index alone.
+        in_range = [index < _cdiv(maxn - j, lanes) for j in range(lanes)]
+        with m.If(a_fire):
+            m.d.sync += a_valid.eq(0)
+        with m.If(i_fire):
+            m.d.sync += [
+                a_valid.eq(1), a_data.eq(beat.data), a_last.eq(beat.last), a_index.eq(index), a_bank.eq(wr_bank),
+                a_lane.eq(Cat(*(present[j] & in_range[j] for j in range(lanes)))),
+                a_over.eq(Cat(*(present[j] & ~in_range[j] for j in range(lanes))).any()),
+                a_lim[0].eq(_EXP_ONE - k), a_lim[1].eq(_EXP_ONE + 7 - k), a_lim[2].eq(_EXP_ONE + 15 - k),
+                a_sh.eq((150 - k)[:5]),
+            ]
+
+        # Stage B.
+        b_tags = [Signal(2, name=f"lane{j}_t") for j in range(lanes)]
+        b_codes = [Signal(32, name=f"lane{j}_c") for j in range(lanes)]
+        b_lens = [Signal(3, name=f"lane{j}_l") for j in range(lanes)]
+        b_nvalid = Signal(range(lanes + 1))
+        b_over = Signal()
+        b_last = Signal()
+        b_index = Signal(range(max_beats + 1))
+        classified = [_classify(m, a_data[32 * j:32 * j + 32], a_lim, a_sh, f"lane{j}") for j in range(lanes)]
+        with m.If(b_fire):
+            m.d.sync += b_valid.eq(0)
+        with m.If(a_fire):
+            m.d.sync += [
+                b_valid.eq(1), b_nvalid.eq(sum(a_lane[j] for j in range(lanes))), b_over.eq(a_over),
+                b_last.eq(a_last), b_index.eq(a_index), b_bank.eq(a_bank),
+            ]
+            for j, (t, c, ln) in enumerate(classified):
+                v = a_lane[j]
+                m.d.sync += [b_tags[j].eq(Mux(v, t, 0)), b_codes[j].eq(Mux(v, c, 0)), b_lens[j].eq(Mux(v, ln, 0))]
+
+        # Stage s1: compaction.
+        offsets = [Const(0, 1)]
+        for j in range(1, lanes + 1):
+            o = Signal(range(4 * j + 1), name=f"offset{j}")
+            m.d.comb += o.eq(offsets[-1] + b_lens[j - 1])
+            offsets.append(o)
+        count = offsets[-1]
+        chunk = Signal(w)
+        parts = [(b_codes[j] << _bytes(offsets[j]))[:w] for j in range(lanes)]
+        expr = parts[0]
+        for p in parts[1:]:
+            expr = expr | p
+        m.d.comb += chunk.eq(expr)
+        with m.If(pack_in.i.ready):
+            m.d.sync += s1_valid.eq(0)
+        with m.If(b_fire):
+            m.d.sync += [s1_valid.eq(1), s1.data.eq(chunk), s1.count.eq(count), s1.last.eq(b_last)]
+
+        # Input-side frame bookkeeping: the beat index and bank at the input, the counts, tags,
+        # the bank's metadata and its busy bit at stage B.
+        with m.If(i_fire):
+            with m.If(beat.last):
+                m.d.sync += [index.eq(0), wr_bank.eq(~wr_bank)]
+            with m.Else():
+                m.d.sync += index.eq(Mux(index == max_beats, index, index + 1))
+
         n_acc = Signal(range(maxn + 1))
         c_acc = Signal(range(4 * maxn + 1))
         e_acc = Signal()
         tag_acc = Signal(w)
 
-        tags, valid, lengths, codes = [], [], [], []
-        overflow = []
-        for j in range(lanes):
-            present = beat.keep[4 * j]
-            # Element index * lanes + j < max_elements, as a compare of the beat index alone.
-            in_range = index < _cdiv(maxn - j, lanes)
-            v = Signal(name=f"lane{j}_valid")
-            m.d.comb += v.eq(present & in_range)
-            t, c, ln = _classify(m, beat.data[32 * j:32 * j + 32], k, f"lane{j}")
-            tm, cm, lm = Signal(2, name=f"lane{j}_t"), Signal(32, name=f"lane{j}_c"), Signal(3, name=f"lane{j}_l")
-            m.d.comb += [tm.eq(Mux(v, t, 0)), cm.eq(Mux(v, c, 0)), lm.eq(Mux(v, ln, 0))]
-            tags.append(tm)
-            codes.append(cm)
-            lengths.append(lm)
-            valid.append(v)
-            overflow.append(present & ~in_range)
-
-        offsets = [Const(0, 1)]
-        for j in range(1, lanes + 1):
-            o = Signal(range(4 * j + 1), name=f"offset{j}")
-            m.d.comb += o.eq(offsets[-1] + lengths[j - 1])
-            offsets.append(o)
-        count = offsets[-1]
-        chunk = Signal(w)
-        parts = [(codes[j] << _bytes(offsets[j]))[:w] for j in range(lanes)]
-        expr = parts[0]
-        for p in parts[1:]:
-            expr = expr | p
-        m.d.comb += chunk.eq(expr)
-        nvalid = Signal(range(lanes + 1))
-        m.d.comb += nvalid.eq(sum(valid))
-        too_many = Signal()
-        m.d.comb += too_many.eq(Cat(*overflow).any())
-
-        # One register stage between classification and the packer.
-        s1_valid = Signal()
-        s1 = Signal(chunk_layout(w))
-        m.d.comb += [pack_in.i.valid.eq(s1_valid), pack_in.i.payload.eq(s1)]
-        in_ready = Signal()
-        m.d.comb += [
-            in_ready.eq(~busy.bit_select(wr_bank, 1) & (~s1_valid | pack_in.i.ready)),
-            self.i.ready.eq(in_ready),
-        ]
-        i_fire = self.i.valid & in_ready
-        with m.If(pack_in.i.ready):
-            m.d.sync += s1_valid.eq(0)
-        with m.If(i_fire):
-            m.d.sync += [s1_valid.eq(1), s1.data.eq(chunk), s1.count.eq(count), s1.last.eq(beat.last)]
-
         # Tag row: 16 beats of 2*lanes tag bits each; written on every beat, so the row in
         # memory always holds the tags so far (and zeros above them: the block's padding).
-        slot = index[:4]
+        slot = b_index[:4]
         row = Signal(w)
-        m.d.comb += row.eq(Mux(slot == 0, 0, tag_acc) | (Cat(*tags) << Cat(Const(0, _log2(2 * lanes)), slot))[:w])
+        m.d.comb += row.eq(Mux(slot == 0, 0, tag_acc) | (Cat(*b_tags) << Cat(Const(0, _log2(2 * lanes)), slot))[:w])
         m.d.comb += [
-            tag_wr.addr.eq(Mux(wr_bank, tag_rows, 0) + index[4:]),
+            tag_wr.addr.eq(Mux(b_bank, tag_rows, 0) + b_index[4:]),
             tag_wr.data.eq(row),
-            tag_wr.en.eq(i_fire & (index < max_beats)),
+            tag_wr.en.eq(b_fire & (b_index < max_beats)),
         ]
 
-        with m.If(i_fire):
+        with m.If(b_fire):
             m.d.sync += tag_acc.eq(row)
-            with m.If(beat.last):
-                m.d.comb += busy_set.bit_select(wr_bank, 1).eq(1)
+            with m.If(b_last):
+                m.d.comb += busy_set.bit_select(b_bank, 1).eq(1)
                 m.d.sync += [
-                    index.eq(0), n_acc.eq(0), c_acc.eq(0), e_acc.eq(0), wr_bank.eq(~wr_bank),
-                    meta_n[wr_bank].eq(n_acc + nvalid),
-                    meta_c[wr_bank].eq(c_acc + count),
-                    meta_err[wr_bank].eq(e_acc | too_many | (n_acc + nvalid == 0)),
+                    n_acc.eq(0), c_acc.eq(0), e_acc.eq(0),
+                    meta_n[b_bank].eq(n_acc + b_nvalid),
+                    meta_c[b_bank].eq(c_acc + count),
+                    meta_err[b_bank].eq(e_acc | b_over | (n_acc + b_nvalid == 0)),
                 ]
             with m.Else():
-                m.d.sync += [
-                    index.eq(Mux(index == max_beats, index, index + 1)),
-                    n_acc.eq(n_acc + nvalid), c_acc.eq(c_acc + count), e_acc.eq(e_acc | too_many),
-                ]
+                m.d.sync += [n_acc.eq(n_acc + b_nvalid), c_acc.eq(c_acc + count), e_acc.eq(e_acc | b_over)]
 
         # Packed code beats go to the code buffer of the bank the packer's frame belongs to.
         cw_bank = Signal()
@@ -496,20 +552,26 @@ class Compressor(wiring.Component):
         rd_bank = Signal()
         rd_tags = Signal(init=1)
         rd_idx = Signal(range(max(tag_rows, code_rows) + 1))
-        n_r, c_r = meta_n[rd_bank], meta_c[rd_bank]
-        units_total = Signal(range(_cdiv(maxn, 32) + 1))  # 8-byte units of the tag block
-        m.d.comb += units_total.eq((n_r + 31) >> 5)
-        tag_beats = Signal(range(tag_rows * 16 + 1))
-        tag_tail = Signal(range(nb + 1))  # bytes of the tag block in its last beat
-        code_beats = Signal(range(code_rows + 1))
-        code_tail = Signal(range(nb + 1))
-        m.d.comb += [
-            # A frame of no values still sends one (empty) chunk, so that its last beat leaves.
-            tag_beats.eq(Mux(n_r == 0, 1, (units_total + units - 1) >> _log2(units))),
-            tag_tail.eq(Mux(n_r == 0, 0, 8 if units == 1 else _bytes((units_total - 1)[:_log2(units)] + 1))),
-            code_beats.eq((c_r + nb - 1) >> _log2(nb)),
-            code_tail.eq((c_r - 1)[:_log2(nb)] + 1),
-        ]
+        # Per bank, from its metadata (registered: written at the frame's last beat in stage B,
+        # read only once the bank is full, at least three cycles later): the last tag beat, the
+        # tag bytes in it, the last code beat, the code bytes in it, whether there are codes.
+        d_tag_last = Array(Signal(range(tag_rows * 16 + 1), name=f"tag_last{b}") for b in range(2))
+        d_tag_tail = Array(Signal(range(nb + 1), name=f"tag_tail{b}") for b in range(2))
+        d_code_last = Array(Signal(range(code_rows + 1), name=f"code_last{b}") for b in range(2))
+        d_code_tail = Array(Signal(range(nb + 1), name=f"code_tail{b}") for b in range(2))
+        d_no_codes = Array(Signal(name=f"no_codes{b}") for b in range(2))
+        for b in range(2):
+            n_b, c_b = meta_n[b], meta_c[b]
+            units_total = (n_b + 31) >> 5  # 8-byte units of the tag block
+            m.d.sync += [
+                # A frame of no values still sends one (empty) chunk, so that its last beat leaves.
+                d_tag_last[b].eq(Mux(n_b == 0, 0, ((units_total + units - 1) >> _log2(units)) - 1)),
+                d_tag_tail[b].eq(Mux(n_b == 0, 0, 8 if units == 1 else _bytes((units_total - 1)[:_log2(units)] + 1))),
+                d_code_last[b].eq(((c_b + nb - 1) >> _log2(nb)) - 1),
+                d_code_tail[b].eq((c_b - 1)[:_log2(nb)] + 1),
+                d_no_codes[b].eq(c_b == 0),
+            ]
+        no_codes = d_no_codes[rd_bank]
 
         r1_valid = Signal()
         r1_tags = Signal()
@@ -536,16 +598,16 @@ class Compressor(wiring.Component):
             with m.If(active):
                 m.d.sync += [r1_tags.eq(rd_tags), r1_err.eq(meta_err[rd_bank])]
                 with m.If(rd_tags):
-                    last_tag = rd_idx == tag_beats - 1
-                    m.d.sync += [r1_count.eq(Mux(last_tag, tag_tail, nb)), r1_last.eq(last_tag & (c_r == 0))]
+                    last_tag = rd_idx == d_tag_last[rd_bank]
+                    m.d.sync += [r1_count.eq(Mux(last_tag, d_tag_tail[rd_bank], nb)), r1_last.eq(last_tag & no_codes)]
                     with m.If(last_tag):
                         m.d.sync += [rd_idx.eq(0), rd_tags.eq(0)]
-                        m.d.comb += finish.eq(c_r == 0)
+                        m.d.comb += finish.eq(no_codes)
                     with m.Else():
                         m.d.sync += rd_idx.eq(rd_idx + 1)
                 with m.Else():
-                    last_code = rd_idx == code_beats - 1
-                    m.d.sync += [r1_count.eq(Mux(last_code, code_tail, nb)), r1_last.eq(last_code)]
+                    last_code = rd_idx == d_code_last[rd_bank]
+                    m.d.sync += [r1_count.eq(Mux(last_code, d_code_tail[rd_bank], nb)), r1_last.eq(last_code)]
                     m.d.sync += rd_idx.eq(rd_idx + 1)
                     m.d.comb += finish.eq(last_code)
         with m.If(finish):
@@ -569,28 +631,35 @@ class Decompressor(wiring.Component):
     ``n`` decoded fp32 values, ``width // 32`` per beat, ``keep`` covering ``4*n`` bytes on the
     last beat: bit for bit ``wirereduce.sim.codec.decode(payload, n, k)``.
 
-    The tag block is stored first (a ping-pong buffer, one row per input beat). The codes that
-    follow enter a ``2*width``-bit byte buffer; for each output beat the tags of its
-    ``width/32`` values give their code lengths, each lane picks its code at the running byte
-    offset, decodes it, and the beat consumes the sum of the lengths. Up to ``width/8`` code
-    bytes enter and leave the buffer per cycle, so one output beat per cycle is sustained even
-    when every value is raw. Code chunks wait in a small FIFO (:attr:`fifo_depth` entries, a tag
-    block's worth of beats plus 4), so the input runs ahead and stores the next frame's tag
+    Each input beat is registered with its place in the tag block (how many of its bytes are
+    tag bytes). The tag block is stored first (a ping-pong buffer, one row per input beat). The
+    codes that follow enter a ``2*width``-bit byte buffer. A generator walks the output beats of
+    each stored tag block and registers, one beat ahead, the tags of the beat's ``width/32``
+    values, their code lengths and running byte offsets; when the buffer holds the beat's bytes,
+    each lane's code is taken at its offset into a register while the beat's bytes leave the
+    buffer, and the next cycle decodes the codes into the output register. Up to ``width/8``
+    code bytes enter and leave the buffer per cycle, so one output beat per cycle is sustained
+    even when every value is raw. Code chunks wait in a small FIFO (:attr:`fifo_depth` entries,
+    a tag block's worth of beats plus 4), so the input runs ahead and stores the next frame's tag
     block in the other bank while the current frame's values still leave.
 
     Timing (``valid`` and ``ready`` held high; measured and asserted in
     ``tests/test_codec_hdl.py``):
 
-    * **Latency**: an output beat is taken 3 cycles after the input beat that completes its code
-      bytes, 4 when a frame's first beat needs bytes of two input beats (512 bit, tag block
-      ending mid-beat); the frame's whole tag block must have arrived before its first beat.
+    * **Latency**: an output beat is taken 5 cycles after the input beat that completes its code
+      bytes (input stage, chunk FIFO, byte buffer, code extraction, output register), and a
+      frame's first beat no earlier than 6 cycles after the input beat that ends its tag block
+      (input stage, tag buffer, generator, descriptor, extraction, output register).
     * **Throughput**: one output beat per cycle once codes are available. Back to back a frame
       costs ``max(input beats, output beats)`` plus at most 2 cycles: at 64 bit frames of 33,
       100 and 371 values leave with no idle output cycle; at 512 bit a frame whose tag block ends
-      mid-beat may cost one more cycle (24.9 cycles for 24 output beats at 371 values, 7.7 for 7
-      at 100). A frame of one input beat takes 1.5 cycles (512 bit).
+      mid-beat may cost one more cycle (24.7 cycles for 24 output beats at 371 values, 7.8 for 7
+      at 100; 30 frames of gradients back to back, ``k`` = 8). Frames of one input beat leave
+      at one per cycle (512 bit): a bank's tag rows are free for the next block as soon as the
+      generator has read the last of them.
     * **Size**: two tag rows of ``width`` bits per 16 output beats of ``max_elements`` values, a
-      ``2*width``-bit byte buffer and the chunk FIFO.
+      ``2*width``-bit byte buffer, the chunk FIFO, and the pipeline registers (an input beat, a
+      beat's codes before decoding, the output beat).
 
     Malformed input never hangs the decompressor: every input frame is consumed to its ``last``
     beat and gives one output frame of ``n`` values, with ``error`` set on its last beat if
@@ -618,8 +687,8 @@ class Decompressor(wiring.Component):
     fifo_depth : int
         Entries of the code-chunk FIFO.
     i : In(FrameStream(width))
-        Compressed payloads. ``i.ready`` depends combinationally on ``i.payload`` (``keep`` and
-        ``last``: whether the beat carries code bytes) and on ``o.ready``.
+        Compressed payloads. ``i.ready`` depends on registers only (not on ``i.payload`` or
+        ``o.ready``).
     n : In(16)
         Element count of the payload, sampled with its first beat.
     k : In(8)
@@ -654,14 +723,16 @@ class Decompressor(wiring.Component):
         m = Module()
         w, lanes, maxn = self.width, self.lanes, self.max_elements
         nb = w // 8
+        lb = _log2(nb)
         units = nb // 8
+        lu = _log2(units)
         ll = _log2(lanes)
         tag_rows = _cdiv(8 * _cdiv(maxn, 32), nb)  # input beats holding tags, per bank
         max_out = _cdiv(maxn, lanes)
 
         m.submodules.tag_mem = tag_mem = memory.Memory(shape=w, depth=2 * tag_rows, init=[])
         tag_wr = tag_mem.write_port()
-        tag_rd = tag_mem.read_port(transparent_for=(tag_wr,))
+        tag_rd = tag_mem.read_port()
         # Code chunks wait here, so the input runs ahead and stores the next frame's tag block
         # while the output still works on the previous frame.
         chunk = chunk_layout(w)
@@ -676,7 +747,9 @@ class Decompressor(wiring.Component):
         b_rows = Array(Signal(range(tag_rows + 1), name=f"tag_rows{b}") for b in range(2))
 
         # ------------------------------------------------------------------------------------
-        # Input side: tag bytes to the tag buffer, code bytes (and every frame's end) to the FIFO.
+        # Input side, two steps. Stage A takes the beat and registers it with what its position
+        # in the frame says: how many of its bytes are tag bytes, whether it ends the tag block.
+        # Then tag bytes go to the tag buffer, code bytes (and every frame's end) to the FIFO.
         # ------------------------------------------------------------------------------------
         beat = self.i.payload
         in_bank = Signal()
@@ -690,184 +763,283 @@ class Decompressor(wiring.Component):
             n_bad.eq((self.n == 0) | (self.n > maxn)),
         ]
         k_port = _clamp_k(m, self.k, "k_clamped")
-        cur_n = Signal(range(maxn + 1))
-        m.d.comb += cur_n.eq(Mux(first, n_port, b_n[in_bank]))
 
-        t_units = Signal(range(_cdiv(maxn, 32) + 1))   # 8-byte units of the tag block
-        t_beats = Signal(range(tag_rows + 1))          # beats holding tag bytes
-        t_tail_unit = Signal(range(units))             # unit of the block's last 8 bytes in its last beat
-        t_tail = Signal(range(nb + 1))                 # tag bytes in the last tag beat
-        m.d.comb += [
-            t_units.eq((cur_n + 31) >> 5),
-            t_beats.eq((t_units + units - 1) >> _log2(units)),
-        ]
-        if units == 1:
-            m.d.comb += t_tail.eq(8)
-        else:
-            m.d.comb += [t_tail_unit.eq((t_units - 1)[:_log2(units)]), t_tail.eq(_bytes(t_tail_unit + 1))]
+        def tag_shape(n):
+            """(beats holding tags - 1, tag bytes in the last of them, its 8-byte unit) of n values."""
+            t_units_m1 = (n - 1) >> 5  # 8-byte units of the tag block, less one
+            tail_unit = t_units_m1[:lu] if units > 1 else Const(0, 1)
+            return t_units_m1 >> lu, _bytes(tail_unit + 1), tail_unit
 
-        in_tags = index < t_beats
-        tag_end = index == t_beats - 1
+        def pad_mask(n):
+            """Bits of the tag block's last 8-byte unit that must be zero: 2*(n % 32) … 63."""
+            n5 = n[:5]
+            return Cat(*((n5 != 0) & (n5 <= b // 2) for b in range(64)))
+
+        # The current input frame's tag shape, registered with its first beat.
+        f_tb_m1 = Signal(range(tag_rows))
+        f_tail = Signal(range(nb + 1))
+        f_unit = Signal(range(units))
+        f_pad = Signal(64)
+        p_tb_m1, p_tail, p_unit = tag_shape(n_port)
+        cur_tb_m1 = Mux(first, p_tb_m1, f_tb_m1)
+
+        a_valid = Signal()
+        a_data = Signal(w)                   # the beat, bytes beyond keep zeroed
+        a_kept = Signal(range(nb + 1))
+        a_last = Signal()
+        a_first = Signal()
+        a_nbad = Signal()
+        a_n = Signal(range(maxn + 1))
+        a_k = Signal(range(K_MAX + 1))
+        a_bank = Signal()
+        a_index = Signal(range(tag_rows + 1))
+        a_in_tags = Signal()
+        a_tag_end = Signal()
+        a_tail = Signal(range(nb + 1))
+        a_unit = Signal(range(units))
+        a_pad = Signal(64)
+
         kept = Signal(range(nb + 1))
         m.d.comb += kept.eq(sum(beat.keep[b] for b in range(nb)))
-        tag_bytes = Signal(range(nb + 1))
-        m.d.comb += tag_bytes.eq(Mux(tag_end, t_tail, Mux(in_tags, nb, 0)))
+
         code_count = Signal(range(nb + 1))
-        m.d.comb += code_count.eq(Mux(kept > tag_bytes, kept - tag_bytes, 0))
-        kept_data = Signal(w)
-        m.d.comb += kept_data.eq(beat.data & _byte_mask(kept, nb))
-
-        # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero.
-        pad = Signal(64)
-        last_unit = kept_data[:64] if units == 1 else kept_data.word_select(t_tail_unit, 64)
-        m.d.comb += pad.eq(last_unit >> Cat(Const(0, 1), cur_n[:5]))
-        pad_err = tag_end & (cur_n[:5] != 0) & (pad != 0)
-        # The payload ends before its tag block does.
-        tags_cut = beat.last & in_tags & (~tag_end | (kept < t_tail))
-
-        needs_push = (code_count != 0) | beat.last
-        tag_ok = ~in_tags | ~b_full[in_bank]
-        m.d.comb += self.i.ready.eq(tag_ok & (~needs_push | chunks.w_rdy))
+        m.d.comb += code_count.eq(Mux(a_tag_end, Mux(a_kept > a_tail, a_kept - a_tail, 0), Mux(a_in_tags, 0, a_kept)))
+        tag_bytes = Mux(a_tag_end, a_tail, Mux(a_in_tags, nb, 0))
+        needs_push = (code_count != 0) | a_last
+        tag_ok = ~a_in_tags | ~b_full[a_bank]
+        a_go = Signal()
+        m.d.comb += a_go.eq(a_valid & tag_ok & (~needs_push | chunks.w_rdy))
+        m.d.comb += self.i.ready.eq(~a_valid | a_go)
         i_fire = self.i.valid & self.i.ready
 
-        w_chunk = Signal(chunk)
-        m.d.comb += [
-            w_chunk.data.eq(kept_data >> _bytes(tag_bytes)),
-            w_chunk.count.eq(code_count),
-            w_chunk.last.eq(beat.last),
-            chunks.w_data.eq(w_chunk.as_value()),
-            chunks.w_en.eq(i_fire & needs_push),
-            tag_wr.addr.eq(Mux(in_bank, tag_rows, 0) + index),
-            tag_wr.data.eq(kept_data),
-            tag_wr.en.eq(i_fire & in_tags),
-        ]
+        with m.If(a_go):
+            m.d.sync += a_valid.eq(0)
         with m.If(i_fire):
-            err_now = (first & n_bad) | pad_err | tags_cut
-            m.d.sync += b_err[in_bank].eq(Mux(first, 0, b_err[in_bank]) | err_now)
+            m.d.sync += [
+                a_valid.eq(1),
+                a_data.eq(beat.data & _byte_mask(kept, nb)),
+                a_kept.eq(kept),
+                a_last.eq(beat.last),
+                a_first.eq(first),
+                a_nbad.eq(first & n_bad),
+                a_n.eq(n_port),
+                a_k.eq(k_port),
+                a_bank.eq(in_bank),
+                a_index.eq(index),
+                a_in_tags.eq(first | (index <= f_tb_m1)),
+                a_tag_end.eq(index == cur_tb_m1),
+                a_tail.eq(Mux(first, p_tail, f_tail)),
+                a_unit.eq(Mux(first, p_unit, f_unit)),
+                a_pad.eq(Mux(first, pad_mask(n_port), f_pad)),
+            ]
             with m.If(first):
-                m.d.sync += [b_n[in_bank].eq(n_port), b_k[in_bank].eq(k_port)]
-            with m.If(in_tags & (tag_end | beat.last)):
-                m.d.sync += [b_full[in_bank].eq(1), b_rows[in_bank].eq(index + 1)]
+                m.d.sync += [f_tb_m1.eq(p_tb_m1), f_tail.eq(p_tail), f_unit.eq(p_unit), f_pad.eq(pad_mask(n_port))]
             with m.If(beat.last):
                 m.d.sync += [index.eq(0), in_bank.eq(~in_bank)]
             with m.Else():
                 m.d.sync += index.eq(Mux(index == tag_rows, index, index + 1))
 
+        # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero.
+        last_unit = a_data[:64] if units == 1 else a_data.word_select(a_unit, 64)
+        pad_err = a_tag_end & (last_unit & a_pad).any()
+        # The payload ends before its tag block does.
+        tags_cut = a_last & a_in_tags & (~a_tag_end | (a_kept < a_tail))
+
+        w_chunk = Signal(chunk)
+        m.d.comb += [
+            w_chunk.data.eq(a_data >> _bytes(tag_bytes)),
+            w_chunk.count.eq(code_count),
+            w_chunk.last.eq(a_last),
+            chunks.w_data.eq(w_chunk.as_value()),
+            chunks.w_en.eq(a_go & needs_push),
+            tag_wr.addr.eq(Mux(a_bank, tag_rows, 0) + a_index),
+            tag_wr.data.eq(a_data),
+            tag_wr.en.eq(a_go & a_in_tags),
+        ]
+        with m.If(a_go):
+            err_now = a_nbad | pad_err | tags_cut
+            m.d.sync += b_err[a_bank].eq(Mux(a_first, 0, b_err[a_bank]) | err_now)
+            with m.If(a_first):
+                m.d.sync += [b_n[a_bank].eq(a_n), b_k[a_bank].eq(a_k)]
+            with m.If(a_in_tags & (a_tag_end | a_last)):
+                m.d.sync += [b_full[a_bank].eq(1), b_rows[a_bank].eq(a_index + 1)]
+
         # ------------------------------------------------------------------------------------
-        # Output side: one beat of ``lanes`` values per cycle from the byte buffer.
+        # Output side, a pipeline of per-beat descriptors and two stages of values.
+        #   G  the descriptor generator walks the output beats of each full bank and reads the
+        #      tag row of each (one cycle, the tag buffer's read register);
+        #   D  the beat's tags, their code lengths and running byte offsets, registered;
+        #   E  when the beat's code bytes are in the byte buffer: each lane's code, extracted at
+        #      its offset, while the beat's bytes leave the buffer;
+        #   O  the decoded values (the output register).
         # ------------------------------------------------------------------------------------
+        d_valid = Signal()
+        d_tags = [Signal(2, name=f"lane{lane}_tag") for lane in range(lanes)]
+        d_off = [Const(0, 1)] + [Signal(range(4 * lane + 1), name=f"offset{lane}") for lane in range(1, lanes + 1)]
+        d_need = d_off[-1]
+        d_final = Signal()
+        d_lanes_m1 = Signal(range(lanes))
+        d_k = Signal(range(K_MAX + 1))
+        d_err = Signal()
+        fire = Signal()
+        d_free = ~d_valid | fire
+
+        # G: generator.
+        g_bank = Signal()
+        g_j = Signal(range(max_out))
+        g_n = b_n[g_bank]
+        g_final = g_j == ((g_n - 1) >> ll)[:len(g_j)]
+        p1_valid = Signal()
+        p1_final = Signal()
+        p1_rowok = Signal()
+        p1_slot = Signal(4)
+        p1_lanes_m1 = Signal(range(lanes))
+        p1_k = Signal(range(K_MAX + 1))
+        p1_err = Signal()
+        p1_adv = ~p1_valid | d_free
+        g_issue = Signal()
+        m.d.comb += [
+            g_issue.eq(b_full[g_bank] & p1_adv),
+            tag_rd.addr.eq(Mux(g_bank, tag_rows, 0) + (g_j >> 4)),
+            tag_rd.en.eq(p1_adv),
+        ]
+        with m.If(p1_adv):
+            m.d.sync += [
+                p1_valid.eq(g_issue), p1_final.eq(g_final), p1_rowok.eq((g_j >> 4) < b_rows[g_bank]),
+                p1_slot.eq(g_j[:4]), p1_lanes_m1.eq((g_n - 1)[:ll]),
+                # The bank's k, and its input-side errors (all known once its tags are stored).
+                p1_k.eq(b_k[g_bank]), p1_err.eq(b_err[g_bank]),
+            ]
+        with m.If(g_issue):
+            with m.If(g_final):
+                # The bank's tag rows are all read: the input may store the next block in it.
+                m.d.sync += [g_j.eq(0), g_bank.eq(~g_bank), b_full[g_bank].eq(0)]
+            with m.Else():
+                m.d.sync += g_j.eq(g_j + 1)
+
+        # D: the beat's tags (missing rows and lanes beyond n count as tag 0), lengths, offsets.
+        row = Mux(p1_rowok, tag_rd.data, 0)
+        tslice = row.word_select(p1_slot, 2 * lanes)
+        p_tags = [Mux(~p1_final | (lane <= p1_lanes_m1), tslice[2 * lane:2 * lane + 2], 0) for lane in range(lanes)]
+        p_off = [Const(0, 1)]
+        for lane in range(1, lanes + 1):
+            o = Signal(range(4 * lane + 1), name=f"next_offset{lane}")
+            m.d.comb += o.eq(p_off[-1] + _code_length(p_tags[lane - 1]))
+            p_off.append(o)
+        with m.If(d_free):
+            m.d.sync += [d_valid.eq(p1_valid), d_final.eq(p1_final), d_lanes_m1.eq(p1_lanes_m1),
+                         d_k.eq(p1_k), d_err.eq(p1_err)]
+            m.d.sync += [d_tags[lane].eq(p_tags[lane]) for lane in range(lanes)]
+            m.d.sync += [d_off[lane].eq(p_off[lane]) for lane in range(1, lanes + 1)]
+
+        # The byte buffer and the beat's bytes.
         ubuf = Signal(2 * w)                 # code bytes of the current frame; bytes ≥ fill are 0
         fill = Signal(range(2 * nb + 1))
-        out_bank = Signal()
-        j = Signal(range(max_out))           # output beat of the frame
         ended = Signal()                     # the frame's last chunk has been taken
         err_acc = Signal()
 
-        on = b_full[out_bank]
-        n_o = b_n[out_bank]
-        k_o = Signal(range(K_MAX + 1))
-        m.d.comb += k_o.eq(b_k[out_bank])
-        out_beats_m1 = Signal(range(max_out))
-        last_lanes_m1 = Signal(range(lanes))
-        m.d.comb += [out_beats_m1.eq((n_o - 1) >> ll), last_lanes_m1.eq((n_o - 1)[:ll])]
-        is_final = j == out_beats_m1
-
-        row = Signal(w)
-        m.d.comb += row.eq(Mux((j >> 4) < b_rows[out_bank], tag_rd.data, 0))
-        tslice = row.word_select(j[:4], 2 * lanes)
-        tags, lengths = [], []
-        for lane in range(lanes):
-            t = Signal(2, name=f"lane{lane}_tag")
-            m.d.comb += t.eq(Mux(~is_final | (lane <= last_lanes_m1), tslice[2 * lane:2 * lane + 2], 0))
-            ln = Signal(3, name=f"lane{lane}_len")
-            m.d.comb += ln.eq(_code_length(t))
-            tags.append(t)
-            lengths.append(ln)
-        offsets = [Const(0, 1)]
-        for lane in range(1, lanes + 1):
-            o = Signal(range(4 * lane + 1), name=f"offset{lane}")
-            m.d.comb += o.eq(offsets[-1] + lengths[lane - 1])
-            offsets.append(o)
-        need = offsets[-1]
-
+        e_valid = Signal()
         o_valid = Signal()
-        o_beat = Signal(beat_layout(w))
-        o_err = Signal()
-        m.d.comb += [self.o.valid.eq(o_valid), self.o.payload.eq(o_beat), self.error.eq(o_err)]
-        slot_free = ~o_valid | self.o.ready
-        enough = fill >= need
-        fire = Signal()
+        o_adv = ~o_valid | self.o.ready
+        e_free = ~e_valid | o_adv
+        enough = fill >= d_need
         drain = Signal()    # the last beat has its bytes but the frame has not ended: drop extra bytes
         m.d.comb += [
-            fire.eq(on & slot_free & Mux(is_final, ended, enough | ended)),
-            drain.eq(on & is_final & ~ended & enough),
+            fire.eq(d_valid & e_free & Mux(d_final, ended, enough | ended)),
+            drain.eq(d_valid & d_final & ~ended & enough),
         ]
-        take = Signal(range(nb + 1))
-        m.d.comb += take.eq(Mux(fire, Mux(enough, need, fill), 0))
-        done = fire & is_final
-        # Bytes staying in the buffer after this cycle (none when the frame is done: the next
-        # frame's first chunk may enter the emptied buffer in the same cycle).
+        done = Signal()
+        m.d.comb += done.eq(fire & d_final)
+        # Bytes staying in the buffer after this cycle: all but the beat's when it fires, none when
+        # it takes all (a truncated frame) or the frame is done (the next frame's first chunk may
+        # enter the emptied buffer in the same cycle).
+        empty = Signal()
+        m.d.comb += empty.eq(done | (fire & ~enough))
+        rem_fire = Signal(range(2 * nb + 1))
+        m.d.comb += rem_fire.eq(fill - d_need)
         rem = Signal(range(2 * nb + 1))
-        m.d.comb += rem.eq(Mux(done, 0, fill - take))
+        m.d.comb += rem.eq(Mux(empty, 0, Mux(fire, rem_fire, fill)))
+        rem_fits = Mux(empty, 1, Mux(fire, rem_fire <= nb, fill <= nb))
 
         head = Signal(chunk)
         m.d.comb += head.eq(chunks.r_data)
         take_chunk = Signal()
         m.d.comb += [
-            take_chunk.eq(chunks.r_rdy & (~ended | done) & (drain | (rem <= nb))),
+            take_chunk.eq(chunks.r_rdy & (~ended | done) & (drain | rem_fits)),
             chunks.r_en.eq(take_chunk),
         ]
         push = take_chunk & ~drain
 
-        # Decode each lane from the window at its offset.
-        window = ubuf[:w]
-        values = []
-        for lane in range(lanes):
-            t = tags[lane]
-            c = Signal(32, name=f"lane{lane}_code")
-            m.d.comb += c.eq(window >> _bytes(offsets[lane]))
-            complete = offsets[lane + 1] <= fill
-            one = t == 1
-            q = Signal(15, name=f"lane{lane}_q")
-            m.d.comb += q.eq(Mux(one, c[:7], c[:15]))
-            sign = Mux(one, c[7], c[15])
-            small = _decode_small(m, q, sign, k_o, f"lane{lane}")
-            v = Signal(32, name=f"lane{lane}_value")
-            m.d.comb += v.eq(Mux((t == 0) | ~complete, 0, Mux(t == 3, c, small)))
-            values.append(v)
+        # The byte buffer: the beat's bytes leave from the bottom, a chunk enters above the rest
+        # (at most nb bytes stay when one enters; the shifts by each candidate run in parallel).
+        kept_bytes = Signal(2 * w)
+        m.d.comb += kept_bytes.eq(Mux(empty, 0, Mux(fire, ubuf >> _bytes(d_need), ubuf)))
+        in_data = Signal(w)
+        m.d.comb += in_data.eq(head.data & _byte_mask(head.count, nb))
+        incoming = Mux(empty, in_data, Mux(fire, in_data << _bytes(rem_fire[:lb + 1]), in_data << _bytes(fill[:lb + 1])))
+        with m.If(push):
+            m.d.sync += [ubuf.eq(kept_bytes | incoming[:2 * w]), fill.eq(rem + head.count)]
+        with m.Else():
+            m.d.sync += [ubuf.eq(kept_bytes), fill.eq(rem)]
 
-        with m.If(o_valid & self.o.ready):
-            m.d.sync += o_valid.eq(0)
+        # E: extract each lane's code from the window at its offset.
+        window = ubuf[:w]
+        e_zero = Signal(lanes)               # tag 0, or its code bytes are missing: +0.0
+        e_raw = Signal(lanes)                # tag 3: the code is the value
+        e_code = [Signal(32, name=f"lane{lane}_code") for lane in range(lanes)]
+        e_q = [Signal(15, name=f"lane{lane}_q") for lane in range(lanes)]
+        e_sign = Signal(lanes)
+        e_base = Signal(8)                   # 141 - k: exponent field of q * 2**-k before normalisation
+        e_keep = Signal(nb)
+        e_last = Signal()
+        e_err = Signal()
+        with m.If(e_free):
+            m.d.sync += e_valid.eq(fire)
         with m.If(fire):
-            last_keep = _keep_mask(Cat(Const(0, 2), last_lanes_m1 + 1), nb)
-            frame_err = err_acc | ~enough | (is_final & ((fill > need) | b_err[out_bank]))
+            last_keep = _keep_mask(Cat(Const(0, 2), d_lanes_m1 + 1), nb)
+            frame_err = err_acc | ~enough | (d_final & ((fill > d_need) | d_err))
             m.d.sync += [
-                o_valid.eq(1),
-                o_beat.data.eq(Cat(*values)),
-                o_beat.keep.eq(Mux(is_final, last_keep, (1 << nb) - 1)),
-                o_beat.last.eq(is_final),
-                o_err.eq(frame_err),
+                e_base.eq(141 - d_k),
+                e_keep.eq(Mux(d_final, last_keep, (1 << nb) - 1)),
+                e_last.eq(d_final),
+                e_err.eq(frame_err),
                 err_acc.eq(frame_err),
-                j.eq(j + 1),
             ]
+            for lane in range(lanes):
+                t = d_tags[lane]
+                c = Signal(32, name=f"lane{lane}_window")
+                m.d.comb += c.eq(window >> _bytes(d_off[lane]))
+                one = t == 1
+                m.d.sync += [
+                    e_code[lane].eq(c),
+                    e_q[lane].eq(Mux(one, c[:7], c[:15])),
+                    e_sign[lane].eq(Mux(one, c[7], c[15])),
+                    e_zero[lane].eq((t == 0) | (d_off[lane + 1] > fill)),
+                    e_raw[lane].eq(t == 3),
+                ]
+
+        # After the beat: the frame's end (which overrides err_acc), the chunk taken.
         with m.If(done):
-            m.d.sync += [j.eq(0), err_acc.eq(0), ended.eq(0), out_bank.eq(~out_bank), b_full[out_bank].eq(0)]
+            m.d.sync += [err_acc.eq(0), ended.eq(0)]
         with m.If(take_chunk):
             m.d.sync += ended.eq(head.last)
             with m.If(drain & (head.count != 0)):
                 m.d.sync += err_acc.eq(1)
 
-        # Tag rows are read one cycle ahead: the address is that of the next cycle's beat.
-        j_next = Mux(done, 0, Mux(fire, j + 1, j))
-        bank_next = out_bank ^ done
-        m.d.comb += tag_rd.addr.eq(Mux(bank_next, tag_rows, 0) + (j_next >> 4))
-
-        # The byte buffer: the beat's bytes leave from the bottom, a chunk enters above the rest.
-        kept_bytes = Signal(2 * w)
-        m.d.comb += kept_bytes.eq(Mux(done, 0, ubuf >> _bytes(take)))
-        with m.If(push):
-            incoming = (head.data & _byte_mask(head.count, nb)) << _bytes(rem)
-            m.d.sync += [ubuf.eq(kept_bytes | incoming[:2 * w]), fill.eq(rem + head.count)]
-        with m.Else():
-            m.d.sync += [ubuf.eq(kept_bytes), fill.eq(rem)]
+        # O: decode.
+        o_beat = Signal(beat_layout(w))
+        o_err = Signal()
+        m.d.comb += [self.o.valid.eq(o_valid), self.o.payload.eq(o_beat), self.error.eq(o_err)]
+        values = []
+        for lane in range(lanes):
+            small = _decode_small(m, e_q[lane], e_sign[lane], e_base, f"lane{lane}")
+            values.append(Mux(e_zero[lane], 0, Mux(e_raw[lane], e_code[lane], small)))
+        with m.If(o_adv):
+            m.d.sync += [
+                o_valid.eq(e_valid),
+                o_beat.data.eq(Cat(*values)),
+                o_beat.keep.eq(e_keep),
+                o_beat.last.eq(e_last),
+                o_err.eq(e_err),
+            ]
         return m
