@@ -228,6 +228,12 @@ class MacTx(wiring.Component):
     spill into it (last beat with 4 … 8 bytes), and the gap. A cycle without a beat in the
     middle of a frame is an underrun: the XGMII cannot pause, so the frame ends with /E/.
 
+    Latency: the column the frame logic makes in a cycle (the start column, a beat taken, …) is
+    on ``xgmii`` two cycles later (with /S/ in lane 4, its upper half a cycle later still). The
+    second cycle is an output stage that puts the FCS of a frame's last column into the lanes
+    the frame logic left for it, from the CRC it registered: CRC network and FCS placement in one
+    cycle were too deep for 156.25 MHz (yosys estimate, docs/architecture.md "Timing budgets").
+
     Ending a frame badly (a cut-through node that has started forwarding a frame it then finds
     bad):
 
@@ -248,7 +254,7 @@ class MacTx(wiring.Component):
     stomp : In(1)
         Sampled with the last beat: send this frame with an inverted FCS.
     xgmii : Out(XgmiiSignature())
-        The transmit XGMII (TXD/TXC), registered.
+        The transmit XGMII (TXD/TXC), registered, two cycles behind the frame logic.
     stats : Out(tx_stats_layout())
         Frame counters.
     """
@@ -304,13 +310,12 @@ class MacTx(wiring.Component):
             for k in range(_LANES + 1):
                 with m.Case(k):
                     m.d.comb += tail_crc.eq(crc_update(crc_reg, tail_data, k))
-        fcs = Signal(32)
-        m.d.comb += fcs.eq(fcs_value(tail_crc) ^ tail_stomp.replicate(32))
+        # The FCS lanes are left zero here; the output stage puts the FCS in them (see below).
         with m.Switch(tail_k):
             for k in range(_LANES + 1):
                 with m.Case(k):
                     idles = 2 * _LANES - k - FCS_BYTES - 1
-                    window = Cat(tail_data[:8 * k], fcs, Const(XGMII_TERMINATE, 8),
+                    window = Cat(tail_data[:8 * k], Const(0, 8 * FCS_BYTES), Const(XGMII_TERMINATE, 8),
                                  Const(int.from_bytes(bytes([XGMII_IDLE] * idles), "little"), 8 * idles))
                     ctrl = ((1 << 2 * _LANES) - 1) ^ ((1 << (k + FCS_BYTES)) - 1)
                     m.d.comb += [Cat(tail_cur_d, tail_nxt_d).eq(window),
@@ -398,16 +403,42 @@ class MacTx(wiring.Component):
                     take_drained()
                 m.next = "IDLE"
 
+        # Output stage, one cycle after the frame logic: the column, with the FCS of a tail column
+        # put in its lanes here, from the registered CRC (the CRC network and the FCS placement
+        # in one cycle would be too deep for 156.25 MHz). FCS bytes past lane 7 (a last beat of 5
+        # … 8 bytes) go into the next column, whose lanes for them the frame logic left zero too.
+        b_d = Signal(64, init=_IDLE_COLUMN)
+        b_c = Signal(8, init=0xFF)
+        b_sh = Signal()
+        b_tail = Signal()
+        b_k = Signal(range(_LANES + 1))
+        b_crc = Signal(32)
+        b_stomp = Signal()
+        m.d.sync += [b_d.eq(col_d), b_c.eq(col_c), b_sh.eq(sh), b_tail.eq(tail_go), b_k.eq(tail_k),
+                     b_crc.eq(tail_crc), b_stomp.eq(tail_stomp)]
+        fcs = Signal(32)
+        m.d.comb += fcs.eq(fcs_value(b_crc) ^ b_stomp.replicate(32))
+        fcs_win = Signal(2 * 64)  # the FCS at byte b_k of this column and the next
+        with m.If(b_tail):
+            with m.Switch(b_k):
+                for k in range(_LANES + 1):
+                    with m.Case(k):
+                        m.d.comb += fcs_win.eq(Cat(Const(0, 8 * k), fcs))
+        spill = Signal(64)
+        out_d = Signal(64)
+        m.d.comb += out_d.eq(b_d | fcs_win[:64] | spill)
+        m.d.sync += spill.eq(fcs_win[64:])
+
         # Lane-4 frames: every column goes out 4 bytes late, its upper half carried over. The
         # carry holds idles whenever the lane changes, since a frame never starts in the column
         # right after its predecessor's last one unless that column's upper half is idle.
         carry_d = Signal(32, init=_IDLE_COLUMN & 0xFFFFFFFF)
         carry_c = Signal(4, init=0xF)
         m.d.sync += [
-            self.xgmii.data.eq(Mux(sh, Cat(carry_d, col_d[:32]), col_d)),
-            self.xgmii.ctrl.eq(Mux(sh, Cat(carry_c, col_c[:4]), col_c)),
-            carry_d.eq(col_d[32:]),
-            carry_c.eq(col_c[4:]),
+            self.xgmii.data.eq(Mux(b_sh, Cat(carry_d, out_d[:32]), out_d)),
+            self.xgmii.ctrl.eq(Mux(b_sh, Cat(carry_c, b_c[:4]), b_c)),
+            carry_d.eq(out_d[32:]),
+            carry_c.eq(b_c[4:]),
         ]
         return m
 
