@@ -120,7 +120,10 @@ def test_received_pause_holds_the_transmitter_for_its_quanta():
         events["end"] = stats(ctx, dut.a)
 
     async def tb_inject(ctx):
-        await ctx.tick().repeat(300)
+        # 297, not 300 as before: the PAUSE now takes 3 cycles more from inj to a (MacTx's output
+        # stage, the encoder's first stage, the decoder's first stage), and must still arrive
+        # just before a frame of a's stream starts, so that one is in flight (checked below).
+        await ctx.tick().repeat(297)
         await stream_send(ctx, dut.inj.i, scapy_pause(B_MAC, 40), 64)            # 320 columns
         await ctx.tick().repeat(1200)
         await stream_send(ctx, dut.inj.i, scapy_pause(B_MAC, 3000, dst=A_MAC), 64)  # to our own address

@@ -411,7 +411,8 @@ def test_encoder_matches_reference():
                         errors=0.3, junk=0.2)
     cols += random_columns(rng, 150) + format_columns(rng, 300)
     cols += xgmii_stream(rng, [rng.randrange(1, 30) for _ in range(10)])
-    want = [LBLOCK_T] + ref_tx(cols)
+    # Both encoder stages hold LBLOCK_T after reset: the first column comes out third.
+    want = [LBLOCK_T, LBLOCK_T] + ref_tx(cols)
     # ENCODE of every format directly (inside a long run most would be EBLOCK_T).
     assert all(ref_encode(c)[0] != "E" for c in format_columns(rng, 10))
     dut = Encoder()
@@ -840,10 +841,10 @@ LOCK_BOUND = 66 * 4 + 64
 
 def transmitted_bits(taken):
     """The model's line bits for the columns PCSTx took: an underrun block (the scrambler stage is
-    empty in the first cycle after reset), then LBLOCK_T and the columns, encoded and scrambled
-    from a zero scrambler state."""
+    empty in the first cycle after reset), then LBLOCK_T twice (the encoder's two stages after
+    reset) and the columns, encoded and scrambled from a zero scrambler state."""
     scr = RefScrambler()
-    return bits(0b01, 66) + [b for blk in [LBLOCK_T] + ref_tx(taken) for b in scr.scramble(blk)]
+    return bits(0b01, 66) + [b for blk in [LBLOCK_T, LBLOCK_T] + ref_tx(taken) for b in scr.scramble(blk)]
 
 
 @pytest.mark.parametrize("width,seed,frames,jumbo", [(64, 20, 40, 3), (32, 21, 12, 1)])
@@ -893,10 +894,10 @@ def test_xgmii_gaps_become_idles():
     assert len(taken) > len(cols) + 20
     sent = [b for w in trace["words"][1:] for b in bits(w, 64)]
     want_bits = transmitted_bits(taken)     # the last few columns taken are still in the pipeline
-    assert sent == want_bits[:len(sent)] and len(sent) >= len(want_bits) - 4 * 66
+    assert sent == want_bits[:len(sent)] and len(sent) >= len(want_bits) - 5 * 66  # 5 blocks in the pipeline
     got = received_after_first_start(trace)
     want = from_first_start(ref_rx(ref_tx(taken)))
-    assert got == want[:len(got)] and len(got) >= len(want) - 8
+    assert got == want[:len(got)] and len(got) >= len(want) - 10  # columns in the TX and RX pipelines
     assert EBLOCK_R in got
 
 
@@ -918,7 +919,7 @@ def test_lock_lost_and_regained():
     lead = LOCK_BOUND + 16
     cols = xgmii_stream(rng, [], lead_idles=8 * (lead + 200))
     cols += xgmii_stream(rng, [rng.randrange(64, 300) for _ in range(3)], lead_idles=8 * (LOCK_BOUND + 100))
-    # Transmitted block n carries column n - 2 (an underrun block and LBLOCK_T come first).
+    # Transmitted block n carries column n - 3 (an underrun block and two LBLOCK_T come first).
     few = range(lead + 20, lead + 35)
     many = range(lead + 120, lead + 151)
     trace = run_link(64, cols, offset=rng.randrange(66), corrupt=[*few, *many])

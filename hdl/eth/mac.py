@@ -228,6 +228,12 @@ class MacTx(wiring.Component):
     spill into it (last beat with 4 … 8 bytes), and the gap. A cycle without a beat in the
     middle of a frame is an underrun: the XGMII cannot pause, so the frame ends with /E/.
 
+    Latency: the column the frame logic makes in a cycle (the start column, a beat taken, …) is
+    on ``xgmii`` two cycles later (with /S/ in lane 4, its upper half a cycle later still). The
+    second cycle is an output stage that puts the FCS of a frame's last column into the lanes
+    the frame logic left for it, from the CRC it registered: CRC network and FCS placement in one
+    cycle were too deep for 156.25 MHz (yosys estimate, docs/architecture.md "Timing budgets").
+
     Ending a frame badly (a cut-through node that has started forwarding a frame it then finds
     bad):
 
@@ -248,7 +254,7 @@ class MacTx(wiring.Component):
     stomp : In(1)
         Sampled with the last beat: send this frame with an inverted FCS.
     xgmii : Out(XgmiiSignature())
-        The transmit XGMII (TXD/TXC), registered.
+        The transmit XGMII (TXD/TXC), registered, two cycles behind the frame logic.
     stats : Out(tx_stats_layout())
         Frame counters.
     """
@@ -304,13 +310,12 @@ class MacTx(wiring.Component):
             for k in range(_LANES + 1):
                 with m.Case(k):
                     m.d.comb += tail_crc.eq(crc_update(crc_reg, tail_data, k))
-        fcs = Signal(32)
-        m.d.comb += fcs.eq(fcs_value(tail_crc) ^ tail_stomp.replicate(32))
+        # The FCS lanes are left zero here; the output stage puts the FCS in them (see below).
         with m.Switch(tail_k):
             for k in range(_LANES + 1):
                 with m.Case(k):
                     idles = 2 * _LANES - k - FCS_BYTES - 1
-                    window = Cat(tail_data[:8 * k], fcs, Const(XGMII_TERMINATE, 8),
+                    window = Cat(tail_data[:8 * k], Const(0, 8 * FCS_BYTES), Const(XGMII_TERMINATE, 8),
                                  Const(int.from_bytes(bytes([XGMII_IDLE] * idles), "little"), 8 * idles))
                     ctrl = ((1 << 2 * _LANES) - 1) ^ ((1 << (k + FCS_BYTES)) - 1)
                     m.d.comb += [Cat(tail_cur_d, tail_nxt_d).eq(window),
@@ -398,16 +403,42 @@ class MacTx(wiring.Component):
                     take_drained()
                 m.next = "IDLE"
 
+        # Output stage, one cycle after the frame logic: the column, with the FCS of a tail column
+        # put in its lanes here, from the registered CRC (the CRC network and the FCS placement
+        # in one cycle would be too deep for 156.25 MHz). FCS bytes past lane 7 (a last beat of 5
+        # … 8 bytes) go into the next column, whose lanes for them the frame logic left zero too.
+        b_d = Signal(64, init=_IDLE_COLUMN)
+        b_c = Signal(8, init=0xFF)
+        b_sh = Signal()
+        b_tail = Signal()
+        b_k = Signal(range(_LANES + 1))
+        b_crc = Signal(32)
+        b_stomp = Signal()
+        m.d.sync += [b_d.eq(col_d), b_c.eq(col_c), b_sh.eq(sh), b_tail.eq(tail_go), b_k.eq(tail_k),
+                     b_crc.eq(tail_crc), b_stomp.eq(tail_stomp)]
+        fcs = Signal(32)
+        m.d.comb += fcs.eq(fcs_value(b_crc) ^ b_stomp.replicate(32))
+        fcs_win = Signal(2 * 64)  # the FCS at byte b_k of this column and the next
+        with m.If(b_tail):
+            with m.Switch(b_k):
+                for k in range(_LANES + 1):
+                    with m.Case(k):
+                        m.d.comb += fcs_win.eq(Cat(Const(0, 8 * k), fcs))
+        spill = Signal(64)
+        out_d = Signal(64)
+        m.d.comb += out_d.eq(b_d | fcs_win[:64] | spill)
+        m.d.sync += spill.eq(fcs_win[64:])
+
         # Lane-4 frames: every column goes out 4 bytes late, its upper half carried over. The
         # carry holds idles whenever the lane changes, since a frame never starts in the column
         # right after its predecessor's last one unless that column's upper half is idle.
         carry_d = Signal(32, init=_IDLE_COLUMN & 0xFFFFFFFF)
         carry_c = Signal(4, init=0xF)
         m.d.sync += [
-            self.xgmii.data.eq(Mux(sh, Cat(carry_d, col_d[:32]), col_d)),
-            self.xgmii.ctrl.eq(Mux(sh, Cat(carry_c, col_c[:4]), col_c)),
-            carry_d.eq(col_d[32:]),
-            carry_c.eq(col_c[4:]),
+            self.xgmii.data.eq(Mux(b_sh, Cat(carry_d, out_d[:32]), out_d)),
+            self.xgmii.ctrl.eq(Mux(b_sh, Cat(carry_c, b_c[:4]), b_c)),
+            carry_d.eq(out_d[32:]),
+            carry_c.eq(b_c[4:]),
         ]
         return m
 
@@ -424,8 +455,10 @@ class MacRx(wiring.Component):
     46.3.3). Gaps down to 5 bytes are received (the least a receiver may see, clause 4.4.2).
 
     The FCS is known only at the end, so the MAC never drops: each frame comes out beat by beat
-    as it arrives (five cycles behind the line: the newest 8 bytes wait until the next column
-    shows where the FCS begins), and its last beat says ``bad`` and why
+    as it arrives (six cycles behind the line: the newest 8 bytes wait until the next column
+    shows where the FCS begins, and an output stage checks the FCS of the last beat, a cycle
+    after the CRC is complete: CRC network and FCS compares in one cycle were too deep for
+    156.25 MHz, docs/architecture.md "Timing budgets"), and its last beat says ``bad`` and why
     (:func:`rx_error_layout`). A cut-through consumer that has already forwarded the head of a
     bad frame can then abort or stomp its outgoing copy (:class:`MacTx`); a store-and-forward
     consumer puts :class:`RxDropBad` after the MAC to get good frames only.
@@ -527,29 +560,35 @@ class MacRx(wiring.Component):
         # here: a code error ends the frame elsewhere), so the Verilog is one continuous assign.
         # A field left to a constant-only ``always @*`` block stays X under Icarus 11, which never
         # runs a block with no inputs (tests/test_icarus.py).
+        # The FSM's verdict has ``runt`` and ``oversize`` only; whether the FCS is right is decided
+        # a cycle later, in the output stage, from the CRC registered here (crc_fin into the FCS
+        # compares and the beat's flags in one cycle was too deep for 156.25 MHz).
         verdict = Signal(rx_error_layout())
         oversize = total > max_frame
         runt = ~oversize & (total < MIN_FRAME_BYTES)
-        # A frame whose FCS was sent inverted leaves residue 0: the register starts from the
-        # output XOR (as for the residue, amaranth.lib.crc.Parameters.residue), the inversion
-        # undoes that XOR, and 32 zero bits leave 0. Any other mismatch is a link error.
-        crc_bad = ~oversize & ~runt & (crc_fin[::-1] != FCS_ALGORITHM(8).residue())
-        m.d.comb += verdict.eq(Cat(crc_bad & (crc_fin != 0), runt, oversize, Const(0, 1),
-                                   crc_bad & (crc_fin == 0)))
+        m.d.comb += verdict.eq(Cat(Const(0, 1), runt, oversize, Const(0, 2)))
+        fin_crc = Signal(32)                    # crc_fin of the last /T/
+        fin_total = Signal.like(total)          # and the frame's bytes with FCS
 
-        # Output register; the beat after a /T/ column (j > 4) waits one cycle in pend_*.
-        o = self.o.payload
+        # FSM output register; the beat after a /T/ column (j > 4) waits one cycle in pend_*.
+        # ``chk``: the beat ends a frame with /T/, the FCS check is still to be done.
+        o = Signal(rx_beat_layout())
+        o_valid = Signal()
+        o_chk = Signal()
         pend_valid = Signal()
         pend = Signal(rx_beat_layout())
-        m.d.sync += [self.o.valid.eq(0), pend_valid.eq(0)]
+        pend_chk = Signal()
+        m.d.sync += [o_valid.eq(0), o_chk.eq(0), pend_valid.eq(0)]
         with m.If(pend_valid):
-            m.d.sync += [self.o.valid.eq(1), o.eq(pend)]
+            m.d.sync += [o_valid.eq(1), o.eq(pend), o_chk.eq(pend_chk)]
 
         def emit(data_, keep, last, error=None):
-            m.d.sync += [self.o.valid.eq(1), o.data.eq(data_), o.keep.eq(keep), o.last.eq(last),
+            m.d.sync += [o_valid.eq(1), o.data.eq(data_), o.keep.eq(keep), o.last.eq(last),
                          o.bad.eq(0), o.error.eq(0)]
             if error is not None:
                 m.d.sync += [o.bad.eq(error.as_value().any()), o.error.eq(error)]
+            if error is verdict:
+                m.d.sync += o_chk.eq(1)
 
         code = Signal(rx_error_layout())
         oversize = Signal(rx_error_layout())
@@ -584,6 +623,7 @@ class MacRx(wiring.Component):
                         m.d.sync += [h_d.eq(a_d), has_h.eq(1), cnt.eq(cnt + _LANES),
                                      crc_reg.eq(crc_update(crc_reg, a_d, _LANES))]
                 with m.Elif(is_term):
+                    m.d.sync += [fin_crc.eq(crc_fin), fin_total.eq(total)]
                     # The FCS is the 4 bytes before /T/: with j < 4 part of it is in h_d.
                     with m.If(j < FCS_BYTES):
                         with m.If(has_h):
@@ -596,18 +636,13 @@ class MacRx(wiring.Component):
                             emit(h_d, 0xFF, 0)
                         m.d.sync += [pend_valid.eq(1), pend.data.eq(a_d),
                                      pend.keep.eq(Cat(*(j > k + FCS_BYTES for k in range(_LANES)))),
-                                     pend.last.eq(1), pend.bad.eq(verdict.as_value().any()), pend.error.eq(verdict)]
+                                     pend.last.eq(1), pend.bad.eq(verdict.as_value().any()), pend.error.eq(verdict),
+                                     pend_chk.eq(1)]
+                    # The frames neither oversize nor runt are counted in the output stage.
                     with m.If(verdict.oversize):
                         count("oversize")
                     with m.Elif(verdict.runt):
                         count("runts")
-                    with m.Elif(verdict.fcs):
-                        count("fcs_errors")
-                    with m.Elif(verdict.stomped):
-                        count("stomped")
-                    with m.Else():
-                        count("frames_ok")
-                        m.d.sync += stats.bytes_ok.eq(stats.bytes_ok + total - FCS_BYTES)
                     m.next = "IDLE"
                 with m.Else():
                     with m.If(has_h):
@@ -616,6 +651,36 @@ class MacRx(wiring.Component):
                     m.next = "IDLE"
                     with m.If(is_start):
                         start()
+
+        # Output stage: the FCS verdict of a beat ending a frame with /T/ (``o_chk``), and the
+        # counters that depend on it. A frame neither runt nor oversize always ends with such a
+        # beat (it has at least 60 bytes before its FCS). A frame whose FCS was sent inverted
+        # leaves residue 0: the register starts from the output XOR (as for the residue,
+        # amaranth.lib.crc.Parameters.residue), the inversion undoes that XOR, and 32 zero bits
+        # leave 0. Any other mismatch is a link error.
+        checked = o_chk & ~o.error.runt & ~o.error.oversize
+        crc_bad = Signal()
+        fcs_err = Signal()
+        stomped = Signal()
+        m.d.comb += [
+            crc_bad.eq(checked & (fin_crc[::-1] != FCS_ALGORITHM(8).residue())),
+            fcs_err.eq(crc_bad & (fin_crc != 0)),
+            stomped.eq(crc_bad & (fin_crc == 0)),
+        ]
+        # The whole payload in one assignment (no constant-only ``always @*`` block for Icarus).
+        m.d.sync += [
+            self.o.valid.eq(o_valid),
+            self.o.payload.eq(Cat(o.data, o.keep, o.last, o.bad | crc_bad,
+                                  fcs_err, o.error.runt, o.error.oversize, o.error.code, stomped)),
+        ]
+        with m.If(o_valid & checked):
+            with m.If(fcs_err):
+                count("fcs_errors")
+            with m.Elif(stomped):
+                count("stomped")
+            with m.Else():
+                count("frames_ok")
+                m.d.sync += stats.bytes_ok.eq(stats.bytes_ok + fin_total - FCS_BYTES)
         return m
 
 

@@ -17,7 +17,9 @@ word width: 322.265625 MHz at 32 bit, 161.1328125 MHz at 64 bit). A 66-bit block
 leaves in ``width / 66`` of the cycles, so the XGMII side is paced by stream handshakes: 32 of
 every 33 cycles at 64 bit, 16 of every 33 at 32 bit. The crossing to a 156.25 MHz MAC clock is
 not part of this module. Column in to column out through both halves with no line delay takes
-8-9 cycles at 64 bit and 12-13 cycles at 32 bit (measured in simulation).
+10-11 cycles at 64 bit and 15-16 cycles at 32 bit (measured in simulation; the encoder and the
+decoder each have a pipeline register more since they were cut to the logic-level budget, which
+added 2 cycles at 64 bit and 3 at 32 bit).
 
 XGMII
 -----
@@ -296,9 +298,15 @@ class Encoder(wiring.Component):
     unencodable column become error blocks. TX_INIT is the reset state; its LBLOCK_T (block 0x55
     with two local-fault ordered sets) is the block in the output register after reset.
 
-    The output is one pipeline register: ``i`` is taken when the register is empty or being
-    emptied (``i.ready = ~o.valid | o.ready``). ``o.valid`` is 1 after reset (LBLOCK_T), so a
-    gearbox behind it has a block from the first cycle.
+    Two pipeline registers: the first holds the column's format (the lane compares and the
+    format match) with its bytes and control codes, the second the block that ENCODE's
+    multiplexers and the state diagram made of it, so that neither half is deep (yosys estimate: ≤ 9 LUT levels at 156.25 MHz on xc7, docs/architecture.md
+    "Timing budgets"). A column taken in one cycle is ``o.payload`` two cycles later when the
+    output is never stalled. Both stages advance when the stage after them is empty or being
+    emptied (``i.ready = ~stage1_valid | ~o.valid | o.ready``). Both are full after reset,
+    each holding LBLOCK_T (block 0x55 with two local-fault ordered sets, TX_INIT's block), so a
+    gearbox behind the encoder has a block from the first cycle, and the first column taken
+    comes out after two LBLOCK_T blocks.
 
     Attributes
     ----------
@@ -325,8 +333,6 @@ class Encoder(wiring.Component):
                 for char, c7 in CONTROL_CODES.items():
                     with m.Case(char):
                         m.d.comb += [code[k].eq(c7), is_c[k].eq(ctrl[k])]
-        ocode = [Mux(byte[k] == XGMII_SIGNAL, ORDERED_SET_CODES[XGMII_SIGNAL],
-                     ORDERED_SET_CODES[XGMII_SEQUENCE]) for k in range(8)]
         is_lane = {
             "D": [~ctrl[k] for k in range(8)],
             "C": is_c,
@@ -334,7 +340,7 @@ class Encoder(wiring.Component):
             "T": [ctrl[k] & (byte[k] == XGMII_TERMINATE) for k in range(8)],
             "O": [ctrl[k] & ((byte[k] == XGMII_SEQUENCE) | (byte[k] == XGMII_SIGNAL)) for k in range(8)],
         }
-        field = {"D": byte, "C": code, "O": ocode}
+        formats = [("DDDDDDDD", None)] + [(pattern, btype) for btype, pattern in BLOCK_FORMATS.items()]
 
         def matches(pattern):
             cond = Const(1)
@@ -342,38 +348,76 @@ class Encoder(wiring.Component):
                 cond = cond & is_lane[kind][k]
             return cond
 
-        # ENCODE and T_TYPE of the column.
-        encoded = Signal(block_layout)
-        kind = Signal(_Kind)
-        m.d.comb += [encoded.header.eq(SYNC_CTRL), encoded.payload.eq(EBLOCK_T_PAYLOAD), kind.eq(_Kind.E)]
-        with m.If(matches("DDDDDDDD")):
-            m.d.comb += [encoded.header.eq(SYNC_DATA), encoded.payload.eq(x.data), kind.eq(_Kind.D)]
-        for btype, pattern in BLOCK_FORMATS.items():
-            with m.Elif(matches(pattern)):
+        # Stage 1: which format the column has (the lane classes are disjoint and the patterns
+        # distinct, so at most one), with the column's bytes, 7-bit control codes and ordered-set
+        # kinds. After reset it holds the LBLOCK_R column, which encodes to LBLOCK_T (block 0x55,
+        # class C) and which the state diagram passes in TX_INIT.
+        s1_valid = Signal(init=1)
+        s1_hits = Signal(len(formats), init=1 << [btype for _, btype in formats].index(0x55))
+        s1_data = Signal(64, init=LBLOCK_R["data"])
+        s1_code = Signal(7 * 8)
+        s1_osig = Signal(8)  # lane k's ordered set is a signal (O code 0xF), not a sequence
+        hits_now = Cat(*(matches(pattern) for pattern, _ in formats))
+        osig_now = Cat(*(byte[k] == XGMII_SIGNAL for k in range(8)))
+
+        # Stage 2: ENCODE and T_TYPE from the registered format, as an AND-OR of the formats (a
+        # priority chain over 16 formats would be deeper), EBLOCK_T if none matched.
+        r_byte = [s1_data[8 * k:8 * k + 8] for k in range(8)]
+        r_code = [s1_code[7 * k:7 * k + 7] for k in range(8)]
+        r_ocode = [s1_osig[k].replicate(4) for k in range(8)]  # 0xF signal, 0x0 sequence
+        assert ORDERED_SET_CODES == {XGMII_SEQUENCE: 0x0, XGMII_SIGNAL: 0xF}
+        field = {"D": r_byte, "C": r_code, "O": r_ocode}
+        payload = Const(0, 64)
+        kind_bits = {k: Const(0) for k in (_Kind.C, _Kind.S, _Kind.T, _Kind.D)}
+        for n, (pattern, btype) in enumerate(formats):
+            hit = s1_hits[n]
+            if btype is None:
+                value = s1_data
+                kind_bits[_Kind.D] = kind_bits[_Kind.D] | hit
+            else:
                 fields = [(0, Const(btype, 8))]
                 fields += [(_field_pos(pattern, k), field[c][k]) for k, c in enumerate(pattern) if c in field]
-                m.d.comb += [encoded.payload.eq(_place(fields)), kind.eq(_format_kind(pattern))]
+                value = _place(fields)
+                kind_bits[_format_kind(pattern)] = kind_bits[_format_kind(pattern)] | hit
+            payload = payload | (value & hit.replicate(64))
+        none = ~s1_hits.any()
+        encoded = Signal(block_layout)
+        s1_kind = Signal(_Kind)
+        m.d.comb += [
+            encoded.header.eq(Mux(s1_hits[0], SYNC_DATA, SYNC_CTRL)),
+            encoded.payload.eq(payload),
+            # _Kind values: C 0, S 1, T 2, D 3, E 4.
+            s1_kind.eq(Cat(kind_bits[_Kind.S] | kind_bits[_Kind.D], kind_bits[_Kind.T] | kind_bits[_Kind.D], none)),
+        ]
 
-        # Transmit state diagram.
+        # Stage 2: transmit state diagram on stage 1's class.
         state = Signal(_TxState, init=_TxState.INIT)
         nxt = Signal(_TxState)
-        _next_state(m, state, kind, nxt)
+        _next_state(m, state, s1_kind, nxt)
 
         o_valid = Signal(init=1)
         o_block = Signal(block_layout, init={"header": SYNC_CTRL, "payload": LBLOCK_T_PAYLOAD})
+        adv2 = Signal()
+        adv1 = Signal()
         m.d.comb += [
+            adv2.eq(~o_valid | self.o.ready),
+            adv1.eq(~s1_valid | adv2),
             self.o.valid.eq(o_valid),
             self.o.payload.eq(o_block),
-            self.i.ready.eq(~o_valid | self.o.ready),
+            self.i.ready.eq(adv1),
         ]
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [state.eq(nxt), o_valid.eq(1)]
-            with m.If(nxt == _TxState.E):
-                m.d.sync += [o_block.header.eq(SYNC_CTRL), o_block.payload.eq(EBLOCK_T_PAYLOAD)]
-            with m.Else():
-                m.d.sync += o_block.eq(encoded)
-        with m.Elif(self.o.ready):
-            m.d.sync += o_valid.eq(0)
+        with m.If(adv1):
+            m.d.sync += s1_valid.eq(self.i.valid)
+            with m.If(self.i.valid):
+                m.d.sync += [s1_hits.eq(hits_now), s1_data.eq(x.data), s1_code.eq(Cat(*code)), s1_osig.eq(osig_now)]
+        with m.If(adv2):
+            m.d.sync += o_valid.eq(s1_valid)
+            with m.If(s1_valid):
+                m.d.sync += state.eq(nxt)
+                with m.If(nxt == _TxState.E):
+                    m.d.sync += [o_block.header.eq(SYNC_CTRL), o_block.payload.eq(EBLOCK_T_PAYLOAD)]
+                with m.Else():
+                    m.d.sync += o_block.eq(encoded)
         return m
 
 
@@ -507,8 +551,10 @@ class Decoder(wiring.Component):
     column is LBLOCK_R, two local-fault ordered sets (49.2.13.3), which tells the reconciliation
     sublayer the link is down.
 
-    Latency: the column of a block leaves with ``o.valid`` one cycle after the ``i.valid`` of
-    the *next* block. ``block_error`` is 1 with ``o.valid`` when the column is EBLOCK_R because
+    Latency: the column of a block leaves with ``o.valid`` two cycles after the ``i.valid`` of
+    the *next* block: one register holds R_TYPE and DECODE of the block just in, so that the
+    state diagram works from registers (yosys estimate ≤ 9 LUT levels at 156.25 MHz on xc7,
+    docs/architecture.md "Timing budgets"). ``block_error`` is 1 with ``o.valid`` when the column is EBLOCK_R because
     the diagram is in RX_E (the clause's errored-block count).
 
     Attributes
@@ -527,26 +573,43 @@ class Decoder(wiring.Component):
     link_ok: In(1)
     block_error: Out(1)
 
+    #: The formats a block can have: a data block, then the control block types of Figure 49-7.
+    _FORMATS = [("DDDDDDDD", None)] + [(pattern, btype) for btype, pattern in BLOCK_FORMATS.items()]
+
     def elaborate(self, platform):
         m = Module()
-        kind, column = self._classify(m, self.i.payload)
+        fmt, chars = self._classify(m, self.i.payload)
+
+        # Stage 1: the format (one-hot) and the decoded control characters of the block that
+        # arrived in the previous cycle, so that R_TYPE, the state diagram and DECODE's lane
+        # multiplexers start from registers.
+        new_valid = Signal()
+        new_fmt = Signal(len(fmt))
+        new_p = Signal(64)
+        new_chars = Signal(len(chars))
+        link_ok = Signal()  # delayed with the block, so the column decided is the same
+        m.d.sync += [new_valid.eq(self.i.valid), link_ok.eq(self.link_ok)]
+        with m.If(self.i.valid):
+            m.d.sync += [new_fmt.eq(fmt), new_p.eq(self.i.payload.payload), new_chars.eq(chars)]
+        new_kind = self._r_type(m, new_fmt)
+        column = self._decode(m, new_fmt, new_p, new_chars)
 
         cur_valid = Signal()
         cur_kind = Signal(_Kind)
         cur_column = Signal(xgmii_layout)
-        with m.If(self.i.valid):
-            m.d.sync += [cur_valid.eq(1), cur_kind.eq(kind), cur_column.eq(column)]
+        with m.If(new_valid):
+            m.d.sync += [cur_valid.eq(1), cur_kind.eq(new_kind), cur_column.eq(column)]
 
-        # Receive state diagram: cur_kind is R_TYPE, kind (the block arriving now) R_TYPE_NEXT.
+        # Receive state diagram: cur_kind is R_TYPE, new_kind (the block after it) R_TYPE_NEXT.
         state = Signal(_RxState, init=_RxState.INIT)
         nxt = Signal(_RxState)
-        t_ok = (kind == _Kind.S) | (kind == _Kind.C)
+        t_ok = (new_kind == _Kind.S) | (new_kind == _Kind.C)
         _next_state(m, state, cur_kind, nxt, t_ok)
 
-        step = self.i.valid & cur_valid
+        step = new_valid & cur_valid
         m.d.sync += [self.o.valid.eq(step), self.block_error.eq(0)]
         with m.If(step):
-            with m.If(~self.link_ok):
+            with m.If(~link_ok):
                 m.d.sync += [state.eq(_RxState.INIT), self.o.payload.eq(xgmii_layout.const(LBLOCK_R))]
             with m.Else():
                 m.d.sync += state.eq(nxt)
@@ -556,9 +619,13 @@ class Decoder(wiring.Component):
                     m.d.sync += self.o.payload.eq(cur_column)
         return m
 
-    @staticmethod
-    def _classify(m, block):
-        """R_TYPE and DECODE of ``block``, combinationally. The column is meaningless for E."""
+    @classmethod
+    def _classify(cls, m, block):
+        """The format of ``block`` one-hot (bit ``n`` for ``_FORMATS[n]``; none for an invalid
+        header or block type, or an unknown control code or O code in it), and its decoded
+        characters: the 8-bit XGMII character of each lane's 7-bit control code (lanes 0-7,
+        8 bits each), then of the O codes at payload bits 32 and 36. All combinational;
+        :meth:`_r_type` and :meth:`_decode` take them from there."""
         p = block.payload
         ctl_char = [Signal(8, name=f"ctl_char{k}") for k in range(8)]
         ctl_ok = [Signal(name=f"ctl_ok{k}") for k in range(8)]
@@ -576,34 +643,64 @@ class Decoder(wiring.Component):
                     with m.Case(o4):
                         m.d.comb += [os_char[k].eq(char), os_ok[k].eq(1)]
 
+        is_ctrl = block.header == SYNC_CTRL
+        hits = [block.header == SYNC_DATA]
+        for pattern, btype in cls._FORMATS[1:]:
+            ok = is_ctrl & (p[:8] == btype)
+            for k, c in enumerate(pattern):
+                if c == "C":
+                    ok = ok & ctl_ok[k]
+                elif c == "O":
+                    ok = ok & os_ok[k]
+            hits.append(ok)
+        return Cat(*hits), Cat(*ctl_char, os_char[0], os_char[4])
+
+    @classmethod
+    def _r_type(cls, m, fmt):
+        """R_TYPE from :meth:`_classify`'s format: the class of the format that hit, E if none."""
+        kind_bits = {k: Const(0) for k in (_Kind.C, _Kind.S, _Kind.T, _Kind.D)}
+        for n, (pattern, btype) in enumerate(cls._FORMATS):
+            fk = _Kind.D if btype is None else _format_kind(pattern)
+            kind_bits[fk] = kind_bits[fk] | fmt[n]
         kind = Signal(_Kind)
+        # _Kind values: C 0, S 1, T 2, D 3, E 4.
+        m.d.comb += kind.eq(Cat(kind_bits[_Kind.S] | kind_bits[_Kind.D], kind_bits[_Kind.T] | kind_bits[_Kind.D],
+                                ~fmt.any()))
+        return kind
+
+    @classmethod
+    def _decode(cls, m, fmt, p, chars):
+        """DECODE: the column of a block from :meth:`_classify`'s format and characters and the
+        block's payload ``p``, as an AND-OR of the sources of each lane (meaningless for E)."""
+        ctl_char = [chars[8 * k:8 * k + 8] for k in range(8)]
+        os_char = {0: chars[64:72], 4: chars[72:80]}
+        lanes, flags = [], []
+        for k in range(8):
+            sel, src = {}, {}
+            flag = Const(0)
+            for n, (pattern, btype) in enumerate(cls._FORMATS):
+                c = pattern[k]
+                if c == "D":
+                    pos = k * 8 if btype is None else _field_pos(pattern, k)
+                    key, value = ("D", pos), p[pos:pos + 8]
+                elif c == "C":
+                    key, value = ("C",), ctl_char[k]
+                elif c == "O":
+                    key, value = ("O",), os_char[k]
+                else:
+                    key, value = (c,), Const(XGMII_START if c == "S" else XGMII_TERMINATE, 8)
+                if c != "D":
+                    flag = flag | fmt[n]
+                sel[key] = sel.get(key, Const(0)) | fmt[n]
+                src[key] = value
+            lane = Const(0, 8)
+            for key, value in src.items():
+                lane = lane | (value & sel[key].replicate(8))
+            lanes.append(lane)
+            flags.append(flag)
         column = Signal(xgmii_layout)
-        m.d.comb += kind.eq(_Kind.E)
-        with m.If(block.header == SYNC_DATA):
-            m.d.comb += [kind.eq(_Kind.D), column.data.eq(p), column.ctrl.eq(0)]
-        with m.Elif(block.header == SYNC_CTRL):
-            with m.Switch(p[:8]):
-                for btype, pattern in BLOCK_FORMATS.items():
-                    with m.Case(btype):
-                        ok = Const(1)
-                        lanes, flags = [], []
-                        for k, c in enumerate(pattern):
-                            pos = _field_pos(pattern, k)
-                            if c == "D":
-                                lanes.append(p[pos:pos + 8])
-                            elif c == "C":
-                                lanes.append(ctl_char[k])
-                                ok = ok & ctl_ok[k]
-                            elif c == "O":
-                                lanes.append(os_char[k])
-                                ok = ok & os_ok[k]
-                            else:
-                                lanes.append(Const(XGMII_START if c == "S" else XGMII_TERMINATE, 8))
-                            flags.append(Const(c != "D", 1))
-                        m.d.comb += [column.data.eq(Cat(*lanes)), column.ctrl.eq(Cat(*flags))]
-                        with m.If(ok):
-                            m.d.comb += kind.eq(_format_kind(pattern))
-        return kind, column
+        m.d.comb += [column.data.eq(Cat(*lanes)), column.ctrl.eq(Cat(*flags))]
+        return column
 
 
 # ------------------------------------------------------------------------------------------------
@@ -809,23 +906,28 @@ class RxGearbox(wiring.Component):
         buf = Signal(66)            # collected bits not yet in a block; bits >= cnt are zero
         cnt = Signal(range(66))
         merged = Signal(66 + w)
-        shifted = Signal(66 + w)
-        total = Signal(range(66 + w))
-        m.d.comb += [
-            merged.eq(buf | (self.data << cnt)),
-            shifted.eq(Mux(self.slip, merged[1:], merged)),
-            total.eq(cnt + w - self.slip),
-        ]
-        emit = total >= 66
-        m.d.sync += self.o.valid.eq(emit)
-        with m.If(emit):
-            m.d.sync += [
-                self.o.payload.eq(shifted[:66]),
-                buf.eq(shifted[66:]),
-                cnt.eq(total - 66),
-            ]
+        m.d.comb += merged.eq(buf | (self.data << cnt))
+
+        # Both outcomes of the slip are worked out from the registers alone, and ``slip``, which
+        # comes late (BlockLock's counters), only picks one at the end.
+        def cut(drop):
+            shifted = merged[drop:]
+            total = cnt + w - drop
+            emit = total >= 66
+            m.d.sync += self.o.valid.eq(emit)
+            with m.If(emit):
+                m.d.sync += [
+                    self.o.payload.eq(shifted[:66]),
+                    buf.eq(shifted[66:]),
+                    cnt.eq(total - 66),
+                ]
+            with m.Else():
+                m.d.sync += [buf.eq(shifted[:66]), cnt.eq(total)]
+
+        with m.If(self.slip):
+            cut(1)
         with m.Else():
-            m.d.sync += [buf.eq(shifted[:66]), cnt.eq(total)]
+            cut(0)
         return m
 
 
@@ -842,8 +944,8 @@ class PCSTx(wiring.Component):
     an idle column is encoded instead, which the transmit state diagram turns into an error
     block in the middle of a frame.
 
-    A column goes through two pipeline registers (encoder, scrambler) and the gearbox's output
-    register, waiting a cycle more when the gearbox skips one.
+    A column goes through three pipeline registers (two in the encoder, one in the scrambler) and
+    the gearbox's output register, waiting a cycle more when the gearbox skips one.
 
     Parameters
     ----------
@@ -890,7 +992,7 @@ class PCSRx(wiring.Component):
 
     ``xgmii.valid`` is 1 for one cycle per block (``width``/66 of the cycles); the receive path
     cannot be stalled. A block passes the gearbox, the descrambler and the decoder, which holds
-    it until the next block has arrived (R_TYPE_NEXT).
+    it until the next block has arrived (R_TYPE_NEXT) and one cycle more (its first register).
 
     Parameters
     ----------
