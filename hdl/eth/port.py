@@ -544,7 +544,9 @@ RX_LINE_COUNTERS = ("rx_fcs_errors", "rx_runts", "rx_oversize", "rx_code_errors"
 #: :func:`pause_budget`: the level compare and its synchroniser into the transmit domain
 #: (``_DECIDE``); PauseTx → MacTx → encoder → scrambler → gearbox (``_TX_PIPE``); gearbox →
 #: descrambler → decoder → MacRx → PauseRx, and the pause request's crossing (``_RX_PIPE``).
-_DECIDE, _TX_PIPE, _RX_PIPE = 8, 8, 16
+#: Each path grew by 2 when MacTx/encoder and decoder/MacRx got an output stage each for the
+#: logic-level budget (docs/architecture.md "Timing budgets"), so both are 2 more than before.
+_DECIDE, _TX_PIPE, _RX_PIPE = 8, 10, 18
 #: Columns of a PAUSE frame on the wire: start column, 64 bytes, /T/ and the gap.
 _PAUSE_COLUMNS = 11
 
@@ -581,7 +583,7 @@ def pause_budget(max_frame: int, cable_cycles: int) -> PauseBudget:
     -------
     PauseBudget
         ``(high, low, in_flight, depth)`` in beats; e.g. 1518-byte frames, 4-cycle cables:
-        ``pause_budget(1518, 4) == (190, 95, 461, 841)``.
+        ``pause_budget(1518, 4) == (190, 95, 469, 849)``.
 
     Raises
     ------

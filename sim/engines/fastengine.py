@@ -15,7 +15,6 @@ import hashlib
 import os
 import shutil
 import struct
-import subprocess
 import time
 from dataclasses import dataclass
 from fractions import Fraction
@@ -33,7 +32,7 @@ from wirereduce.sim.engines.fastsim import (
     strip_zero_memory_init,
 )
 from wirereduce.sim.engines.runner import SimulationError
-from wirereduce.sim.engines.verilator import setup_verilator_env
+from wirereduce.sim.engines.verilator import build_model, setup_verilator_env
 
 from wirereduce.config import EngineConfig
 from wirereduce.formats import check_typed_inputs, dtype_byte
@@ -149,29 +148,13 @@ class FastEngineSim(FastSim):
             return self._compile(out, exe, text, tb, config_h)
 
     def _compile(self, out: Path, exe: Path, text: str, tb: str, config_h: str) -> Path:
-        t0 = time.perf_counter()
-        (out / "wirereduce_net.v").write_text(text)
-        (out / "tb_fast.cpp").write_text(tb)
-        (out / "tb_config.h").write_text(config_h)
         # The engine stays one C++ class instantiated at every node: inlined 16 times over, a 4x4
-        # torus took Verilator more than 12 GB and many minutes.
-        (out / "engine.vlt").write_text('`verilator_config\nno_inline -module "wirereduce_engine"\n')
-        jobs = str(max(1, min(4, os.cpu_count() or 1)))
-        cmd = [
-            "verilator", "--cc", "--exe", "--build", "-j", jobs, "--top-module", "wirereduce_net",
-            "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
-            "-Wno-style", "--Mdir", "obj", "-o", "../Vtb", "engine.vlt", "wirereduce_net.v", "tb_fast.cpp",
-        ]
-        env = dict(os.environ)
-        # Many engines make a large model: -O1 on the per-cycle code keeps the build in minutes.
-        env["MAKEFLAGS"] = (env.get("MAKEFLAGS", "") + " OPT_FAST=-O1 OPT_SLOW=-O0 OPT_GLOBAL=-O1").strip()
-        log = out / "build.log"
-        with open(log, "w") as f:
-            proc = subprocess.run(cmd, cwd=out, stdout=f, stderr=subprocess.STDOUT, env=env)
-        if proc.returncode != 0 or not exe.exists():
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            raise SimulationError(f"Verilator build failed ({self.setup.name}), log {log}:\n{tail}")
-        self.build_s = time.perf_counter() - t0
+        # torus took Verilator more than 12 GB and many minutes. Many engines make a large model:
+        # -O1 on the per-cycle code keeps the build in minutes.
+        files = {"wirereduce_net.v": text, "tb_fast.cpp": tb, "tb_config.h": config_h,
+                 "engine.vlt": '`verilator_config\nno_inline -module "wirereduce_engine"\n'}
+        self.build_s = build_model(out, "wirereduce_net", files, ["engine.vlt", "wirereduce_net.v", "tb_fast.cpp"],
+                                   "-O1", self.setup.name)
         return exe
 
     def allreduce(self, arrays, schedule: Schedule, *, window: int | None = None, rx_valid_prob: float = 1.0,

@@ -47,7 +47,7 @@ from wirereduce.host.driver import (
     parse_stats,
 )
 from wirereduce.sim.engines.runner import SimSetup, SimulationError, check_compression
-from wirereduce.sim.engines.verilator import setup_verilator_env
+from wirereduce.sim.engines.verilator import build_model, setup_verilator_env
 
 from wirereduce.protocol import Header, Opcode
 
@@ -209,31 +209,13 @@ class FastSim:
         exe = out / "Vtb"
         if exe.exists():
             return exe
-        t0 = time.perf_counter()
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "wirereduce_net.v").write_text(text)
-        (out / "tb_fast.cpp").write_text(tb)
-        (out / "tb_config.h").write_text(config_h)
-        jobs = str(max(1, min(4, os.cpu_count() or 1)))
-        cmd = [
-            "verilator", "--cc", "--exe", "--build", "-j", jobs, "--top-module", "wirereduce_net",
-            "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
-            "-Wno-style",
-            "--Mdir", "obj", "-o", "../Vtb", "wirereduce_net.v", "tb_fast.cpp",
-        ]
-        log = out / "build.log"
         # The model's C++ is large (every fp32 lane is its own module). At 512 bit, -O1 on the
         # per-cycle code cuts a 4-node build from ~8 to ~2.5 minutes on two cores for ~30 % less
         # simulation speed; at 64 bit -O2 builds in half a minute and runs ~1.8x faster.
         opt = "-O2" if s.config.width <= 128 else "-O1"
-        env = dict(os.environ)
-        env["MAKEFLAGS"] = (env.get("MAKEFLAGS", "") + f" OPT_FAST={opt} OPT_SLOW=-O0 OPT_GLOBAL=-O1").strip()
-        with open(log, "w") as f:
-            proc = subprocess.run(cmd, cwd=out, stdout=f, stderr=subprocess.STDOUT, env=env)
-        if proc.returncode != 0 or not exe.exists():
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            raise SimulationError(f"Verilator build failed ({s.tag()}), log {log}:\n{tail}")
-        self.build_s = time.perf_counter() - t0
+        self.build_s = build_model(out, "wirereduce_net", {"wirereduce_net.v": text, "tb_fast.cpp": tb,
+                                                           "tb_config.h": config_h},
+                                   ["wirereduce_net.v", "tb_fast.cpp"], opt, s.tag())
         return exe
 
     def allreduce(self, arrays, *, window: int | None = None, rx_valid_prob: float = 1.0,

