@@ -976,7 +976,8 @@ class Decompressor(wiring.Component):
         m.d.comb += kept_bytes.eq(Mux(empty, 0, Mux(fire, ubuf >> _bytes(d_need), ubuf)))
         in_data = Signal(w)
         m.d.comb += in_data.eq(head.data & _byte_mask(head.count, nb))
-        incoming = Mux(empty, in_data, Mux(fire, in_data << _bytes(rem_fire[:lb + 1]), in_data << _bytes(fill[:lb + 1])))
+        incoming = Mux(empty, in_data,
+                       Mux(fire, in_data << _bytes(rem_fire[:lb + 1]), in_data << _bytes(fill[:lb + 1])))
         with m.If(push):
             m.d.sync += [ubuf.eq(kept_bytes | incoming[:2 * w]), fill.eq(rem + head.count)]
         with m.Else():
