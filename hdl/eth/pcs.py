@@ -301,7 +301,8 @@ class Encoder(wiring.Component):
     Two pipeline registers: the first holds the column's format (the lane compares and the
     format match) with its bytes and control codes, the second the block that ENCODE's
     multiplexers and the state diagram made of it, so that neither half is deep (yosys estimate:
-    ≤ 9 LUT levels at 156.25 MHz on xc7, docs/architecture.md "Timing budgets"). A column taken in one cycle is ``o.payload`` two cycles later when the
+    ≤ 9 LUT levels at 156.25 MHz on xc7, docs/architecture.md "Timing budgets"). A column taken
+    in one cycle is ``o.payload`` two cycles later when the
     output is never stalled. Both stages advance when the stage after them is empty or being
     emptied (``i.ready = ~stage1_valid | ~o.valid | o.ready``). Both are full after reset,
     each holding LBLOCK_T (block 0x55 with two local-fault ordered sets, TX_INIT's block), so a
