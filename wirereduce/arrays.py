@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["check_inputs"]
+__all__ = ["check_inputs", "check_shape"]
 
 
 def check_inputs(arrays: Sequence[np.ndarray], nodes: int | None = None) -> list[np.ndarray]:
@@ -39,12 +39,19 @@ def check_inputs(arrays: Sequence[np.ndarray], nodes: int | None = None) -> list
         if a.dtype.kind != "f" or a.dtype.itemsize != 4:  # float32 in either byte order
             raise ValueError(f"node{k}: dtype is {a.dtype}, but the allreduce sums float32 "
                              f"(convert with a.astype(np.float32) if that is what you mean)")
-        if a.ndim != 1:
-            raise ValueError(f"node{k}: shape {a.shape} is not 1-D (flatten it with a.ravel())")
-        if a.size == 0:
-            raise ValueError(f"node{k}: the array is empty; there is nothing to allreduce")
-        if a.size != arrays[0].size:
-            raise ValueError(f"node{k}: length {a.size} differs from node0's {arrays[0].size}; "
-                             f"every node must contribute the same number of elements")
+        check_shape(k, a, arrays[0].size)
         out.append(np.ascontiguousarray(a, dtype="<f4"))
     return out
+
+
+def check_shape(k: int, a: np.ndarray, length: int) -> None:
+    """Node ``k``'s array must be 1-D, non-empty and ``length`` elements long (node 0's).
+
+    Raises ValueError naming the node, with what to do about it."""
+    if a.ndim != 1:
+        raise ValueError(f"node{k}: shape {a.shape} is not 1-D (flatten it with a.ravel())")
+    if a.size == 0:
+        raise ValueError(f"node{k}: the array is empty; there is nothing to allreduce")
+    if a.size != length:
+        raise ValueError(f"node{k}: length {a.size} differs from node0's {length}; "
+                         f"every node must contribute the same number of elements")

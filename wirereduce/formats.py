@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wirereduce.arrays import check_shape
 from wirereduce.protocol import DType, ProtocolError
 
 __all__ = ["Op", "Format", "FORMATS", "CANONICAL_NAN", "dtype_byte", "parse_dtype_byte", "supported_dtype_bytes",
@@ -307,12 +308,6 @@ def check_typed_inputs(arrays, nodes: int | None = None, dtype=None) -> tuple[Fo
         if fk != f:
             raise ValueError(f"node{k}: dtype is {a.dtype}, but the allreduce is {f.name} "
                              f"(every node must give the same dtype; convert with a.astype(...))")
-        if a.ndim != 1:
-            raise ValueError(f"node{k}: shape {a.shape} is not 1-D (flatten it with a.ravel())")
-        if a.size == 0:
-            raise ValueError(f"node{k}: the array is empty; there is nothing to allreduce")
-        if a.size != arrays[0].size:
-            raise ValueError(f"node{k}: length {a.size} differs from node0's {arrays[0].size}; "
-                             f"every node must contribute the same number of elements")
+        check_shape(k, a, arrays[0].size)
         out.append(np.ascontiguousarray(a, dtype=f.numpy_dtype.newbyteorder("<")))
     return f, out
