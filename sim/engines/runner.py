@@ -213,7 +213,8 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
     runner = get_runner(setup.simulator)
     args = []
     if setup.simulator == "verilator":
-        args = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O3", "--x-assign", "fast",
+        # -fno-merge-cond: see wirereduce.sim.engines.verilator.build_model (minutes of Verilator per build).
+        args = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O3", "-fno-merge-cond", "--x-assign", "fast",
                 "--x-initial", "fast"]
         if waves:
             args.append("--trace-fst")
@@ -366,7 +367,8 @@ def build_block_model(verilog_text: str, top: str, build_dir: str | Path, waves:
     src = build_dir / f"{top}.v"
     src.write_text(verilog_text)
     runner = get_runner("verilator")
-    args = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "--x-assign", "fast", "--x-initial", "fast"]
+    args = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-fno-merge-cond", "--x-assign", "fast",
+            "--x-initial", "fast"]
     if waves:
         args.append("--trace-fst")
     makeflags = os.environ.get("MAKEFLAGS")
