@@ -95,3 +95,58 @@ async def stream_recv(ctx, port, width: int, max_cycles=5000) -> bytes:
     """Receive one frame from an Amaranth stream interface ``port``."""
     p = port.payload
     return await recv_beats(ctx, port.valid, port.ready, p.data, p.keep, p.last, width, max_cycles)
+
+
+def stream_operands(dut, a, b, *, lanes: int = 1, en_prob: float = 1.0, seed: int = 0, setup=None):
+    """Stream operand rows ``a``/``b`` (uint32, shape (n, lanes)) through a pipelined lane block
+    (``a``, ``b``, ``en`` in; ``s`` out; ``dut.LATENCY`` enabled edges) in amaranth.sim.
+
+    Each clock, ``en`` is 1 with probability ``en_prob``. On a stalled clock the inputs are set to
+    uniformly random words (junk the pipeline must ignore) and ``s`` must not change. The result of row ``j``
+    is read after the ``j + LATENCY``-th enabled edge. ``setup`` is an optional ``async def
+    setup(ctx)`` run first (set a mode, let it settle). Returns ``(results, cycles)``: uint64
+    results of shape (n, lanes) and the clock edges taken.
+    """
+    a = np.asarray(a, dtype=np.uint32).reshape(-1, lanes)
+    b = np.asarray(b, dtype=np.uint32).reshape(-1, lanes)
+    n = len(a)
+    rng = np.random.default_rng(seed)
+    latency = dut.LATENCY
+    results = []
+    cycles = 0
+
+    def pack(row):
+        return sum(int(v) << (32 * i) for i, v in enumerate(row))
+
+    async def tb(ctx):
+        nonlocal cycles
+        if setup is not None:
+            await setup(ctx)
+        presented = enabled = 0
+        while len(results) < n:
+            en = int(rng.random() < en_prob)
+            if en and presented < n:
+                ctx.set(dut.a, pack(a[presented]))
+                ctx.set(dut.b, pack(b[presented]))
+            else:
+                ja, jb = rng.integers(0, 2**32, (2, lanes), dtype=np.uint64)
+                ctx.set(dut.a, pack(ja))
+                ctx.set(dut.b, pack(jb))
+            ctx.set(dut.en, en)
+            before = ctx.get(dut.s)
+            await ctx.tick()
+            cycles += 1
+            if en:
+                presented += 1
+                enabled += 1
+                if enabled >= latency:
+                    v = ctx.get(dut.s)
+                    results.append([(v >> (32 * i)) & 0xFFFF_FFFF for i in range(lanes)])
+            else:
+                assert ctx.get(dut.s) == before, "s changed on a stalled clock"
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    return np.array(results, dtype=np.uint64).reshape(n, lanes), cycles

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from amaranth.back import verilog
 from amaranth.sim import Simulator
+from amaranth_harness import stream_operands
 from wirereduce.hdl.arith.fp32 import CANONICAL_NAN, AdderLanes, FP32Adder
 
 LATENCY = FP32Adder.LATENCY
@@ -146,48 +147,9 @@ def unpack(value, lanes):
 
 
 def run_stream(dut, a, b, *, lanes=1, en_prob=1.0, seed=0):
-    """Stream operand rows ``a``/``b`` (shape (n, lanes)) through ``dut``, return the sums.
-
-    Each clock, ``en`` is 1 with probability ``en_prob``. On a stalled clock the inputs are set
-    to random junk (which the pipeline must ignore) and ``s`` must not change. The sum of row
-    ``j`` is read after the ``j + LATENCY``-th enabled edge. Returns ``(sums, cycles)``.
-    """
-    a = np.asarray(a, dtype=np.uint32).reshape(-1, lanes)
-    b = np.asarray(b, dtype=np.uint32).reshape(-1, lanes)
-    n = len(a)
-    rng = np.random.default_rng(seed)
-    sums = []
-    cycles = 0
-
-    async def tb(ctx):
-        nonlocal cycles
-        presented = enabled = 0
-        while len(sums) < n:
-            en = int(rng.random() < en_prob)
-            if en and presented < n:
-                ctx.set(dut.a, pack(a[presented]))
-                ctx.set(dut.b, pack(b[presented]))
-            else:
-                junk = random_patterns(rng, lanes)
-                ctx.set(dut.a, pack(junk[0]))
-                ctx.set(dut.b, pack(junk[1]))
-            ctx.set(dut.en, en)
-            before = ctx.get(dut.s)
-            await ctx.tick()
-            cycles += 1
-            if en:
-                presented += 1
-                enabled += 1
-                if enabled >= LATENCY:
-                    sums.append(unpack(ctx.get(dut.s), lanes))
-            else:
-                assert ctx.get(dut.s) == before, "s changed on a stalled clock"
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(tb)
-    sim.run()
-    return np.array(sums, dtype=np.uint64).reshape(n, lanes), cycles
+    """Stream operand rows ``a``/``b`` (shape (n, lanes)) through ``dut`` with stalls and junk on
+    stalled clocks (:func:`amaranth_harness.stream_operands`); returns ``(sums, cycles)``."""
+    return stream_operands(dut, a, b, lanes=lanes, en_prob=en_prob, seed=seed)
 
 
 def check_adder(a, b, **kwargs):

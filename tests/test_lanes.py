@@ -12,7 +12,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
+from amaranth_harness import stream_operands
 from wirereduce.hdl.arith.fp32 import FloatAdder
 from wirereduce.hdl.arith.lanes import ReduceLanes
 
@@ -165,45 +165,16 @@ def test_dtype_byte():
 
 
 def run_lanes(mode: int, a: np.ndarray, b: np.ndarray, lanes: int = 2, en_prob: float = 1.0, seed: int = 0):
-    """Stream word rows through ReduceLanes(lanes) with ``mode``; returns the result words."""
-    dut = ReduceLanes(lanes)
-    a = np.asarray(a, np.uint32).reshape(-1, lanes)
-    b = np.asarray(b, np.uint32).reshape(-1, lanes)
-    n = len(a)
-    rng = np.random.default_rng(seed)
-    out = []
-    pack = lambda row: sum(int(v) << (32 * i) for i, v in enumerate(row))  # noqa: E731
-
-    async def tb(ctx):
+    """Stream word rows through ReduceLanes(lanes) with ``mode`` (stalls, junk on stalled clocks:
+    :func:`amaranth_harness.stream_operands`); returns the result words, flat."""
+    async def set_mode(ctx):
         ctx.set(dut.mode, mode)
         await ctx.tick()
         await ctx.tick()
-        presented = enabled = 0
-        while len(out) < n:
-            en = int(rng.random() < en_prob)
-            if en and presented < n:
-                ctx.set(dut.a, pack(a[presented]))
-                ctx.set(dut.b, pack(b[presented]))
-            else:
-                ctx.set(dut.a, int(rng.integers(0, 2**62)))
-                ctx.set(dut.b, int(rng.integers(0, 2**62)))
-            ctx.set(dut.en, en)
-            before = ctx.get(dut.s)
-            await ctx.tick()
-            if en:
-                presented += 1
-                enabled += 1
-                if enabled >= ReduceLanes.LATENCY:
-                    v = ctx.get(dut.s)
-                    out.append([(v >> (32 * i)) & 0xFFFFFFFF for i in range(lanes)])
-            else:
-                assert ctx.get(dut.s) == before, "s changed on a stalled clock"
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(tb)
-    sim.run()
-    return np.array(out, dtype=np.uint32).reshape(-1)
+    dut = ReduceLanes(lanes)
+    got, _ = stream_operands(dut, a, b, lanes=lanes, en_prob=en_prob, seed=seed, setup=set_mode)
+    return got.astype(np.uint32).reshape(-1)
 
 
 def operands(name: str, rng, n: int):

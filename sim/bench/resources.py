@@ -232,6 +232,15 @@ def _reduce64():
     return ReducePipeline(cfg.width, _index_bits(cfg), cfg.slots, cfg.slot_beats)
 
 
+def _lanes(lanes):
+    def make():
+        from wirereduce.hdl.arith.lanes import ReduceLanes
+
+        return ReduceLanes(lanes)
+
+    return make
+
+
 def _gate64():
     from wirereduce.hdl.stream.frame import FrameGate
 
@@ -297,6 +306,10 @@ def _engine(width, mtu, ports):
 #: Every block, in report order. Names are the ``--blocks`` choices.
 BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("fp32_adder", "xc7", CLOCK_10G_MHZ, _fp32, "one fp32 adder lane (FP32Adder, 6 stages)", quick=True),
+    Block("lanes64", "xc7", CLOCK_10G_MHZ, _lanes(2),
+          "ReduceLanes 64 bit: every format and op (the engine's summation units)"),
+    Block("lanes512", "xcup", CLOCK_100G_MHZ, _lanes(16),
+          "ReduceLanes 512 bit: every format and op (the 512-bit engine's summation units)"),
     Block("reduce64", "xc7", CLOCK_10G_MHZ, _reduce64, "ReducePipeline 64 bit, 8 slots x 256 beats (MTU 1500)"),
     Block("frame_gate64", "xc7", CLOCK_10G_MHZ, _gate64, "FrameGate 64 bit, MTU 1500", quick=True),
     Block("compressor64", "xc7", CLOCK_10G_MHZ, _comp64, "Compressor 64 bit, 371 elements (MTU 1500)"),
