@@ -75,3 +75,16 @@ def test_rejected_components_raise_and_do_not_warn(make):
 def test_reject_raises_the_given_exception():
     with pytest.raises(KeyError, match="boom"):
         reject(object(), KeyError("boom"))
+
+
+def test_cxx_opt_override(monkeypatch):
+    """``$WIREREDUCE_CXX_OPT`` picks the models' C++ optimisation; a bad value raises before a build."""
+    from wirereduce.sim.engines.verilator import CXX_OPT_ENV, cxx_opt
+
+    monkeypatch.delenv(CXX_OPT_ENV, raising=False)
+    assert cxx_opt("-O2") == "-O2"
+    monkeypatch.setenv(CXX_OPT_ENV, " -O0 ")
+    assert cxx_opt("-O2") == "-O0"
+    monkeypatch.setenv(CXX_OPT_ENV, "-O9")
+    with pytest.raises(ValueError, match="WIREREDUCE_CXX_OPT='-O9'"):
+        cxx_opt("-O2")

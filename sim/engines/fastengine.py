@@ -32,7 +32,7 @@ from wirereduce.sim.engines.fastsim import (
     strip_zero_memory_init,
 )
 from wirereduce.sim.engines.runner import SimulationError
-from wirereduce.sim.engines.verilator import build_model, setup_verilator_env
+from wirereduce.sim.engines.verilator import build_model, cxx_opt, setup_verilator_env
 
 from wirereduce.config import EngineConfig
 from wirereduce.formats import check_typed_inputs, dtype_byte
@@ -125,8 +125,8 @@ class FastEngineSim(FastSim):
         name = (f"{self.topology.name.replace(':', '')}_p{config.ports}_w{config.width}_mtu{config.mtu}"
                 f"_s{config.slots}_f{config.max_flows}_l{link_latency}j{jitter}s{seed}"
                 f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}")
-        self.opt_fast = "-O0" if quick_build else "-O1"
-        name += "_q" if quick_build else ""
+        self.opt_fast = "-O0" if quick_build else cxx_opt("-O1")
+        name += {"-O1": ""}.get(self.opt_fast, "_" + self.opt_fast.lstrip("-"))
         self.setup = _Setup(self.topology.nodes, config, name)
         self.build_root = Path(build_root).resolve()
         self.build_s = 0.0

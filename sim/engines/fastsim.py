@@ -47,7 +47,7 @@ from wirereduce.host.driver import (
     parse_stats,
 )
 from wirereduce.sim.engines.runner import SimSetup, SimulationError, check_compression
-from wirereduce.sim.engines.verilator import build_model, setup_verilator_env
+from wirereduce.sim.engines.verilator import build_model, cxx_opt, setup_verilator_env
 
 from wirereduce.protocol import Header, Opcode
 
@@ -204,15 +204,15 @@ class FastSim:
         if s.links in ("eth", "cmac"):
             config_h += "#define FLIP 1\n"
         tb = _TB.read_text()
-        digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
+        # The model's C++ is large (every fp32 lane is its own module). At 512 bit, -O1 on the
+        # per-cycle code cuts a 4-node build from ~8 to ~2.5 minutes on two cores for ~30 % less
+        # simulation speed; at 64 bit -O2 builds in half a minute and runs ~1.8x faster.
+        opt = cxx_opt("-O2" if s.config.width <= 128 else "-O1")
+        digest = hashlib.sha256((text + tb + config_h + opt).encode()).hexdigest()[:12]
         out = self.build_root / f"{s.tag()}-{digest}"
         exe = out / "Vtb"
         if exe.exists():
             return exe
-        # The model's C++ is large (every fp32 lane is its own module). At 512 bit, -O1 on the
-        # per-cycle code cuts a 4-node build from ~8 to ~2.5 minutes on two cores for ~30 % less
-        # simulation speed; at 64 bit -O2 builds in half a minute and runs ~1.8x faster.
-        opt = "-O2" if s.config.width <= 128 else "-O1"
         self.build_s = build_model(out, "wirereduce_net", {"wirereduce_net.v": text, "tb_fast.cpp": tb,
                                                            "tb_config.h": config_h},
                                    ["wirereduce_net.v", "tb_fast.cpp"], opt, s.tag())

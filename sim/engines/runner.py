@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from wirereduce.sim.engines.verilator import setup_verilator_env
+from wirereduce.sim.engines.verilator import cxx_opt, setup_verilator_env
 
 from wirereduce.config import NodeConfig
 
@@ -202,7 +202,8 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
                            link_rate=setup.link_rate, inject=inject)
     if setup.simulator == "icarus":
         text = _kick_comb_blocks(text)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    opt = cxx_opt("") if setup.simulator == "verilator" else ""   # "" = the runner's own flags
+    digest = hashlib.sha256((text + opt).encode()).hexdigest()[:10]
     build_dir = build_root / f"{setup.tag()}{'_inj' if inject else ''}{'_waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)
     src = build_dir / "wirereduce_net.v"
@@ -218,11 +219,20 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
                 "--x-initial", "fast"]
         if waves:
             args.append("--trace-fst")
-    runner.build(
-        sources=[src], hdl_toplevel="wirereduce_net", build_dir=build_dir, always=fresh,
-        build_args=args, waves=waves, timescale=("1ps", "1ps"),
-        log_file=build_dir / "build.log",
-    )
+    makeflags = os.environ.get("MAKEFLAGS")
+    if opt:
+        os.environ["MAKEFLAGS"] = f"{makeflags or ''} OPT_FAST={opt} OPT_SLOW=-O0 OPT_GLOBAL=-O1".strip()
+    try:
+        runner.build(
+            sources=[src], hdl_toplevel="wirereduce_net", build_dir=build_dir, always=fresh,
+            build_args=args, waves=waves, timescale=("1ps", "1ps"),
+            log_file=build_dir / "build.log",
+        )
+    finally:
+        if makeflags is None:
+            os.environ.pop("MAKEFLAGS", None)
+        else:
+            os.environ["MAKEFLAGS"] = makeflags
     stamp.write_text(digest)
     return runner, build_dir
 

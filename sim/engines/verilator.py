@@ -9,7 +9,13 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["verilator_root", "setup_verilator_env", "build_model"]
+__all__ = ["verilator_root", "setup_verilator_env", "build_model", "cxx_opt", "CXX_OPT_ENV"]
+
+#: Environment variable that sets the C++ optimisation of the simulation models' per-cycle code
+#: (``-O0`` … ``-O3``) for :class:`~wirereduce.sim.engines.fastsim.FastSim`, the fast engine and the
+#: cocotb networks. The test suite sets ``-O0`` (tests/conftest.py): its runs are short, its builds
+#: were most of its time.
+CXX_OPT_ENV = "WIREREDUCE_CXX_OPT"
 
 
 def verilator_root() -> Path | None:
@@ -38,6 +44,22 @@ def setup_verilator_env() -> None:
         bindir = str(root / "bin")
         if bindir not in os.environ.get("PATH", "").split(os.pathsep):
             os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+def cxx_opt(default: str) -> str:
+    """The C++ optimisation flag for a model's per-cycle code: ``$WIREREDUCE_CXX_OPT`` if set, else ``default``.
+
+    Raises
+    ------
+    ValueError
+        If the variable is set to something other than ``-O0``, ``-O1``, ``-O2``, ``-O3`` or ``-Os``.
+    """
+    value = os.environ.get(CXX_OPT_ENV, "").strip()
+    if not value:
+        return default
+    if value not in ("-O0", "-O1", "-O2", "-O3", "-Os"):
+        raise ValueError(f"{CXX_OPT_ENV}={value!r}: expected one of -O0, -O1, -O2, -O3, -Os (or unset)")
+    return value
 
 
 def build_model(out: Path, top: str, files: dict[str, str], sources: list[str], opt_fast: str, what: str) -> float:
