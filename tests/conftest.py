@@ -15,3 +15,14 @@ if _TB not in sys.path:
     sys.path.insert(0, _TB)
 
 os.environ.setdefault("WIREREDUCE_CXX_OPT", "-O0")
+
+
+def shared_tmp(tmp_path_factory, name: str) -> Path:
+    """A temporary directory every pytest-xdist worker of this session shares (the session's
+    ``pytest-N`` root under xdist, the usual base directory without it), so a model one worker has
+    built (locked: FastSim, FastEngineSim) is not built again by the other."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if base.name.startswith("popen-gw") else base
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path

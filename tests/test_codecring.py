@@ -15,6 +15,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import shared_tmp
 from test_codec_hdl import gradients
 from wirereduce.sim.engines.fastsim import FastSim
 from wirereduce.sim.engines.runner import SimSetup
@@ -29,7 +30,8 @@ SETUP = SimSetup(nodes=3, config=NodeConfig(64, 1500, 4, codec=True))
 
 @pytest.fixture(scope="module")
 def ring(tmp_path_factory):
-    return FastSim(SETUP, tmp_path_factory.mktemp("codecring"))
+    # One build for both xdist workers: the session's shared temporary root (FastSim locks the build).
+    return FastSim(SETUP, shared_tmp(tmp_path_factory, "codecring"))
 
 
 def check(results, want):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import shared_tmp
 from wirereduce.sim.engines.fastsim import FastSim
 from wirereduce.sim.engines.runner import SimSetup
 from wirereduce.sim.golden.codec import ring_allreduce_compressed
@@ -27,7 +28,8 @@ EPF = max_elements_compressed(1500)   # 349 elements a compressed frame
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    return tmp_path_factory.mktemp("ethcodec")
+    # Shared by both xdist workers: one model build (FastSim locks it).
+    return shared_tmp(tmp_path_factory, "ethcodec")
 
 
 @pytest.fixture(scope="module")

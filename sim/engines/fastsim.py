@@ -22,6 +22,7 @@ Random gaps on the host→node streams (``rx_valid``) and random ``ready`` on th
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -213,9 +214,14 @@ class FastSim:
         exe = out / "Vtb"
         if exe.exists():
             return exe
-        self.build_s = build_model(out, "wirereduce_net", {"wirereduce_net.v": text, "tb_fast.cpp": tb,
-                                                           "tb_config.h": config_h},
-                                   ["wirereduce_net.v", "tb_fast.cpp"], opt, s.tag())
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / ".lock", "w") as lock:   # pytest-xdist workers may ask for the same model at once
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if exe.exists():
+                return exe
+            self.build_s = build_model(out, "wirereduce_net", {"wirereduce_net.v": text, "tb_fast.cpp": tb,
+                                                               "tb_config.h": config_h},
+                                       ["wirereduce_net.v", "tb_fast.cpp"], opt, s.tag())
         return exe
 
     def allreduce(self, arrays, *, window: int | None = None, rx_valid_prob: float = 1.0,
