@@ -25,7 +25,7 @@ CFG2 = EngineConfig(64, 1500, slots=8, ports=2, max_flows=64)
 @pytest.fixture(scope="module")
 def ring4():
     """One build: four P = 2 engines in a ring, links at 10G, hosts at 50G (5x)."""
-    return FastEngineSim("ring:4", CFG2, 4, link_rate=Fraction(8, 5), host_rate=8, jitter=5, seed=3, quick_build=True)
+    return FastEngineSim("ring:4", CFG2, 4, link_rate=Fraction(8, 5), host_rate=8, jitter=5, seed=3)
 
 
 @pytest.mark.parametrize("alg,n", [("ring", 1), ("ring", 3001), ("biring", 7), ("biring", 5000)])
@@ -53,7 +53,7 @@ def test_same_bits_any_timing(ring4):
 
 def test_torus2x2_multitree_bitexact():
     s = sched.build("torus:2x2", "multitree")
-    sim = FastEngineSim("torus:2x2", CFG2, 4, link_rate=Fraction(8, 5), host_rate=8, quick_build=True)
+    sim = FastEngineSim("torus:2x2", CFG2, 4, link_rate=Fraction(8, 5), host_rate=8)
     for n in (1, 777):
         arrays = edge_arrays(4, n, seed=n + 1)
         assert golden_check(arrays, s, sim.allreduce(arrays, s).results) == [0, 0, 0, 0]

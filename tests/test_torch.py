@@ -388,7 +388,7 @@ def test_hook_bf16_fp16_through_the_engine_gateware():
     from wirereduce.config import EngineConfig
 
     cfg = EngineConfig(64, 1500, slots=8, ports=2, max_flows=64)   # the build tests/test_engine_system.py uses
-    sim = FastEngineSim("ring:4", cfg, 4, link_rate=Fraction(8, 5), host_rate=8, jitter=5, seed=3, quick_build=True)
+    sim = FastEngineSim("ring:4", cfg, 4, link_rate=Fraction(8, 5), host_rate=8, jitter=5, seed=3)
     schedule = sched.build("ring:4", "biring")
     group = wrt.EngineGroup(sim, schedule)
     states = [wrt.State(group.backend(k)) for k in range(4)]

@@ -10,7 +10,6 @@ the callers with :func:`wirereduce.sim.golden.schedule.allreduce`.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -32,7 +31,7 @@ from wirereduce.sim.engines.fastsim import (
     strip_zero_memory_init,
 )
 from wirereduce.sim.engines.runner import SimulationError
-from wirereduce.sim.engines.verilator import build_model, cxx_opt, setup_verilator_env
+from wirereduce.sim.engines.verilator import build_model, cxx_opt, locked_build, setup_verilator_env
 
 from wirereduce.config import EngineConfig
 from wirereduce.formats import check_typed_inputs, dtype_byte
@@ -96,11 +95,6 @@ class FastEngineSim(FastSim):
     link_rate, host_rate : Fraction, optional
         Wire bytes per cycle of the cables and of the host links (default: the width's line rate).
     build_root : path
-    quick_build : bool
-        Compile the model's C++ at ``-O0`` instead of ``-O1`` on the per-cycle code. A 4-engine ring
-        (P = 2, 64 bit): 65 s of C++ compile instead of 228 s (CPU), then 1.6 instead of 2.3 thousand
-        simulated cycles a second: the trade a test of a few thousand elements wants, not a benchmark.
-
     Raises
     ------
     ValueError
@@ -111,8 +105,7 @@ class FastEngineSim(FastSim):
 
     def __init__(self, topology: Topology | str, config: EngineConfig, link_latency: int = 4, *,
                  link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
-                 jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine",
-                 quick_build: bool = False):
+                 jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine"):
         from wirereduce.sim.cluster.schednet import ScheduleNetwork, link_latencies
 
         self.topology = parse_topology(topology)
@@ -125,8 +118,8 @@ class FastEngineSim(FastSim):
         name = (f"{self.topology.name.replace(':', '')}_p{config.ports}_w{config.width}_mtu{config.mtu}"
                 f"_s{config.slots}_f{config.max_flows}_l{link_latency}j{jitter}s{seed}"
                 f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}")
-        self.opt_fast = "-O0" if quick_build else cxx_opt("-O1")
-        name += {"-O1": ""}.get(self.opt_fast, "_" + self.opt_fast.lstrip("-"))
+        # -O1 on the per-cycle code unless $WIREREDUCE_CXX_OPT says otherwise (the tests: -O0).
+        self.opt_fast = cxx_opt("-O1")
         self.setup = _Setup(self.topology.nodes, config, name)
         self.build_root = Path(build_root).resolve()
         self.build_s = 0.0
@@ -144,17 +137,11 @@ class FastEngineSim(FastSim):
         config_h = (f"#define NODES {n}\n#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n")
         tb = _TB.read_text()
-        digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
+        digest = hashlib.sha256((text + tb + config_h + self.opt_fast).encode()).hexdigest()[:12]
         out = self.build_root / f"{self.setup.name}-{digest}"
-        exe = out / "Vtb"
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / ".lock", "w") as lock:   # pytest-xdist workers may ask for the same model at once
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if exe.exists():
-                return exe
-            return self._compile(out, exe, text, tb, config_h)
+        return locked_build(out, out / "Vtb", lambda: self._compile(out, text, tb, config_h))
 
-    def _compile(self, out: Path, exe: Path, text: str, tb: str, config_h: str) -> Path:
+    def _compile(self, out: Path, text: str, tb: str, config_h: str) -> None:
         # The engine stays one C++ class instantiated at every node: inlined 16 times over, a 4x4
         # torus took Verilator more than 12 GB and many minutes. Many engines make a large model:
         # -O1 on the per-cycle code keeps the build in minutes.
@@ -162,7 +149,6 @@ class FastEngineSim(FastSim):
                  "engine.vlt": '`verilator_config\nno_inline -module "wirereduce_engine"\n'}
         self.build_s = build_model(out, "wirereduce_net", files, ["engine.vlt", "wirereduce_net.v", "tb_fast.cpp"],
                                    self.opt_fast, self.setup.name)
-        return exe
 
     def allreduce(self, arrays, schedule: Schedule, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,

@@ -22,7 +22,6 @@ Random gaps on the host→node streams (``rx_valid``) and random ``ready`` on th
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
@@ -48,7 +47,7 @@ from wirereduce.host.driver import (
     parse_stats,
 )
 from wirereduce.sim.engines.runner import SimSetup, SimulationError, check_compression
-from wirereduce.sim.engines.verilator import build_model, cxx_opt, setup_verilator_env
+from wirereduce.sim.engines.verilator import build_model, cxx_opt, locked_build, setup_verilator_env
 
 from wirereduce.protocol import Header, Opcode
 
@@ -211,18 +210,13 @@ class FastSim:
         opt = cxx_opt("-O2" if s.config.width <= 128 else "-O1")
         digest = hashlib.sha256((text + tb + config_h + opt).encode()).hexdigest()[:12]
         out = self.build_root / f"{s.tag()}-{digest}"
-        exe = out / "Vtb"
-        if exe.exists():
-            return exe
-        out.mkdir(parents=True, exist_ok=True)
-        with open(out / ".lock", "w") as lock:   # pytest-xdist workers may ask for the same model at once
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if exe.exists():
-                return exe
+
+        def build():
             self.build_s = build_model(out, "wirereduce_net", {"wirereduce_net.v": text, "tb_fast.cpp": tb,
                                                                "tb_config.h": config_h},
                                        ["wirereduce_net.v", "tb_fast.cpp"], opt, s.tag())
-        return exe
+
+        return locked_build(out, out / "Vtb", build)
 
     def allreduce(self, arrays, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,

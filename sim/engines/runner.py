@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -189,6 +190,22 @@ def _kick_comb_blocks(text: str) -> str:
     return _ONE_LINE_COMB.sub(lambda m: f"{m.group(0)}\n{m.group(1)}initial #1 {m.group(3)}", text)
 
 
+@contextmanager
+def _make_variables(variables: str):
+    """Append make ``variables`` (``"OPT_FAST=-O0 ..."``) to ``MAKEFLAGS`` while the cocotb runner
+    builds (it reads them from the environment); restored afterwards. Empty: no change."""
+    saved = os.environ.get("MAKEFLAGS")
+    if variables:
+        os.environ["MAKEFLAGS"] = f"{saved or ''} {variables}".strip()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MAKEFLAGS", None)
+        else:
+            os.environ["MAKEFLAGS"] = saved
+
+
 def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False) -> tuple[object, Path]:
     from cocotb_tools.runner import get_runner
     from wirereduce.sim.cluster.network import network_verilog
@@ -219,20 +236,12 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
                 "--x-initial", "fast"]
         if waves:
             args.append("--trace-fst")
-    makeflags = os.environ.get("MAKEFLAGS")
-    if opt:
-        os.environ["MAKEFLAGS"] = f"{makeflags or ''} OPT_FAST={opt} OPT_SLOW=-O0 OPT_GLOBAL=-O1".strip()
-    try:
+    with _make_variables(f"OPT_FAST={opt} OPT_SLOW=-O0 OPT_GLOBAL=-O1" if opt else ""):
         runner.build(
             sources=[src], hdl_toplevel="wirereduce_net", build_dir=build_dir, always=fresh,
             build_args=args, waves=waves, timescale=("1ps", "1ps"),
             log_file=build_dir / "build.log",
         )
-    finally:
-        if makeflags is None:
-            os.environ.pop("MAKEFLAGS", None)
-        else:
-            os.environ["MAKEFLAGS"] = makeflags
     stamp.write_text(digest)
     return runner, build_dir
 
@@ -381,16 +390,9 @@ def build_block_model(verilog_text: str, top: str, build_dir: str | Path, waves:
             "--x-initial", "fast"]
     if waves:
         args.append("--trace-fst")
-    makeflags = os.environ.get("MAKEFLAGS")
-    os.environ["MAKEFLAGS"] = f"{makeflags or ''} OPT_FAST=-O0 OPT_SLOW=-O0 OPT_GLOBAL=-O0".strip()
-    try:
+    with _make_variables("OPT_FAST=-O0 OPT_SLOW=-O0 OPT_GLOBAL=-O0"):
         runner.build(sources=[src], hdl_toplevel=top, build_dir=build_dir, build_args=args, waves=waves,
                      timescale=("1ps", "1ps"), log_file=build_dir / "build.log")
-    finally:
-        if makeflags is None:
-            del os.environ["MAKEFLAGS"]
-        else:
-            os.environ["MAKEFLAGS"] = makeflags
     return runner, build_dir
 
 
