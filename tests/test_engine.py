@@ -49,9 +49,9 @@ class Mesh(wiring.Component):
 
 
 def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, window=4, ready_prob=1.0,
-                 max_latency=3, slots=4, rate=None, trace=None):
+                 max_latency=3, slots=4, rate=None, trace=None, priority="broadcast"):
     ports = ports or s.topology.degree
-    cfg = EngineConfig(64, mtu, slots=slots, ports=ports, max_flows=64)
+    cfg = EngineConfig(64, mtu, slots=slots, ports=ports, max_flows=64, priority=priority)
     rng = np.random.default_rng(seed)
     lat = {lk: int(rng.integers(1, max_latency + 1)) for lk in s.topology.directed_links()}
     dut = Mesh(s.topology, cfg, lat, rate)
@@ -139,12 +139,21 @@ def check(s, arrays, **kw):
 
 @pytest.mark.parametrize("topo,alg,n", [
     ("ring:2", "ring", 1), ("ring:3", "ring", 700), ("ring:4", "biring", 97),
-    ("torus:2x2", "multitree", 301),
+    ("torus:2x2", "multitree", 301), ("torus:2x2", "multitree-balanced", 203),
 ])
 def test_engine_bitexact(topo, alg, n):
     s = sched.build(topo, alg)
     arrays = edge_arrays(s.nodes, n, seed=n)
     check(s, arrays, elements=40)
+
+
+def test_unit_priority_same_bits():
+    """The allocator's other priority (partial sums before broadcasts) changes the timing only."""
+    s = sched.build("ring:4", "biring")
+    arrays = edge_arrays(s.nodes, 97, seed=4)
+    check(s, arrays, elements=40, priority="unit")
+    with pytest.raises(ValueError, match="priority"):
+        EngineConfig(64, 1500, ports=2, priority="fifo")
 
 
 def test_engine_same_bits_any_timing():

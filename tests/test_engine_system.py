@@ -52,11 +52,12 @@ def test_same_bits_any_timing(ring4):
 
 
 def test_torus2x2_multitree_bitexact():
-    s = sched.build("torus:2x2", "multitree")
     sim = FastEngineSim("torus:2x2", CFG2, 4, link_rate=Fraction(8, 5), host_rate=8)
-    for n in (1, 777):
-        arrays = edge_arrays(4, n, seed=n + 1)
-        assert golden_check(arrays, s, sim.allreduce(arrays, s).results) == [0, 0, 0, 0]
+    for alg in ("multitree", "multitree-balanced"):
+        s = sched.build("torus:2x2", alg)
+        for n in (1, 777):
+            arrays = edge_arrays(4, n, seed=n + 1)
+            assert golden_check(arrays, s, sim.allreduce(arrays, s).results) == [0, 0, 0, 0]
 
 
 def test_bad_arguments_raise_before_running(ring4):

@@ -260,11 +260,57 @@ def test_biring_loads_every_link_equally_and_sums_along_the_ring():
     ("ring:2", "multitree"), ("ring:8", "multitree"), ("torus:2x2", "multitree"), ("torus:4x4", "multitree"),
     ("mesh:3x3", "multitree"), ("hypercube:8", "multitree"), ("torus:3x4", "multitree"),
     ("mesh:2x3", "multitree"),
+    ("ring:2", "multitree-balanced"), ("ring:3", "multitree-balanced"), ("ring:8", "multitree-balanced"),
+    ("torus:2x2", "multitree-balanced"), ("torus:4x4", "multitree-balanced"), ("mesh:3x3", "multitree-balanced"),
+    ("hypercube:8", "multitree-balanced"), ("torus:3x4", "multitree-balanced"), ("mesh:2x3", "multitree-balanced"),
+    ("torus:3x3x3", "multitree-balanced"),
 ])
 def test_validate_accepts(spec, algorithm):
     s = build(spec, algorithm)
     validate(s)
     assert Schedule.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+@pytest.mark.parametrize("spec,published,balanced", [
+    # frames per round on the busiest directed link: the published trees' (counted from the trees
+    # the authors' construction gives), and ceil(2 N (N-1) / links), the least any set of one
+    # tree per root can have, which the balanced trees must reach
+    ("torus:4x4", 9, 8), ("hypercube:8", 6, 5), ("mesh:3x3", 8, 6), ("torus:3x3", None, 4),
+])
+def test_multitree_balanced_shortest_paths_and_busiest_link(spec, published, balanced):
+    import math
+
+    import networkx as nx
+
+    s = build(spec, "multitree-balanced")
+    topo = s.topology
+    g = nx.Graph([(u, v) for u in range(topo.nodes) for v, _ in topo.links[u]])
+    assert math.ceil(2 * topo.nodes * (topo.nodes - 1) / len(topo.directed_links())) == balanced
+
+    def busiest(sch):
+        frames = {}
+        for fl in sch.flows:
+            for e in fl.edges:   # partial sum up on the child's port, result down on the parent's
+                for lk in ((e.child, e.child_port), (e.parent, e.parent_port)):
+                    frames[lk] = frames.get(lk, 0) + 1
+        return max(frames.values())
+
+    assert busiest(s) == balanced
+    if published is not None:
+        assert busiest(build(spec, "multitree")) == published
+    for fl in s.flows:
+        assert fl.root == fl.index
+        depth = {fl.root: 0}
+        parent = {e.child: e.parent for e in fl.edges}
+        for u in nx.bfs_tree(g, fl.root):
+            if u != fl.root:
+                depth[u] = depth[parent[u]] + 1
+        assert depth == nx.single_source_shortest_path_length(g, fl.root)
+    assert build(spec, "multitree-balanced") == s                       # fixed by the seed
+    other = build(spec, "multitree-balanced", seed=7)
+    validate(other)
+    with pytest.raises(ValueError, match="moves"):
+        build(spec, "multitree-balanced", moves=-1)
 
 
 def test_validate_mesh_fixes_and_small_port_budgets():
@@ -336,9 +382,10 @@ def test_validate_rejects_port_budget():
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec", ["torus:4x4", "hypercube:8", "mesh:3x3"])
-def test_golden_multitree_same_result_everywhere_and_order_from_tables(spec):
-    s = build(spec)
+@pytest.mark.parametrize("spec,algorithm", [("torus:4x4", "multitree"), ("hypercube:8", "multitree"),
+                                            ("mesh:3x3", "multitree"), ("torus:4x4", "multitree-balanced")])
+def test_golden_multitree_same_result_everywhere_and_order_from_tables(spec, algorithm):
+    s = build(spec, algorithm)
     g = _grads(s.nodes, n=3 * s.nodes + 5, seed=s.nodes)
     got = allreduce(g, s)
     for node in range(1, s.nodes):

@@ -49,7 +49,7 @@ def test_biring_ring4_in_order_is_the_ring_rate():
 
 
 @pytest.mark.parametrize("topo,alg", [("ring:3", "biring"), ("torus:2x2", "multitree"), ("mesh:3x3", "multitree"),
-                                      ("hypercube:8", "multitree")])
+                                      ("hypercube:8", "multitree"), ("torus:4x4", "multitree-balanced")])
 def test_never_below_the_bound(topo, alg):
     s = sched.build(topo, alg)
     for in_order, ct, prio in product((True, False), (True, False), PRIORITIES):

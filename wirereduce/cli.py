@@ -425,8 +425,19 @@ def cmd_bench_schedules(args) -> int:
     from wirereduce.sim.bench import schedules
 
     rows = schedules.QUICK_ROWS if args.quick else schedules.ROWS
+    from wirereduce import schedule as sched
+
     if args.topologies:
-        rows = tuple((t, ("ring", "biring" if t.startswith("ring:") else "multitree")) for t in args.topologies)
+        rows = []
+        for spec in args.topologies:
+            t, _, algs = spec.partition("/")
+            algs = tuple(algs.split(",")) if algs else ("ring", "biring" if t.startswith("ring:") else "multitree")
+            bad = [a for a in algs if a not in sched.ALGORITHMS]
+            if bad:
+                raise CliError(f"{spec!r}: unknown algorithm {bad[0]!r}; give TOPOLOGY or TOPOLOGY/ALG[,ALG...] "
+                               f"with ALG one of {', '.join(sched.ALGORITHMS)}")
+            rows.append((t, algs))
+        rows = tuple(rows)
     sizes = schedules.QUICK_SIZES if args.quick else schedules.SIZES
     if args.sizes:
         from wirereduce.sim.bench.algbw import parse_size
@@ -435,8 +446,6 @@ def cmd_bench_schedules(args) -> int:
             sizes = tuple(parse_size(x) for x in args.sizes)
         except ValueError as e:
             raise CliError(str(e)) from e
-    from wirereduce import schedule as sched
-
     for t, _ in rows:
         try:
             sched.parse_topology(t)
@@ -800,6 +809,8 @@ def _add_sim_args(p):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from wirereduce.schedule import ALGORITHMS as sched_algorithms
+
     parser = argparse.ArgumentParser(
         prog="wirereduce",
         description="In-network allreduce gateware: generate Verilog, simulate a ring of FPGA nodes.")
@@ -827,7 +838,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", default=None, metavar="SPEC",
                    help="run the schedule engine on this network instead of the ring node: ring:N, torus:AxB, "
                         "mesh:AxB, torus:AxBxC, hypercube:N (needs --algorithm; --engine fast)")
-    p.add_argument("--algorithm", choices=("ring", "biring", "multitree"), default=None,
+    p.add_argument("--algorithm", choices=sched_algorithms, default=None,
                    help="the schedule the engines run (with --topology)")
     p.add_argument("--ports", type=int, default=None,
                    help="network ports P of every engine (default: the topology's degree)")
@@ -960,7 +971,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="ring:4 only, 32K and 256K (default name bench-schedules-quick)")
     p.add_argument("--topologies", nargs="+", default=None, metavar="SPEC",
-                   help="topologies to run (rings: ring and biring; others: ring and multitree)")
+                   help="topologies to run, TOPOLOGY[/ALG[,ALG...]] (e.g. torus:4x4/multitree,multitree-balanced; "
+                        "without ALG: rings run ring and biring, others ring and multitree)")
     p.add_argument("--sizes", nargs="+", default=None, metavar="SIZE", help="message sizes per node, e.g. 32K 4M")
     p.add_argument("--host-link-gbps", nargs="+", type=float, default=[50.0, 10.0], metavar="G",
                    help="host link rates to run (default: 50 (PCIe Gen3 x8) and 10 (capped))")

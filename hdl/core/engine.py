@@ -37,9 +37,10 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
 - **Broadcast**: a BROADCAST frame at the head of its queue looks up its flow's entry and is
   forwarded to the entry's ``forward`` ports and delivered to the host.
 - **Allocator**: every frame that leaves (a unit's sum, a forwarded broadcast) needs a set of
-  output ports at once; it gets all of them in one cycle or none (a fixed priority: root, then
-  broadcasts, then units; a waiting source reserves its ports against lower ones), so two
-  multicasts can never each hold a port the other waits for.
+  output ports at once; it gets all of them in one cycle or none (a fixed priority,
+  ``EngineConfig.priority``: by default root, then broadcasts, then units; a waiting source
+  reserves its ports against lower ones), so two multicasts can never each hold a port the other
+  waits for.
 - **Host output**: the root's and every broadcast source's copies for the host go through a
   store-and-forward FIFO each, and leave whole frames at the host port's rate, which may be
   faster than a network port (``docs/architecture.md`` "Host link").
@@ -356,10 +357,15 @@ class Engine(wiring.Component):
         reserved = Const(0, P)
         taken_now = Const(0, P)
         grants = []
-        # Priority: the units' partial sums first (a REDUCE frame that waits stalls every hop after
-        # it, cut-through), then the root's results, then forwarded broadcasts (queued, they wait
-        # without holding anything up).
-        prio = list(range(1 + P, nsrc)) + list(range(1 + P))
+        # Priority (config.priority): "broadcast", the root's results and forwarded broadcasts first
+        # (a result that waits holds up every subtree below it and frees no buffer), then the units'
+        # partial sums; "unit", the partial sums first. In the slot model (docs/architecture.md "Why
+        # the engine stays at the ring's rate") broadcasts first is within 2 % on rings and far
+        # ahead on tori and meshes.
+        if self.config.priority == "broadcast":
+            prio = list(range(1 + P)) + list(range(1 + P, nsrc))
+        else:
+            prio = list(range(1 + P, nsrc)) + list(range(1 + P))
         for i in prio:
             s, req, _ = sources[i]
             want = req[:P]

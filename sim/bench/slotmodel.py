@@ -177,7 +177,9 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
 
 #: (topology, algorithm, rounds) the model runs by default (``wirereduce slot-model``).
 MODEL_ROWS = (("ring:4", "biring", 32), ("ring:8", "biring", 32), ("torus:4x4", "ring", 32),
-              ("torus:4x4", "multitree", 32), ("hypercube:8", "multitree", 32), ("mesh:3x3", "multitree", 32))
+              ("torus:4x4", "multitree", 32), ("torus:4x4", "multitree-balanced", 32),
+              ("hypercube:8", "multitree", 32), ("hypercube:8", "multitree-balanced", 32),
+              ("mesh:3x3", "multitree", 32), ("mesh:3x3", "multitree-balanced", 32))
 
 
 def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.json") -> list[dict]:
@@ -194,7 +196,7 @@ def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.
     from wirereduce import schedule as sched
 
     recs = []
-    print(f"{'topology':>12} {'algorithm':>9} {'units':>12} {'hops':>14} {'priority':>9} {'slots':>6} "
+    print(f"{'topology':>12} {'algorithm':>18} {'units':>12} {'hops':>14} {'priority':>9} {'slots':>6} "
           f"{'bound':>6} {'of bound':>8} {'vs ring':>7}")
     for topo, alg, k in rows:
         s = sched.build(topo, alg)
@@ -207,7 +209,7 @@ def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.
                    "vs_ring": chunks / r.slots}
             recs.append(rec)
             units = "in order" if in_order else ("lookahead 2" if look == 2 else "out of order")
-            print(f"{s.topology.name:>12} {alg:>9} {units:>12} "
+            print(f"{s.topology.name:>12} {alg:>18} {units:>12} "
                   f"{'cut-through' if ct else 'store-forward':>14} {prio:>9} {r.slots:>6} {r.bound_slots:>6} "
                   f"{r.of_bound:>8.2f} {rec['vs_ring']:>7.2f}")
     if out:
