@@ -442,8 +442,13 @@ def test_schedule_cli(tmp_path, capsys):
     d = json.loads(out.read_text())
     assert d["levels"] == 5 and len(d["flows"]) == 16 and len(d["tables"]) == 16
     validate(Schedule.from_dict(d))
+    args = parser.parse_args(["schedule", "--topology", "torus:4x4", "--algorithm", "multitree-balanced",
+                              "--ports", "2"])
+    assert args.func(args) == 0
+    assert "port budget 2 per node" in capsys.readouterr().out
     for bad in (["schedule", "--topology", "torus:4"], ["schedule", "--algorithm", "ring", "--ports", "2"],
-                ["schedule", "--topology", "mesh:3x3", "--algorithm", "biring"]):
+                ["schedule", "--topology", "mesh:3x3", "--algorithm", "biring"],
+                ["schedule", "--algorithm", "multitree-balanced", "--full-round"]):
         args = parser.parse_args(bad)
         with pytest.raises(CliError):
             args.func(args)

@@ -43,8 +43,12 @@ def cmd_schedule(args) -> int:
     options = {}
     if args.algorithm == "multitree":
         options = {"ports": args.ports, "full_round": args.full_round, "mesh_distance_fix": args.mesh_distance_fix}
-    elif args.ports is not None or args.full_round or args.mesh_distance_fix:
-        raise CliError(f"--ports, --full-round and --mesh-distance-fix are multitree options, not {args.algorithm}")
+    elif args.algorithm == "multitree-balanced" and not (args.full_round or args.mesh_distance_fix):
+        options = {"ports": args.ports}
+    elif args.full_round or args.mesh_distance_fix:
+        raise CliError(f"--full-round and --mesh-distance-fix are multitree options, not {args.algorithm}")
+    elif args.ports is not None:
+        raise CliError(f"--ports is a multitree and multitree-balanced option, not {args.algorithm}")
     try:
         if args.mtu is not None:
             frame_efficiency(args.mtu)
