@@ -49,9 +49,9 @@ class Mesh(wiring.Component):
 
 
 def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, window=4, ready_prob=1.0,
-                 max_latency=3, slots=4, rate=None, trace=None, priority="broadcast"):
+                 max_latency=3, slots=4, rate=None, trace=None, priority="broadcast", lookahead=2):
     ports = ports or s.topology.degree
-    cfg = EngineConfig(64, mtu, slots=slots, ports=ports, max_flows=64, priority=priority)
+    cfg = EngineConfig(64, mtu, slots=slots, ports=ports, max_flows=64, priority=priority, lookahead=lookahead)
     rng = np.random.default_rng(seed)
     lat = {lk: int(rng.integers(1, max_latency + 1)) for lk in s.topology.directed_links()}
     dut = Mesh(s.topology, cfg, lat, rate)
@@ -156,6 +156,23 @@ def test_unit_priority_same_bits():
         EngineConfig(64, 1500, ports=2, priority="fifo")
 
 
+@pytest.mark.parametrize("lookahead", [1, 3, 4])
+@pytest.mark.parametrize("topo,alg,n", [("ring:4", "biring", 97), ("torus:2x2", "multitree-balanced", 203)])
+def test_engine_bitexact_any_lookahead(topo, alg, n, lookahead):
+    """Units that look 1 (in order), 3 or 4 chunks ahead, with random link latencies (1-9 cycles) and
+    host back-pressure: the golden model's bits (the table fixes the summation order, not D)."""
+    s = sched.build(topo, alg)
+    arrays = edge_arrays(s.nodes, n, seed=n)
+    check(s, arrays, elements=40, lookahead=lookahead, seed=lookahead, max_latency=9, ready_prob=0.6)
+
+
+def test_lookahead_range():
+    for d in (0, 5):
+        with pytest.raises(ValueError, match="lookahead"):
+            EngineConfig(64, 1500, ports=2, lookahead=d)
+    assert "lookahead=3" in repr(EngineConfig(64, 1500, ports=2, lookahead=3))
+
+
 def test_engine_same_bits_any_timing():
     """Random link latencies (1-9 cycles) and random host back-pressure, three seeds: the same bits,
     the golden model's, every time (the table fixes the order, not the arrivals)."""
@@ -206,47 +223,65 @@ def test_control_and_schedule_rules():
     assert out["busy"]["control_refused"] == 2 and out["busy"]["request_tag"] == 14
 
 
-def test_unit_takes_the_next_chunk_when_the_oldest_is_late():
-    """Lookahead of two: a unit whose oldest chunk's child frame has not come sums the next chunk first, and
-    the late chunk afterwards; both sums are the table's order (child + local), bit for bit.
+def unit_order(flows, arrivals, lookahead=2, gap=150):
+    """The chunks one unit sums, in the order it sends them, when child frames come in ``arrivals``
+    order, ``gap`` cycles apart; each sum checked bit for bit (child + local, the table's order).
 
-    One engine, P = 2: flows 0 and 1 both summed by unit 1 (child on port 0, then the local chunk), sent on
-    port 1. The child's frame of chunk 1 comes first; the one of chunk 0 only once chunk 1's sum has left.
-    An in-order unit would wait for chunk 0 forever here."""
+    One engine, P = 2: ``flows`` flows (one chunk each), all summed by unit 1 (child on port 0, then the
+    local chunk) and sent on port 1; every local chunk is in before the first child frame."""
     from wirereduce.table import LOCAL, EngineEntry, encode_entry
 
-    cfg = EngineConfig(64, 1500, slots=4, ports=2, max_flows=8)
+    cfg = EngineConfig(64, 1500, slots=4, ports=2, max_flows=8, lookahead=lookahead)
     dut = Engine(cfg)
     n = 9
     rng = np.random.default_rng(5)
-    local = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
-    child = [rng.standard_normal(n).astype(np.float32) for _ in range(2)]
-    entries = [EngineEntry(1, (0, LOCAL), (f + 1) % 2, 1, 0, False) for f in range(2)]
+    local = [rng.standard_normal(n).astype(np.float32) for _ in range(flows)]
+    child = [rng.standard_normal(n).astype(np.float32) for _ in range(flows)]
+    entries = [EngineEntry(1, (0, LOCAL), (f + 1) % flows, 1, 0, False) for f in range(flows)]
     payload = b"".join(encode_entry(e).to_bytes(8, "little") for e in entries)
     out = []
 
     async def host(ctx):
         ctx.set(dut.host_tx.ready, 1)
-        await stream_send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=4).pack() + payload, 64)
+        hdr = Header(opcode=Opcode.SCHEDULE, seq=0, count=2 * flows)
+        await stream_send(ctx, dut.host_rx, hdr.pack() + payload, 64)
         st = parse_stats(await stream_recv(ctx, dut.host_tx, 64))
         assert st["drop_count"] == 0 and st["control_refused"] == 0, st
-        await stream_send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=5, src=1, hop=2, seq=2,
+        await stream_send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=5, src=1, hop=flows, seq=flows,
                                                    count=7).pack(), 64)
         assert parse_stats(await stream_recv(ctx, dut.host_tx, 64))["control_refused"] == 0
-        for g in range(2):
+        for g in range(flows):
             await stream_send(ctx, dut.host_rx, frame(Header(opcode=Opcode.HOST_PUSH, collective=5, seq=g, hop=g,
                                                              count=n, src=1), local[g]), 64)
+        for g in arrivals:
+            await ctx.tick().repeat(gap)
+            hdr = Header(opcode=Opcode.REDUCE, collective=5, seq=g, hop=g, count=n, src=0)
+            await stream_send(ctx, dut.net0_in, frame(hdr, child[g]), 64)
 
-        await ctx.tick().repeat(20)
-        hdr = lambda g: Header(opcode=Opcode.REDUCE, collective=5, seq=g, hop=g, count=n, src=0)  # noqa: E731
-        await stream_send(ctx, dut.net0_in, frame(hdr(1), child[1]), 64)
-        out.append(await stream_recv(ctx, dut.net1_out, 64, max_cycles=400))
-        await stream_send(ctx, dut.net0_in, frame(hdr(0), child[0]), 64)
-        out.append(await stream_recv(ctx, dut.net1_out, 64, max_cycles=400))
+    async def sums(ctx):
+        for _ in arrivals:
+            out.append(await stream_recv(ctx, dut.net1_out, 64, max_cycles=2000 + gap * len(arrivals)))
 
-    simulate(dut, [host])
+    simulate(dut, [host, sums])
     got = [Header.unpack(f) for f in out]
-    assert [h.seq for h in got] == [1, 0] and all(h.opcode == Opcode.REDUCE for h in got)
+    assert all(h.opcode == Opcode.REDUCE for h in got)
     for h, f in zip(got, out):
         want = (child[h.seq] + local[h.seq]).view(np.uint32)
         assert np.array_equal(np.frombuffer(f[HEADER_BYTES:], dtype="<u4"), want)
+    return [h.seq for h in got]
+
+
+def test_unit_takes_the_next_chunk_when_the_oldest_is_late():
+    """Lookahead of two: a unit whose oldest chunk's child frame has not come sums the next chunk first, and
+    the late chunk afterwards; both sums are the table's order (child + local), bit for bit. An in-order
+    unit (lookahead 1) waits for chunk 0."""
+    assert unit_order(2, [1, 0]) == [1, 0]
+    assert unit_order(2, [1, 0], lookahead=1) == [0, 1]
+
+
+@pytest.mark.parametrize("lookahead,order", [(1, [0, 1, 2]), (2, [0, 2, 1]), (3, [2, 0, 1]), (4, [2, 0, 1])])
+def test_unit_takes_the_third_chunk_with_lookahead_three(lookahead, order):
+    """Child frames of chunks 2, 0, 1 in that order: with D = 3 (or 4, its last candidate past the last
+    chunk) the unit sums chunk 2 while the two oldest wait; with D = 2 it can reach chunk 2 only once chunk 0
+    is summed, in order (D = 1) only after chunk 1."""
+    assert unit_order(3, [2, 0, 1], lookahead) == order

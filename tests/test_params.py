@@ -12,6 +12,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 from wirereduce.hdl.arith.fp32 import AdderLanes
 from wirereduce.hdl.codec.compressor import BytePacker
+from wirereduce.hdl.core.sumunit import SumUnit
 from wirereduce.hdl.eth.mac import MacRx
 from wirereduce.hdl.eth.pcs import BerMonitor
 from wirereduce.hdl.eth.port import EthFramer, EthPort10G, EthPort10GCdc
@@ -67,6 +68,8 @@ def test_without_the_helper_a_rejected_component_warns():
     lambda: BerMonitor(window=3),
     lambda: BytePacker(63),
     lambda: AdderLanes(0),
+    lambda: SumUnit(64, 2, 8, 4, 32),
+    lambda: SumUnit(64, 2, 2, 4, 32, lookahead=5),
 ])
 def test_rejected_components_raise_and_do_not_warn(make):
     assert unused_warnings(make) == []

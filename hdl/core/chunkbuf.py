@@ -1,7 +1,7 @@
 """A reduce buffer addressed by chunk: frames of chunk g go to slot g mod Q, readable cut-through.
 
 The schedule engine's summation units may take their chunks out of order
-(:class:`~wirereduce.hdl.core.sumunit.SumUnit`, lookahead of two), so the frames a unit sums
+(:class:`~wirereduce.hdl.core.sumunit.SumUnit`, lookahead of D chunks), so the frames a unit sums
 cannot wait in FIFO queues: two children that send two chunks in opposite orders would leave each
 chunk behind the other at one FIFO head each (a deadlock). Here a frame of chunk g is written to
 slot ``g mod Q`` (Q = 2·``slots``, docs/architecture.md "Why the engine cannot deadlock" for why

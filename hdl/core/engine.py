@@ -29,11 +29,11 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
   or a BROADCAST behind it.
 - **Summation units** (:class:`~wirereduce.hdl.core.sumunit.SumUnit`): unit q computes the
   partial sums this node sends to a parent on port q, the root unit the sums of the flows rooted
-  here. Each follows its own chunks in increasing chunk number with a lookahead of two: it takes
-  the oldest one it has not summed if all its terms are in, else the next one, so a chunk whose
-  output or terms are late does not hold up the unit (docs/architecture.md "Why the engine stays
-  at the ring's rate"). It sums the terms in the table's order, cut-through. Several units work at
-  once, so every port can run at line rate.
+  here. Each follows its own chunks in increasing chunk number with a lookahead of D
+  (``EngineConfig.lookahead``, default 2): of the D oldest it has not summed it takes the first
+  whose terms are all in, so a chunk whose output or terms are late does not hold up the unit
+  (docs/architecture.md "Why the engine stays at the ring's rate"). It sums the terms in the
+  table's order, cut-through. Several units work at once, so every port can run at line rate.
 - **Broadcast**: a BROADCAST frame at the head of its queue looks up its flow's entry and is
   forwarded to the entry's ``forward`` ports and delivered to the host.
 - **Allocator**: every frame that leaves (a unit's sum, a forwarded broadcast) needs a set of
@@ -252,7 +252,8 @@ class Engine(wiring.Component):
         units = []
         for u in range(nunits):
             unit = m.submodules[f"unit{u}"] = SumUnit(
-                w, P, P if u < P else P + 1, S, SB, req=(1 << u) if u < P else None, max_beats=MB)
+                w, P, P if u < P else P + 1, S, SB, req=(1 << u) if u < P else None, max_beats=MB,
+                lookahead=cfg.lookahead)
             rp = table.read_port()
             m.d.comb += [rp.addr.eq(unit.tab_addr), unit.tab_data.eq(rp.data)]
             m.d.comb += [

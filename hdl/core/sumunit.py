@@ -1,14 +1,17 @@
 """A summation unit of the schedule engine: one chunk's partial sum at a time, in the table's order.
 
 The unit follows its chunks in increasing chunk number ``g`` (the table's ``next_flow``/``gap``
-chain, :mod:`wirereduce.table`) with a **lookahead of two**: candidate A is the oldest chunk it has
-not summed, candidate B the next one in its order. For a candidate's chunk of flow ``f`` the table
-entry names the terms of the sum, left to right: children's partial sums arriving on network ports
-and the host's local chunk. A candidate is ready once every term is there (the first beat of its
-frame in slot g mod 2·slots of that port's :class:`~wirereduce.hdl.core.chunkbuf.ChunkBuffer`,
-the local chunk in its buffer slot); the unit takes A if it is ready, else B (so a late chunk does
-not hold up the one after it: docs/architecture.md "Why the engine stays at the ring's rate"), and
-streams all its terms in lock step, beat by beat, through a chain of reduce lanes
+chain, :mod:`wirereduce.table`) with a **lookahead of D** (``lookahead``, 1 … 4, default 2):
+candidate C0 is the oldest chunk it has not summed, C(k+1) the next one after Ck in its order
+(chunk ``g + gap`` of flow ``next_flow`` of Ck's entry). For a candidate's chunk of flow ``f`` the
+table entry names the terms of the sum, left to right: children's partial sums arriving on network
+ports and the host's local chunk. A candidate is ready once every term is there (the first beat of
+its frame in slot g mod 2·slots of that port's :class:`~wirereduce.hdl.core.chunkbuf.ChunkBuffer`,
+the local chunk in its buffer slot); the unit takes the first ready candidate (so a late chunk does
+not hold up the ones after it: docs/architecture.md "Why the engine stays at the ring's rate"; D = 1
+is strictly in order), the ones after it move down one place and the last is worked out anew. The
+entries come from one synchronous table read a cycle, the first candidate's whose entry is not in.
+It streams all the chunk's terms in lock step, beat by beat, through a chain of reduce lanes
 (:class:`~wirereduce.hdl.arith.lanes.ReduceLanes`: the collective's format and operation, ``mode``):
 
     ((t0 + t1) + t2) + …        (term i joins after i-1 adder stages)
@@ -33,8 +36,10 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.arith.lanes import ReduceLanes
 from wirereduce.hdl.core.chunkbuf import reader_signature
+from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import tagged_layout
 
+from wirereduce.config import MAX_LOOKAHEAD
 from wirereduce.protocol import HEADER_BYTES
 from wirereduce.table import LOCAL, MAX_TERMS, NONE
 
@@ -68,6 +73,10 @@ class SumUnit(wiring.Component):
         Output request mask of every frame (``1 << parent port``); ``None`` for the root unit,
         whose frames request the entry's ``forward`` ports and, with ``deliver``, the host
         (bit P).
+    lookahead : int
+        Candidates D, 1 … :data:`~wirereduce.config.MAX_LOOKAHEAD` (default 2): the unit may take
+        any of the D oldest chunks of its order it has not summed (1: strictly in order). Each
+        candidate adds its own readiness logic; results never depend on D, only the time.
 
     Attributes
     ----------
@@ -93,10 +102,13 @@ class SumUnit(wiring.Component):
     """
 
     def __init__(self, width: int, ports: int, terms: int, slots: int, slot_beats: int, req: int | None = None,
-                 max_beats: int | None = None):
-        if not 1 <= terms <= MAX_TERMS:
-            raise ValueError(f"a unit adds 1 … {MAX_TERMS} terms, not {terms}")
-        self._w, self._p, self._t = width, ports, terms
+                 max_beats: int | None = None, lookahead: int = 2):
+        with rejecting(self):
+            if not 1 <= terms <= MAX_TERMS:
+                raise ValueError(f"a unit adds 1 … {MAX_TERMS} terms, not {terms}")
+            if not 1 <= lookahead <= MAX_LOOKAHEAD:
+                raise ValueError(f"lookahead must be 1 … {MAX_LOOKAHEAD} chunks, not {lookahead}")
+        self._w, self._p, self._t, self._d = width, ports, terms, lookahead
         self._slots, self._sb, self._req = slots, slot_beats, req
         self._mb = slot_beats if max_beats is None else max_beats
         self._q = 2 * slots
@@ -136,21 +148,27 @@ class SumUnit(wiring.Component):
         wp = buf.write_port()
         m.d.comb += [wp.addr.eq(self.wr_addr), wp.data.eq(self.wr_data), wp.en.eq(self.wr_en)]
 
-        # --- two candidates: A, the oldest chunk not yet summed in the unit's own order, and B, the
-        # next one after it (lookahead of two). Each holds its chunk number, flow and table entry.
-        act = Signal()
-        a_g, a_f, a_ent = Signal(32, name="a_g"), Signal(8, name="a_f"), Signal(64, name="a_ent")
-        a_ld = Signal(name="a_ld")
-        b_g, b_f, b_ent = Signal(32, name="b_g"), Signal(8, name="b_f"), Signal(64, name="b_ent")
-        b_known, b_ld = Signal(name="b_known"), Signal(name="b_ld")
-        # Table reads: the address is A's flow until A's entry is in, then B's; the data is the entry
-        # of the address of the cycle before.
+        # --- D candidates C0 … C(D-1) (lookahead D): C0 is the oldest chunk not yet summed in the
+        # unit's own order, C(k+1) the chunk after Ck, worked out from Ck's entry. Each holds its chunk
+        # number, flow and table entry. ``known`` and ``ld`` (entry loaded) are prefixes of the
+        # candidates: C(k+1) is known only once Ck's entry is in, ld[k] only once Ck is known, and a
+        # stuck candidate is loaded. known[0] is "the unit has a flow".
+        D = self._d
+        cand_g = [Signal(32, name=f"c{k}_g") for k in range(D)]
+        cand_f = [Signal(8, name=f"c{k}_f") for k in range(D)]
+        cand_ent = [Signal(64, name=f"c{k}_ent") for k in range(D)]
+        known, ld = Signal(D, name="known"), Signal(D, name="ld")
+        stuck = Signal(D, name="stuck")   # a count mismatch was reported
+        # Table reads: the address is the flow of the first candidate whose entry is not in; the data
+        # is the entry of the address of the cycle before (an entry depends on its flow only).
         addr_q = Signal(8)
         addr_ok = Signal()
-        m.d.comb += self.tab_addr.eq(Mux(a_ld, b_f, a_f))
+        addr = cand_f[D - 1]
+        for k in reversed(range(D - 1)):
+            addr = Mux(ld[k], addr, cand_f[k])
+        m.d.comb += self.tab_addr.eq(addr)
         m.d.sync += [addr_q.eq(self.tab_addr), addr_ok.eq(~self.start)]
-        tab_for_a = addr_ok & ~a_ld & (addr_q == a_f)
-        tab_for_b = addr_ok & a_ld & b_known & ~b_ld & (addr_q == b_f)
+        tab_for = [addr_ok & known[k] & ~ld[k] & (addr_q == cand_f[k]) for k in range(D)]
 
         slot_seqs = Array(self.slot_seqs[k] for k in range(S))
         slot_counts = Array(self.slot_counts[k] for k in range(S))
@@ -158,7 +176,7 @@ class SumUnit(wiring.Component):
         chain_empty = Signal()
 
         def candidate(g, ent, loaded, name):
-            """Whether chunk g (entry ``ent``) can start now, and what it starts with."""
+            """Whether chunk g (entry ``ent``) can start now, its counts agree, and what it starts with."""
             codes = [ent[3 + 3 * i:6 + 3 * i] for i in range(MAX_TERMS)]
             fits = Const(1, 1)
             for i in range(T, MAX_TERMS):
@@ -190,11 +208,9 @@ class SumUnit(wiring.Component):
             m.d.comb += rdy.eq(ready & ((new_depth == depth) | chain_empty))
             good = Signal(name=f"{name}_count_ok")
             m.d.comb += good.eq(count_ok)
-            return rdy, good, codes, slot, qslot, count, new_depth
+            return rdy, good, (codes, slot, qslot, count, new_depth, ent)
 
-        a_rdy, a_good, a_codes, a_slot, a_qslot, a_count, a_depth = candidate(a_g, a_ent, a_ld, "a")
-        b_rdy, b_good, b_codes, b_slot, b_qslot, b_count, b_depth = candidate(b_g, b_ent, b_ld & b_known, "b")
-        a_stuck, b_stuck = Signal(name="a_stuck"), Signal(name="b_stuck")   # a count mismatch was reported
+        cands = [candidate(cand_g[k], cand_ent[k], ld[k], f"c{k}") for k in range(D)]
 
         # --- streaming state -----------------------------------------------------------------------
         streaming = Signal()
@@ -213,19 +229,25 @@ class SumUnit(wiring.Component):
         out_valid = Signal()
         m.d.comb += en.eq(~out_valid | self.o.ready)
 
-        take_a = Signal()
-        take_b = Signal()
-        idle = ~streaming & act & ~self.start
-        m.d.comb += [
-            take_a.eq(idle & a_rdy & a_good & ~a_stuck & b_known),
-            take_b.eq(idle & ~take_a & b_rdy & b_good & ~b_stuck),
-        ]
-        with m.If(idle & a_rdy & ~a_good & ~a_stuck):
-            m.d.comb += self.mismatch.eq(1)
-            m.d.sync += a_stuck.eq(1)
-        with m.Elif(idle & b_rdy & ~b_good & ~b_stuck & ~(a_rdy & a_good)):
-            m.d.comb += self.mismatch.eq(1)
-            m.d.sync += b_stuck.eq(1)
+        # The unit takes the first candidate that is ready with agreeing counts, and only if the chunk
+        # after it is known (or it is the last candidate, whose successor its own entry names): the
+        # candidates after it shift down, so the unit's order always continues from an entry it holds.
+        # A count mismatch is reported once, for the first candidate that is ready but bad when no
+        # candidate before it is ready and good.
+        idle = ~streaming & known[0] & ~self.start
+        take = [Signal(name=f"take{k}") for k in range(D)]
+        taken = good_before = Const(0, 1)
+        report = []
+        for k, (rdy, good, _) in enumerate(cands):
+            after = known[k + 1] if k + 1 < D else Const(1, 1)
+            m.d.comb += take[k].eq(idle & rdy & good & ~stuck[k] & after & ~taken)
+            report.append(idle & rdy & ~good & ~stuck[k] & ~good_before)
+            taken = taken | take[k]
+            good_before = good_before | (rdy & good)
+        for k, r in enumerate(report):
+            with (m.Elif if k else m.If)(r):
+                m.d.comb += self.mismatch.eq(1)
+                m.d.sync += stuck[k].eq(1)
 
         def begin(codes, slot, qslot, count, new_depth, ent):
             nbytes = HEADER_BYTES + 4 * count
@@ -238,32 +260,35 @@ class SumUnit(wiring.Component):
                 cur_req.eq(fwd_req if self._req is None else self._req), depth.eq(new_depth),
             ] + [cur[i].eq(codes[i]) for i in range(T)]
 
-        def advance_b():
-            """B moves to the chunk after it in the unit's order (its entry is read next)."""
-            m.d.sync += [b_g.eq(b_g + b_ent[32:40]), b_f.eq(b_ent[24:32]), b_ld.eq(0), b_stuck.eq(0)]
+        def move_down(t):
+            """Ct was taken: C(j) ← C(j+1) for j ≥ t, and the last candidate moves on to the chunk after
+            it in the unit's order (known if its entry was in; else worked out once C(D-2)'s is)."""
+            for j in range(t, D - 1):
+                m.d.sync += [cand_g[j].eq(cand_g[j + 1]), cand_f[j].eq(cand_f[j + 1]),
+                             cand_ent[j].eq(cand_ent[j + 1]), known[j].eq(known[j + 1]), ld[j].eq(ld[j + 1]),
+                             stuck[j].eq(stuck[j + 1])]
+            z = D - 1
+            m.d.sync += [cand_g[z].eq(cand_g[z] + cand_ent[z][32:40]), cand_f[z].eq(cand_ent[z][24:32]),
+                         known[z].eq(ld[z]), ld[z].eq(0), stuck[z].eq(0)]
 
         with m.If(self.start):
-            m.d.sync += [a_g.eq(self.first[:8]), a_f.eq(self.first[:8]), act.eq(~self.first[8]), a_ld.eq(0),
-                         b_known.eq(0), b_ld.eq(0), streaming.eq(0), a_stuck.eq(0), b_stuck.eq(0)]
+            m.d.sync += [cand_g[0].eq(self.first[:8]), cand_f[0].eq(self.first[:8]), known.eq(~self.first[8]),
+                         ld.eq(0), stuck.eq(0), streaming.eq(0)]
         with m.Else():
-            with m.If(take_a):
-                begin(a_codes, a_slot, a_qslot, a_count, a_depth, a_ent)
-                # A becomes B; B moves on (or is worked out from the new A)
-                m.d.sync += [a_g.eq(b_g), a_f.eq(b_f), a_ent.eq(b_ent), a_ld.eq(b_ld), a_stuck.eq(b_stuck)]
-                with m.If(b_ld):
-                    advance_b()
-                with m.Else():
-                    m.d.sync += [b_known.eq(0), b_stuck.eq(0)]
-            with m.Elif(take_b):
-                begin(b_codes, b_slot, b_qslot, b_count, b_depth, b_ent)
-                advance_b()
+            for k, (_, _, args) in enumerate(cands):
+                with (m.Elif if k else m.If)(take[k]):
+                    begin(*args)
+                    move_down(k)
             with m.Else():
-                with m.If(tab_for_a):
-                    m.d.sync += [a_ent.eq(self.tab_data), a_ld.eq(1)]
-                with m.Elif(a_ld & ~b_known):
-                    m.d.sync += [b_g.eq(a_g + a_ent[32:40]), b_f.eq(a_ent[24:32]), b_known.eq(1), b_ld.eq(0)]
-                with m.Elif(tab_for_b):
-                    m.d.sync += [b_ent.eq(self.tab_data), b_ld.eq(1)]
+                # One step a cycle: load the first known candidate's entry that is not in, or work out
+                # the candidate after the last loaded one (never both: known and ld are prefixes).
+                for k in range(D):
+                    with (m.Elif if k else m.If)(tab_for[k]):
+                        m.d.sync += [cand_ent[k].eq(self.tab_data), ld[k].eq(1)]
+                    if k + 1 < D:
+                        with m.Elif(ld[k] & ~known[k + 1]):
+                            m.d.sync += [cand_g[k + 1].eq(cand_g[k] + cand_ent[k][32:40]),
+                                         cand_f[k + 1].eq(cand_ent[k][24:32]), known[k + 1].eq(1)]
 
         # Operands of the beat now: each port term's beat from its buffer slot (or padding once its
         # frame ended short).

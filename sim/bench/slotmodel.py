@@ -13,7 +13,8 @@ What is modelled (the engine's rules, docs/architecture.md "Schedule engine"):
   multicast frame on every forward port at once: all or nothing, like the engine's allocator);
 - ``in_order=True``: a unit takes its chunks in increasing g (the engine's first rule);
   ``in_order=False``: any of its chunks whose terms have all arrived (out-of-order units), or with
-  ``lookahead=D`` any of its D oldest chunks not yet summed (the engine now builds D = 2);
+  ``lookahead=D`` any of its D oldest chunks not yet summed (the engine's ``EngineConfig.lookahead``,
+  default D = 2);
 - a BROADCAST frame waits in the queue of the port it arrived on, in arrival order (FIFO), and is
   forwarded to its flow's forward ports at once;
 - a directed link carries at most one frame per slot;
