@@ -454,8 +454,12 @@ def cmd_bench_schedules(args) -> int:
     if any(not g > 0 for g in args.host_link_gbps):
         raise CliError("--host-link-gbps values must be positive")
     name = args.name or ("bench-schedules-quick" if args.quick else "bench-schedules")
+    try:
+        EngineConfig(64, 1500, ports=2, lookahead=args.lookahead, priority=args.priority)
+    except ValueError as e:
+        raise CliError(str(e)) from e
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
-                                        build_root=args.build_dir)
+                                        build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority)
     print(f"# wrote {Path(args.out_dir) / (name + '.json')} and {name}.png")
     return 0 if all(r["bitexact"] for r in recs) else 1
 
@@ -979,6 +983,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="bench/results", help="where the JSON and PNG go (default: bench/results)")
     p.add_argument("--name", default=None, help="file name stem (default: bench-schedules)")
     p.add_argument("--build-dir", default="build/fastengine", help="where builds go (default: build/fastengine)")
+    p.add_argument("--lookahead", type=int, default=2,
+                   help="summation units' lookahead D, 1-4 (default: 2; EngineConfig.lookahead)")
+    p.add_argument("--priority", choices=("broadcast", "unit"), default="broadcast",
+                   help="allocator priority: broadcasts or partial sums first (default: broadcast)")
     p.set_defaults(func=cmd_bench_schedules)
 
     p = sub.add_parser(

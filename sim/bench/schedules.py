@@ -63,8 +63,19 @@ def lower_bound_gbps(schedule, elements: int, cfg: EngineConfig, link_gbps: floa
 
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
-                       build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True) -> list[dict]:
-    """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``."""
+                       build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
+                       lookahead: int = 2, priority: str = "broadcast") -> list[dict]:
+    """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
+
+    ``lookahead`` and ``priority`` are the engines' :class:`~wirereduce.config.EngineConfig` fields
+    (summation units' lookahead D, allocator priority); every record carries them.
+
+    Raises
+    ------
+    ValueError
+        A bad ``lookahead`` or ``priority`` (before anything is built).
+    """
+    EngineConfig(64, 1500, ports=2, lookahead=lookahead, priority=priority)   # raises before any build
     from wirereduce.sim.cluster.schednet import engine_rates
     from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
@@ -84,7 +95,8 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     continue
                 flows = len(s.flows)
                 cfg = EngineConfig(64, 1500, slots=16, ports=s.topology.degree,
-                                   max_flows=max(8, 1 << (flows - 1).bit_length()))
+                                   max_flows=max(8, 1 << (flows - 1).bit_length()), lookahead=lookahead,
+                                   priority=priority)
                 sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root)
                 for size in sizes:
                     elements = size // 4
@@ -103,7 +115,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     one_port_us = 2 * (s.nodes - 1) / s.nodes * wire * 8 / (link_gbps * 1e3)
                     rec = {
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
-                        "ports": cfg.ports, "flows": flows, "bytes": size, "elements": elements, "chunks": r.chunks,
+                        "ports": cfg.ports, "lookahead": lookahead, "priority": priority, "flows": flows, "bytes": size, "elements": elements, "chunks": r.chunks,
                         "host_link_gbps": host, "link_gbps": link_gbps, "clock_mhz": mhz, "cycles": r.cycles,
                         "us": us, "algbw_gbps": algbw, "lower_bound_gbps": bound, "of_bound": algbw / bound,
                         "vs_ring": (ring_time[size] / r.cycles) if size in ring_time else None,
