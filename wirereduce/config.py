@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wirereduce.formats import FORMATS, check_formats
 from wirereduce.protocol import HEADER_BYTES, max_elements
 
 __all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "NodeConfig", "EngineConfig", "PRIORITIES"]
@@ -147,6 +148,17 @@ class EngineConfig(NodeConfig):
         it, only the time. In the slot model (docs/architecture.md "Why the engine stays at the
         ring's rate") broadcasts first is within 2 % on rings and much faster on tori and meshes
         (4x4 torus, balanced trees: 0.94 of the busiest link's bound against 0.70).
+    formats : tuple of str
+        Element formats the summation units' reduce lanes
+        (:class:`~wirereduce.hdl.arith.lanes.ReduceLanes`) are built for: names of
+        :data:`wirereduce.formats.FORMATS`, each once, ``"fp32"`` always among them
+        (:func:`wirereduce.formats.check_formats`; kept in ``FORMATS`` order). Default all four.
+        Each format costs, per 32-bit payload word of each of the engine's P² lane sets (P − 1
+        per parent-port unit, P for the root unit), its adders (fp32 one binary32 adder, bf16 and
+        fp16 two 16-bit float adders, int32 one 32-bit integer adder) and its MAX/MIN comparator,
+        plus a leg of the output select. A CONTROL whose ``dtype`` byte names another format is
+        refused (``control_refused``), so no frame of it reaches the lanes, and the host side
+        (:class:`~wirereduce.host.engine.EngineSession`) refuses arrays of it before sending anything.
 
     The receive queues of every network port hold 2·``slots`` REDUCE frames and ``slots``
     BROADCAST frames: with the driver's window ≤ ``slots`` they can never overflow
@@ -155,12 +167,14 @@ class EngineConfig(NodeConfig):
     Raises
     ------
     ValueError, TypeError
-        Everything :class:`NodeConfig` raises; ``ports`` or ``max_flows`` out of range; ``codec``.
+        Everything :class:`NodeConfig` raises; ``ports`` or ``max_flows`` out of range; ``codec``;
+        ``formats`` (:func:`~wirereduce.formats.check_formats`).
     """
 
     ports: int = 4
     max_flows: int = 64
     priority: str = "broadcast"
+    formats: tuple[str, ...] = tuple(FORMATS)
 
     def __post_init__(self):
         super().__post_init__()
@@ -173,7 +187,9 @@ class EngineConfig(NodeConfig):
             raise ValueError(f"priority must be one of {', '.join(map(repr, PRIORITIES))}, not {self.priority!r}")
         if self.codec:
             raise ValueError("the schedule engine has no codec yet; build it with codec=False")
+        object.__setattr__(self, "formats", check_formats(self.formats))   # frozen: the canonical order
 
     def __repr__(self):
+        formats = f", formats={self.formats!r}" if self.formats != tuple(FORMATS) else ""
         return (f"EngineConfig(width={self.width}, ports={self.ports}, mtu={self.mtu}, slots={self.slots}, "
-                f"max_flows={self.max_flows}, priority={self.priority!r})")
+                f"max_flows={self.max_flows}, priority={self.priority!r}{formats})")
