@@ -35,6 +35,7 @@ from wirereduce.hdl.arith.lanes import ReduceLanes
 from wirereduce.hdl.core.chunkbuf import reader_signature
 from wirereduce.hdl.stream.frame import tagged_layout
 
+from wirereduce.formats import FORMATS
 from wirereduce.protocol import HEADER_BYTES
 from wirereduce.table import LOCAL, MAX_TERMS, NONE
 
@@ -64,6 +65,8 @@ class SumUnit(wiring.Component):
         Local buffer geometry (powers of two), as :class:`~wirereduce.config.NodeConfig`.
     max_beats : int, optional
         Beats of the longest frame (a reduce buffer slot); default ``slot_beats``.
+    formats : tuple of str
+        The formats the reduce lanes are built for (``EngineConfig.formats``); default all.
     req : int or None
         Output request mask of every frame (``1 << parent port``); ``None`` for the root unit,
         whose frames request the entry's ``forward`` ports and, with ``deliver``, the host
@@ -93,12 +96,13 @@ class SumUnit(wiring.Component):
     """
 
     def __init__(self, width: int, ports: int, terms: int, slots: int, slot_beats: int, req: int | None = None,
-                 max_beats: int | None = None):
+                 max_beats: int | None = None, formats: tuple[str, ...] = tuple(FORMATS)):
         if not 1 <= terms <= MAX_TERMS:
             raise ValueError(f"a unit adds 1 … {MAX_TERMS} terms, not {terms}")
         self._w, self._p, self._t = width, ports, terms
         self._slots, self._sb, self._req = slots, slot_beats, req
         self._mb = slot_beats if max_beats is None else max_beats
+        self._formats = formats
         self._q = 2 * slots
         members = {}
         for p in range(ports):
@@ -353,7 +357,7 @@ class SumUnit(wiring.Component):
         valids = [s1.valid]
         taps = [(acc, stage_meta)]
         for i in range(1, T):
-            adder = m.submodules[f"add{i}"] = ReduceLanes(lanes)
+            adder = m.submodules[f"add{i}"] = ReduceLanes(lanes, self._formats)
             b = delay(terms[i], L * (i - 1), f"term{i}")
             m.d.comb += [adder.a.eq(acc), adder.b.eq(b), adder.en.eq(en), adder.mode.eq(self.mode)]
             through = delay(acc, L, f"acc{i}")
