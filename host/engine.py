@@ -55,7 +55,7 @@ class EngineSession:
     rank : int
     schedule : Schedule
     config : EngineConfig
-        The engines' build (ports, MTU, slots).
+        The engines' build (ports, MTU, slots, formats).
     collective : int
         Collective id, 0 … 65535.
     array : numpy.ndarray, shape (n,), float32, ml_dtypes.bfloat16, float16 or int32
@@ -72,8 +72,9 @@ class EngineSession:
     Raises
     ------
     ValueError
-        A rank outside the schedule, a bad window, an unsupported dtype or operation, a schedule
-        with more flows than the engine holds.
+        A rank outside the schedule, a bad window, an unsupported dtype or operation, a dtype whose
+        format the engines are not built with (``config.formats``: they would refuse the CONTROL),
+        a schedule with more flows than the engine holds.
     """
 
     rank: int
@@ -93,6 +94,10 @@ class EngineSession:
             raise ValueError(f"rank {self.rank} is not a node of {self.schedule.topology.name}")
         check_window(self.window, self.config)
         self.format = format_of(np.asarray(self.array).dtype)
+        if self.format.name not in self.config.formats:
+            raise ValueError(f"the array is {self.format.name}, but the engines are built with formats "
+                             f"{', '.join(self.config.formats)} only (EngineConfig.formats); they would refuse "
+                             f"the CONTROL")
         self.dtype = dtype_byte(self.format, self.op)
         self.words = to_words(self.array, self.format)
         self.chunks = plan(self.words.size, self.schedule, self.config.max_elements)

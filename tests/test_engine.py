@@ -18,6 +18,7 @@ from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
 from wirereduce import schedule as sched
 from wirereduce import table
 from wirereduce.config import EngineConfig
+from wirereduce.formats import FORMATS, dtype_byte
 from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame
 
 
@@ -49,9 +50,11 @@ class Mesh(wiring.Component):
 
 
 def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, window=4, ready_prob=1.0,
-                 max_latency=3, slots=4, rate=None, trace=None, priority="broadcast", lookahead=2):
+                 max_latency=3, slots=4, rate=None, trace=None, priority="broadcast", lookahead=2,
+                 formats=tuple(FORMATS)):
     ports = ports or s.topology.degree
-    cfg = EngineConfig(64, mtu, slots=slots, ports=ports, max_flows=64, priority=priority, lookahead=lookahead)
+    cfg = EngineConfig(64, mtu, slots=slots, ports=ports, max_flows=64, priority=priority, lookahead=lookahead,
+                       formats=formats)
     rng = np.random.default_rng(seed)
     lat = {lk: int(rng.integers(1, max_latency + 1)) for lk in s.topology.directed_links()}
     dut = Mesh(s.topology, cfg, lat, rate)
@@ -221,6 +224,38 @@ def test_control_and_schedule_rules():
     assert out["control"]["control_refused"] == 1 and out["control"]["chunks"] == 2
     assert out["control"]["nodes"] == 1  # STATS "nodes" of an engine: its flow count
     assert out["busy"]["control_refused"] == 2 and out["busy"]["request_tag"] == 14
+
+
+@pytest.mark.parametrize("formats, modes", [
+    (("fp32",), [("bf16", "sum"), ("int32", "max"), ("fp32", "sum")]),
+    (("fp32", "bf16"), [("int32", "max"), ("fp16", "min"), ("bf16", "max")]),
+], ids=["fp32", "fp32+bf16"])
+def test_control_refuses_formats_not_built(formats, modes):
+    """A CONTROL whose dtype byte names a format the engine's lanes are not built with is refused
+    (``control_refused``, no collective starts), whatever the operation; one of a built format starts
+    the collective (the last of ``modes``)."""
+    s = sched.build("ring:2", "ring")
+    e = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8, formats=formats))
+    (first, payload), = table.table_frames_payloads(s, 0, 2, 64)
+    out = []
+
+    async def tb(ctx):
+        await _stats(ctx, e, Header(opcode=Opcode.SCHEDULE, seq=0, count=2, collective=13).pack() + payload)
+        for name, op in modes:
+            ctl = Header(opcode=Opcode.CONTROL, collective=5, src=0, hop=1, seq=2, count=11,
+                         dtype=dtype_byte(name, op))
+            out.append(await _stats(ctx, e, ctl.pack()))
+
+    simulate(e, [tb])
+    for k, st in enumerate(out[:-1]):
+        assert st["control_refused"] == k + 1 and st["chunks"] == 0, (modes[k], st)
+    assert out[-1]["control_refused"] == len(modes) - 1 and out[-1]["chunks"] == 2, (modes[-1], out[-1])
+
+
+def test_fp32_only_engine_bitexact():
+    """Engines whose lanes carry fp32 only (``EngineConfig.formats``) sum fp32 to the golden bits."""
+    s = sched.build("ring:4", "biring")
+    check(s, edge_arrays(s.nodes, 97, seed=6), elements=40, formats=("fp32",))
 
 
 def unit_order(flows, arrivals, lookahead=2, gap=150):

@@ -12,6 +12,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from amaranth.back import rtlil
+from amaranth.hdl import Fragment
 from amaranth_harness import stream_operands
 from wirereduce.hdl.arith.fp32 import FloatAdder
 from wirereduce.hdl.arith.lanes import ReduceLanes
@@ -164,15 +166,16 @@ def test_dtype_byte():
 # ------------------------------------------------------------------------------------------------
 
 
-def run_lanes(mode: int, a: np.ndarray, b: np.ndarray, lanes: int = 2, en_prob: float = 1.0, seed: int = 0):
-    """Stream word rows through ReduceLanes(lanes) with ``mode`` (stalls, junk on stalled clocks:
-    :func:`amaranth_harness.stream_operands`); returns the result words, flat."""
+def run_lanes(mode: int, a: np.ndarray, b: np.ndarray, lanes: int = 2, en_prob: float = 1.0, seed: int = 0,
+              formats: tuple[str, ...] = tuple(FORMATS)):
+    """Stream word rows through ReduceLanes(lanes, formats) with ``mode`` (stalls, junk on stalled
+    clocks: :func:`amaranth_harness.stream_operands`); returns the result words, flat."""
     async def set_mode(ctx):
         ctx.set(dut.mode, mode)
         await ctx.tick()
         await ctx.tick()
 
-    dut = ReduceLanes(lanes)
+    dut = ReduceLanes(lanes, formats)
     got, _ = stream_operands(dut, a, b, lanes=lanes, en_prob=en_prob, seed=seed, setup=set_mode)
     return got.astype(np.uint32).reshape(-1)
 
@@ -209,6 +212,55 @@ def test_lanes_match_golden(name, op):
     want = combine_words(a, b, name, op)
     bad = np.flatnonzero(got != want)
     assert not bad.size, [(hex(a[i]), hex(b[i]), hex(got[i]), hex(want[i])) for i in bad[:10]]
+
+
+def even_operands(name: str, seed: int, n: int):
+    """:func:`operands` of format ``name``, padded to whole rows of two lanes."""
+    a, b = operands(name, np.random.default_rng(seed), n)
+    if a.size % 2:
+        a, b = np.append(a, np.uint32(0)), np.append(b, np.uint32(0))
+    return a, b
+
+
+@pytest.mark.parametrize("formats", [("fp32",), ("fp32", "bf16")], ids="+".join)
+def test_fewer_formats_same_bits(formats):
+    """Lanes built for some formats give, for every mode of those, the bits of the lanes built for all
+    four and of the golden model (specials crossed, stalls); a mode of a format not built computes fp32
+    SUM (the engine refuses such a CONTROL: tests/test_engine.py)."""
+    for name in formats:
+        for op in Op:
+            a, b = even_operands(name, 11 + int(op), 120)
+            mode = dtype_byte(name, op)
+            got = run_lanes(mode, a, b, en_prob=0.9, seed=int(op), formats=formats)
+            full = run_lanes(mode, a, b, en_prob=0.9, seed=int(op))
+            bad = np.flatnonzero((got != full) | (got != combine_words(a, b, name, op)))
+            assert not bad.size, (name, op.name, [(hex(a[i]), hex(b[i]), hex(got[i]), hex(full[i])) for i in bad[:10]])
+    a, b = even_operands("fp32", 5, 40)
+    for name in [n for n in FORMATS if n not in formats]:
+        got = run_lanes(dtype_byte(name, "max"), a, b, formats=formats)
+        assert (got == combine_words(a, b, "fp32")).all(), name
+
+
+def test_fewer_formats_fewer_cells():
+    """Only the built formats' adders are there (fp32 one, bf16 and fp16 two per word), and the
+    design shrinks with them; a bad ``formats`` raises."""
+    def float_adders(dut):
+        def walk(fragment):
+            yield fragment
+            for sub, *_ in fragment.subfragments:
+                yield from walk(sub)
+        return sum(isinstance(o, FloatAdder) for f in walk(Fragment.get(dut, None)) for o in (f.origins or ()))
+
+    sizes = {}
+    for formats, per_word in [(tuple(FORMATS), 5), (("fp32", "bf16"), 3), (("fp32",), 1)]:
+        dut = ReduceLanes(2, formats)
+        assert dut.formats == formats
+        assert float_adders(dut) == 2 * per_word
+        sizes[formats] = len(rtlil.convert(dut, name="lanes"))
+    assert sizes[("fp32",)] < sizes[("fp32", "bf16")] < sizes[tuple(FORMATS)], sizes
+    for bad in [("bf16",), "fp32", ("fp32", "fp8")]:
+        with pytest.raises((TypeError, ValueError), match="formats"):
+            ReduceLanes(1, bad)
 
 
 def test_unknown_mode_is_fp32_sum():

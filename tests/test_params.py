@@ -1,16 +1,19 @@
 """hdl/params.py: a component whose constructor rejects its parameters raises the error and is
-not reported as "created but never used" afterwards."""
+not reported as "created but never used" afterwards; ``EngineConfig.formats``, checked where it is
+given and where it is used (the host session)."""
 
 from __future__ import annotations
 
 import gc
 import warnings
 
+import numpy as np
 import pytest
 from amaranth.hdl import Fragment, Module, UnusedElaboratable
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 from wirereduce.hdl.arith.fp32 import AdderLanes
+from wirereduce.hdl.arith.lanes import ReduceLanes
 from wirereduce.hdl.codec.compressor import BytePacker
 from wirereduce.hdl.core.sumunit import SumUnit
 from wirereduce.hdl.eth.mac import MacRx
@@ -19,6 +22,11 @@ from wirereduce.hdl.eth.port import EthFramer, EthPort10G, EthPort10GCdc
 from wirereduce.hdl.params import reject, rejecting
 from wirereduce.hdl.stream.realign import Realigner
 from wirereduce.hdl.xilinx.cmac import CmacTxGlue, EthPrepend
+from wirereduce.host.engine import EngineSession
+
+from wirereduce import schedule as sched
+from wirereduce.config import EngineConfig
+from wirereduce.formats import FORMATS, supported_dtype_bytes
 
 
 class _Checked(wiring.Component):
@@ -70,6 +78,7 @@ def test_without_the_helper_a_rejected_component_warns():
     lambda: AdderLanes(0),
     lambda: SumUnit(64, 2, 8, 4, 32),
     lambda: SumUnit(64, 2, 2, 4, 32, lookahead=5),
+    lambda: ReduceLanes(1, ("bf16",)),
 ])
 def test_rejected_components_raise_and_do_not_warn(make):
     assert unused_warnings(make) == []
@@ -91,3 +100,38 @@ def test_cxx_opt_override(monkeypatch):
     monkeypatch.setenv(CXX_OPT_ENV, "-O9")
     with pytest.raises(ValueError, match="WIREREDUCE_CXX_OPT='-O9'"):
         cxx_opt("-O2")
+
+
+@pytest.mark.parametrize("formats, error", [
+    ((), ValueError), (("bf16",), ValueError), (("fp32", "fp32"), ValueError), (("fp32", "fp8"), ValueError),
+    ("fp32", TypeError), (["fp32"], TypeError), (("fp32", 32), TypeError),
+])
+def test_engine_config_rejects_bad_formats(formats, error):
+    with pytest.raises(error, match="formats"):
+        EngineConfig(formats=formats)
+
+
+def test_engine_config_formats():
+    """Default all four, absent from the repr; otherwise kept in FORMATS order (equal sets, equal
+    configs) and shown; the dtype bytes the engine takes are those formats' × every operation."""
+    assert EngineConfig().formats == tuple(FORMATS) == ("fp32", "bf16", "fp16", "int32")
+    assert repr(EngineConfig()) == ("EngineConfig(width=64, ports=4, mtu=1500, slots=8, max_flows=64, "
+                                    "priority='broadcast')")
+    c = EngineConfig(ports=2, formats=("int32", "fp32"))
+    assert c.formats == ("fp32", "int32") and c == EngineConfig(ports=2, formats=("fp32", "int32"))
+    assert repr(c).endswith("priority='broadcast', formats=('fp32', 'int32'))")
+    assert supported_dtype_bytes(c.formats) == [0x01, 0x11, 0x21, 0x04, 0x14, 0x24]
+    assert len(supported_dtype_bytes()) == 12
+
+
+def test_engine_session_refuses_a_format_not_built():
+    """The host side refuses an array whose format the engines lack before it makes a frame, and
+    names the formats they have."""
+    import ml_dtypes
+
+    s = sched.build("ring:2", "ring")
+    cfg = EngineConfig(64, 1500, slots=4, ports=2, max_flows=8, formats=("fp32", "bf16"))
+    assert EngineSession(0, s, cfg, 1, np.ones(8, ml_dtypes.bfloat16), 4).dtype == 0x02
+    for dt in (np.float16, np.int32):
+        with pytest.raises(ValueError, match="built with formats fp32, bf16 only"):
+            EngineSession(0, s, cfg, 1, np.ones(8, dt), 4, op="max")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wirereduce.formats import FORMATS, check_formats
 from wirereduce.protocol import HEADER_BYTES, max_elements
 
 __all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "NodeConfig", "EngineConfig", "PRIORITIES",
@@ -158,6 +159,17 @@ class EngineConfig(NodeConfig):
         never depend on it, only the time: in the slot model (``slot_model(..., lookahead=D)``, 32
         rounds) D = 3 lifts the 4x4 torus with ``multitree-balanced`` trees and broadcasts first
         from 0.94 to 0.98 of its busiest link's bound; not yet measured on the engine.
+    formats : tuple of str
+        Element formats the summation units' reduce lanes
+        (:class:`~wirereduce.hdl.arith.lanes.ReduceLanes`) are built for: names of
+        :data:`wirereduce.formats.FORMATS`, each once, ``"fp32"`` always among them
+        (:func:`wirereduce.formats.check_formats`; kept in ``FORMATS`` order). Default all four.
+        Each format costs, per 32-bit payload word of each of the engine's P² lane sets (P − 1
+        per parent-port unit, P for the root unit), its adders (fp32 one binary32 adder, bf16 and
+        fp16 two 16-bit float adders, int32 one 32-bit integer adder) and its MAX/MIN comparator,
+        plus a leg of the output select. A CONTROL whose ``dtype`` byte names another format is
+        refused (``control_refused``), so no frame of it reaches the lanes, and the host side
+        (:class:`~wirereduce.host.engine.EngineSession`) refuses arrays of it before sending anything.
 
     The receive queues of every network port hold 2·``slots`` REDUCE frames and ``slots``
     BROADCAST frames: with the driver's window ≤ ``slots`` they can never overflow
@@ -167,13 +179,14 @@ class EngineConfig(NodeConfig):
     ------
     ValueError, TypeError
         Everything :class:`NodeConfig` raises; ``ports``, ``max_flows`` or ``lookahead`` out of range;
-        ``codec``.
+        ``codec``; ``formats`` (:func:`~wirereduce.formats.check_formats`).
     """
 
     ports: int = 4
     max_flows: int = 64
     priority: str = "broadcast"
     lookahead: int = 2
+    formats: tuple[str, ...] = tuple(FORMATS)
 
     def __post_init__(self):
         super().__post_init__()
@@ -190,7 +203,9 @@ class EngineConfig(NodeConfig):
                              f"may choose from), not {d!r}")
         if self.codec:
             raise ValueError("the schedule engine has no codec yet; build it with codec=False")
+        object.__setattr__(self, "formats", check_formats(self.formats))   # frozen: the canonical order
 
     def __repr__(self):
+        formats = f", formats={self.formats!r}" if self.formats != tuple(FORMATS) else ""
         return (f"EngineConfig(width={self.width}, ports={self.ports}, mtu={self.mtu}, slots={self.slots}, "
-                f"max_flows={self.max_flows}, priority={self.priority!r}, lookahead={self.lookahead})")
+                f"max_flows={self.max_flows}, priority={self.priority!r}, lookahead={self.lookahead}{formats})")

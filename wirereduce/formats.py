@@ -44,7 +44,8 @@ from wirereduce.arrays import check_shape
 from wirereduce.protocol import DType, ProtocolError
 
 __all__ = ["Op", "Format", "FORMATS", "CANONICAL_NAN", "dtype_byte", "parse_dtype_byte", "supported_dtype_bytes",
-           "format_of", "to_words", "from_words", "combine", "combine_words", "canonical_bits", "check_typed_inputs"]
+           "check_formats", "format_of", "to_words", "from_words", "combine", "combine_words", "canonical_bits",
+           "check_typed_inputs"]
 
 
 class Op(enum.IntEnum):
@@ -159,9 +160,49 @@ def dtype_byte(fmt, op: Op | str | int = Op.SUM) -> int:
     return int(f.code) | int(Op(op)) << 4
 
 
-def supported_dtype_bytes() -> list[int]:
-    """Every ``dtype`` byte a schedule engine takes: each format × each operation."""
-    return [dtype_byte(f, op) for f in FORMATS.values() for op in Op]
+def check_formats(formats) -> tuple[str, ...]:
+    """Validate the formats a set of reduce lanes is built with (``EngineConfig.formats``,
+    :class:`~wirereduce.hdl.arith.lanes.ReduceLanes`).
+
+    Parameters
+    ----------
+    formats : tuple of str
+        Names of :data:`FORMATS`, at least ``"fp32"`` (the lanes compute fp32 SUM for a ``dtype``
+        byte they do not know), each once.
+
+    Returns
+    -------
+    tuple of str
+        The names in :data:`FORMATS` order, so equal sets give equal tuples.
+
+    Raises
+    ------
+    TypeError
+        ``formats`` not a tuple of str (a lone name ``"fp32"`` is not ``("fp32",)``).
+    ValueError
+        Empty, an unknown name, a name twice, or no ``"fp32"``.
+    """
+    known = ", ".join(map(repr, FORMATS))
+    if not isinstance(formats, tuple) or not all(isinstance(n, str) for n in formats):
+        raise TypeError(f"formats must be a tuple of format names ({known}), e.g. ('fp32',), not {formats!r}")
+    if not formats:
+        raise ValueError(f"formats must name at least one format ({known}), with 'fp32' among them")
+    unknown = [n for n in formats if n not in FORMATS]
+    if unknown:
+        raise ValueError(f"unknown format {unknown[0]!r} in formats {formats!r}: choose from {known}")
+    twice = [n for n in FORMATS if formats.count(n) > 1]
+    if twice:
+        raise ValueError(f"format {twice[0]!r} is named twice in formats {formats!r}")
+    if "fp32" not in formats:
+        raise ValueError(f"formats {formats!r} must include 'fp32' (lanes compute fp32 SUM for a dtype byte "
+                         f"they do not know)")
+    return tuple(n for n in FORMATS if n in formats)
+
+
+def supported_dtype_bytes(formats=None) -> list[int]:
+    """Every ``dtype`` byte a schedule engine built with ``formats`` (format names, default every
+    format of :data:`FORMATS`) takes: each of those formats × each operation."""
+    return [dtype_byte(f, op) for f in (FORMATS if formats is None else formats) for op in Op]
 
 
 def parse_dtype_byte(value: int) -> tuple[Format, Op]:

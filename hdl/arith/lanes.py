@@ -1,9 +1,10 @@
-"""Reduce lanes of every element format and operation, selected at run time: fp32, bf16, fp16, int32 × SUM, MAX, MIN.
+"""Reduce lanes of the chosen element formats (fp32, bf16, fp16, int32) × SUM, MAX, MIN, selected at run time.
 
 :class:`ReduceLanes` is the schedule engine's arithmetic (:mod:`wirereduce.hdl.core.sumunit`): one
 set of lanes per datapath width, whose format and operation come from the collective's header
 ``dtype`` byte (:mod:`wirereduce.formats`: format in bits 0-3, operation in bits 4-7), so one
-bitstream serves every format. Per 32-bit payload word it holds
+bitstream serves every format. Per 32-bit payload word it holds, for each format it is built with
+(``formats``, default all four; ``EngineConfig.formats`` for the engine's),
 
 * one binary32 :class:`~wirereduce.hdl.arith.fp32.FloatAdder` (8, 23),
 * two bf16 adders (8, 7) and two fp16 adders (5, 10), one per 16-bit half (element ``2i`` in bits
@@ -18,7 +19,9 @@ pipeline around them does not depend on the format. Every result is registered; 
 is the OR of the results gated by the (registered, one-hot) format select: one LUT level after the
 registers.
 
-An unknown ``dtype`` byte (0, or one the engine refuses at CONTROL) computes fp32 SUM.
+An unknown ``dtype`` byte (0, an unknown format or operation, or a format the lanes are not built
+with: all of them bytes the engine refuses at CONTROL) computes fp32 SUM, which is why fp32 is
+always built.
 """
 
 from __future__ import annotations
@@ -27,13 +30,11 @@ from amaranth.hdl import Cat, Const, EnableInserter, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.arith.fp32 import FloatAdder
-from wirereduce.hdl.params import reject
+from wirereduce.hdl.params import reject, rejecting
 
-from wirereduce.formats import FORMATS, Op
+from wirereduce.formats import FORMATS, Op, check_formats
 
 __all__ = ["ReduceLanes"]
-
-_FP32, _BF16, _FP16, _INT32 = (int(FORMATS[n].code) for n in ("fp32", "bf16", "fp16", "int32"))
 
 
 def _minmax(a, b, exp_bits: int, frac_bits: int, is_max):
@@ -56,17 +57,23 @@ def _minmax(a, b, exp_bits: int, frac_bits: int, is_max):
 
 
 class ReduceLanes(wiring.Component):
-    """Reduce lanes for a ``32·lanes``-bit datapath, every format and operation (module docstring).
+    """Reduce lanes for a ``32·lanes``-bit datapath, the given formats and every operation (module docstring).
 
     Parameters
     ----------
     lanes : int
         32-bit payload words per beat, at least 1.
+    formats : tuple of str
+        The formats built (names of :data:`wirereduce.formats.FORMATS`, ``"fp32"`` among them;
+        :func:`~wirereduce.formats.check_formats`); default all four. Every mode of these formats
+        gives the same bits as with all four; a mode of another format computes fp32 SUM.
 
     Attributes
     ----------
     LATENCY : int
         Enabled clock edges from ``a``/``b`` to ``s`` (6, every format and operation).
+    formats : tuple of str
+        The formats built, in :data:`~wirereduce.formats.FORMATS` order.
     a, b : Signal(32 · lanes), in
         Operands, word ``i`` in bits ``[32i, 32i + 32)``; ``a`` is the running result (the left
         operand of the schedule's order), ``b`` the next term.
@@ -81,16 +88,18 @@ class ReduceLanes(wiring.Component):
     Raises
     ------
     TypeError, ValueError
-        ``lanes`` not an int ≥ 1.
+        ``lanes`` not an int ≥ 1; bad ``formats``.
     """
 
     LATENCY = FloatAdder.LATENCY
 
-    def __init__(self, lanes: int):
+    def __init__(self, lanes: int, formats: tuple[str, ...] = tuple(FORMATS)):
         if isinstance(lanes, bool) or not isinstance(lanes, int):
             reject(self, TypeError(f"lanes must be an int, not {lanes!r}"))
         if lanes < 1:
             reject(self, ValueError(f"lanes must be at least 1, not {lanes}"))
+        with rejecting(self):
+            self.formats = check_formats(formats)
         self.lanes = lanes
         super().__init__({"a": In(32 * lanes), "b": In(32 * lanes), "mode": In(8), "en": In(1),
                           "s": Out(32 * lanes)})
@@ -99,73 +108,69 @@ class ReduceLanes(wiring.Component):
         m = Module()      # the lanes, under the clock enable
         out = Module()    # the selects (clocked every cycle) and the output OR
         L = self.LATENCY
+        built = [FORMATS[n] for n in self.formats]
+        others = [f for f in built if f.name != "fp32"]   # fp32's comparator is the default one
         fmt, op = self.mode[:4], self.mode[4:]
-        # One-hot selects, registered (the mode is static while operands are in flight).
+        # One-hot selects, registered (the mode is static while operands are in flight): a built
+        # format's SUM (fp32 SUM also for an unknown mode), or the comparator.
         is_max = Signal()
-        sel_bf, sel_hf, sel_int, sel_cmp = Signal(), Signal(), Signal(), Signal()
-        sel_fp = Signal(init=1)
         known_op = (op == int(Op.SUM)) | (op == int(Op.MAX)) | (op == int(Op.MIN))
-        known = known_op & ((fmt == _FP32) | (fmt == _BF16) | (fmt == _FP16) | (fmt == _INT32))
+        known = known_op & Cat(*(fmt == int(f.code) for f in built)).any()
         summing = ~known | (op == int(Op.SUM))
-        fp_default = ~known | (fmt == _FP32)
-        out.d.sync += [
-            is_max.eq(op == int(Op.MAX)),
-            sel_fp.eq(summing & fp_default),
-            sel_bf.eq(summing & known & (fmt == _BF16)),
-            sel_hf.eq(summing & known & (fmt == _FP16)),
-            sel_int.eq(summing & known & (fmt == _INT32)),
-            sel_cmp.eq(~summing),
-        ]
+        sel_sum = {f.name: Signal(name=f"sel_{f.name}", init=f.name == "fp32") for f in built}
+        sel_cmp = Signal()
         cmp_fmt = Signal(4)
-        out.d.sync += cmp_fmt.eq(fmt)
+        out.d.sync += [is_max.eq(op == int(Op.MAX)), sel_cmp.eq(~summing), cmp_fmt.eq(fmt)]
+        out.d.sync += [sel_sum[f.name].eq(summing & Mux(known, fmt == int(f.code), f.name == "fp32")) for f in built]
 
-        lanes = []
+        def delayed(v, name):
+            """``v`` (registered once already) after L − 1 more registers: the adders' latency."""
+            for k in range(L - 1):
+                nxt = Signal(32, name=f"{name}_d{k}")
+                m.d.sync += nxt.eq(v)
+                v = nxt
+            return v
+
+        adders, words = [], []
         for j in range(self.lanes):
             word = slice(32 * j, 32 * j + 32)
             a, b = self.a[word], self.b[word]
-            fp = m.submodules[f"fp32_{j}"] = FloatAdder(8, 23)
-            bfs = [FloatAdder(8, 7) for _ in range(2)]
-            hfs = [FloatAdder(5, 10) for _ in range(2)]
-            for h in range(2):
-                m.submodules[f"bf16_{j}_{h}"] = bfs[h]
-                m.submodules[f"fp16_{j}_{h}"] = hfs[h]
-            m.d.comb += [fp.a.eq(a), fp.b.eq(b)]
-            for h in range(2):
-                half = slice(16 * h, 16 * h + 16)
-                m.d.comb += [bfs[h].a.eq(a[half]), bfs[h].b.eq(b[half]),
-                             hfs[h].a.eq(a[half]), hfs[h].b.eq(b[half])]
-
-            # int32 SUM and the comparator: one registered stage, then a delay to the adders' latency.
-            isum = Signal(32, name=f"int_sum{j}")
-            m.d.sync += isum.eq((a + b)[:32])
-            c32 = _minmax(a, b, 8, 23, is_max)
-            cbf = Cat(*(_minmax(a[16 * h:16 * h + 16], b[16 * h:16 * h + 16], 8, 7, is_max) for h in range(2)))
-            chf = Cat(*(_minmax(a[16 * h:16 * h + 16], b[16 * h:16 * h + 16], 5, 10, is_max) for h in range(2)))
-            a_lt_b = a.as_signed() < b.as_signed()
-            cint = Mux(Mux(is_max, a_lt_b, ~a_lt_b & (a != b)), b, a)
+            sums, cmps = {}, {}   # per format: its SUM (latency L), its MAX/MIN (combinational)
+            for f in built:
+                elements = [slice(f.bits * h, f.bits * (h + 1)) for h in range(f.per_word)]
+                if f.is_float:    # one adder per element: element 2i in bits 0-15, 2i + 1 in bits 16-31
+                    fas = []
+                    for h, el in enumerate(elements):
+                        fa = m.submodules[f"{f.name}_{j}" + (f"_{h}" if f.per_word > 1 else "")] = \
+                            FloatAdder(f.exp_bits, f.frac_bits)
+                        m.d.comb += [fa.a.eq(a[el]), fa.b.eq(b[el])]
+                        fas.append(fa)
+                    adders += fas
+                    sums[f.name] = Cat(*(fa.s for fa in fas))
+                    cmps[f.name] = Cat(*(_minmax(a[el], b[el], f.exp_bits, f.frac_bits, is_max) for el in elements))
+                else:             # int32: one registered stage, then a delay to the adders' latency
+                    isum = Signal(32, name=f"int_sum{j}")
+                    m.d.sync += isum.eq((a + b)[:32])
+                    sums[f.name] = delayed(isum, f"int_sum{j}")
+                    a_lt_b = a.as_signed() < b.as_signed()
+                    cmps[f.name] = Mux(Mux(is_max, a_lt_b, ~a_lt_b & (a != b)), b, a)
+            # The comparator of the selected format: one registered stage, then the same delay.
             cmp = Signal(32, name=f"cmp{j}")
             with m.Switch(cmp_fmt):
-                with m.Case(_BF16):
-                    m.d.sync += cmp.eq(cbf)
-                with m.Case(_FP16):
-                    m.d.sync += cmp.eq(chf)
-                with m.Case(_INT32):
-                    m.d.sync += cmp.eq(cint)
+                for f in others:
+                    with m.Case(int(f.code)):
+                        m.d.sync += cmp.eq(cmps[f.name])
                 with m.Default():
-                    m.d.sync += cmp.eq(c32)
-            for k in range(L - 1):
-                nxt_sum, nxt_cmp = Signal(32, name=f"int_sum{j}_d{k}"), Signal(32, name=f"cmp{j}_d{k}")
-                m.d.sync += [nxt_sum.eq(isum), nxt_cmp.eq(cmp)]
-                isum, cmp = nxt_sum, nxt_cmp
-            lanes.append((fp, bfs, hfs, isum, cmp))
+                    m.d.sync += cmp.eq(cmps["fp32"])
+            words.append((sums, delayed(cmp, f"cmp{j}")))
 
         # Everything above registers only on enabled edges (a stall freezes the lanes).
         out.submodules.lanes = EnableInserter(self.en)(m)
-        for j, (fp, bfs, hfs, isum, cmp) in enumerate(lanes):
+        for j, (sums, cmp) in enumerate(words):
             gate = lambda sel, v: Mux(sel, v, Const(0, 32))  # noqa: E731
-            out.d.comb += self.s[32 * j:32 * j + 32].eq(
-                gate(sel_fp, fp.s) | gate(sel_bf, Cat(bfs[0].s, bfs[1].s)) | gate(sel_hf, Cat(hfs[0].s, hfs[1].s))
-                | gate(sel_int, isum) | gate(sel_cmp, cmp))
-        for sub in [fp for fp, *_ in lanes] + [x for _, b, h, *_ in lanes for x in b + h]:
-            out.d.comb += sub.en.eq(self.en)
+            result = gate(sel_cmp, cmp)
+            for name, v in sums.items():
+                result = result | gate(sel_sum[name], v)
+            out.d.comb += self.s[32 * j:32 * j + 32].eq(result)
+        out.d.comb += [fa.en.eq(self.en) for fa in adders]
         return out

@@ -253,7 +253,7 @@ class Engine(wiring.Component):
         for u in range(nunits):
             unit = m.submodules[f"unit{u}"] = SumUnit(
                 w, P, P if u < P else P + 1, S, SB, req=(1 << u) if u < P else None, max_beats=MB,
-                lookahead=cfg.lookahead)
+                lookahead=cfg.lookahead, formats=cfg.formats)
             rp = table.read_port()
             m.d.comb += [rp.addr.eq(unit.tab_addr), unit.tab_data.eq(rp.data)]
             m.d.comb += [
@@ -472,7 +472,7 @@ class Engine(wiring.Component):
         sched_streaming = Signal()
         abort = (hh.flags & int(Flag.ABORT)) != 0
         fmt_ok = Const(0, 1)
-        for code in supported_dtype_bytes():
+        for code in supported_dtype_bytes(cfg.formats):   # a format the lanes lack is refused here
             fmt_ok = fmt_ok | (hh.dtype == code)
         refuse = (run.running & ~abort) | ((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok \
             | (hh.codec != Codec.NONE) | (hh.eb_k != 0) | (hh.hop == 0) | (hh.hop > FM) | (hh.seq == 0) | ~table_ok

@@ -40,6 +40,7 @@ from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import tagged_layout
 
 from wirereduce.config import MAX_LOOKAHEAD
+from wirereduce.formats import FORMATS
 from wirereduce.protocol import HEADER_BYTES
 from wirereduce.table import LOCAL, MAX_TERMS, NONE
 
@@ -69,6 +70,8 @@ class SumUnit(wiring.Component):
         Local buffer geometry (powers of two), as :class:`~wirereduce.config.NodeConfig`.
     max_beats : int, optional
         Beats of the longest frame (a reduce buffer slot); default ``slot_beats``.
+    formats : tuple of str
+        The formats the reduce lanes are built for (``EngineConfig.formats``); default all.
     req : int or None
         Output request mask of every frame (``1 << parent port``); ``None`` for the root unit,
         whose frames request the entry's ``forward`` ports and, with ``deliver``, the host
@@ -102,7 +105,8 @@ class SumUnit(wiring.Component):
     """
 
     def __init__(self, width: int, ports: int, terms: int, slots: int, slot_beats: int, req: int | None = None,
-                 max_beats: int | None = None, lookahead: int = 2):
+                 max_beats: int | None = None, lookahead: int = 2,
+                 formats: tuple[str, ...] = tuple(FORMATS)):
         with rejecting(self):
             if not 1 <= terms <= MAX_TERMS:
                 raise ValueError(f"a unit adds 1 … {MAX_TERMS} terms, not {terms}")
@@ -111,6 +115,7 @@ class SumUnit(wiring.Component):
         self._w, self._p, self._t, self._d = width, ports, terms, lookahead
         self._slots, self._sb, self._req = slots, slot_beats, req
         self._mb = slot_beats if max_beats is None else max_beats
+        self._formats = formats
         self._q = 2 * slots
         members = {}
         for p in range(ports):
@@ -378,7 +383,7 @@ class SumUnit(wiring.Component):
         valids = [s1.valid]
         taps = [(acc, stage_meta)]
         for i in range(1, T):
-            adder = m.submodules[f"add{i}"] = ReduceLanes(lanes)
+            adder = m.submodules[f"add{i}"] = ReduceLanes(lanes, self._formats)
             b = delay(terms[i], L * (i - 1), f"term{i}")
             m.d.comb += [adder.a.eq(acc), adder.b.eq(b), adder.en.eq(en), adder.mode.eq(self.mode)]
             through = delay(acc, L, f"acc{i}")

@@ -20,6 +20,12 @@ engine), checks every node's result bit for bit against
 The network links run at 10 Gbit/s (64 bit). A host link faster than the datapath at 156.25 MHz
 is simulated by clocking the datapath faster and pacing the network links
 (:func:`wirereduce.sim.cluster.schednet.engine_rates`; docs/architecture.md "Host link").
+
+The engines are built for fp32 only (``EngineConfig(formats=("fp32",))``, recorded as ``formats``):
+the benchmark sums fp32, the lanes' other formats would take no part in it and only make the
+Verilator model larger (per 32-bit lane word one float adder instead of five, fp32's comparator
+only, no integer adder). The cycles do not depend on it: the lanes' latency is the same for every
+set of formats. :func:`run_format_bench` builds every format.
 """
 
 from __future__ import annotations
@@ -96,7 +102,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                 flows = len(s.flows)
                 cfg = EngineConfig(64, 1500, slots=16, ports=s.topology.degree,
                                    max_flows=max(8, 1 << (flows - 1).bit_length()), lookahead=lookahead,
-                                   priority=priority)
+                                   priority=priority, formats=("fp32",))
                 sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root)
                 for size in sizes:
                     elements = size // 4
@@ -115,7 +121,9 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     one_port_us = 2 * (s.nodes - 1) / s.nodes * wire * 8 / (link_gbps * 1e3)
                     rec = {
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
-                        "ports": cfg.ports, "lookahead": lookahead, "priority": priority, "flows": flows, "bytes": size, "elements": elements, "chunks": r.chunks,
+                        "ports": cfg.ports, "lookahead": lookahead, "priority": priority,
+                        "formats": list(cfg.formats), "flows": flows, "bytes": size,
+                        "elements": elements, "chunks": r.chunks,
                         "host_link_gbps": host, "link_gbps": link_gbps, "clock_mhz": mhz, "cycles": r.cycles,
                         "us": us, "algbw_gbps": algbw, "lower_bound_gbps": bound, "of_bound": algbw / bound,
                         "vs_ring": (ring_time[size] / r.cycles) if size in ring_time else None,

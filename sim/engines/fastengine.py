@@ -157,7 +157,8 @@ class FastEngineSim(FastSim):
         float16 or int32) with ``schedule`` and ``op`` (``"sum"``, ``"max"``, ``"min"``) on the simulated network.
 
         ``window`` defaults to the engines' ``slots``. Raises ValueError on bad inputs (before
-        anything runs), :class:`EngineStalled` if results are missing at the deadline,
+        anything runs; a dtype of a format the engines are not built with, ``config.formats``,
+        among them), :class:`EngineStalled` if results are missing at the deadline,
         :class:`~wirereduce.host.driver.DriverError` on a malformed or duplicated result.
         """
         n = self.setup.nodes
