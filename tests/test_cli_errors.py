@@ -277,3 +277,16 @@ def test_bench_formats_bad_arguments(work, capsys, argv, needle):
     code = main(["bench-formats", "--build-dir", str(work / "b"), "--out-dir", str(work / "out"), *argv])
     _assert_user_error(code, capsys, work, needle)
     assert not (work / "out").exists()
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--lookahead", "7"], ["lookahead", "1 to 4"]),
+    (["--topologies", "torus:4x4/multitree,trees"], ["'trees'", "multitree-balanced"]),
+    (["--topologies", "torus:4"], ["torus"]),
+    (["--host-link-gbps", "0"], ["host-link-gbps"]),
+])
+def test_bench_schedules_bad_arguments(work, capsys, argv, needles):
+    """Nothing is built: every argument is checked before the first engine."""
+    code = main(["bench-schedules", "--out-dir", str(work / "r"), "--build-dir", str(work / "b"), *argv])
+    _assert_user_error(code, capsys, work, *needles)
+    assert not (work / "b").exists() and not (work / "r").exists()

@@ -116,10 +116,10 @@ def test_engine_config_formats():
     configs) and shown; the dtype bytes the engine takes are those formats' × every operation."""
     assert EngineConfig().formats == tuple(FORMATS) == ("fp32", "bf16", "fp16", "int32")
     assert repr(EngineConfig()) == ("EngineConfig(width=64, ports=4, mtu=1500, slots=8, max_flows=64, "
-                                    "priority='broadcast')")
+                                    "priority='broadcast', lookahead=2)")
     c = EngineConfig(ports=2, formats=("int32", "fp32"))
     assert c.formats == ("fp32", "int32") and c == EngineConfig(ports=2, formats=("fp32", "int32"))
-    assert repr(c).endswith("priority='broadcast', formats=('fp32', 'int32'))")
+    assert repr(c).endswith("priority='broadcast', lookahead=2, formats=('fp32', 'int32'))")
     assert supported_dtype_bytes(c.formats) == [0x01, 0x11, 0x21, 0x04, 0x14, 0x24]
     assert len(supported_dtype_bytes()) == 12
 

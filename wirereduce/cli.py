@@ -422,6 +422,7 @@ def _bench_plan(args):
 
 
 def cmd_bench_schedules(args) -> int:
+    from wirereduce.config import EngineConfig
     from wirereduce.sim.bench import schedules
 
     rows = schedules.QUICK_ROWS if args.quick else schedules.ROWS
