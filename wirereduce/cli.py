@@ -986,8 +986,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", default="build/fastengine", help="where builds go (default: build/fastengine)")
     p.add_argument("--lookahead", type=int, default=2,
                    help="summation units' lookahead D, 1-4 (default: 2; EngineConfig.lookahead)")
-    p.add_argument("--priority", choices=("broadcast", "unit"), default="broadcast",
-                   help="allocator priority: broadcasts or partial sums first (default: broadcast)")
+    p.add_argument("--priority", choices=("auto", "broadcast", "unit"), default="auto",
+                   help="allocator priority: broadcasts or partial sums first (default: auto, partial sums first on "
+                        "rings (P = 2), broadcasts first above)")
     p.set_defaults(func=cmd_bench_schedules)
 
     p = sub.add_parser(
