@@ -824,7 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="wirereduce",
-        description="In-network allreduce gateware: generate Verilog, simulate a ring of FPGA nodes.")
+        description="In-network allreduce gateware: generate Verilog, simulate networks of FPGA nodes (ring node, "
+                    "schedule engine on any topology), benchmark, build and flash boards.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("verilog", help="write the Verilog of one node")
@@ -835,7 +836,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sim", help="simulate a cluster")
     simsub = p.add_subparsers(dest="sim_command", required=True)
-    p = simsub.add_parser("allreduce", help="allreduce arrays node0, node1, … of an .npz in a simulated ring",
+    p = simsub.add_parser("allreduce", help="allreduce arrays node0, node1, … of an .npz in a simulated ring (--nodes) "
+                               "or network (--topology)",
                           description="Runs the simulated N-node ring on the arrays node0 … node{N-1} "
                                       "(float32, equal length) of --input and writes each node's result "
                                       "to --output.")

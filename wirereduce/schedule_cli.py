@@ -16,7 +16,8 @@ def add_subcommand(subparsers) -> None:
     from wirereduce.schedule import ALGORITHMS
 
     p = subparsers.add_parser(
-        "schedule", help="build an allreduce schedule (ring, biring, multitree) and report its steps and loads",
+        "schedule", help="build an allreduce schedule (ring, biring, multitree, multitree-balanced) and report "
+                                 "its steps and loads",
         description="Builds the schedule, checks it (every tree spans the network, no link carries two flows in "
                     "one step, port budgets hold, every result reaches every node) and prints its lock-step "
                     "steps, per-step and per-link load and the lower bound.")
