@@ -189,8 +189,11 @@ class Engine(wiring.Component):
         As :class:`~wirereduce.hdl.core.node.Node`.
 
     Hop latency (first beat in to first beat out, cut-through): the gate's header beats, one
-    queue cycle, one allocation cycle and the unit's :attr:`SumUnit.latency` for a REDUCE hop
-    (1 + 6·(terms − 1)); for a BROADCAST hop the table look-up instead of the unit.
+    queue cycle, two allocation cycles (the request is registered, then granted) and, for a REDUCE
+    hop, a cycle of registered candidate readiness and the unit's :attr:`SumUnit.latency`
+    (1 + 6·(terms − 1)); for a BROADCAST hop the table look-up instead of the unit. At 64 bit:
+    16 cycles for a two-term reduce hop, 10 for a broadcast hop (``sim/bench/latency.py``
+    ``engine_hop_latency``).
     """
 
     def __init__(self, config: EngineConfig | None = None):
@@ -319,11 +322,14 @@ class Engine(wiring.Component):
                 ready = ready | (on & q.i.ready)
             m.d.comb += g.o.ready.eq(ready)
             bqs.append(bq)
-            count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows) | \
-                ((h.opcode == Opcode.REDUCE) & looked & unit_bad)
+            # The header checks are registered (timing) and applied once the flow is looked up, two
+            # cycles after the head shows (the same head: it leaves only when accepted or dropped); the
+            # unit check, on the looked-up entry, is made then.
+            count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
                          h.seq, count_bad, ~looked, opcode=Opcode.REDUCE, flags_allowed=0,
-                         codec_built=False, lost_ok=0, lost_wait=0)
+                         codec_built=False, lost_ok=0, lost_wait=0,
+                         apply=looked, late_count_bad=(h.opcode == Opcode.REDUCE) & unit_bad)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------
         bsrc = []
@@ -367,10 +373,19 @@ class Engine(wiring.Component):
             prio = list(range(1 + P)) + list(range(1 + P, nsrc))
         else:
             prio = list(range(1 + P, nsrc)) + list(range(1 + P))
+        # Two-cycle grant (timing): a source's request (a first beat waiting, the source not active) is
+        # registered and the grant chain below works on the registered requests, so the chain starts at
+        # registers instead of behind each source's output logic. A request stays up until it is granted
+        # (a source holds its first beat until it is taken), so the registered one is the same request a
+        # cycle later; the cycle it is granted it is cleared, so it is never granted twice. The order,
+        # the reservations and all-or-nothing are unchanged (docs/architecture.md "Why the engine cannot
+        # deadlock"); each frame waits one cycle more.
+        req_q = Signal(nsrc)
         for i in prio:
             s, req, _ = sources[i]
             want = req[:P]
-            request = s.valid & s.payload.first & ~active[i]
+            request = Signal(name=f"request{i}")
+            m.d.comb += request.eq(req_q[i] & s.valid)   # s.valid: a flushed queue's request is gone
             # Each step's results are named signals: as nested expressions the chain of sources
             # would be expanded anew at every use (exponential in the number of sources).
             can = Signal(name=f"grant{i}")
@@ -381,6 +396,7 @@ class Engine(wiring.Component):
             m.d.comb += [nxt_taken.eq(taken_now | Mux(can, want, 0)),
                          nxt_reserved.eq(reserved | Mux(request & ~can, want, 0))]
             taken_now, reserved = nxt_taken, nxt_reserved
+            m.d.sync += req_q[i].eq(s.valid & s.payload.first & ~active[i] & ~can)
             with m.If(can):
                 m.d.sync += [active[i].eq(1), mask[i].eq(req)]
                 for o in range(P):
@@ -466,19 +482,33 @@ class Engine(wiring.Component):
         quiet = ~(host_gate.busy | Cat(*(g.busy for g in net_gates)).any() | busy_units | active.any())
         hh = host_gate.head
         hb = host_gate.o.payload
-        is_ctl = hh.opcode == Opcode.CONTROL
-        is_stats = hh.opcode == Opcode.STATS_REQUEST
-        is_sched = hh.opcode == Opcode.SCHEDULE
+        # The host frame's header is checked into registers (timing) and acted on from the cycle
+        # after it shows (``host_seen``: it showed the cycle before and was not taken then, so it is
+        # the same header); what the engine's state says (quiet, busy, running, the slot) stays
+        # combinational.
+        host_seen = Signal()
+        host_gone = host_gate.drop | (host_gate.o.valid & host_gate.o.ready & hb.first)
+        m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone)
+        is_ctl, is_stats, is_sched = Signal(), Signal(), Signal()
+        abort, refuse_hdr, sched_bad, cmd_hdr = Signal(), Signal(), Signal(), Signal()
         sched_streaming = Signal()
-        abort = (hh.flags & int(Flag.ABORT)) != 0
         fmt_ok = Const(0, 1)
         for code in supported_dtype_bytes(cfg.formats):   # a format the lanes lack is refused here
             fmt_ok = fmt_ok | (hh.dtype == code)
-        refuse = (run.running & ~abort) | ((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok \
-            | (hh.codec != Codec.NONE) | (hh.eb_k != 0) | (hh.hop == 0) | (hh.hop > FM) | (hh.seq == 0) | ~table_ok
-        sched_bad = (hh.count == 0) | hh.count[0] | ((hh.seq + (hh.count >> 1)) > FM) | (hh.flags != 0)
-        host_cmd = (host_gate.head_valid & ~host_gate.head_short & (hh.version == VERSION)
-                    & (is_ctl | is_stats | is_sched))
+        m.d.sync += [
+            is_ctl.eq(hh.opcode == Opcode.CONTROL),
+            is_stats.eq(hh.opcode == Opcode.STATS_REQUEST),
+            is_sched.eq(hh.opcode == Opcode.SCHEDULE),
+            abort.eq((hh.flags & int(Flag.ABORT)) != 0),
+            refuse_hdr.eq(((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok | (hh.codec != Codec.NONE)
+                          | (hh.eb_k != 0) | (hh.hop == 0) | (hh.hop > FM) | (hh.seq == 0)),
+            sched_bad.eq((hh.count == 0) | hh.count[0] | ((hh.seq + (hh.count >> 1)) > FM) | (hh.flags != 0)),
+            cmd_hdr.eq(~host_gate.head_short & (hh.version == VERSION)
+                       & ((hh.opcode == Opcode.CONTROL) | (hh.opcode == Opcode.STATS_REQUEST)
+                          | (hh.opcode == Opcode.SCHEDULE))),
+        ]
+        refuse = (run.running & ~abort) | refuse_hdr | ~table_ok
+        host_cmd = host_gate.head_valid & host_seen & cmd_hdr
         with m.If(host_cmd):
             with m.If(~status.busy & ~sched_streaming & (is_stats | quiet)):
                 with m.If(is_sched):
@@ -508,7 +538,8 @@ class Engine(wiring.Component):
             push_busy = (slot_valid >> push_slot)[0]
             count_bad = (hh.count == 0) | (hh.count > cfg.max_elements) | (hh.hop != push_flow)
             check_header(m, host_gate, run, events, hh.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
-                         opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0)
+                         opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0,
+                         apply=host_seen)
 
         # Accepted frames: SCHEDULE entries into the table (one 64-bit word a cycle), pushes into
         # every unit's copy of the local buffer.

@@ -14,7 +14,7 @@ frame's header, the functions here check it (:func:`check_header`, the drop rule
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux
+from amaranth import Cat, Const, Module, Mux, Signal
 
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode
 
@@ -22,7 +22,8 @@ __all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
 
 
 def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
-                 opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait):
+                 opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait,
+                 apply=None, late_count_bad=None):
     """The checks every input makes of the header waiting in ``gate``, in order (docs/protocol.md
     "Drop rules"): runt, version, ``opcode_ok``, collective (``run``), ``flags``
     (``flags_allowed``), ``dtype`` (the collective's), ``codec``/``eb_k`` (the collective's, and
@@ -36,7 +37,14 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     on the cable: the gate emits a LOST placeholder of ``opcode`` for ``expect_seq`` in its place
     (when ``lost_ok``, once not ``lost_wait``), so that this node and every node after it stay in
     step and the collective loses that one chunk only. Returns the strobe of the accepted (or
-    placeholder) frame's first beat leaving the gate."""
+    placeholder) frame's first beat leaving the gate.
+
+    ``apply`` (registered verdict, for timing; the schedule engine's gates): the checks are worked
+    out from the header into a register every cycle and the gate acts on the registered outcome
+    only while ``apply`` is high, which the caller raises only when the header (and everything the
+    checks read) has not changed since the cycle before. ``late_count_bad`` is then one more
+    count check made combinationally at that time (after the registered ones, counted as
+    ``drop_count``); ``wait`` stays combinational."""
     h = gate.head
     lost = (h.flags & Flag.LOST) != 0
     m.d.comb += [
@@ -54,6 +62,34 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     codec_bad = (h.codec != run.codec) | (h.eb_k != run.eb_k)
     if not codec_built:
         codec_bad = codec_bad | (h.codec != Codec.NONE)
+    if apply is not None:
+        reasons = [
+            ("drop_short", gate.head_short),
+            ("drop_version", h.version != VERSION),
+            ("drop_opcode", ~opcode_ok),
+            ("drop_collective", ~run.active | (h.collective != run.collective)),
+            ("drop_flags", (h.flags & (~int(flags_allowed) & 0xFF)) != 0),
+            ("drop_dtype", h.dtype != run.dtype),
+            ("drop_codec", codec_bad),
+            ("drop_seq", (h.seq != expect_seq) | (h.seq >= run.chunks)),
+            ("drop_count", Mux(lost, h.count != 0, count_bad)),
+        ]
+        # why_q[k]: check k is the first that fails (a one-hot priority chain, registered).
+        why_q = Signal(len(reasons), name=f"{gate.__class__.__name__.lower()}_why")
+        before = Const(0, 1)
+        why = []
+        for _, cond in reasons:
+            why.append(cond & ~before)
+            before = before | cond
+        m.d.sync += why_q.eq(Cat(*why))
+        late = Const(0, 1) if late_count_bad is None else late_count_bad
+        with m.If(gate.head_valid & apply):
+            for k, (flag, _) in enumerate(reasons):
+                with (m.Elif if k else m.If)(why_q[k] | late if flag == "drop_count" else why_q[k]):
+                    m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag(flag).eq(1)]
+            with m.Elif(~wait):
+                m.d.comb += gate.accept.eq(1)
+        return gate.o.valid & gate.o.ready & gate.o.payload.first
     with m.If(gate.head_valid):
         with m.If(gate.head_short):
             m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_short").eq(1)]
