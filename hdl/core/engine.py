@@ -560,14 +560,21 @@ class Engine(wiring.Component):
         else:
             m.d.comb += host_gate.o.ready.eq(1)
         m.d.comb += [twp.addr.eq(ent), twp.data.eq(wdata), twp.en.eq(write)]
-        unit_of = wdata[0:3]
-        with m.If(host_gate.o.valid & hb_sched & hb.first & (word == 0) & (hb.hdr.seq == 0)):
+        # Each unit's first flow follows the written entries a cycle behind (registered, for timing; the
+        # CONTROL frame that reads it comes after the SCHEDULE frame's STATS answer).
+        unit_of = Signal(3)
+        ent_q = Signal(8)
+        write_q = Signal()
+        clear_q = Signal()
+        m.d.sync += [unit_of.eq(wdata[0:3]), ent_q.eq(ent), write_q.eq(write),
+                     clear_q.eq(host_gate.o.valid & hb_sched & hb.first & (word == 0) & (hb.hdr.seq == 0))]
+        with m.If(clear_q):
             m.d.sync += [fu.eq(0x100) for fu in first]   # a new table starts: no unit has a flow yet
-        with m.If(write):
+        with m.If(write_q):
             for u in range(nunits):
                 code = ROOT if u == P else u
-                with m.If((unit_of == code) & (first[u][8] | (ent < first[u][:8]))):
-                    m.d.sync += first[u].eq(ent)
+                with m.If((unit_of == code) & (first[u][8] | (ent_q < first[u][:8]))):
+                    m.d.sync += first[u].eq(ent_q)
         with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.first):
             m.d.sync += sched_streaming.eq(1)
         with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.last):
