@@ -150,17 +150,19 @@ def test_engine_bitexact(topo, alg, n):
     check(s, arrays, elements=40)
 
 
-def test_unit_priority_same_bits():
-    """The allocator's other priority (partial sums before broadcasts) changes the timing only."""
+def test_unit_priority_and_fp32_only_lanes_same_bits():
+    """The allocator's other priority (partial sums before broadcasts) changes the timing only, and
+    engines whose lanes carry fp32 only (``EngineConfig.formats``) sum fp32 to the same bits."""
     s = sched.build("ring:4", "biring")
     arrays = edge_arrays(s.nodes, 97, seed=4)
-    check(s, arrays, elements=40, priority="unit")
+    check(s, arrays, elements=40, priority="unit", formats=("fp32",))
     with pytest.raises(ValueError, match="priority"):
         EngineConfig(64, 1500, ports=2, priority="fifo")
 
 
-@pytest.mark.parametrize("lookahead", [1, 3, 4])
-@pytest.mark.parametrize("topo,alg,n", [("ring:4", "biring", 97), ("torus:2x2", "multitree-balanced", 203)])
+@pytest.mark.parametrize("topo,alg,n,lookahead", [
+    ("ring:4", "biring", 97, 1), ("torus:2x2", "multitree-balanced", 203, 3), ("ring:4", "biring", 97, 4),
+])
 def test_engine_bitexact_any_lookahead(topo, alg, n, lookahead):
     """Units that look 1 (in order), 3 or 4 chunks ahead, with random link latencies (1-9 cycles) and
     host back-pressure: the golden model's bits (the table fixes the summation order, not D)."""
@@ -250,12 +252,6 @@ def test_control_refuses_formats_not_built(formats, modes):
     for k, st in enumerate(out[:-1]):
         assert st["control_refused"] == k + 1 and st["chunks"] == 0, (modes[k], st)
     assert out[-1]["control_refused"] == len(modes) - 1 and out[-1]["chunks"] == 2, (modes[-1], out[-1])
-
-
-def test_fp32_only_engine_bitexact():
-    """Engines whose lanes carry fp32 only (``EngineConfig.formats``) sum fp32 to the golden bits."""
-    s = sched.build("ring:4", "biring")
-    check(s, edge_arrays(s.nodes, 97, seed=6), elements=40, formats=("fp32",))
 
 
 def unit_order(flows, arrivals, lookahead=2, gap=150):

@@ -119,9 +119,20 @@ def test_engine_config_formats():
                                     "priority='broadcast', lookahead=2)")
     c = EngineConfig(ports=2, formats=("int32", "fp32"))
     assert c.formats == ("fp32", "int32") and c == EngineConfig(ports=2, formats=("fp32", "int32"))
-    assert repr(c).endswith("priority='broadcast', lookahead=2, formats=('fp32', 'int32'))")
+    assert repr(c).endswith("priority='unit', lookahead=2, formats=('fp32', 'int32'))")   # auto, P = 2
     assert supported_dtype_bytes(c.formats) == [0x01, 0x11, 0x21, 0x04, 0x14, 0x24]
     assert len(supported_dtype_bytes()) == 12
+
+
+def test_engine_config_priority_auto():
+    """``auto``: partial sums first on rings (P ≤ 2), broadcasts first above; explicit values stay."""
+    assert [EngineConfig(ports=p).priority for p in (1, 2, 3, 4, 6)] == ["unit", "unit", "broadcast",
+                                                                         "broadcast", "broadcast"]
+    assert EngineConfig(ports=2, priority="broadcast").priority == "broadcast"
+    assert EngineConfig(ports=4, priority="unit").priority == "unit"
+    assert EngineConfig(ports=2) == EngineConfig(ports=2, priority="unit")
+    with pytest.raises(ValueError, match="'auto'"):
+        EngineConfig(priority="first")
 
 
 def test_engine_session_refuses_a_format_not_built():

@@ -421,6 +421,22 @@ def _bench_plan(args):
     return configs, sizes, name
 
 
+def _topology_algorithms(spec: str, default: bool = False) -> tuple[str, tuple[str, ...]]:
+    """``TOPOLOGY/ALG[,ALG...]`` as ``(topology, algorithms)``; with ``default``, a bare ``TOPOLOGY``
+    runs ring and biring on rings, ring and multitree elsewhere. Raises CliError on an unknown or
+    missing algorithm (the topology is checked by the caller)."""
+    from wirereduce import schedule as sched
+
+    topo, _, algs = spec.partition("/")
+    if not algs and default:
+        return topo, ("ring", "biring" if topo.startswith("ring:") else "multitree")
+    for a in algs.split(","):
+        if a not in sched.ALGORITHMS:
+            raise CliError(f"{spec!r}: unknown algorithm {a!r}; give TOPOLOGY/ALGORITHM[,ALGORITHM...], "
+                           f"ALGORITHM one of {', '.join(sched.ALGORITHMS)}")
+    return topo, tuple(algs.split(","))
+
+
 def cmd_bench_schedules(args) -> int:
     from wirereduce.config import EngineConfig
     from wirereduce.sim.bench import schedules
@@ -429,16 +445,7 @@ def cmd_bench_schedules(args) -> int:
     from wirereduce import schedule as sched
 
     if args.topologies:
-        rows = []
-        for spec in args.topologies:
-            t, _, algs = spec.partition("/")
-            algs = tuple(algs.split(",")) if algs else ("ring", "biring" if t.startswith("ring:") else "multitree")
-            bad = [a for a in algs if a not in sched.ALGORITHMS]
-            if bad:
-                raise CliError(f"{spec!r}: unknown algorithm {bad[0]!r}; give TOPOLOGY or TOPOLOGY/ALG[,ALG...] "
-                               f"with ALG one of {', '.join(sched.ALGORITHMS)}")
-            rows.append((t, algs))
-        rows = tuple(rows)
+        rows = tuple(_topology_algorithms(spec, default=True) for spec in args.topologies)
     sizes = schedules.QUICK_SIZES if args.quick else schedules.SIZES
     if args.sizes:
         from wirereduce.sim.bench.algbw import parse_size
@@ -498,14 +505,13 @@ def cmd_slot_model(args) -> int:
     if args.topologies:
         rows = []
         for spec in args.topologies:
-            topo, _, alg = spec.partition("/")
-            if alg not in sched.ALGORITHMS:
-                raise CliError(f"{spec!r}: give TOPOLOGY/ALGORITHM, ALGORITHM one of {', '.join(sched.ALGORITHMS)}")
-            try:
-                sched.build(topo, alg)
-            except ValueError as e:
-                raise CliError(f"{spec!r}: {e}") from e
-            rows.append((topo, alg, args.rounds))
+            topo, algs = _topology_algorithms(spec)
+            for alg in algs:
+                try:
+                    sched.build(topo, alg)
+                except ValueError as e:
+                    raise CliError(f"{spec!r}: {e}") from e
+                rows.append((topo, alg, args.rounds))
     else:
         rows = tuple((t, a, args.rounds) for t, a, _ in rows)
     out = Path(args.out_dir) / "slot-model.json"
@@ -986,8 +992,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", default="build/fastengine", help="where builds go (default: build/fastengine)")
     p.add_argument("--lookahead", type=int, default=2,
                    help="summation units' lookahead D, 1-4 (default: 2; EngineConfig.lookahead)")
-    p.add_argument("--priority", choices=("broadcast", "unit"), default="broadcast",
-                   help="allocator priority: broadcasts or partial sums first (default: broadcast)")
+    p.add_argument("--priority", choices=("auto", "broadcast", "unit"), default="auto",
+                   help="allocator priority: broadcasts or partial sums first (default: auto, partial sums first on "
+                        "rings (P = 2), broadcasts first above)")
     p.set_defaults(func=cmd_bench_schedules)
 
     p = sub.add_parser(

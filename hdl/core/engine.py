@@ -38,7 +38,8 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
   forwarded to the entry's ``forward`` ports and delivered to the host.
 - **Allocator**: every frame that leaves (a unit's sum, a forwarded broadcast) needs a set of
   output ports at once; it gets all of them in one cycle or none (a fixed priority,
-  ``EngineConfig.priority``: by default root, then broadcasts, then units; a waiting source
+  ``EngineConfig.priority``: root, then broadcasts, then units on P ≥ 3 engines, units first on
+  rings; a waiting source
   reserves its ports against lower ones), so two multicasts can never each hold a port the other
   waits for.
 - **Host output**: the root's and every broadcast source's copies for the host go through a
@@ -364,7 +365,8 @@ class Engine(wiring.Component):
         reserved = Const(0, P)
         taken_now = Const(0, P)
         grants = []
-        # Priority (config.priority): "broadcast", the root's results and forwarded broadcasts first
+        # Priority (config.priority, "auto" resolved by EngineConfig): "broadcast", the root's results
+        # and forwarded broadcasts first
         # (a result that waits holds up every subtree below it and frees no buffer), then the units'
         # partial sums; "unit", the partial sums first. In the slot model (docs/architecture.md "Why
         # the engine stays at the ring's rate") broadcasts first is within 2 % on rings and far

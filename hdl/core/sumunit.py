@@ -364,7 +364,7 @@ class SumUnit(wiring.Component):
             with m.If(is_last):
                 m.d.sync += [streaming.eq(0), release_q.eq(1), release_slot_q.eq(cur_slot),
                              free_slot_q.eq(cur_qslot)]
-                for p, b in enumerate(bufs):
+                for p in range(P):
                     used = Const(0, 1)
                     for i in range(T):
                         used = used | (cur[i] == p)

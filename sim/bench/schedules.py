@@ -70,7 +70,7 @@ def lower_bound_gbps(schedule, elements: int, cfg: EngineConfig, link_gbps: floa
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
-                       lookahead: int = 2, priority: str = "broadcast") -> list[dict]:
+                       lookahead: int = 2, priority: str = "auto") -> list[dict]:
     """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
 
     ``lookahead`` and ``priority`` are the engines' :class:`~wirereduce.config.EngineConfig` fields
@@ -121,7 +121,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     one_port_us = 2 * (s.nodes - 1) / s.nodes * wire * 8 / (link_gbps * 1e3)
                     rec = {
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
-                        "ports": cfg.ports, "lookahead": lookahead, "priority": priority,
+                        "ports": cfg.ports, "lookahead": lookahead, "priority": cfg.priority,
                         "formats": list(cfg.formats), "flows": flows, "bytes": size,
                         "elements": elements, "chunks": r.chunks,
                         "host_link_gbps": host, "link_gbps": link_gbps, "clock_mhz": mhz, "cycles": r.cycles,
