@@ -282,34 +282,40 @@ class Engine(wiring.Component):
             m.d.comb += trp.addr.eq(h.hop)
             looked = Signal(name=f"gate{p}_looked")
             reading = Signal(name=f"gate{p}_reading")
-            unit_code = Signal(3, name=f"gate{p}_unit")
-            dest = Signal(range(nunits), name=f"gate{p}_dest")
+            # Where the head frame goes, one-hot (bit 0 the broadcast queue, bit 1 + u unit u's reduce
+            # buffer), and whether its entry names a unit that cannot sum it: registered with the
+            # look-up; ``dest`` holds the route of the frame passing.
+            route = Signal(1 + nunits, name=f"gate{p}_route")
+            dest = Signal(1 + nunits, name=f"gate{p}_dest")
+            unit_bad = Signal(name=f"gate{p}_unit_bad")
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
                 m.d.sync += [looked.eq(0), reading.eq(0)]
             with m.Elif(g.head_valid & ~looked & ~reading):
                 m.d.sync += reading.eq(1)
             with m.Elif(reading):
-                m.d.sync += [looked.eq(1), reading.eq(0), unit_code.eq(trp.data[0:3])]
-            head_unit = Mux(unit_code == ROOT, P, unit_code)
-            unit_bad = (unit_code != ROOT) & ((unit_code >= P) | (unit_code == p))
+                code = trp.data[0:3]
+                red = h.opcode == Opcode.REDUCE
+                m.d.sync += [looked.eq(1), reading.eq(0),
+                             unit_bad.eq(red & (code != ROOT) & ((code >= P) | (code == p))),
+                             route.eq(Cat(~red, *(red & (code == (ROOT if u == P else u)) for u in range(nunits))))]
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
-            sel = Signal(range(nunits), name=f"gate{p}_sel")
-            m.d.comb += sel.eq(Mux(g.o.payload.first, head_unit, dest))
+            sel = Signal(1 + nunits, name=f"gate{p}_sel")
+            m.d.comb += sel.eq(Mux(g.o.payload.first, route, dest))
             with m.If(g.o.valid & g.o.ready & g.o.payload.first):
-                m.d.sync += dest.eq(head_unit)
+                m.d.sync += dest.eq(route)
                 m.d.comb += events.flag("reduce_frames").eq(is_red)
                 m.d.comb += events.flag("broadcast_frames").eq(~is_red)
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
-            targets = [(bq, ~is_red)]
+            targets = [(bq, sel[0])]
             for u, unit in enumerate(units):
                 ub = getattr(unit, f"b{p}")
                 if u == p:   # a unit never sums what arrives on its own parent port
                     m.d.comb += [ub.valid.eq(0), ub.done.eq(0)]
                     continue
                 rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB))
-                targets.append((rq, is_red & (sel == u)))
+                targets.append((rq, sel[1 + u]))
                 wiring.connect(m, ub, rq.r)
             ready = Const(0, 1)
             for q, on in targets:
@@ -325,12 +331,12 @@ class Engine(wiring.Component):
             bqs.append(bq)
             # The header checks are registered (timing) and applied once the flow is looked up, two
             # cycles after the head shows (the same head: it leaves only when accepted or dropped); the
-            # unit check, on the looked-up entry, is made then.
+            # unit check, on the looked-up entry, is registered with it.
             count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
                          h.seq, count_bad, ~looked, opcode=Opcode.REDUCE, flags_allowed=0,
                          codec_built=False, lost_ok=0, lost_wait=0,
-                         apply=looked, late_count_bad=(h.opcode == Opcode.REDUCE) & unit_bad)
+                         apply=looked, late_count_bad=unit_bad)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------
         bsrc = []
@@ -362,8 +368,7 @@ class Engine(wiring.Component):
         mask = [Signal(P + 1, name=f"mask{i}") for i in range(nsrc)]
         done = Signal(P)
         hdone = Signal(nsrc)
-        reserved = Const(0, P)
-        taken_now = Const(0, P)
+        blocked = out_busy   # ports busy, or taken or reserved by a source before in priority order
         grants = []
         # Priority (config.priority, "auto" resolved by EngineConfig): "broadcast", the root's results
         # and forwarded broadcasts first
@@ -375,30 +380,37 @@ class Engine(wiring.Component):
             prio = list(range(1 + P)) + list(range(1 + P, nsrc))
         else:
             prio = list(range(1 + P, nsrc)) + list(range(1 + P))
-        # Two-cycle grant (timing): a source's request (a first beat waiting, the source not active) is
-        # registered and the grant chain below works on the registered requests, so the chain starts at
-        # registers instead of behind each source's output logic. A request stays up until it is granted
-        # (a source holds its first beat until it is taken), so the registered one is the same request a
-        # cycle later; the cycle it is granted it is cleared, so it is never granted twice. The order,
-        # the reservations and all-or-nothing are unchanged (docs/architecture.md "Why the engine cannot
-        # deadlock"); each frame waits one cycle more.
+        # Two-cycle grant (timing): a source's request (a first beat waiting, the source not active) and
+        # its ports (a unit's come from its output tap, a select by its depth) are registered, and the
+        # grant chain below works on the registered requests, so the chain starts at registers instead
+        # of behind each source's output logic. A request stays up until it is granted (a source holds
+        # its first beat until it is taken), so the registered one is the same request a cycle later; a
+        # source granted at the edge before is active, which masks its registered request, so it is
+        # never granted twice. CONTROL (``start``) clears the requests, since it flushes the broadcast
+        # queues whose first beats they were (the units are idle then). The order, the reservations
+        # and all-or-nothing are unchanged (docs/architecture.md "Why the engine cannot deadlock");
+        # each frame waits one cycle more.
         req_q = Signal(nsrc)
+        reqs_q = [Signal(P + 1, name=f"req_ports{i}") for i in range(nsrc)]
         for i in prio:
             s, req, _ = sources[i]
+            m.d.sync += reqs_q[i].eq(req)
+            req = reqs_q[i]
             want = req[:P]
             request = Signal(name=f"request{i}")
-            m.d.comb += request.eq(req_q[i] & s.valid)   # s.valid: a flushed queue's request is gone
-            # Each step's results are named signals: as nested expressions the chain of sources
-            # would be expanded anew at every use (exponential in the number of sources).
+            m.d.comb += request.eq(req_q[i] & ~active[i])   # granted the cycle before: gone
+            # A requesting source either gets its ports (taken) or reserves them against the sources
+            # after it, so what it leaves the ones after it is the same either way: ports blocked for
+            # them are a flat OR of the requests before (no chain through the grants). Each step's
+            # result is a named signal: as nested expressions the sources before would be expanded
+            # anew at every use.
             can = Signal(name=f"grant{i}")
-            m.d.comb += can.eq(request & ((want & out_busy) == 0) & ((want & reserved) == 0)
-                               & ((want & taken_now) == 0))
+            m.d.comb += can.eq(request & ((want & blocked) == 0))
             grants.append(can)
-            nxt_taken, nxt_reserved = Signal(P, name=f"taken{i}"), Signal(P, name=f"reserved{i}")
-            m.d.comb += [nxt_taken.eq(taken_now | Mux(can, want, 0)),
-                         nxt_reserved.eq(reserved | Mux(request & ~can, want, 0))]
-            taken_now, reserved = nxt_taken, nxt_reserved
-            m.d.sync += req_q[i].eq(s.valid & s.payload.first & ~active[i] & ~can)
+            nxt_blocked = Signal(P, name=f"blocked{i}")
+            m.d.comb += nxt_blocked.eq(blocked | Mux(request, want, 0))
+            blocked = nxt_blocked
+            m.d.sync += req_q[i].eq(s.valid & s.payload.first & ~active[i] & ~start)
             with m.If(can):
                 m.d.sync += [active[i].eq(1), mask[i].eq(req)]
                 for o in range(P):

@@ -46,6 +46,13 @@ from wirereduce.table import LOCAL, MAX_TERMS, NONE
 
 __all__ = ["SumUnit", "queue_head_layout"]
 
+
+def _or(*values):
+    out = values[0]
+    for v in values[1:]:
+        out = out | v
+    return out
+
 HEADER_WORDS = HEADER_BYTES // 4
 
 
@@ -380,8 +387,10 @@ class SumUnit(wiring.Component):
             "req": P + 1,
         })
         s1 = Signal(meta)
-        s1_code = [Signal(3, name=f"s1_code{i}") for i in range(T)]
-        s1_ended = Signal(T)
+        # Each term's operand source, one-hot and registered with the beat: the local buffer, or port
+        # p's buffer while that term's frame has not ended (else padding, 0).
+        s1_local = Signal(T, name="s1_local")
+        s1_port = [Signal(P, name=f"s1_port{i}") for i in range(T)]
         mask = Signal(lanes)
         for j in range(lanes):
             word = beat * lanes + j
@@ -395,16 +404,13 @@ class SumUnit(wiring.Component):
                 s1.bad.eq(is_last & (bad_acc | early | now_bad | cur_bad)),
                 s1.mask.eq(mask), s1.req.eq(cur_req),
                 s1.present.eq(Cat(*(cur[i] != NONE for i in range(T)))),
-                s1_ended.eq(Cat(*ended_now)),
-            ] + [s1_code[i].eq(cur[i]) for i in range(T)]
+                s1_local.eq(Cat(*(cur[i] == LOCAL for i in range(T)))),
+            ] + [s1_port[i].eq(Cat(*((cur[i] == p) & ~ended_now[i] for p in range(P)))) for i in range(T)]
         terms = []
         for i in range(T):
             val = Signal(w, name=f"opnd{i}")
-            with m.If(s1_code[i] == LOCAL):
-                m.d.comb += val.eq(rd.data)
-            for p, b in enumerate(bufs):
-                with m.If((s1_code[i] == p) & ~s1_ended[i]):
-                    m.d.comb += val.eq(b.rd_data)
+            srcs = [(s1_local[i], rd.data)] + [(s1_port[i][p], b.rd_data) for p, b in enumerate(bufs)]
+            m.d.comb += val.eq(_or(*(Mux(on, d, 0) for on, d in srcs)))
             terms.append(val)
 
         def delay(sig, n, name):
@@ -442,6 +448,8 @@ class SumUnit(wiring.Component):
             acc = nacc
             taps.append((acc, stage_meta))
 
+        busy_q = Signal()
+        m.d.sync += busy_q.eq(streaming | release_q | Cat(*valids).any())
         # The frames in the chain leave at the tap after their last term: 1 + 6·(terms − 1) cycles.
         tap_acc = Array(a for a, _ in taps)[depth]
         tap_meta = Array(t for _, t in taps)[depth]
@@ -454,7 +462,9 @@ class SumUnit(wiring.Component):
             self.o.payload.bad.eq(tap_meta.bad),
             self.o.payload.first.eq(tap_meta.first),
             self.o_req.eq(tap_meta.req),
-            self.busy.eq(streaming | release_q | Cat(*valids).any()),
+            # busy: a cycle late at the end (timing: the chain's valids through a register; whatever is
+            # in the chain or released now was in it or streaming the cycle before).
+            self.busy.eq(streaming | busy_q),
             chain_empty.eq(~Cat(*valids).any()),
         ]
         return m
