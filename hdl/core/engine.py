@@ -217,12 +217,12 @@ class Engine(wiring.Component):
         slot_bits = (S - 1).bit_length()
         beat_bits = (SB - 1).bit_length()
         run = _Run()
-        events = EventCounters()
+        events = EventCounters(registered=True)   # counts a cycle late (timing); STATS waits for it
         taken = Signal()
         m.d.sync += taken.eq(0)
         m.d.comb += [self.control_taken.eq(taken), self.rank.eq(run.rank)]
         start = Signal()   # a CONTROL frame is taken in this cycle
-        m.submodules.status = status = StatusResponder(w, len(STATS_COUNTERS))
+        m.submodules.status = status = StatusResponder(w, len(STATS_COUNTERS), settle=2)
 
         # --- schedule table ----------------------------------------------------------------
         m.submodules.table = table = memory.Memory(shape=64, depth=FM, init=[])
