@@ -38,7 +38,10 @@ __all__ = ["ReduceLanes"]
 
 
 def _minmax(a, b, exp_bits: int, frac_bits: int, is_max):
-    """IEEE 754-2019 maximum (``is_max``) / minimum of two floats of the given format, as a Value.
+    """IEEE 754-2019 maximum (``is_max``) / minimum of two floats of the given format, in two parts:
+    returns ``(nan, pick_b)`` from ``a`` and ``b`` and ``result(nan, pick_b, a, b)``, which gives the
+    canonical quiet NaN when ``nan``, else ``b`` when ``pick_b``, else ``a`` (so the decision can be
+    registered before the select).
 
     A NaN operand gives the canonical quiet NaN; otherwise the larger / smaller, with −0 < +0
     (sign-magnitude order: a negative is below every positive, zeros included)."""
@@ -53,7 +56,7 @@ def _minmax(a, b, exp_bits: int, frac_bits: int, is_max):
     a_lt_b = (sa & ~sb) | (~sa & ~sb & mag_lt) | (sa & sb & mag_gt)
     pick_b = Mux(is_max, a_lt_b, ~a_lt_b & (a != b))
     canon = exp_all << frac_bits | 1 << (frac_bits - 1)
-    return Mux(nan_a | nan_b, canon, Mux(pick_b, b, a))
+    return (nan_a | nan_b, pick_b), lambda nan, pick, x, y: Mux(nan, canon, Mux(pick, y, x))
 
 
 class ReduceLanes(wiring.Component):
@@ -123,9 +126,9 @@ class ReduceLanes(wiring.Component):
         out.d.sync += [is_max.eq(op == int(Op.MAX)), sel_cmp.eq(~summing), cmp_fmt.eq(fmt)]
         out.d.sync += [sel_sum[f.name].eq(summing & Mux(known, fmt == int(f.code), f.name == "fp32")) for f in built]
 
-        def delayed(v, name):
-            """``v`` (registered once already) after L − 1 more registers: the adders' latency."""
-            for k in range(L - 1):
+        def delayed(v, name, n=L - 1):
+            """``v`` (registered once already) after ``n`` more registers (L − 1: the adders' latency)."""
+            for k in range(n):
                 nxt = Signal(32, name=f"{name}_d{k}")
                 m.d.sync += nxt.eq(v)
                 v = nxt
@@ -135,7 +138,17 @@ class ReduceLanes(wiring.Component):
         for j in range(self.lanes):
             word = slice(32 * j, 32 * j + 32)
             a, b = self.a[word], self.b[word]
-            sums, cmps = {}, {}   # per format: its SUM (latency L), its MAX/MIN (combinational)
+            # MAX/MIN in two registered stages: each format's decisions (NaN, which operand) with
+            # the operands, then the selected format's result.
+            a_q, b_q = Signal(32, name=f"cmp_a{j}"), Signal(32, name=f"cmp_b{j}")
+            m.d.sync += [a_q.eq(a), b_q.eq(b)]
+
+            def decided(flags, name):
+                regs = [Signal(name=f"{name}_{k}") for k in range(len(flags))]
+                m.d.sync += [r.eq(v) for r, v in zip(regs, flags)]
+                return regs
+
+            sums, cmps = {}, {}   # per format: its SUM (latency L), its MAX/MIN (after one register)
             for f in built:
                 elements = [slice(f.bits * h, f.bits * (h + 1)) for h in range(f.per_word)]
                 if f.is_float:    # one adder per element: element 2i in bits 0-15, 2i + 1 in bits 16-31
@@ -147,14 +160,20 @@ class ReduceLanes(wiring.Component):
                         fas.append(fa)
                     adders += fas
                     sums[f.name] = Cat(*(fa.s for fa in fas))
-                    cmps[f.name] = Cat(*(_minmax(a[el], b[el], f.exp_bits, f.frac_bits, is_max) for el in elements))
+                    parts = []
+                    for h, el in enumerate(elements):
+                        flags, result = _minmax(a[el], b[el], f.exp_bits, f.frac_bits, is_max)
+                        nan, pick = decided(flags, f"{f.name}_{j}_{h}_cmp")
+                        parts.append(result(nan, pick, a_q[el], b_q[el]))
+                    cmps[f.name] = Cat(*parts)
                 else:             # int32: one registered stage, then a delay to the adders' latency
                     isum = Signal(32, name=f"int_sum{j}")
                     m.d.sync += isum.eq((a + b)[:32])
                     sums[f.name] = delayed(isum, f"int_sum{j}")
                     a_lt_b = a.as_signed() < b.as_signed()
-                    cmps[f.name] = Mux(Mux(is_max, a_lt_b, ~a_lt_b & (a != b)), b, a)
-            # The comparator of the selected format: one registered stage, then the same delay.
+                    pick, = decided([Mux(is_max, a_lt_b, ~a_lt_b & (a != b))], f"int_{j}_cmp")
+                    cmps[f.name] = Mux(pick, b_q, a_q)
+            # The comparator of the selected format: a second registered stage, then the same delay.
             cmp = Signal(32, name=f"cmp{j}")
             with m.Switch(cmp_fmt):
                 for f in others:
@@ -162,7 +181,7 @@ class ReduceLanes(wiring.Component):
                         m.d.sync += cmp.eq(cmps[f.name])
                 with m.Default():
                     m.d.sync += cmp.eq(cmps["fp32"])
-            words.append((sums, delayed(cmp, f"cmp{j}")))
+            words.append((sums, delayed(cmp, f"cmp{j}", L - 2)))
 
         # Everything above registers only on enabled edges (a stall freezes the lanes).
         out.submodules.lanes = EnableInserter(self.en)(m)

@@ -93,7 +93,7 @@ class ChunkBuffer(wiring.Component):
             m.d.comb += slot.eq(new_slot)
         with m.Else():
             m.d.comb += slot.eq(wslot)
-        taken = (valid >> slot)[0]
+        taken = (valid >> new_slot)[0]   # only a first beat can find its slot taken
         m.d.comb += self.i.ready.eq(~self.i.payload.first | ~taken)
         m.d.comb += self.collisions.eq(self.i.valid & self.i.payload.first & taken)
         fill_arr = Array(filled[k] for k in range(Q))
@@ -102,16 +102,22 @@ class ChunkBuffer(wiring.Component):
             wp.addr.eq(slot * MB + beat if bits else beat), wp.data.eq(self.i.payload.data),
             wp.en.eq(self.i.valid & self.i.ready),
         ]
+        # A first beat writes slot new_slot, the others wslot: decoded apart (timing: the header's
+        # slot is not muxed with wslot in front of the first-beat enables).
+        write = self.i.valid & self.i.ready
         for k in range(Q):
-            here = slot == k
+            first_here = self.i.payload.first & (new_slot == k)
+            here = first_here | (~self.i.payload.first & (wslot == k))
             with m.If(self.r.free & (self.r.free_slot == k)):
                 m.d.sync += [valid[k].eq(0), done[k].eq(0), bad[k].eq(0), filled[k].eq(0)]
-            with m.Elif(self.i.valid & self.i.ready & here):
+            with m.Elif(write & here):
                 m.d.sync += filled[k].eq(Mux(self.i.payload.first, 1, filled[k] + 1))
-                with m.If(self.i.payload.first):
-                    m.d.sync += [valid[k].eq(1), seqs[k].eq(self.i_seq), counts[k].eq(self.i_count)]
                 with m.If(self.i.payload.last):
                     m.d.sync += [done[k].eq(1), bad[k].eq(self.i.payload.bad)]
+            with m.If(write & first_here):
+                m.d.sync += [seqs[k].eq(self.i_seq), counts[k].eq(self.i_count)]
+                with m.If(~(self.r.free & (self.r.free_slot == k))):
+                    m.d.sync += valid[k].eq(1)
         with m.If(self.i.valid & self.i.ready & self.i.payload.first):
             m.d.sync += wslot.eq(new_slot)
         return m

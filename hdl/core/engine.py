@@ -190,8 +190,11 @@ class Engine(wiring.Component):
         As :class:`~wirereduce.hdl.core.node.Node`.
 
     Hop latency (first beat in to first beat out, cut-through): the gate's header beats, one
-    queue cycle, one allocation cycle and the unit's :attr:`SumUnit.latency` for a REDUCE hop
-    (1 + 6·(terms − 1)); for a BROADCAST hop the table look-up instead of the unit.
+    queue cycle, two allocation cycles (the request is registered, then granted) and, for a REDUCE
+    hop, a cycle of registered candidate readiness and the unit's :attr:`SumUnit.latency`
+    (1 + 6·(terms − 1)); for a BROADCAST hop the table look-up instead of the unit. At 64 bit:
+    16 cycles for a two-term reduce hop, 10 for a broadcast hop (``sim/bench/latency.py``
+    ``engine_hop_latency``).
     """
 
     def __init__(self, config: EngineConfig | None = None):
@@ -214,12 +217,12 @@ class Engine(wiring.Component):
         slot_bits = (S - 1).bit_length()
         beat_bits = (SB - 1).bit_length()
         run = _Run()
-        events = EventCounters()
+        events = EventCounters(registered=True)   # counts a cycle late (timing); STATS waits for it
         taken = Signal()
         m.d.sync += taken.eq(0)
         m.d.comb += [self.control_taken.eq(taken), self.rank.eq(run.rank)]
         start = Signal()   # a CONTROL frame is taken in this cycle
-        m.submodules.status = status = StatusResponder(w, len(STATS_COUNTERS))
+        m.submodules.status = status = StatusResponder(w, len(STATS_COUNTERS), settle=2)
 
         # --- schedule table ----------------------------------------------------------------
         m.submodules.table = table = memory.Memory(shape=64, depth=FM, init=[])
@@ -279,34 +282,40 @@ class Engine(wiring.Component):
             m.d.comb += trp.addr.eq(h.hop)
             looked = Signal(name=f"gate{p}_looked")
             reading = Signal(name=f"gate{p}_reading")
-            unit_code = Signal(3, name=f"gate{p}_unit")
-            dest = Signal(range(nunits), name=f"gate{p}_dest")
+            # Where the head frame goes, one-hot (bit 0 the broadcast queue, bit 1 + u unit u's reduce
+            # buffer), and whether its entry names a unit that cannot sum it: registered with the
+            # look-up; ``dest`` holds the route of the frame passing.
+            route = Signal(1 + nunits, name=f"gate{p}_route")
+            dest = Signal(1 + nunits, name=f"gate{p}_dest")
+            unit_bad = Signal(name=f"gate{p}_unit_bad")
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
                 m.d.sync += [looked.eq(0), reading.eq(0)]
             with m.Elif(g.head_valid & ~looked & ~reading):
                 m.d.sync += reading.eq(1)
             with m.Elif(reading):
-                m.d.sync += [looked.eq(1), reading.eq(0), unit_code.eq(trp.data[0:3])]
-            head_unit = Mux(unit_code == ROOT, P, unit_code)
-            unit_bad = (unit_code != ROOT) & ((unit_code >= P) | (unit_code == p))
+                code = trp.data[0:3]
+                red = h.opcode == Opcode.REDUCE
+                m.d.sync += [looked.eq(1), reading.eq(0),
+                             unit_bad.eq(red & (code != ROOT) & ((code >= P) | (code == p))),
+                             route.eq(Cat(~red, *(red & (code == (ROOT if u == P else u)) for u in range(nunits))))]
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
-            sel = Signal(range(nunits), name=f"gate{p}_sel")
-            m.d.comb += sel.eq(Mux(g.o.payload.first, head_unit, dest))
+            sel = Signal(1 + nunits, name=f"gate{p}_sel")
+            m.d.comb += sel.eq(Mux(g.o.payload.first, route, dest))
             with m.If(g.o.valid & g.o.ready & g.o.payload.first):
-                m.d.sync += dest.eq(head_unit)
+                m.d.sync += dest.eq(route)
                 m.d.comb += events.flag("reduce_frames").eq(is_red)
                 m.d.comb += events.flag("broadcast_frames").eq(~is_red)
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
-            targets = [(bq, ~is_red)]
+            targets = [(bq, sel[0])]
             for u, unit in enumerate(units):
                 ub = getattr(unit, f"b{p}")
                 if u == p:   # a unit never sums what arrives on its own parent port
                     m.d.comb += [ub.valid.eq(0), ub.done.eq(0)]
                     continue
                 rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB))
-                targets.append((rq, is_red & (sel == u)))
+                targets.append((rq, sel[1 + u]))
                 wiring.connect(m, ub, rq.r)
             ready = Const(0, 1)
             for q, on in targets:
@@ -320,11 +329,14 @@ class Engine(wiring.Component):
                 ready = ready | (on & q.i.ready)
             m.d.comb += g.o.ready.eq(ready)
             bqs.append(bq)
-            count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows) | \
-                ((h.opcode == Opcode.REDUCE) & looked & unit_bad)
+            # The header checks are registered (timing) and applied once the flow is looked up, two
+            # cycles after the head shows (the same head: it leaves only when accepted or dropped); the
+            # unit check, on the looked-up entry, is registered with it.
+            count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
                          h.seq, count_bad, ~looked, opcode=Opcode.REDUCE, flags_allowed=0,
-                         codec_built=False, lost_ok=0, lost_wait=0)
+                         codec_built=False, lost_ok=0, lost_wait=0,
+                         apply=looked, late_count_bad=unit_bad)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------
         bsrc = []
@@ -356,8 +368,7 @@ class Engine(wiring.Component):
         mask = [Signal(P + 1, name=f"mask{i}") for i in range(nsrc)]
         done = Signal(P)
         hdone = Signal(nsrc)
-        reserved = Const(0, P)
-        taken_now = Const(0, P)
+        blocked = out_busy   # ports busy, or taken or reserved by a source before in priority order
         grants = []
         # Priority (config.priority, "auto" resolved by EngineConfig): "broadcast", the root's results
         # and forwarded broadcasts first
@@ -369,20 +380,37 @@ class Engine(wiring.Component):
             prio = list(range(1 + P)) + list(range(1 + P, nsrc))
         else:
             prio = list(range(1 + P, nsrc)) + list(range(1 + P))
+        # Two-cycle grant (timing): a source's request (a first beat waiting, the source not active) and
+        # its ports (a unit's come from its output tap, a select by its depth) are registered, and the
+        # grant chain below works on the registered requests, so the chain starts at registers instead
+        # of behind each source's output logic. A request stays up until it is granted (a source holds
+        # its first beat until it is taken), so the registered one is the same request a cycle later; a
+        # source granted at the edge before is active, which masks its registered request, so it is
+        # never granted twice. CONTROL (``start``) clears the requests, since it flushes the broadcast
+        # queues whose first beats they were (the units are idle then). The order, the reservations
+        # and all-or-nothing are unchanged (docs/architecture.md "Why the engine cannot deadlock");
+        # each frame waits one cycle more.
+        req_q = Signal(nsrc)
+        reqs_q = [Signal(P + 1, name=f"req_ports{i}") for i in range(nsrc)]
         for i in prio:
             s, req, _ = sources[i]
+            m.d.sync += reqs_q[i].eq(req)
+            req = reqs_q[i]
             want = req[:P]
-            request = s.valid & s.payload.first & ~active[i]
-            # Each step's results are named signals: as nested expressions the chain of sources
-            # would be expanded anew at every use (exponential in the number of sources).
+            request = Signal(name=f"request{i}")
+            m.d.comb += request.eq(req_q[i] & ~active[i])   # granted the cycle before: gone
+            # A requesting source either gets its ports (taken) or reserves them against the sources
+            # after it, so what it leaves the ones after it is the same either way: ports blocked for
+            # them are a flat OR of the requests before (no chain through the grants). Each step's
+            # result is a named signal: as nested expressions the sources before would be expanded
+            # anew at every use.
             can = Signal(name=f"grant{i}")
-            m.d.comb += can.eq(request & ((want & out_busy) == 0) & ((want & reserved) == 0)
-                               & ((want & taken_now) == 0))
+            m.d.comb += can.eq(request & ((want & blocked) == 0))
             grants.append(can)
-            nxt_taken, nxt_reserved = Signal(P, name=f"taken{i}"), Signal(P, name=f"reserved{i}")
-            m.d.comb += [nxt_taken.eq(taken_now | Mux(can, want, 0)),
-                         nxt_reserved.eq(reserved | Mux(request & ~can, want, 0))]
-            taken_now, reserved = nxt_taken, nxt_reserved
+            nxt_blocked = Signal(P, name=f"blocked{i}")
+            m.d.comb += nxt_blocked.eq(blocked | Mux(request, want, 0))
+            blocked = nxt_blocked
+            m.d.sync += req_q[i].eq(s.valid & s.payload.first & ~active[i] & ~start)
             with m.If(can):
                 m.d.sync += [active[i].eq(1), mask[i].eq(req)]
                 for o in range(P):
@@ -468,19 +496,33 @@ class Engine(wiring.Component):
         quiet = ~(host_gate.busy | Cat(*(g.busy for g in net_gates)).any() | busy_units | active.any())
         hh = host_gate.head
         hb = host_gate.o.payload
-        is_ctl = hh.opcode == Opcode.CONTROL
-        is_stats = hh.opcode == Opcode.STATS_REQUEST
-        is_sched = hh.opcode == Opcode.SCHEDULE
+        # The host frame's header is checked into registers (timing) and acted on from the cycle
+        # after it shows (``host_seen``: it showed the cycle before and was not taken then, so it is
+        # the same header); what the engine's state says (quiet, busy, running, the slot) stays
+        # combinational.
+        host_seen = Signal()
+        host_gone = host_gate.drop | (host_gate.o.valid & host_gate.o.ready & hb.first)
+        m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone)
+        is_ctl, is_stats, is_sched = Signal(), Signal(), Signal()
+        abort, refuse_hdr, sched_bad, cmd_hdr = Signal(), Signal(), Signal(), Signal()
         sched_streaming = Signal()
-        abort = (hh.flags & int(Flag.ABORT)) != 0
         fmt_ok = Const(0, 1)
         for code in supported_dtype_bytes(cfg.formats):   # a format the lanes lack is refused here
             fmt_ok = fmt_ok | (hh.dtype == code)
-        refuse = (run.running & ~abort) | ((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok \
-            | (hh.codec != Codec.NONE) | (hh.eb_k != 0) | (hh.hop == 0) | (hh.hop > FM) | (hh.seq == 0) | ~table_ok
-        sched_bad = (hh.count == 0) | hh.count[0] | ((hh.seq + (hh.count >> 1)) > FM) | (hh.flags != 0)
-        host_cmd = (host_gate.head_valid & ~host_gate.head_short & (hh.version == VERSION)
-                    & (is_ctl | is_stats | is_sched))
+        m.d.sync += [
+            is_ctl.eq(hh.opcode == Opcode.CONTROL),
+            is_stats.eq(hh.opcode == Opcode.STATS_REQUEST),
+            is_sched.eq(hh.opcode == Opcode.SCHEDULE),
+            abort.eq((hh.flags & int(Flag.ABORT)) != 0),
+            refuse_hdr.eq(((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok | (hh.codec != Codec.NONE)
+                          | (hh.eb_k != 0) | (hh.hop == 0) | (hh.hop > FM) | (hh.seq == 0)),
+            sched_bad.eq((hh.count == 0) | hh.count[0] | ((hh.seq + (hh.count >> 1)) > FM) | (hh.flags != 0)),
+            cmd_hdr.eq(~host_gate.head_short & (hh.version == VERSION)
+                       & ((hh.opcode == Opcode.CONTROL) | (hh.opcode == Opcode.STATS_REQUEST)
+                          | (hh.opcode == Opcode.SCHEDULE))),
+        ]
+        refuse = (run.running & ~abort) | refuse_hdr | ~table_ok
+        host_cmd = host_gate.head_valid & host_seen & cmd_hdr
         with m.If(host_cmd):
             with m.If(~status.busy & ~sched_streaming & (is_stats | quiet)):
                 with m.If(is_sched):
@@ -510,7 +552,8 @@ class Engine(wiring.Component):
             push_busy = (slot_valid >> push_slot)[0]
             count_bad = (hh.count == 0) | (hh.count > cfg.max_elements) | (hh.hop != push_flow)
             check_header(m, host_gate, run, events, hh.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
-                         opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0)
+                         opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0,
+                         apply=host_seen)
 
         # Accepted frames: SCHEDULE entries into the table (one 64-bit word a cycle), pushes into
         # every unit's copy of the local buffer.
@@ -531,14 +574,21 @@ class Engine(wiring.Component):
         else:
             m.d.comb += host_gate.o.ready.eq(1)
         m.d.comb += [twp.addr.eq(ent), twp.data.eq(wdata), twp.en.eq(write)]
-        unit_of = wdata[0:3]
-        with m.If(host_gate.o.valid & hb_sched & hb.first & (word == 0) & (hb.hdr.seq == 0)):
+        # Each unit's first flow follows the written entries a cycle behind (registered, for timing; the
+        # CONTROL frame that reads it comes after the SCHEDULE frame's STATS answer).
+        unit_of = Signal(3)
+        ent_q = Signal(8)
+        write_q = Signal()
+        clear_q = Signal()
+        m.d.sync += [unit_of.eq(wdata[0:3]), ent_q.eq(ent), write_q.eq(write),
+                     clear_q.eq(host_gate.o.valid & hb_sched & hb.first & (word == 0) & (hb.hdr.seq == 0))]
+        with m.If(clear_q):
             m.d.sync += [fu.eq(0x100) for fu in first]   # a new table starts: no unit has a flow yet
-        with m.If(write):
+        with m.If(write_q):
             for u in range(nunits):
                 code = ROOT if u == P else u
-                with m.If((unit_of == code) & (first[u][8] | (ent < first[u][:8]))):
-                    m.d.sync += first[u].eq(ent)
+                with m.If((unit_of == code) & (first[u][8] | (ent_q < first[u][:8]))):
+                    m.d.sync += first[u].eq(ent_q)
         with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.first):
             m.d.sync += sched_streaming.eq(1)
         with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.last):

@@ -14,7 +14,7 @@ frame's header, the functions here check it (:func:`check_header`, the drop rule
 
 from __future__ import annotations
 
-from amaranth import Const, Module, Mux
+from amaranth import Cat, Const, Module, Mux, Signal
 
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode
 
@@ -22,7 +22,8 @@ __all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
 
 
 def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
-                 opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait):
+                 opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait,
+                 apply=None, late_count_bad=None):
     """The checks every input makes of the header waiting in ``gate``, in order (docs/protocol.md
     "Drop rules"): runt, version, ``opcode_ok``, collective (``run``), ``flags``
     (``flags_allowed``), ``dtype`` (the collective's), ``codec``/``eb_k`` (the collective's, and
@@ -36,12 +37,27 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     on the cable: the gate emits a LOST placeholder of ``opcode`` for ``expect_seq`` in its place
     (when ``lost_ok``, once not ``lost_wait``), so that this node and every node after it stay in
     step and the collective loses that one chunk only. Returns the strobe of the accepted (or
-    placeholder) frame's first beat leaving the gate."""
+    placeholder) frame's first beat leaving the gate.
+
+    ``apply`` (registered verdict, for timing; the schedule engine's gates): the checks are worked
+    out from the header into a register every cycle and the gate acts on the registered outcome
+    only while ``apply`` is high, which the caller raises only when the header (and everything the
+    checks read) has not changed since the cycle before; ``expect_bytes`` and ``mark_bad`` are
+    registered likewise. ``late_count_bad`` is then one more count check made at that time (after
+    the registered ones, counted as ``drop_count``; the engine gives a register); ``wait`` stays
+    combinational."""
     h = gate.head
     lost = (h.flags & Flag.LOST) != 0
+    expect_bytes = Mux(lost, HEADER_BYTES, HEADER_BYTES + 4 * h.count)
+    if apply is not None:   # registered, as the verdict below: the header has not changed when applied
+        eb_q, lost_q = Signal(16, name=f"{gate.__class__.__name__.lower()}_expect"), Signal()
+        m.d.sync += [eb_q.eq(expect_bytes), lost_q.eq(lost)]
+        expect_bytes, lost_mark = eb_q, lost_q
+    else:
+        lost_mark = lost
     m.d.comb += [
-        gate.expect_bytes.eq(Mux(lost, HEADER_BYTES, HEADER_BYTES + 4 * h.count)),
-        gate.mark_bad.eq(lost),
+        gate.expect_bytes.eq(expect_bytes),
+        gate.mark_bad.eq(lost_mark),
         gate.lost_hdr.version.eq(VERSION), gate.lost_hdr.opcode.eq(opcode),
         gate.lost_hdr.dtype.eq(run.dtype), gate.lost_hdr.codec.eq(run.codec), gate.lost_hdr.eb_k.eq(run.eb_k),
         gate.lost_hdr.src.eq(run.rank), gate.lost_hdr.flags.eq(Flag.LOST),
@@ -54,6 +70,37 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     codec_bad = (h.codec != run.codec) | (h.eb_k != run.eb_k)
     if not codec_built:
         codec_bad = codec_bad | (h.codec != Codec.NONE)
+    if apply is not None:
+        reasons = [
+            ("drop_short", gate.head_short),
+            ("drop_version", h.version != VERSION),
+            ("drop_opcode", ~opcode_ok),
+            ("drop_collective", ~run.active | (h.collective != run.collective)),
+            ("drop_flags", (h.flags & (~int(flags_allowed) & 0xFF)) != 0),
+            ("drop_dtype", h.dtype != run.dtype),
+            ("drop_codec", codec_bad),
+            ("drop_seq", (h.seq != expect_seq) | (h.seq >= run.chunks)),
+            ("drop_count", Mux(lost, h.count != 0, count_bad)),
+        ]
+        # Each check's outcome is registered as it is (no priority chain in front of the registers);
+        # the verdict is then a flat OR of registers and the first failing check (for the counters)
+        # is worked out from them.
+        fail_q = Signal(len(reasons), name=f"{gate.__class__.__name__.lower()}_fail")
+        m.d.sync += fail_q.eq(Cat(*(cond for _, cond in reasons)))
+        bad_q = fail_q.any()
+        before = Const(0, 1)
+        why_q = []
+        for k in range(len(reasons)):
+            why_q.append(fail_q[k] & ~before)
+            before = before | fail_q[k]
+        late = Const(0, 1) if late_count_bad is None else late_count_bad
+        on = gate.head_valid & apply
+        m.d.comb += [gate.drop.eq(on & (bad_q | late)), gate.drop_track.eq(on & (bad_q | late)),
+                     gate.accept.eq(on & ~bad_q & ~late & ~wait)]
+        for k, (flag, _) in enumerate(reasons):
+            hit = why_q[k] | (late & ~bad_q) if flag == "drop_count" else why_q[k]
+            m.d.comb += events.flag(flag).eq(on & hit)
+        return gate.o.valid & gate.o.ready & gate.o.payload.first
     with m.If(gate.head_valid):
         with m.If(gate.head_short):
             m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_short").eq(1)]

@@ -34,12 +34,16 @@ class EventCounters:
     """The node's event counters (:data:`EVENT_COUNTERS`), 32 bits each, wrapping.
 
     Each part of the node that sees an event takes a one-cycle flag for it (:meth:`flag`); a
-    counter adds up all its flags every cycle (:meth:`update`).
+    counter adds up all its flags every cycle (:meth:`update`). With ``registered`` (the schedule
+    engine, for timing) the sum of a counter's flags is registered first, so the counters show an
+    event a cycle later; a :class:`StatusResponder` with ``settle=2`` snapshots them a cycle later
+    to match.
     """
 
-    def __init__(self):
+    def __init__(self, registered: bool = False):
         self.values = {name: Signal(32, name=f"cnt_{name}") for name in EVENT_COUNTERS}
         self._flags = {name: [] for name in EVENT_COUNTERS}
+        self._registered = registered
 
     def flag(self, name: str) -> Signal:
         """A new flag that adds 1 to counter ``name`` in each cycle it is high."""
@@ -54,18 +58,27 @@ class EventCounters:
                 total = flags[0]
                 for f in flags[1:]:
                     total = total + f
+                if self._registered:
+                    total_q = Signal(range(len(flags) + 1), name=f"inc_{name}")
+                    m.d.sync += total_q.eq(total)
+                    total = total_q
                 m.d.sync += self.values[name].eq(self.values[name] + total)
 
 
 class StatusResponder(wiring.Component):
     """Sends one STATS frame (header + counters as little-endian u32) each time ``trigger`` pulses.
 
-    ``busy`` is high from the trigger until the frame's last beat has left.
+    ``busy`` is high from the trigger until the frame's last beat has left. The values are
+    snapshot ``settle`` cycles after the trigger (1, or 2 for registered
+    :class:`EventCounters`).
     """
 
-    def __init__(self, width: int, counters: int):
+    def __init__(self, width: int, counters: int, settle: int = 1):
+        if settle not in (1, 2):
+            raise ValueError(f"settle must be 1 or 2 cycles, not {settle!r}")
         self._width = width
         self._counters = counters
+        self._settle = settle
         super().__init__({
             "o": Out(FrameStream(width)),
             "trigger": In(1),
@@ -89,8 +102,8 @@ class StatusResponder(wiring.Component):
             self.o.payload.keep.eq(Mux(last, (1 << tail) - 1, (1 << (w // 8)) - 1)),
             self.o.payload.last.eq(last),
         ]
-        # The snapshot is taken the cycle after the trigger, so that a CONTROL frame's new
-        # configuration (written on the trigger's edge) is what the STATS answer reports.
+        # The snapshot is taken the cycle after the trigger (``settle`` = 1), so that a CONTROL
+        # frame's new configuration (written on the trigger's edge) is what the STATS answer reports.
         pending = Signal()
         sending = Signal()
         m.d.comb += [self.busy.eq(pending | sending), self.o.valid.eq(sending)]
@@ -99,8 +112,12 @@ class StatusResponder(wiring.Component):
                 m.d.sync += idx.eq(idx + 1)
                 with m.If(last):
                     m.d.sync += [sending.eq(0), idx.eq(0)]
+        settled = Signal(init=self._settle == 1)   # settle = 2: a cycle more after the trigger
+        with m.Elif(pending & ~settled):
+            m.d.sync += settled.eq(1)
         with m.Elif(pending):
-            m.d.sync += [snap.eq(Cat(self.header, self.values)), pending.eq(0), sending.eq(1), idx.eq(0)]
+            m.d.sync += [snap.eq(Cat(self.header, self.values)), pending.eq(0), sending.eq(1), idx.eq(0),
+                         settled.eq(self._settle == 1)]
         with m.Elif(self.trigger):
             m.d.sync += pending.eq(1)
         return m

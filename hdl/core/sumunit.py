@@ -46,6 +46,13 @@ from wirereduce.table import LOCAL, MAX_TERMS, NONE
 
 __all__ = ["SumUnit", "queue_head_layout"]
 
+
+def _or(*values):
+    out = values[0]
+    for v in values[1:]:
+        out = out | v
+    return out
+
 HEADER_WORDS = HEADER_BYTES // 4
 
 
@@ -188,19 +195,40 @@ class SumUnit(wiring.Component):
                 fits = fits & (codes[i] == NONE)
             slot = g[:slot_bits] if slot_bits else Const(0, 1)
             qslot = g[:qbits] if qbits else Const(0, 1)
-            slot_ok = (self.slot_valid >> slot)[0] & (slot_seqs[slot] == g)
             count = slot_counts[slot]
-            ready = fits & loaded & (g < self.chunks)
+            # Registered readiness (timing: the slot compares are the unit's deepest logic). Whether each
+            # term's frame is in its slot, whether its count agrees with the local chunk's and whether
+            # g < chunks are sampled from the registered slot state and used the cycle after, but only
+            # if the candidate did not change at that clock edge (``fresh``). For an unchanged candidate a
+            # term that is in stays in (a slot that holds its chunk is freed by this unit alone, after
+            # summing it) and, once every term is in, the counts are fixed (written with each frame's
+            # first beat): the unit takes a chunk a cycle later than it could, never a wrong one.
+            idx = int(name[1:])
+            fresh = Signal(name=f"{name}_fresh")
+            slot_ok = Signal(name=f"{name}_local_in")
+            below = Signal(name=f"{name}_below_chunks")
+            here = Signal(P, name=f"{name}_terms_in")
+            same = Signal(P, name=f"{name}_counts_agree")
+            m.d.sync += [
+                fresh.eq(~changed[idx]),
+                slot_ok.eq((self.slot_valid >> slot)[0] & (slot_seqs[slot] == g)),
+                below.eq(g < self.chunks),
+            ]
+            for p, b in enumerate(bufs):
+                m.d.sync += [
+                    here[p].eq((b.valid >> qslot)[0] & (Array(b.seq[k] for k in range(Q))[qslot] == g)),
+                    same[p].eq(Array(b.count[k] for k in range(Q))[qslot] == count),
+                ]
+            ready = fits & loaded & below & fresh
             count_ok = Const(1, 1)
             has_local = Const(0, 1)
             for i in range(T):
                 c = codes[i]
                 r = (c == NONE) | ((c == LOCAL) & slot_ok)
                 ok = Const(1, 1)
-                for p, b in enumerate(bufs):
-                    here = (b.valid >> qslot)[0] & (Array(b.seq[k] for k in range(Q))[qslot] == g)
-                    r = r | ((c == p) & here)
-                    ok = ok & ((c != p) | (Array(b.count[k] for k in range(Q))[qslot] == count))
+                for p in range(P):
+                    r = r | ((c == p) & here[p])
+                    ok = ok & ((c != p) | same[p])
                 ready = ready & r
                 count_ok = count_ok & ok
                 has_local = has_local | (c == LOCAL)
@@ -211,10 +239,12 @@ class SumUnit(wiring.Component):
             # number of terms joins only once the chain is empty.
             rdy = Signal(name=f"{name}_ready")
             m.d.comb += rdy.eq(ready & ((new_depth == depth) | chain_empty))
-            good = Signal(name=f"{name}_count_ok")
-            m.d.comb += good.eq(count_ok)
-            return rdy, good, (codes, slot, qslot, count, new_depth, ent)
+            good_q = Signal(name=f"{name}_count_ok")
+            m.d.comb += good_q.eq(count_ok)
+            return rdy, good_q, (codes, slot, qslot, count, new_depth, ent)
 
+        # changed[k]: candidate k's chunk, entry or state changes at this clock edge (set below).
+        changed = Signal(D, name="changed")
         cands = [candidate(cand_g[k], cand_ent[k], ld[k], f"c{k}") for k in range(D)]
 
         # --- streaming state -----------------------------------------------------------------------
@@ -279,21 +309,25 @@ class SumUnit(wiring.Component):
         with m.If(self.start):
             m.d.sync += [cand_g[0].eq(self.first[:8]), cand_f[0].eq(self.first[:8]), known.eq(~self.first[8]),
                          ld.eq(0), stuck.eq(0), streaming.eq(0)]
+            m.d.comb += changed.eq(-1)
         with m.Else():
             for k, (_, _, args) in enumerate(cands):
                 with (m.Elif if k else m.If)(take[k]):
                     begin(*args)
                     move_down(k)
+                    m.d.comb += [changed[j].eq(1) for j in range(k, D)]
             with m.Else():
                 # One step a cycle: load the first known candidate's entry that is not in, or work out
                 # the candidate after the last loaded one (never both: known and ld are prefixes).
                 for k in range(D):
                     with (m.Elif if k else m.If)(tab_for[k]):
                         m.d.sync += [cand_ent[k].eq(self.tab_data), ld[k].eq(1)]
+                        m.d.comb += changed[k].eq(1)
                     if k + 1 < D:
                         with m.Elif(ld[k] & ~known[k + 1]):
                             m.d.sync += [cand_g[k + 1].eq(cand_g[k] + cand_ent[k][32:40]),
                                          cand_f[k + 1].eq(cand_ent[k][24:32]), known[k + 1].eq(1)]
+                            m.d.comb += changed[k + 1].eq(1)
 
         # Operands of the beat now: each port term's beat from its buffer slot (or padding once its
         # frame ended short).
@@ -321,16 +355,27 @@ class SumUnit(wiring.Component):
         m.d.comb += fire.eq(streaming & en & term_valid)
         for b in bufs:
             m.d.comb += [b.rd_addr.eq(cur_qslot * MB + beat if qbits else beat), b.rd_en.eq(en)]
+        # The slots are released and freed a cycle after the last beat is read (registered, for
+        # timing): nothing reads them again, and no frame of a later chunk of that slot can be on its
+        # way yet (docs/architecture.md "Why the engine cannot deadlock", 2).
+        release_q = Signal()
+        release_slot_q = Signal.like(self.release_slot)
+        free_q = Signal(P)
+        free_slot_q = Signal(max(1, qbits))
+        m.d.sync += [release_q.eq(0), free_q.eq(0)]
+        m.d.comb += [self.release.eq(release_q), self.release_slot.eq(release_slot_q)]
+        for p, b in enumerate(bufs):
+            m.d.comb += [b.free.eq(free_q[p]), b.free_slot.eq(free_slot_q)]
         with m.If(fire):
             m.d.sync += [beat.eq(beat + 1), bad_acc.eq(bad_acc | early | now_bad)]
             with m.If(is_last):
-                m.d.sync += streaming.eq(0)
-                m.d.comb += [self.release.eq(1), self.release_slot.eq(cur_slot)]
-                for p, b in enumerate(bufs):
+                m.d.sync += [streaming.eq(0), release_q.eq(1), release_slot_q.eq(cur_slot),
+                             free_slot_q.eq(cur_qslot)]
+                for p in range(P):
                     used = Const(0, 1)
                     for i in range(T):
                         used = used | (cur[i] == p)
-                    m.d.comb += [b.free.eq(used), b.free_slot.eq(cur_qslot)]
+                    m.d.sync += free_q[p].eq(used)
 
         # Local chunk: read this beat from the buffer (data next cycle, like the buffers' reads).
         addr = Cat(beat[:beat_bits], cur_slot) if slot_bits else beat[:beat_bits]
@@ -342,8 +387,10 @@ class SumUnit(wiring.Component):
             "req": P + 1,
         })
         s1 = Signal(meta)
-        s1_code = [Signal(3, name=f"s1_code{i}") for i in range(T)]
-        s1_ended = Signal(T)
+        # Each term's operand source, one-hot and registered with the beat: the local buffer, or port
+        # p's buffer while that term's frame has not ended (else padding, 0).
+        s1_local = Signal(T, name="s1_local")
+        s1_port = [Signal(P, name=f"s1_port{i}") for i in range(T)]
         mask = Signal(lanes)
         for j in range(lanes):
             word = beat * lanes + j
@@ -357,16 +404,13 @@ class SumUnit(wiring.Component):
                 s1.bad.eq(is_last & (bad_acc | early | now_bad | cur_bad)),
                 s1.mask.eq(mask), s1.req.eq(cur_req),
                 s1.present.eq(Cat(*(cur[i] != NONE for i in range(T)))),
-                s1_ended.eq(Cat(*ended_now)),
-            ] + [s1_code[i].eq(cur[i]) for i in range(T)]
+                s1_local.eq(Cat(*(cur[i] == LOCAL for i in range(T)))),
+            ] + [s1_port[i].eq(Cat(*((cur[i] == p) & ~ended_now[i] for p in range(P)))) for i in range(T)]
         terms = []
         for i in range(T):
             val = Signal(w, name=f"opnd{i}")
-            with m.If(s1_code[i] == LOCAL):
-                m.d.comb += val.eq(rd.data)
-            for p, b in enumerate(bufs):
-                with m.If((s1_code[i] == p) & ~s1_ended[i]):
-                    m.d.comb += val.eq(b.rd_data)
+            srcs = [(s1_local[i], rd.data)] + [(s1_port[i][p], b.rd_data) for p, b in enumerate(bufs)]
+            m.d.comb += val.eq(_or(*(Mux(on, d, 0) for on, d in srcs)))
             terms.append(val)
 
         def delay(sig, n, name):
@@ -404,6 +448,8 @@ class SumUnit(wiring.Component):
             acc = nacc
             taps.append((acc, stage_meta))
 
+        busy_q = Signal()
+        m.d.sync += busy_q.eq(streaming | release_q | Cat(*valids).any())
         # The frames in the chain leave at the tap after their last term: 1 + 6·(terms − 1) cycles.
         tap_acc = Array(a for a, _ in taps)[depth]
         tap_meta = Array(t for _, t in taps)[depth]
@@ -416,7 +462,9 @@ class SumUnit(wiring.Component):
             self.o.payload.bad.eq(tap_meta.bad),
             self.o.payload.first.eq(tap_meta.first),
             self.o_req.eq(tap_meta.req),
-            self.busy.eq(streaming | Cat(*valids).any()),
+            # busy: a cycle late at the end (timing: the chain's valids through a register; whatever is
+            # in the chain or released now was in it or streaming the cycle before).
+            self.busy.eq(streaming | busy_q),
             chain_empty.eq(~Cat(*valids).any()),
         ]
         return m
