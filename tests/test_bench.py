@@ -345,6 +345,8 @@ def test_codec_rows_with_fake_engine(work, capsys):
         assert r["speedup"] == pytest.approx(out[0]["time_us"] / r["time_us"])
         assert r["speedup_ratio"] == pytest.approx(r["speedup"] / r["ratio"])
         assert r["clock_mhz"] == 156.25 and r["line_rate_gbps"] == 10.0
+        assert r["link_bound_ratio"] == pytest.approx(r["link_bound_speedup"] / r["ratio"])
+        assert 1 < r["link_bound_speedup"] < r["ratio"]   # framing and the busiest link cost something
     assert json.loads((work / "c.json").read_text())[-1]["compression"] == 12
     assert "sp/ratio" in capsys.readouterr().out
 
@@ -360,3 +362,33 @@ def test_codec_rows_bad_k_raises_before_running(work):
     with pytest.raises(ValueError, match="k must be"):
         bench.run_codec_rows([8192], run=run, records=[], json_path=work / "c.json", ks=(3,))
     assert run.calls == []
+
+
+def _tag_block(m: int) -> int:
+    """Bytes of the 2-bit tag block of m values, padded to 8 bytes (docs/codec.md)."""
+    return 8 * -(-m // 32)
+
+
+@pytest.mark.parametrize("value, code_bytes", [(0.0, 0), (3.0, 4)])
+def test_codec_link_bound_by_hand(value, code_bytes):
+    """Every value tag 0 (zeros: tags only) or tag 3 (|g| >= 1: raw 32 bits), so every link carries
+    the same bytes and the bound is raw frames' wire bytes over compressed frames' wire bytes, with
+    the chunking worked out here: 371 raw / 349 compressed values a frame at MTU 1500."""
+    from wirereduce.protocol import wire_bytes
+
+    n = 1000
+    arrays = [np.full(n, value, np.float32), np.full(n, value if value == 0 else 1.0, np.float32)]
+    raw = sum(wire_bytes(16 + 4 * m) for m in (371, 371, 258))
+    comp = sum(wire_bytes(16 + _tag_block(m) + code_bytes * m) for m in (349, 349, 302))
+    assert bench.codec_link_bound(arrays, 8, 1500) == pytest.approx(raw / comp)
+
+
+def test_codec_link_bound_busiest_link():
+    """The bound is set by the link that compresses worst: one host's gradient of ones (tag 3)
+    against zeros elsewhere makes its push link carry raw-sized codes."""
+    from wirereduce.protocol import wire_bytes
+
+    n = 349
+    arrays = [np.zeros(n, np.float32), np.full(n, 2.0, np.float32)]
+    worst = wire_bytes(16 + _tag_block(n) + 4 * n)
+    assert bench.codec_link_bound(arrays, 8, 1500) == pytest.approx(wire_bytes(16 + 4 * n) / worst)

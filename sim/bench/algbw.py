@@ -56,7 +56,7 @@ __all__ = [
     "QUICK_SIZES", "ETH_CONFIGS", "ETH_SIZES", "ETH_QUICK_CONFIGS", "ETH_QUICK_SIZES", "run_eth_rows",
     "HOP_LATENCY_TARGET", "line_rate_gbps", "check_bench_width", "chunk_sizes", "frame_bound_gbps",
     "ring_bound_gbps", "ring_time_target", "bench_record", "make_gradients", "parse_size",
-    "format_size", "run_bench", "write_plot",
+    "format_size", "run_bench", "write_plot", "codec_link_bound",
 ]
 
 
@@ -593,6 +593,41 @@ CODEC_QUICK_SIZES: tuple[int, ...] = (256 * KiB,)
 CODEC_EFFICIENCY_TARGET = 0.9
 
 
+def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int) -> float:
+    """The speed-up over the uncompressed ring that the links alone allow a compressed ring (the
+    framing bound of ``speedup``): the busiest link's wire bytes uncompressed ÷ compressed.
+
+    Every chunk is one frame (``max_elements(mtu)`` raw, ``max_elements_compressed(mtu)``
+    compressed fp32 values; :func:`~wirereduce.protocol.wire_bytes` adds the header, Ethernet
+    header, FCS, preamble and inter-frame gap). The links are the ring's N−1 reduce hops and N−1
+    broadcast hops (:func:`wirereduce.sim.golden.codec.ring_payloads`), each host's pushes
+    (compressed: ``Q(x_r)``) and each host's results (the final sum). Divided by the compression
+    ratio it is the highest ``speedup_ratio`` any hardware could reach on these gradients.
+
+    Raises
+    ------
+    ValueError
+        Bad ``arrays``, ``k`` or ``mtu`` (the codec's and protocol's checks).
+    """
+    from wirereduce.sim.golden import codec as G
+
+    from wirereduce import codec
+
+    def link_bytes(vec: np.ndarray, per: int, compressed: bool) -> int:
+        total = 0
+        for i in range(0, vec.size, per):
+            part = vec[i:i + per]
+            total += wire_bytes(HEADER_BYTES + (codec.encoded_size(part, k) if compressed else 4 * part.size))
+        return total
+
+    raw_per, comp_per = max_elements(mtu), codec.max_elements_compressed(mtu)
+    hops = G.ring_payloads(arrays, k)
+    links = hops + list(arrays) + [hops[-1]]
+    raw = max(link_bytes(v, raw_per, False) for v in links)
+    comp = max(link_bytes(v, comp_per, True) for v in links)
+    return raw / comp
+
+
 def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], json_path: Path,
                    ks: Sequence[int] = CODEC_KS, config: BenchConfig = CODEC_CONFIG,
                    clock: float = CODEC_CLOCK_MHZ, link_gbps: float = CODEC_LINK_GBPS,
@@ -609,7 +644,9 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
     counted in uncompressed bytes. ``speedup`` = uncompressed time / compressed time;
     ``ratio`` = raw bytes / compressed bytes of every payload the ring carries (all reduce and
     broadcast hops, :func:`wirereduce.sim.codec.compression_ratio`); ``speedup_ratio`` =
-    speedup / ratio, target :data:`CODEC_EFFICIENCY_TARGET`. Records (``kind = "allreduce"``,
+    speedup / ratio, target :data:`CODEC_EFFICIENCY_TARGET`; ``link_bound_speedup`` =
+    :func:`codec_link_bound` (what the links alone allow) and ``link_bound_ratio`` = it / ratio, the
+    highest ``speedup_ratio`` any hardware could reach here. Records (``kind = "allreduce"``,
     ``compression`` = k or None) are appended to ``records`` and ``json_path`` is rewritten
     after every run.
 
@@ -637,9 +674,10 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
          f"{config.width}-bit core @ {clock:g} MHz behind {link_gbps:g}G links, MTU {config.mtu}, "
          f"{slots} slots (host window)\n"
          f"# real gradients (demo CNN, consecutive training steps); algbw in uncompressed bytes;\n"
-         f"# ratio = raw / compressed bytes the ring carries; target speedup/ratio ≥ {CODEC_EFFICIENCY_TARGET}\n#\n"
+         f"# ratio = raw / compressed bytes the ring carries; target speedup/ratio ≥ {CODEC_EFFICIENCY_TARGET}\n"
+         f"# link/ratio = the links' bound on the speed-up (busiest link, frames counted) / ratio\n#\n"
          f"# {'size':>10} {'k':>4} {'time':>10} {'algbw':>7} {'#wrong':>6} {'ratio':>6} {'speedup':>7} "
-         f"{'sp/ratio':>8}\n"
+         f"{'sp/ratio':>8} {'link/ratio':>10}\n"
          f"# {'(B)':>10} {'':>4} {'(us)':>10} {'(Gb/s)':>7}")
     out = []
     for size in sizes:
@@ -654,17 +692,19 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
             r["links"] = f"model {link_gbps:g}G, codec nodes"
             if k is None:
                 base = r
-                r.update(ratio=1.0, speedup=1.0, speedup_ratio=1.0)
+                r.update(ratio=1.0, speedup=1.0, speedup_ratio=1.0, link_bound_speedup=1.0, link_bound_ratio=1.0)
             else:
                 ratio = codec.compression_ratio(np.concatenate(G.ring_payloads(arrays, k)), k)
                 speedup = base["time_us"] / r["time_us"]
-                r.update(ratio=ratio, speedup=speedup, speedup_ratio=speedup / ratio)
+                link = codec_link_bound(arrays, k, config.mtu)
+                r.update(ratio=ratio, speedup=speedup, speedup_ratio=speedup / ratio,
+                         link_bound_speedup=link, link_bound_ratio=link / ratio)
             records.append(r)
             out.append(r)
             _write_json(json_path, records)
             kk = "none" if k is None else str(k)
             _out(f"  {size:>10} {kk:>4} {r['time_us']:>10.2f} {r['algbw_gbps']:>7.3f} {r['wrong']:>6} "
-                 f"{r['ratio']:>6.2f} {r['speedup']:>7.2f} {r['speedup_ratio']:>8.3f}")
+                 f"{r['ratio']:>6.2f} {r['speedup']:>7.2f} {r['speedup_ratio']:>8.3f} {r['link_bound_ratio']:>10.3f}")
             if not r["bitexact"]:
                 raise BenchError(f"compressed allreduce, k={k}, {size} B: not bit-exact: {r['wrong']} wrong "
                                  f"element(s); first: {r['first_wrong']} (records so far in {json_path})")
