@@ -501,6 +501,8 @@ def cmd_slot_model(args) -> int:
 
     if args.rounds < 1:
         raise CliError(f"--rounds must be at least 1, not {args.rounds}")
+    if args.window is not None and args.window < 1:
+        raise CliError(f"--window must be at least 1, not {args.window}")
     rows = slotmodel.MODEL_ROWS
     if args.topologies:
         rows = []
@@ -515,7 +517,7 @@ def cmd_slot_model(args) -> int:
     else:
         rows = tuple((t, a, args.rounds) for t, a, _ in rows)
     out = Path(args.out_dir) / "slot-model.json"
-    slotmodel.run_slot_model(rows, out=str(out))
+    slotmodel.run_slot_model(rows, out=str(out), window=args.window)
     print(f"# wrote {out}")
     return 0
 
@@ -1030,6 +1032,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topologies", nargs="+", default=None, metavar="TOPOLOGY/ALGORITHM",
                    help="rows to model, e.g. torus:4x4/multitree ring:8/biring (default: the benchmark's rows)")
     p.add_argument("--rounds", type=int, default=32, help="chunks per flow (default: 32)")
+    p.add_argument("--window", type=int, default=None,
+                   help="host window: chunks a host pushes ahead of its results (the engines' slots; "
+                        "default: unlimited)")
     p.add_argument("--out-dir", default="bench/results", help="where the JSON goes (default: bench/results)")
     p.set_defaults(func=cmd_slot_model)
 

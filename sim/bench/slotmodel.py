@@ -86,11 +86,17 @@ def link_frames_per_round(schedule: Schedule) -> dict[tuple[int, int], int]:
 
 
 def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_through: bool = True,
-               priority: str = "unit", lookahead: int | None = None, max_slots: int = 1_000_000) -> SlotResult:
+               priority: str = "unit", lookahead: int | None = None, window: int | None = None,
+               max_slots: int = 1_000_000) -> SlotResult:
     """Play ``rounds`` chunks of every flow of ``schedule`` through the model (module docstring).
 
     ``lookahead`` (with ``in_order=False``): a unit considers only its ``lookahead`` oldest chunks not
     yet summed (2 is what the engine builds); ``None``: all of them.
+
+    ``window`` (the host window, :class:`~wirereduce.host.engine.EngineSession`): a node's local
+    chunk g is there only once its host holds g − window + 1 results (push g waits for them, and the
+    engine's local buffer has as many slots); ``None``: always there. Results reach the host in the
+    slot they reach the node (no host-link time).
 
     Raises
     ------
@@ -100,6 +106,8 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
     """
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, not {rounds!r}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int or None, not {window!r}")
     if lookahead is not None and (not isinstance(lookahead, int) or lookahead < 1):
         raise ValueError(f"lookahead must be a positive int or None, not {lookahead!r}")
     look = 1 if in_order else lookahead
@@ -115,6 +123,7 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
     arrived: dict[tuple[int, int, int], int] = {}   # (node, g, in port) -> slot the partial sum started
     bq: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)   # (node, in port) -> [(g, slot)]
     results = 0
+    got = [0] * schedule.nodes   # results each node holds (the window)
     want = schedule.nodes * F * rounds
     bound = max(link_frames_per_round(schedule).values()) * rounds
     unit_rank, bcast_rank = (0, 1) if priority == "unit" else (1, 0)
@@ -138,6 +147,8 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
                     continue
                 u = key[0]
                 for g in (gs if look is None else gs[:look]):
+                    if window is not None and g >= got[u] + window:
+                        break   # not pushed yet (the window); later chunks are not either
                     e = entry[(u, g % F)]
                     if all((u, g, c.port) in arrived and ready(arrived[(u, g, c.port)]) for c in e.children):
                         ports = [e.parent.port] if e.parent else [p.port for p in e.forward]
@@ -164,11 +175,13 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
                         arrived[(v, g, q)] = t
                         continue
                     results += 1   # the root holds the result
+                    got[u] += 1
                 else:
                     bq[key].pop(0)
                 for p in ports:
                     v, q = topo.links[u][p]
                     results += 1
+                    got[v] += 1
                     if entry[(v, g % F)].forward:
                         bq[(v, q)].append((g, t))
             if not cut_through:
@@ -183,12 +196,14 @@ MODEL_ROWS = (("ring:4", "biring", 32), ("ring:8", "biring", 32), ("torus:4x4", 
               ("mesh:3x3", "multitree", 32), ("mesh:3x3", "multitree-balanced", 32))
 
 
-def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.json") -> list[dict]:
+def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.json",
+                   window: int | None = None) -> list[dict]:
     """Every (row, ordering rule, cut-through, priority): print a table, write JSON records to ``out``.
 
     Each record: ``topology``, ``algorithm``, ``rounds``, ``in_order``, ``cut_through``, ``priority``,
     ``slots``, ``bound_slots``, ``of_bound`` and ``vs_ring`` (chunks per slot ÷ the NTT ring's one chunk
-    per slot: the algbw ratio against the ring on the same nodes, with 50G hosts).
+    per slot: the algbw ratio against the ring on the same nodes, with 50G hosts), and ``window``
+    (the host window of every run, :func:`slot_model`; None: unlimited).
     """
     import json
     from itertools import product
@@ -202,12 +217,12 @@ def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.
     for topo, alg, k in rows:
         s = sched.build(topo, alg)
         for (in_order, look), ct, prio in product(((True, 1), (False, 2), (False, None)), (True, False), PRIORITIES):
-            r = slot_model(s, k, in_order=in_order, cut_through=ct, priority=prio, lookahead=look)
+            r = slot_model(s, k, in_order=in_order, cut_through=ct, priority=prio, lookahead=look, window=window)
             chunks = k * len(s.flows)
             rec = {"kind": "slot-model", "topology": s.topology.name, "algorithm": alg, "rounds": k,
                    "flows": len(s.flows), "in_order": in_order, "lookahead": look, "cut_through": ct, "priority": prio,
                    "slots": r.slots, "bound_slots": r.bound_slots, "of_bound": r.of_bound,
-                   "vs_ring": chunks / r.slots}
+                   "vs_ring": chunks / r.slots, "window": window}
             recs.append(rec)
             units = "in order" if in_order else ("lookahead 2" if look == 2 else "out of order")
             print(f"{s.topology.name:>12} {alg:>18} {units:>12} "
