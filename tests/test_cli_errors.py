@@ -281,6 +281,7 @@ def test_bench_formats_bad_arguments(work, capsys, argv, needle):
 
 @pytest.mark.parametrize("argv,needles", [
     (["--lookahead", "7"], ["lookahead", "1 to 4"]),
+    (["--slots", "24"], ["--slots", "power of two"]),
     (["--topologies", "torus:4x4/multitree,trees"], ["'trees'", "multitree-balanced"]),
     (["--topologies", "torus:4"], ["torus"]),
     (["--host-link-gbps", "0"], ["host-link-gbps"]),

@@ -463,11 +463,12 @@ def cmd_bench_schedules(args) -> int:
         raise CliError("--host-link-gbps values must be positive")
     name = args.name or ("bench-schedules-quick" if args.quick else "bench-schedules")
     try:
-        EngineConfig(64, 1500, ports=2, lookahead=args.lookahead, priority=args.priority)
+        EngineConfig(64, 1500, slots=args.slots, ports=2, lookahead=args.lookahead, priority=args.priority)
     except ValueError as e:
-        raise CliError(str(e)) from e
+        raise CliError(f"--slots/--lookahead/--priority: {e}") from e
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
-                                        build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority)
+                                        build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority,
+                                        slots=args.slots)
     print(f"# wrote {Path(args.out_dir) / (name + '.json')} and {name}.png")
     return 0 if all(r["bitexact"] for r in recs) else 1
 
@@ -996,6 +997,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", default="build/fastengine", help="where builds go (default: build/fastengine)")
     p.add_argument("--lookahead", type=int, default=2,
                    help="summation units' lookahead D, 1-4 (default: 2; EngineConfig.lookahead)")
+    p.add_argument("--slots", type=int, default=16,
+                   help="chunk slots of every engine buffer, a power of two, = the host window (default: 16; "
+                        "EngineConfig.slots; the torus's 16 flows want 32, docs/architecture.md)")
     p.add_argument("--priority", choices=("auto", "broadcast", "unit"), default="auto",
                    help="allocator priority: broadcasts or partial sums first (default: auto, partial sums first on "
                         "rings (P = 2), broadcasts first above)")

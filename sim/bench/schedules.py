@@ -70,18 +70,19 @@ def lower_bound_gbps(schedule, elements: int, cfg: EngineConfig, link_gbps: floa
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
-                       lookahead: int = 2, priority: str = "auto") -> list[dict]:
+                       lookahead: int = 2, priority: str = "auto", slots: int = 16) -> list[dict]:
     """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
 
-    ``lookahead`` and ``priority`` are the engines' :class:`~wirereduce.config.EngineConfig` fields
-    (summation units' lookahead D, allocator priority); every record carries them.
+    ``lookahead``, ``priority`` and ``slots`` are the engines' :class:`~wirereduce.config.EngineConfig`
+    fields (summation units' lookahead D, allocator priority, buffer slots = the host window); every
+    record carries them.
 
     Raises
     ------
     ValueError
-        A bad ``lookahead`` or ``priority`` (before anything is built).
+        A bad ``lookahead``, ``priority`` or ``slots`` (before anything is built).
     """
-    EngineConfig(64, 1500, ports=2, lookahead=lookahead, priority=priority)   # raises before any build
+    EngineConfig(64, 1500, slots=slots, ports=2, lookahead=lookahead, priority=priority)   # raises before any build
     from wirereduce.sim.cluster.schednet import engine_rates
     from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
@@ -100,7 +101,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     print(f"{topo:>12} {alg:>9} skipped: {e}", flush=True)
                     continue
                 flows = len(s.flows)
-                cfg = EngineConfig(64, 1500, slots=16, ports=s.topology.degree,
+                cfg = EngineConfig(64, 1500, slots=slots, ports=s.topology.degree,
                                    max_flows=max(8, 1 << (flows - 1).bit_length()), lookahead=lookahead,
                                    priority=priority, formats=("fp32",))
                 sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root)
@@ -121,7 +122,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     one_port_us = 2 * (s.nodes - 1) / s.nodes * wire * 8 / (link_gbps * 1e3)
                     rec = {
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
-                        "ports": cfg.ports, "lookahead": lookahead, "priority": cfg.priority,
+                        "ports": cfg.ports, "lookahead": lookahead, "priority": cfg.priority, "slots": cfg.slots,
                         "formats": list(cfg.formats), "flows": flows, "bytes": size,
                         "elements": elements, "chunks": r.chunks,
                         "host_link_gbps": host, "link_gbps": link_gbps, "clock_mhz": mhz, "cycles": r.cycles,
