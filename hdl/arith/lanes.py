@@ -134,6 +134,12 @@ class ReduceLanes(wiring.Component):
                 v = nxt
             return v
 
+        def decided(flags, name):
+            """Registers of the MAX/MIN decisions ``flags`` (one stage before the select)."""
+            regs = [Signal(name=f"{name}_{k}") for k in range(len(flags))]
+            m.d.sync += [r.eq(v) for r, v in zip(regs, flags)]
+            return regs
+
         adders, words = [], []
         for j in range(self.lanes):
             word = slice(32 * j, 32 * j + 32)
@@ -142,12 +148,6 @@ class ReduceLanes(wiring.Component):
             # the operands, then the selected format's result.
             a_q, b_q = Signal(32, name=f"cmp_a{j}"), Signal(32, name=f"cmp_b{j}")
             m.d.sync += [a_q.eq(a), b_q.eq(b)]
-
-            def decided(flags, name):
-                regs = [Signal(name=f"{name}_{k}") for k in range(len(flags))]
-                m.d.sync += [r.eq(v) for r, v in zip(regs, flags)]
-                return regs
-
             sums, cmps = {}, {}   # per format: its SUM (latency L), its MAX/MIN (after one register)
             for f in built:
                 elements = [slice(f.bits * h, f.bits * (h + 1)) for h in range(f.per_word)]

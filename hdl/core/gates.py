@@ -70,18 +70,19 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     codec_bad = (h.codec != run.codec) | (h.eb_k != run.eb_k)
     if not codec_built:
         codec_bad = codec_bad | (h.codec != Codec.NONE)
+    # The checks in order (docs/protocol.md "Drop rules"): the first that fails names the counter.
+    reasons = [
+        ("drop_short", gate.head_short),
+        ("drop_version", h.version != VERSION),
+        ("drop_opcode", ~opcode_ok),
+        ("drop_collective", ~run.active | (h.collective != run.collective)),
+        ("drop_flags", (h.flags & (~int(flags_allowed) & 0xFF)) != 0),
+        ("drop_dtype", h.dtype != run.dtype),
+        ("drop_codec", codec_bad),
+        ("drop_seq", (h.seq != expect_seq) | (h.seq >= run.chunks)),
+        ("drop_count", Mux(lost, h.count != 0, count_bad)),
+    ]
     if apply is not None:
-        reasons = [
-            ("drop_short", gate.head_short),
-            ("drop_version", h.version != VERSION),
-            ("drop_opcode", ~opcode_ok),
-            ("drop_collective", ~run.active | (h.collective != run.collective)),
-            ("drop_flags", (h.flags & (~int(flags_allowed) & 0xFF)) != 0),
-            ("drop_dtype", h.dtype != run.dtype),
-            ("drop_codec", codec_bad),
-            ("drop_seq", (h.seq != expect_seq) | (h.seq >= run.chunks)),
-            ("drop_count", Mux(lost, h.count != 0, count_bad)),
-        ]
         # Each check's outcome is registered as it is (no priority chain in front of the registers);
         # the verdict is then a flat OR of registers and the first failing check (for the counters)
         # is worked out from them.
@@ -102,24 +103,9 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
             m.d.comb += events.flag(flag).eq(on & hit)
         return gate.o.valid & gate.o.ready & gate.o.payload.first
     with m.If(gate.head_valid):
-        with m.If(gate.head_short):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_short").eq(1)]
-        with m.Elif(h.version != VERSION):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_version").eq(1)]
-        with m.Elif(~opcode_ok):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_opcode").eq(1)]
-        with m.Elif(~run.active | (h.collective != run.collective)):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_collective").eq(1)]
-        with m.Elif((h.flags & (~int(flags_allowed) & 0xFF)) != 0):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_flags").eq(1)]
-        with m.Elif(h.dtype != run.dtype):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_dtype").eq(1)]
-        with m.Elif(codec_bad):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_codec").eq(1)]
-        with m.Elif((h.seq != expect_seq) | (h.seq >= run.chunks)):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_seq").eq(1)]
-        with m.Elif(Mux(lost, h.count != 0, count_bad)):
-            m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag("drop_count").eq(1)]
+        for k, (flag, cond) in enumerate(reasons):
+            with (m.Elif if k else m.If)(cond):
+                m.d.comb += [gate.drop.eq(1), gate.drop_track.eq(1), events.flag(flag).eq(1)]
         with m.Elif(~wait):
             m.d.comb += gate.accept.eq(1)
     return gate.o.valid & gate.o.ready & gate.o.payload.first

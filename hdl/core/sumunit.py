@@ -31,6 +31,9 @@ it is applied).
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -45,13 +48,6 @@ from wirereduce.protocol import HEADER_BYTES
 from wirereduce.table import LOCAL, MAX_TERMS, NONE
 
 __all__ = ["SumUnit", "queue_head_layout"]
-
-
-def _or(*values):
-    out = values[0]
-    for v in values[1:]:
-        out = out | v
-    return out
 
 HEADER_WORDS = HEADER_BYTES // 4
 
@@ -187,8 +183,10 @@ class SumUnit(wiring.Component):
         depth = Signal(range(T), name="depth")
         chain_empty = Signal()
 
-        def candidate(g, ent, loaded, name):
-            """Whether chunk g (entry ``ent``) can start now, its counts agree, and what it starts with."""
+        def candidate(idx, g, ent, loaded):
+            """Whether chunk g (entry ``ent``) of candidate ``idx`` can start now, its counts agree, and
+            what it starts with."""
+            name = f"c{idx}"
             codes = [ent[3 + 3 * i:6 + 3 * i] for i in range(MAX_TERMS)]
             fits = Const(1, 1)
             for i in range(T, MAX_TERMS):
@@ -203,7 +201,6 @@ class SumUnit(wiring.Component):
             # term that is in stays in (a slot that holds its chunk is freed by this unit alone, after
             # summing it) and, once every term is in, the counts are fixed (written with each frame's
             # first beat): the unit takes a chunk a cycle later than it could, never a wrong one.
-            idx = int(name[1:])
             fresh = Signal(name=f"{name}_fresh")
             slot_ok = Signal(name=f"{name}_local_in")
             below = Signal(name=f"{name}_below_chunks")
@@ -239,13 +236,13 @@ class SumUnit(wiring.Component):
             # number of terms joins only once the chain is empty.
             rdy = Signal(name=f"{name}_ready")
             m.d.comb += rdy.eq(ready & ((new_depth == depth) | chain_empty))
-            good_q = Signal(name=f"{name}_count_ok")
-            m.d.comb += good_q.eq(count_ok)
-            return rdy, good_q, (codes, slot, qslot, count, new_depth, ent)
+            good = Signal(name=f"{name}_count_ok")
+            m.d.comb += good.eq(count_ok)
+            return rdy, good, (codes, slot, qslot, count, new_depth, ent)
 
         # changed[k]: candidate k's chunk, entry or state changes at this clock edge (set below).
         changed = Signal(D, name="changed")
-        cands = [candidate(cand_g[k], cand_ent[k], ld[k], f"c{k}") for k in range(D)]
+        cands = [candidate(k, cand_g[k], cand_ent[k], ld[k]) for k in range(D)]
 
         # --- streaming state -----------------------------------------------------------------------
         streaming = Signal()
@@ -410,7 +407,7 @@ class SumUnit(wiring.Component):
         for i in range(T):
             val = Signal(w, name=f"opnd{i}")
             srcs = [(s1_local[i], rd.data)] + [(s1_port[i][p], b.rd_data) for p, b in enumerate(bufs)]
-            m.d.comb += val.eq(_or(*(Mux(on, d, 0) for on, d in srcs)))
+            m.d.comb += val.eq(reduce(operator.or_, (Mux(on, d, 0) for on, d in srcs)))
             terms.append(val)
 
         def delay(sig, n, name):
