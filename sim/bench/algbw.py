@@ -593,7 +593,7 @@ CODEC_QUICK_SIZES: tuple[int, ...] = (256 * KiB,)
 CODEC_EFFICIENCY_TARGET = 0.9
 
 
-def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int) -> float:
+def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int, hops: list[np.ndarray] | None = None) -> float:
     """The speed-up over the uncompressed ring that the links alone allow a compressed ring (the
     framing bound of ``speedup``): the busiest link's wire bytes uncompressed ÷ compressed.
 
@@ -603,6 +603,7 @@ def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int) -> float:
     broadcast hops (:func:`wirereduce.sim.golden.codec.ring_payloads`), each host's pushes
     (compressed: ``Q(x_r)``) and each host's results (the final sum). Divided by the compression
     ratio it is the highest ``speedup_ratio`` any hardware could reach on these gradients.
+    ``hops``: ``ring_payloads(arrays, k)`` when the caller has it already.
 
     Raises
     ------
@@ -621,8 +622,9 @@ def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int) -> float:
         return total
 
     raw_per, comp_per = max_elements(mtu), codec.max_elements_compressed(mtu)
-    hops = G.ring_payloads(arrays, k)
-    links = hops + list(arrays) + [hops[-1]]
+    if hops is None:
+        hops = G.ring_payloads(arrays, k)
+    links = list(hops) + list(arrays) + [hops[-1]]
     raw = max(link_bytes(v, raw_per, False) for v in links)
     comp = max(link_bytes(v, comp_per, True) for v in links)
     return raw / comp
@@ -694,9 +696,10 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
                 base = r
                 r.update(ratio=1.0, speedup=1.0, speedup_ratio=1.0, link_bound_speedup=1.0, link_bound_ratio=1.0)
             else:
-                ratio = codec.compression_ratio(np.concatenate(G.ring_payloads(arrays, k)), k)
+                hops = G.ring_payloads(arrays, k)
+                ratio = codec.compression_ratio(np.concatenate(hops), k)
                 speedup = base["time_us"] / r["time_us"]
-                link = codec_link_bound(arrays, k, config.mtu)
+                link = codec_link_bound(arrays, k, config.mtu, hops)
                 r.update(ratio=ratio, speedup=speedup, speedup_ratio=speedup / ratio,
                          link_bound_speedup=link, link_bound_ratio=link / ratio)
             records.append(r)
