@@ -117,6 +117,16 @@ def test_logic_levels_hand_netlist():
     assert r["path"][0] == "q0" and r["path"][-1] == "q1"
     assert [p.split()[0] for p in r["path"][1:-1]] == ["LUT2", "CARRY4", "LUT3", "LUT1"]
     assert r["cell_path"][1:-1] == r["path"][1:-1]
+    assert "over" not in r
+
+    # Every endpoint deeper than ``over``, one row per (start, end) signal, deepest first.
+    net["modules"]["top"]["ports"] = {"o": {"direction": "output", "bits": [13]}}
+    rows = logic_levels(net, "top", over=0)["over"]
+    assert rows == [{"levels": 3, "from": "q0", "to": "RAM64X1D ram.D"}, {"levels": 3, "from": "q0", "to": "q1"},
+                    {"levels": 2, "from": "q1", "to": "o"}, {"levels": 1, "from": "q0", "to": "bit 10"}]
+    assert logic_levels(net, "top", over=2)["over"] == rows[:2]
+    assert logic_levels(net, "top", over=0, limit=1)["over"] == rows[:1]
+    assert logic_levels(net, "top", over=3)["over"] == []
 
 
 def test_logic_levels_errors():

@@ -50,6 +50,11 @@ class ChunkBuffer(wiring.Component):
         Q, a power of two: frames of chunk g go to slot g mod Q.
     max_beats : int
         Beats of the longest frame (a slot's size).
+    checked : bool
+        The writer checks the slot itself (the schedule engine's network gates: the head frame
+        waits until a registered ``r.valid`` of its slot reads free, so the gate's ``ready`` does
+        not go through this slot select): ``i.ready`` is then always high, and ``collisions`` still
+        pulses if a first beat ever found its slot taken.
 
     Attributes
     ----------
@@ -61,10 +66,11 @@ class ChunkBuffer(wiring.Component):
         Pulses when a first beat finds its slot taken (it waits).
     """
 
-    def __init__(self, width: int, slots: int, max_beats: int):
+    def __init__(self, width: int, slots: int, max_beats: int, checked: bool = False):
         if slots < 1 or slots & (slots - 1):
             raise ValueError(f"slots must be a power of two, not {slots}")
         self._w, self._q, self._mb = width, slots, max_beats
+        self._checked = bool(checked)
         super().__init__({
             "i": In(stream.Signature(tagged_layout(width))), "i_seq": In(32), "i_flow": In(8), "i_count": In(16),
             "r": In(reader_signature(width, slots, max_beats)), "collisions": Out(1),
@@ -94,7 +100,12 @@ class ChunkBuffer(wiring.Component):
         with m.Else():
             m.d.comb += slot.eq(wslot)
         taken = (valid >> new_slot)[0]   # only a first beat can find its slot taken
-        m.d.comb += self.i.ready.eq(~self.i.payload.first | ~taken)
+        if self._checked:
+            # The writer offers a first beat only once it has seen the slot free (``r.valid``, a cycle
+            # before: only its own first beats fill a slot): ready never depends on the slot (timing).
+            m.d.comb += self.i.ready.eq(1)
+        else:
+            m.d.comb += self.i.ready.eq(~self.i.payload.first | ~taken)
         m.d.comb += self.collisions.eq(self.i.valid & self.i.payload.first & taken)
         fill_arr = Array(filled[k] for k in range(Q))
         beat = fill_arr[slot]

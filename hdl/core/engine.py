@@ -309,14 +309,24 @@ class Engine(wiring.Component):
                 m.d.comb += events.flag("broadcast_frames").eq(~is_red)
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
             targets = [(bq, sel[0])]
+            # Whether the head frame's slot is taken in each unit's reduce buffer, registered (timing:
+            # the buffers take a first beat without looking, ``checked``). Only this gate's own first
+            # beats fill a slot, and the head changes only when it leaves, so for the same head the
+            # registered value can only be stale the safe way (a slot freed a cycle ago still reads
+            # taken); the head waits while its route's slot is taken, which the window rule makes
+            # impossible in any case (docs/architecture.md "Why the engine cannot deadlock").
+            qbits = (2 * S - 1).bit_length()
+            slot_taken = Signal(1 + nunits, name=f"gate{p}_slot_taken")
             for u, unit in enumerate(units):
                 ub = getattr(unit, f"b{p}")
                 if u == p:   # a unit never sums what arrives on its own parent port
                     m.d.comb += [ub.valid.eq(0), ub.done.eq(0)]
                     continue
-                rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB))
+                rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB, checked=True))
                 targets.append((rq, sel[1 + u]))
                 wiring.connect(m, ub, rq.r)
+                m.d.sync += slot_taken[1 + u].eq((rq.r.valid >> h.seq[:qbits])[0])
+            slot_wait = (slot_taken & route).any()
             ready = Const(0, 1)
             for q, on in targets:
                 m.d.comb += [
@@ -334,7 +344,7 @@ class Engine(wiring.Component):
             # unit check, on the looked-up entry, is registered with it.
             count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
-                         h.seq, count_bad, ~looked, opcode=Opcode.REDUCE, flags_allowed=0,
+                         h.seq, count_bad, ~looked | slot_wait, opcode=Opcode.REDUCE, flags_allowed=0,
                          codec_built=False, lost_ok=0, lost_wait=0,
                          apply=looked, late_count_bad=unit_bad)
 
@@ -549,7 +559,11 @@ class Engine(wiring.Component):
                             ]
         with m.Else():
             push_slot = hh.seq[:slot_bits] if slot_bits else Const(0, 1)
-            push_busy = (slot_valid >> push_slot)[0]
+            # Registered (timing), applied with the verdict (``host_seen``: the same head as the cycle
+            # before, and the gate in START then, so no push filled a slot in between; a slot released
+            # in between still reads busy for a cycle, the safe way).
+            push_busy = Signal()
+            m.d.sync += push_busy.eq((slot_valid >> push_slot)[0])
             count_bad = (hh.count == 0) | (hh.count > cfg.max_elements) | (hh.hop != push_flow)
             check_header(m, host_gate, run, events, hh.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
                          opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0,
@@ -559,7 +573,15 @@ class Engine(wiring.Component):
         # every unit's copy of the local buffer.
         words = w // 64
         word = Signal(range(max(words, 2)))
-        hb_sched = hb.hdr.opcode == Opcode.SCHEDULE
+        # The host gate accepts SCHEDULE (above) and HOST_PUSH (check_header) frames only, each with
+        # ``host_seen``, so a first beat's kind is the registered ``is_sched``; the later beats' is
+        # registered as the first leaves (timing: no compare on the gate's header mux).
+        sched_q = Signal()
+        with m.If(host_gate.o.valid & host_gate.o.ready & hb.first):
+            m.d.sync += sched_q.eq(is_sched)
+        hb_sched = Signal()
+        hb_push = Signal()
+        m.d.comb += [hb_sched.eq(Mux(hb.first, is_sched, sched_q)), hb_push.eq(~hb_sched)]
         widx = Signal(24)
         m.d.comb += widx.eq(hb.index * words + word)
         wdata = Array(hb.data[64 * k:64 * k + 64] for k in range(words))[word] if words > 1 else hb.data
@@ -595,7 +617,7 @@ class Engine(wiring.Component):
             m.d.comb += status.trigger.eq(1)
             m.d.sync += [sched_streaming.eq(0), table_ok.eq(~hb.bad)]
 
-        is_push = host_gate.o.valid & host_gate.o.ready & (hb.hdr.opcode == Opcode.HOST_PUSH)
+        is_push = host_gate.o.valid & host_gate.o.ready & hb_push
         pslot = hb.hdr.seq[:slot_bits] if slot_bits else Const(0, 1)
         addr = Cat(hb.index[:beat_bits], pslot) if slot_bits else hb.index[:beat_bits]
         for unit in units:

@@ -128,7 +128,8 @@ class FrameGate(wiring.Component):
 
     **Length check** (``check_length=True``; docs/protocol.md "Drop rules"). With ``accept`` the
     parent gives ``expect_bytes``, the length in bytes the header says the frame has (16 + 4·count
-    for a data frame). The frame passes cut-through, and the gate compares as the beats leave:
+    for a data frame; at least the 16 header bytes). The frame passes cut-through, and the gate
+    compares as the beats leave:
 
     - a frame that ends short of ``expect_bytes``, or whose last beat's ``keep`` is not exactly
       the expected bytes, leaves with ``bad`` on its last beat, and ``length_error`` pulses;
@@ -137,6 +138,11 @@ class FrameGate(wiring.Component):
       the rest is dropped; when it ends, ``oversize`` pulses if it was longer than ``max_bytes``
       (the MTU), else ``length_error``. No beat past ``expect_bytes`` ever leaves, so a frame can
       never be written past its buffer slot.
+
+    Whether the beat leaving is the expected last one is decided a beat ahead, into a register (the
+    index compare is off the output's path; docs/architecture.md "Timing budgets"). The first beat
+    can only be the expected last where one beat holds a whole header (≥ 128 bit); at 64 bit the
+    header's 16 bytes take two.
 
     ``mark_bad`` (sampled with ``accept``) marks the frame's last beat ``bad`` with no count (a
     LOST placeholder arriving from the ring).
@@ -269,8 +275,11 @@ class FrameGate(wiring.Component):
         # Length check: the expected last beat and its keep, from expect_bytes (given with accept).
         shift = (nb - 1).bit_length()
         full_keep = (1 << nb) - 1
-        exp_last, exp_keep, exp_mark = Signal(16), Signal(nb), Signal()
-        cur_last, cur_keep = Signal(16), Signal(nb)
+        # exp_prev: the index of the beat before the expected last one; at_end_q: the beat now
+        # leaving (in PASS) is the expected last one, decided as the beat before it left.
+        exp_prev, exp_keep, exp_mark = Signal(16), Signal(nb), Signal()
+        at_end_q = Signal()
+        cur_at_end, cur_keep = Signal(), Signal(nb)
         accept_last = Signal(16)
         accept_keep = Signal(nb)
         eb = self.expect_bytes
@@ -278,7 +287,9 @@ class FrameGate(wiring.Component):
         tail = Signal(range(nb + 1))
         m.d.comb += tail.eq(eb - (accept_last << shift))
         m.d.comb += accept_keep.eq(Cat(*(tail > k for k in range(nb))))
-        cur_idx = Signal(16)
+        # The first beat is the expected last one only if one beat holds the whole header
+        # (expect_bytes ≥ HEADER_BYTES, so at 64 bit the last beat is at least the second).
+        first_at_end = (accept_last == 0) if hb == 1 else Const(0)
         # Placeholder state.
         track = Signal()
         lost_hdr = Signal(hlay)
@@ -291,8 +302,7 @@ class FrameGate(wiring.Component):
             """Return (cut, err): cut this frame after the beat now leaving; mark it bad (length)."""
             if not self._check_length:
                 return None
-            idx = cur_idx
-            at_end = idx == cur_last
+            at_end = cur_at_end
             last_ok = at_end & (out_beat.keep == cur_keep)
             cut = ~out_beat.last & (at_end | (out_beat.keep != full_keep))
             err = out_beat.last & ~last_ok
@@ -309,7 +319,7 @@ class FrameGate(wiring.Component):
                     self.head_valid.eq(hdrs.r_rdy & beats.r_rdy),
                     o.first.eq(1), o.hdr.eq(head),
                     self.o.valid.eq(hdrs.r_rdy & beats.r_rdy & self.accept),
-                    cur_idx.eq(0), cur_last.eq(accept_last), cur_keep.eq(accept_keep),
+                    cur_at_end.eq(first_at_end), cur_keep.eq(accept_keep),
                 ]
                 chk = beat_check()
                 if chk is not None:
@@ -322,7 +332,8 @@ class FrameGate(wiring.Component):
                     m.d.comb += o.bad.eq(1)
                 with m.If(self.o.valid & self.o.ready):
                     m.d.comb += [beats.r_en.eq(1), hdrs.r_en.eq(1)]
-                    m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_last.eq(accept_last),
+                    m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
+                                 at_end_q.eq(accept_last == 1),
                                  exp_keep.eq(accept_keep), exp_mark.eq(self.mark_bad)]
                     if chk is not None:
                         with m.If(cut):
@@ -345,7 +356,7 @@ class FrameGate(wiring.Component):
             with m.State("PASS"):
                 m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr),
                              self.o.valid.eq(beats.r_rdy),
-                             cur_idx.eq(out_idx), cur_last.eq(exp_last), cur_keep.eq(exp_keep)]
+                             cur_at_end.eq(at_end_q), cur_keep.eq(exp_keep)]
                 chk = beat_check()
                 if chk is not None:
                     cut, err = chk
@@ -357,7 +368,7 @@ class FrameGate(wiring.Component):
                     m.d.comb += o.bad.eq(1)
                 with m.If(self.o.valid & self.o.ready):
                     m.d.comb += beats.r_en.eq(1)
-                    m.d.sync += out_idx.eq(out_idx + 1)
+                    m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
                     if chk is not None:
                         with m.If(cut):
                             m.d.sync += trunc_beats.eq(out_idx + 1)

@@ -68,6 +68,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -192,6 +193,11 @@ def format_over_budget(over: list[dict]) -> str:
     for r in over:
         lines.append(f"  {r['block']}: {r['levels']} levels > budget {_budget_of(r)} at {r['clock_mhz']:.2f} MHz "
                      f"({r['family']})")
+        paths = r.get("paths_over_budget") or []
+        for p in paths[:12]:
+            lines.append(f"      {p['levels']:3d}  {p['from']}  ->  {p['to']}")
+        if len(paths) > 12:
+            lines.append(f"      ... {len(paths) - 12} more in the JSON's paths_over_budget")
     return "\n".join(lines)
 
 
@@ -434,7 +440,7 @@ def _arcs(ctype: str, conns: dict, dirs: dict):
     return None  # FD*, LD*, RAMB*, DSP48*, URAM*, and anything unknown: sequential endpoint
 
 
-def logic_levels(netlist: dict, top: str) -> dict:
+def logic_levels(netlist: dict, top: str, over: int | None = None, limit: int = 40) -> dict:
     """Longest combinational paths of a synthesised, flattened Yosys JSON netlist (``write_json``).
 
     Returns ``{"levels": n, "cells": n, "path": [...], "cell_path": [...]}``: the longest path in LUT levels
@@ -442,6 +448,11 @@ def logic_levels(netlist: dict, top: str) -> dict:
     each as a list: the start net (a register output or input port, ``"name[bit]"``), the cells on the path as
     ``"TYPE name"``, and the end (the register it loads, or the net). A path starts
     at a register, RAM/DSP output or input port and ends at a register/RAM/DSP input or output port.
+
+    With ``over`` (LUT levels), also ``"over": [{"levels", "from", "to"}, ...]``: every endpoint (a register,
+    a RAM/DSP input, an output port) whose longest path has more than ``over`` levels, one entry per pair of
+    start and end signal (bit indices dropped), deepest first, at most ``limit`` of them: the list of paths
+    to pipeline, where ``path`` shows only the first.
 
     Raises
     ------
@@ -518,11 +529,57 @@ def logic_levels(netlist: dict, top: str) -> dict:
         return path[::-1]
 
     if not indeg:
-        return {"levels": 0, "cells": 0, "path": [], "cell_path": []}
+        return {"levels": 0, "cells": 0, "path": [], "cell_path": []} | ({"over": []} if over is not None else {})
     end_l = max(best_l, key=best_l.get)
     end_c = max(best_c, key=best_c.get)
-    return {"levels": best_l[end_l], "cells": best_c[end_c], "path": trace(end_l, via_l),
-            "cell_path": trace(end_c, via_c)}
+    out = {"levels": best_l[end_l], "cells": best_c[end_c], "path": trace(end_l, via_l),
+           "cell_path": trace(end_c, via_c)}
+    if over is not None:
+        out["over"] = _paths_over(mod, best_l, via_l, d_to_q, name, over, limit)
+    return out
+
+
+def _stem(net: str) -> str:
+    """A signal's name without its bit index: ``"gate.out_idx[3]"`` → ``"gate.out_idx"``."""
+    return re.sub(r"\[\d+\]$", "", net)
+
+
+def _paths_over(mod, best_l, via_l, d_to_q, name, over, limit):
+    """Endpoints deeper than ``over`` LUT levels, grouped by (start signal, end signal); see :func:`logic_levels`."""
+    ends: dict = {}  # endpoint bit -> the names of what it loads
+    for cname, cell in mod.get("cells", {}).items():
+        # A cell's inputs that start none of its combinational arcs load it (a LUT RAM's write data too).
+        arcs = _arcs(cell["type"], cell.get("connections", {}), cell.get("port_directions", {})) or []
+        through = {b for srcs, _, _, _ in arcs for b in srcs if isinstance(b, int)}
+        dirs = cell.get("port_directions", {})
+        for port, bits in cell.get("connections", {}).items():
+            if dirs.get(port) != "input":
+                continue
+            for b in bits:
+                if isinstance(b, int) and b not in through and best_l.get(b, 0) > over:
+                    q = cell.get("connections", {}).get("Q", [])
+                    if cell["type"].startswith("FD") and q and isinstance(q[0], int):
+                        # D, CE, R/S: the register it loads, by its output's name (the port named)
+                        tag = "" if port == "D" else f" ({port})"
+                        ends.setdefault(b, set()).add(_stem(name(q[0])) + tag)
+                    else:
+                        ends.setdefault(b, set()).add(f"{cell['type']} {cname}.{port}")
+    for pname, port in mod.get("ports", {}).items():
+        if port.get("direction") == "output":
+            for b in port.get("bits", []):
+                if isinstance(b, int) and best_l.get(b, 0) > over:
+                    ends.setdefault(b, set()).add(pname)
+    groups: dict = {}
+    for b, loads in ends.items():
+        start = b
+        while start in via_l:
+            start = via_l[start][0]
+        for to in loads:
+            key = (_stem(name(start)), to)
+            groups[key] = max(groups.get(key, 0), best_l[b])
+    rows = [{"levels": lv, "from": k[0], "to": k[1]} for k, lv in groups.items()]
+    rows.sort(key=lambda r: (-r["levels"], r["from"], r["to"]))
+    return rows[:limit]
 
 
 # --- running yosys ---------------------------------------------------------------------------------------------------
@@ -626,7 +683,8 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
     t_yosys = time.perf_counter() - t0 - t_conv
     cells = parse_stat((work / "stat.json").read_text(), top=block.name)
     netlist_path = work / "netlist.json"
-    lv = logic_levels(json.loads(netlist_path.read_text()), block.name)
+    lv = logic_levels(json.loads(netlist_path.read_text()), block.name,
+                      over=budget_levels(family, block.clock_mhz))
     if not keep_netlist:
         os.remove(netlist_path)
     res = summarize_cells(cells)
@@ -635,6 +693,8 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
         **res, "levels": lv["levels"], **budget_fields(family, block.clock_mhz, lv["levels"]),
         "cells_on_path": lv["cells"],
         "levels_path": lv["path"], "cells_path": lv["cell_path"],
+        # Every (start, end) signal pair deeper than the budget, deepest first: what to pipeline.
+        "paths_over_budget": lv["over"],
         "cells_by_type": cells, "capacity": dev.capacity(),
         "pct": {k: round(100 * res[k] / dev.capacity()[k], 3) for k in ("lut", "ff", "bram36", "dsp")},
         "seconds": round(time.perf_counter() - t0, 1), "seconds_yosys": round(t_yosys, 1),

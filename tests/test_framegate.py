@@ -1,0 +1,148 @@
+"""Block tests of :class:`~wirereduce.hdl.stream.frame.FrameGate`'s length check in amaranth.sim,
+at every width whose header takes two beats (64 bit) or one (128, 512 bit).
+
+The expected output of every frame comes from a model written from the rule in the class
+docstring and docs/protocol.md "Drop rules", beat by beat: a frame leaves unchanged when its
+length is what its header says; a short one leaves whole with its last beat marked ``bad``; a
+long one (or one with a partial beat before its last) is cut at its expected last byte (or at
+that beat), the cut beat marked ``bad`` and the rest dropped; every mismatch pulses
+``length_error``, or ``oversize`` when the frame was longer than the MTU. Runts (shorter than a
+header) are dropped by the parent. Frames come back to back, with and without back-pressure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.sim import Simulator
+from test_codec_hdl import Received, sink, source
+
+from wirereduce.hdl.stream.frame import FrameGate, FrameStream
+from wirereduce.protocol import HEADER_BYTES, Header, Opcode
+
+MTU = 256
+
+
+class _Gate(wiring.Component):
+    """A FrameGate whose parent accepts every frame with a whole header, expecting 16 + 4·count
+    bytes, and drops runts."""
+
+    def __init__(self, width):
+        self._w = width
+        super().__init__({"i": In(FrameStream(width)), "o": Out(FrameStream(width)),
+                          "length_error": Out(1), "oversize": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        nb = self._w // 8
+        m.submodules.gate = gate = FrameGate(self._w, -(-MTU // nb) + 1, check_length=True, max_bytes=MTU)
+        wiring.connect(m, wiring.flipped(self.i), gate.i)
+        m.d.comb += [
+            gate.accept.eq(gate.head_valid & ~gate.head_short),
+            gate.drop.eq(gate.head_valid & gate.head_short),
+            gate.expect_bytes.eq(HEADER_BYTES + 4 * gate.head.count),
+            self.o.valid.eq(gate.o.valid), gate.o.ready.eq(self.o.ready),
+            self.o.payload.data.eq(gate.o.payload.data), self.o.payload.keep.eq(gate.o.payload.keep),
+            self.o.payload.last.eq(gate.o.payload.last), self.o.payload.bad.eq(gate.o.payload.bad),
+            self.length_error.eq(gate.length_error), self.oversize.eq(gate.oversize),
+        ]
+        return m
+
+
+def beats_of(data: bytes, nb: int, short_beat: int | None = None):
+    """Beats of ``data``, ``nb`` bytes each; ``short_beat``: that beat (not the last) carries only
+    half its bytes (a partial ``keep`` before the end), the rest of the frame follows it."""
+    beats, pos, i = [], 0, 0
+    while pos < len(data):
+        take = nb // 2 if i == short_beat else nb
+        chunk = data[pos:pos + take]
+        pos += len(chunk)
+        beats.append({"data": int.from_bytes(chunk, "little"), "keep": (1 << len(chunk)) - 1,
+                      "last": int(pos >= len(data)), "bad": 0})
+        i += 1
+    return beats
+
+
+def model(beats, expect: int, nb: int):
+    """What leaves the gate for one accepted frame: (bytes, bad, pulse) with pulse None,
+    "length_error" or "oversize"; from the rule in FrameGate's docstring."""
+    last_idx = (expect - 1) // nb
+    exp_cnt = expect - last_idx * nb
+    out = b""
+    for i, b in enumerate(beats):
+        cnt = bin(b["keep"]).count("1")
+        at_end = i == last_idx
+        raw = b["data"].to_bytes(nb, "little")
+        out += raw[:min(cnt, exp_cnt) if at_end else cnt]
+        if b["last"]:
+            bad = not (at_end and cnt == exp_cnt)
+            return out, int(bad), "length_error" if bad else None
+        if at_end or cnt != nb:
+            # Cut off: its length counts whole beats up to the last one, and the last one's bytes.
+            total = (len(beats) - 1) * nb + bin(beats[-1]["keep"]).count("1")
+            return out, 1, "oversize" if total > MTU else "length_error"
+    raise AssertionError("a frame without a last beat")
+
+
+def cases(width, rng):
+    """(beats, expected output or None for a runt) for a mix of lengths around the header's."""
+    nb = width // 8
+    out = []
+    max_count = (MTU - HEADER_BYTES) // 4
+    counts = sorted({0, 1, 2, 3, nb // 4, nb // 4 + 1, 2 * nb // 4, max_count - 1, max_count})
+    for i, n in enumerate(counts):
+        hdr = Header(opcode=Opcode.REDUCE, count=n, seq=i).pack()
+        body = rng.bytes(4 * n)
+        expect = HEADER_BYTES + 4 * n
+        variants = [hdr + body, hdr + body[:-1], hdr + body[:-4], hdr + body + b"\x01",
+                    hdr + body + rng.bytes(4), hdr + body + rng.bytes(nb), hdr[:15],
+                    hdr + body + rng.bytes(MTU)]
+        for data in variants:
+            if len(data) < 1:
+                continue
+            beats = beats_of(data, nb)
+            out.append((beats, None if len(data) < HEADER_BYTES else model(beats, expect, nb)))
+        # A partial beat before the last one: cut there.
+        data = hdr + body + rng.bytes(nb)
+        beats = beats_of(data, nb, short_beat=len(data) // nb // 2 + 1)
+        if len(beats) > 2 and beats[-1]["last"]:
+            out.append((beats, model(beats, expect, nb)))
+    out.append((beats_of(b"\x01\x03\x00", nb), None))  # a runt
+    return out
+
+
+@pytest.mark.parametrize("width", [64, 128, 512])
+@pytest.mark.parametrize("pressure", [False, True])
+def test_length_check_every_case(width, pressure):
+    rng = np.random.default_rng(width + pressure)
+    todo = cases(width, rng)
+    rng.shuffle(todo)
+    # End on a good frame, so the last cut-off frame's pulse (at its end) is seen.
+    good = Header(opcode=Opcode.REDUCE, count=1, seq=99).pack() + bytes(4)
+    todo.append((beats_of(good, width // 8), model(beats_of(good, width // 8), 20, width // 8)))
+    want = [w for _, w in todo if w is not None]
+    dut = _Gate(width)
+    rec = Received()
+    pulses = []
+
+    async def count(ctx):
+        async for _, _, le, ov in ctx.tick().sample(dut.length_error, dut.oversize):
+            assert not (le and ov)
+            if le or ov:
+                pulses.append("length_error" if le else "oversize")
+
+    vp, rp = (0.7, 0.6) if pressure else (1.0, 1.0)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source(dut.i, [b for b, _ in todo], valid_prob=vp, seed=width))
+    sim.add_testbench(sink(dut.o, len(want), width, rec, error=dut.o.payload.bad, ready_prob=rp, seed=width + 1))
+    sim.add_process(count)
+    sim.run()
+    assert len(rec.frames) == len(want)
+    for k, (got, bad, (exp, exp_bad, _)) in enumerate(zip(rec.frames, rec.errors, want)):
+        assert got == exp, f"frame {k}: {len(got)} bytes out, want {len(exp)}"
+        assert bad == exp_bad, f"frame {k}: bad {bad}, want {exp_bad}"
+    assert pulses == [p for _, _, p in want if p]
