@@ -19,8 +19,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from test_codec_hdl import Received, sink, source
-
 from wirereduce.hdl.stream.frame import FrameGate, FrameStream
+
 from wirereduce.protocol import HEADER_BYTES, Header, Opcode
 
 MTU = 256
