@@ -222,6 +222,13 @@ class Engine(wiring.Component):
         m.d.sync += taken.eq(0)
         m.d.comb += [self.control_taken.eq(taken), self.rank.eq(run.rank)]
         start = Signal()   # a CONTROL frame is taken in this cycle
+        # The units reset a cycle later (timing: ``start`` is a decision on the host gate's head, and
+        # it fans out to every register of every unit). They take nothing from the cycle after a
+        # CONTROL frame shows at the host gate (``ctl_hold``, registered) until their reset, and the
+        # CONTROL frame is taken only with ``ctl_hold`` up, so no unit starts a chunk in between.
+        start_q = Signal()
+        ctl_hold = Signal()
+        m.d.sync += start_q.eq(start)
         m.submodules.status = status = StatusResponder(w, len(STATS_COUNTERS), settle=2)
 
         # --- schedule table ----------------------------------------------------------------
@@ -263,7 +270,7 @@ class Engine(wiring.Component):
             m.d.comb += [
                 unit.slot_valid.eq(slot_valid), unit.slot_bad.eq(slot_bad), unit.slot_counts.eq(slot_counts),
                 unit.slot_seqs.eq(slot_seqs),
-                unit.start.eq(start), unit.first.eq(first[u]), unit.chunks.eq(run.chunks),
+                unit.start.eq(start_q), unit.hold.eq(ctl_hold), unit.first.eq(first[u]), unit.chunks.eq(run.chunks),
                 unit.mode.eq(run.dtype),
             ]
             m.d.comb += events.flag("drop_count").eq(unit.mismatch)
@@ -503,7 +510,8 @@ class Engine(wiring.Component):
         wiring.connect(m, tx_arb.o, wiring.flipped(self.host_tx))
 
         # --- host input -------------------------------------------------------------------------
-        quiet = ~(host_gate.busy | Cat(*(g.busy for g in net_gates)).any() | busy_units | active.any())
+        st_busy = Signal()   # the host input's output stage holds a beat (below)
+        quiet = ~(host_gate.busy | st_busy | Cat(*(g.busy for g in net_gates)).any() | busy_units | active.any())
         hh = host_gate.head
         hb = host_gate.o.payload
         # The host frame's header is checked into registers (timing) and acted on from the cycle
@@ -512,7 +520,10 @@ class Engine(wiring.Component):
         # combinational.
         host_seen = Signal()
         host_gone = host_gate.drop | (host_gate.o.valid & host_gate.o.ready & hb.first)
-        m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone)
+        st_first = Signal()   # the output stage holds a first beat (below)
+        st_fill = Signal()    # ... the last beat of a push, which fills slot st_slot at the next edge
+        st_slot = Signal(max(slot_bits, 1))
+        m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone & ~st_first)
         is_ctl, is_stats, is_sched = Signal(), Signal(), Signal()
         abort, refuse_hdr, sched_bad, cmd_hdr = Signal(), Signal(), Signal(), Signal()
         sched_streaming = Signal()
@@ -532,9 +543,17 @@ class Engine(wiring.Component):
                           | (hh.opcode == Opcode.SCHEDULE))),
         ]
         refuse = (run.running & ~abort) | refuse_hdr | ~table_ok
+        # The push's slot check, registered (timing) and applied with the verdict (``host_seen``: the
+        # same head as the cycle before, and the gate in START then, so no beat of a push left the
+        # gate in between; the output stage's last beat of a push, which fills its slot a cycle
+        # later, counts as busy; a slot released in between still reads busy for a cycle, the safe way).
+        push_slot = hh.seq[:slot_bits] if slot_bits else Const(0, 1)
+        push_busy = Signal()
+        m.d.sync += push_busy.eq((slot_valid >> push_slot)[0] | (st_fill & (st_slot == push_slot)))
         host_cmd = host_gate.head_valid & host_seen & cmd_hdr
+        m.d.sync += ctl_hold.eq(host_cmd & is_ctl)
         with m.If(host_cmd):
-            with m.If(~status.busy & ~sched_streaming & (is_stats | quiet)):
+            with m.If(~status.busy & ~sched_streaming & (is_stats | (quiet & (ctl_hold | ~is_ctl)))):
                 with m.If(is_sched):
                     m.d.sync += run.tag.eq(hh.collective)
                     with m.If(run.running):
@@ -558,12 +577,6 @@ class Engine(wiring.Component):
                                 run.dtype.eq(hh.dtype), push_seq.eq(0), push_flow.eq(0), slot_valid.eq(0),
                             ]
         with m.Else():
-            push_slot = hh.seq[:slot_bits] if slot_bits else Const(0, 1)
-            # Registered (timing), applied with the verdict (``host_seen``: the same head as the cycle
-            # before, and the gate in START then, so no push filled a slot in between; a slot released
-            # in between still reads busy for a cycle, the safe way).
-            push_busy = Signal()
-            m.d.sync += push_busy.eq((slot_valid >> push_slot)[0])
             count_bad = (hh.count == 0) | (hh.count > cfg.max_elements) | (hh.hop != push_flow)
             check_header(m, host_gate, run, events, hh.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
                          opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0,
@@ -580,21 +593,35 @@ class Engine(wiring.Component):
         with m.If(host_gate.o.valid & host_gate.o.ready & hb.first):
             m.d.sync += sched_q.eq(is_sched)
         hb_sched = Signal()
-        hb_push = Signal()
-        m.d.comb += [hb_sched.eq(Mux(hb.first, is_sched, sched_q)), hb_push.eq(~hb_sched)]
+        m.d.comb += hb_sched.eq(Mux(hb.first, is_sched, sched_q))
+        # Output stage (timing): the accepted beats go through a register before the table, the
+        # local buffer and the push counters, so none of them hangs off the gate's accept decision.
+        # The host path is one cycle longer (no network hop is). ``quiet`` waits for it to empty;
+        # ``host_seen`` waits while it holds a first beat (so a push's ``push_seq``/``push_flow``
+        # are counted before the next header is checked against them).
+        st_valid, st_sched = Signal(name="host_st_valid"), Signal(name="host_st_sched")
+        st = Signal.like(hb, name="host_st")
+        st_ready = Signal(name="host_st_ready")
+        with m.If(host_gate.o.ready):
+            m.d.sync += [st_valid.eq(host_gate.o.valid), st.eq(hb), st_sched.eq(hb_sched)]
+        m.d.comb += host_gate.o.ready.eq(~st_valid | st_ready)
+        hb_push = ~st_sched
+        m.d.comb += [st_busy.eq(st_valid), st_first.eq(st_valid & st.first),
+                     st_fill.eq(st_valid & hb_push & st.last),
+                     st_slot.eq(st.hdr.seq[:slot_bits] if slot_bits else 0)]
         widx = Signal(24)
-        m.d.comb += widx.eq(hb.index * words + word)
-        wdata = Array(hb.data[64 * k:64 * k + 64] for k in range(words))[word] if words > 1 else hb.data
+        m.d.comb += widx.eq(st.index * words + word)
+        wdata = Array(st.data[64 * k:64 * k + 64] for k in range(words))[word] if words > 1 else st.data
         ent = Signal(8)
-        m.d.comb += ent.eq(hb.hdr.seq + widx - 2)
-        write = host_gate.o.valid & hb_sched & (widx >= 2) & hb.keep.bit_select(word * 8, 1)
+        m.d.comb += ent.eq(st.hdr.seq + widx - 2)
+        write = st_valid & st_sched & (widx >= 2) & st.keep.bit_select(word * 8, 1)
         if words > 1:
             lastword = word == words - 1
-            m.d.comb += host_gate.o.ready.eq(Mux(hb_sched, lastword, 1))
-            with m.If(host_gate.o.valid & hb_sched):
+            m.d.comb += st_ready.eq(Mux(st_sched, lastword, 1))
+            with m.If(st_valid & st_sched):
                 m.d.sync += word.eq(Mux(lastword, 0, word + 1))
         else:
-            m.d.comb += host_gate.o.ready.eq(1)
+            m.d.comb += st_ready.eq(1)
         m.d.comb += [twp.addr.eq(ent), twp.data.eq(wdata), twp.en.eq(write)]
         # Each unit's first flow follows the written entries a cycle behind (registered, for timing; the
         # CONTROL frame that reads it comes after the SCHEDULE frame's STATS answer).
@@ -603,7 +630,7 @@ class Engine(wiring.Component):
         write_q = Signal()
         clear_q = Signal()
         m.d.sync += [unit_of.eq(wdata[0:3]), ent_q.eq(ent), write_q.eq(write),
-                     clear_q.eq(host_gate.o.valid & hb_sched & hb.first & (word == 0) & (hb.hdr.seq == 0))]
+                     clear_q.eq(st_valid & st_sched & st.first & (word == 0) & (st.hdr.seq == 0))]
         with m.If(clear_q):
             m.d.sync += [fu.eq(0x100) for fu in first]   # a new table starts: no unit has a flow yet
         with m.If(write_q):
@@ -611,27 +638,27 @@ class Engine(wiring.Component):
                 code = ROOT if u == P else u
                 with m.If((unit_of == code) & (first[u][8] | (ent_q < first[u][:8]))):
                     m.d.sync += first[u].eq(ent_q)
-        with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.first):
+        with m.If(st_valid & st_ready & st_sched & st.first):
             m.d.sync += sched_streaming.eq(1)
-        with m.If(host_gate.o.valid & host_gate.o.ready & hb_sched & hb.last):
+        with m.If(st_valid & st_ready & st_sched & st.last):
             m.d.comb += status.trigger.eq(1)
-            m.d.sync += [sched_streaming.eq(0), table_ok.eq(~hb.bad)]
+            m.d.sync += [sched_streaming.eq(0), table_ok.eq(~st.bad)]
 
-        is_push = host_gate.o.valid & host_gate.o.ready & hb_push
-        pslot = hb.hdr.seq[:slot_bits] if slot_bits else Const(0, 1)
-        addr = Cat(hb.index[:beat_bits], pslot) if slot_bits else hb.index[:beat_bits]
+        is_push = st_valid & st_ready & hb_push
+        pslot = st.hdr.seq[:slot_bits] if slot_bits else Const(0, 1)
+        addr = Cat(st.index[:beat_bits], pslot) if slot_bits else st.index[:beat_bits]
         for unit in units:
-            m.d.comb += [unit.wr_addr.eq(addr), unit.wr_data.eq(hb.data), unit.wr_en.eq(is_push)]
-        with m.If(is_push & hb.first):
+            m.d.comb += [unit.wr_addr.eq(addr), unit.wr_data.eq(st.data), unit.wr_en.eq(is_push)]
+        with m.If(is_push & st.first):
             m.d.sync += [push_seq.eq(push_seq + 1), push_flow.eq(Mux(push_flow + 1 >= run.flows, 0, push_flow + 1))]
             m.d.comb += events.flag("push_frames").eq(1)
         for k in range(S):
             released = Const(0, 1)
             for unit in units:
                 released = released | (unit.release & (unit.release_slot == k))
-            with m.If(is_push & hb.last & (pslot == k)):
-                m.d.sync += [slot_valid[k].eq(1), slot_bad[k].eq(hb.bad), slot_counts[k].eq(hb.hdr.count),
-                                 slot_seqs[k].eq(hb.hdr.seq)]
+            with m.If(is_push & st.last & (pslot == k)):
+                m.d.sync += [slot_valid[k].eq(1), slot_bad[k].eq(st.bad), slot_counts[k].eq(st.hdr.count),
+                                 slot_seqs[k].eq(st.hdr.seq)]
             with m.Elif(released):
                 m.d.sync += slot_valid[k].eq(0)
         with m.If(start):

@@ -99,6 +99,9 @@ class SumUnit(wiring.Component):
     start : In(1); first : In(9); chunks : In(32)
         ``start`` (one cycle, a CONTROL frame taken) resets the unit to its first flow
         ``first`` (bit 8 set: the unit has no flow).
+    hold : In(1)
+        The unit takes no chunk while high (the engine raises it from a CONTROL frame's arrival
+        until the unit's ``start``, which it gives a cycle after the CONTROL is taken, for timing).
     mode : In(8)
         The collective's header ``dtype`` byte (format and operation, :mod:`wirereduce.formats`),
         set at CONTROL; the lanes compute it.
@@ -129,7 +132,7 @@ class SumUnit(wiring.Component):
             "slot_seqs": In(data.ArrayLayout(32, slots)),
             "release": Out(1), "release_slot": Out(range(slots)),
             "tab_addr": Out(8), "tab_data": In(64),
-            "start": In(1), "first": In(9), "chunks": In(32), "mode": In(8),
+            "start": In(1), "hold": In(1), "first": In(9), "chunks": In(32), "mode": In(8),
             "o": Out(stream.Signature(tagged_layout(width))), "o_req": Out(ports + 1),
             "busy": Out(1), "mismatch": Out(1),
         })
@@ -266,7 +269,7 @@ class SumUnit(wiring.Component):
         # candidates after it shift down, so the unit's order always continues from an entry it holds.
         # A count mismatch is reported once, for the first candidate that is ready but bad when no
         # candidate before it is ready and good.
-        idle = ~streaming & known[0] & ~self.start
+        idle = ~streaming & known[0] & ~self.start & ~self.hold
         take = [Signal(name=f"take{k}") for k in range(D)]
         taken = good_before = Const(0, 1)
         report = []
