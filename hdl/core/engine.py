@@ -226,6 +226,8 @@ class Engine(wiring.Component):
         # it fans out to every register of every unit). They take nothing from the cycle after a
         # CONTROL frame shows at the host gate (``ctl_hold``, registered) until their reset, and the
         # CONTROL frame is taken only with ``ctl_hold`` up, so no unit starts a chunk in between.
+        # Nor does a network gate pass a frame's first beat or the allocator grant a source while
+        # ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing starts into them.
         start_q = Signal()
         ctl_hold = Signal()
         m.d.sync += start_q.eq(start)
@@ -351,7 +353,7 @@ class Engine(wiring.Component):
             # unit check, on the looked-up entry, is registered with it.
             count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
-                         h.seq, count_bad, ~looked | slot_wait, opcode=Opcode.REDUCE, flags_allowed=0,
+                         h.seq, count_bad, ~looked | slot_wait | ctl_hold, opcode=Opcode.REDUCE, flags_allowed=0,
                          codec_built=False, lost_ok=0, lost_wait=0,
                          apply=looked, late_count_bad=unit_bad)
 
@@ -415,7 +417,9 @@ class Engine(wiring.Component):
             req = reqs_q[i]
             want = req[:P]
             request = Signal(name=f"request{i}")
-            m.d.comb += request.eq(req_q[i] & ~active[i])   # granted the cycle before: gone
+            # granted the cycle before: gone; none while a CONTROL frame waits (``ctl_hold``), so no
+            # source is granted in the cycle CONTROL flushes the queues
+            m.d.comb += request.eq(req_q[i] & ~active[i] & ~ctl_hold)
             # A requesting source either gets its ports (taken) or reserves them against the sources
             # after it, so what it leaves the ones after it is the same either way: ports blocked for
             # them are a flat OR of the requests before (no chain through the grants). Each step's
