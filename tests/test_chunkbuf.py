@@ -109,3 +109,35 @@ def test_partly_written_frame_is_readable_cut_through():
 
     simulate(b, [tb])
     assert log["filled"] == 2 and log["done"] == 0 and log["beats"] == [0x200, 0x201]
+
+
+def test_a_torn_frame_leaves_no_done_for_the_next():
+    """A frame's tail written without its first beat (its first beat lost to a flush) must not make
+    the next frame in that slot look whole before its own last beat (``done``, ``bad``)."""
+    b = ChunkBuffer(W, Q, MB, checked=True)
+    log = {}
+
+    async def tb(ctx):
+        # the tail: two non-first beats, the last marked bad; they land in the slot being written (0)
+        for k in range(2):
+            ctx.set(b.i.valid, 1)
+            ctx.set(b.i.payload.first, 0)
+            ctx.set(b.i.payload.last, k == 1)
+            ctx.set(b.i.payload.bad, k == 1)
+            ctx.set(b.i.payload.keep, 0xFF)
+            await ctx.tick()
+        ctx.set(b.i.valid, 0)
+        log["torn"] = (ctx.get(b.r.valid), ctx.get(b.r.done), ctx.get(b.r.bad))
+        # the next frame for slot 0: after its first beat it is in, not done, not bad
+        ctx.set(b.i.valid, 1)
+        ctx.set(b.i.payload.first, 1)
+        ctx.set(b.i.payload.last, 0)
+        ctx.set(b.i.payload.bad, 0)
+        ctx.set(b.i_seq, 4)
+        await ctx.tick()
+        ctx.set(b.i.valid, 0)
+        log["first"] = (ctx.get(b.r.valid) & 1, ctx.get(b.r.done) & 1, ctx.get(b.r.bad) & 1)
+
+    simulate(b, [tb])
+    assert log["torn"] == (0, 1, 1)   # the tail leaves its marks (no first beat: not valid)
+    assert log["first"] == (1, 0, 0)

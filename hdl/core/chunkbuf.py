@@ -125,6 +125,10 @@ class ChunkBuffer(wiring.Component):
                 m.d.sync += filled[k].eq(Mux(self.i.payload.first, 1, filled[k] + 1))
                 with m.If(self.i.payload.last):
                     m.d.sync += [done[k].eq(1), bad[k].eq(self.i.payload.bad)]
+                with m.Elif(self.i.payload.first):
+                    # A slot is free here (done low) unless a frame's tail was ever written without its
+                    # first beat; the new frame starts clean either way.
+                    m.d.sync += [done[k].eq(0), bad[k].eq(0)]
             with m.If(write & first_here):
                 m.d.sync += [seqs[k].eq(self.i_seq), counts[k].eq(self.i_count)]
                 with m.If(~(self.r.free & (self.r.free_slot == k))):
