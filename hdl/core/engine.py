@@ -514,20 +514,26 @@ class Engine(wiring.Component):
         wiring.connect(m, tx_arb.o, wiring.flipped(self.host_tx))
 
         # --- host input -------------------------------------------------------------------------
-        st_busy = Signal()   # the host input's output stage holds a beat (below)
-        quiet = ~(host_gate.busy | st_busy | Cat(*(g.busy for g in net_gates)).any() | busy_units | active.any())
         hh = host_gate.head
         hb = host_gate.o.payload
+        # Output stage (timing): the accepted beats go through a register before the table, the
+        # local buffer and the push counters (below), so none of them hangs off the gate's accept
+        # decision. The host path is one cycle longer (no network hop is). ``quiet`` waits for it to
+        # empty; ``host_seen`` waits while it holds a first beat (so a push's ``push_seq``/``push_flow``
+        # are counted before the next header is checked against them).
+        st_valid, st_sched = Signal(name="host_st_valid"), Signal(name="host_st_sched")
+        st = Signal.like(hb, name="host_st")
+        st_ready = Signal(name="host_st_ready")
+        st_push = ~st_sched
+        st_slot = st.hdr.seq[:slot_bits] if slot_bits else Const(0, 1)   # a push's local buffer slot
+        quiet = ~(host_gate.busy | st_valid | Cat(*(g.busy for g in net_gates)).any() | busy_units | active.any())
         # The host frame's header is checked into registers (timing) and acted on from the cycle
         # after it shows (``host_seen``: it showed the cycle before and was not taken then, so it is
         # the same header); what the engine's state says (quiet, busy, running, the slot) stays
         # combinational.
         host_seen = Signal()
         host_gone = host_gate.drop | (host_gate.o.valid & host_gate.o.ready & hb.first)
-        st_first = Signal()   # the output stage holds a first beat (below)
-        st_fill = Signal()    # ... the last beat of a push, which fills slot st_slot at the next edge
-        st_slot = Signal(max(slot_bits, 1))
-        m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone & ~st_first)
+        m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone & ~(st_valid & st.first))
         is_ctl, is_stats, is_sched = Signal(), Signal(), Signal()
         abort, refuse_hdr, sched_bad, cmd_hdr = Signal(), Signal(), Signal(), Signal()
         sched_streaming = Signal()
@@ -553,6 +559,7 @@ class Engine(wiring.Component):
         # later, counts as busy; a slot released in between still reads busy for a cycle, the safe way).
         push_slot = hh.seq[:slot_bits] if slot_bits else Const(0, 1)
         push_busy = Signal()
+        st_fill = st_valid & st_push & st.last   # fills slot st_slot at the next edge
         m.d.sync += push_busy.eq((slot_valid >> push_slot)[0] | (st_fill & (st_slot == push_slot)))
         host_cmd = host_gate.head_valid & host_seen & cmd_hdr
         m.d.sync += ctl_hold.eq(host_cmd & is_ctl)
@@ -598,21 +605,9 @@ class Engine(wiring.Component):
             m.d.sync += sched_q.eq(is_sched)
         hb_sched = Signal()
         m.d.comb += hb_sched.eq(Mux(hb.first, is_sched, sched_q))
-        # Output stage (timing): the accepted beats go through a register before the table, the
-        # local buffer and the push counters, so none of them hangs off the gate's accept decision.
-        # The host path is one cycle longer (no network hop is). ``quiet`` waits for it to empty;
-        # ``host_seen`` waits while it holds a first beat (so a push's ``push_seq``/``push_flow``
-        # are counted before the next header is checked against them).
-        st_valid, st_sched = Signal(name="host_st_valid"), Signal(name="host_st_sched")
-        st = Signal.like(hb, name="host_st")
-        st_ready = Signal(name="host_st_ready")
-        with m.If(host_gate.o.ready):
+        with m.If(host_gate.o.ready):   # the output stage (above)
             m.d.sync += [st_valid.eq(host_gate.o.valid), st.eq(hb), st_sched.eq(hb_sched)]
         m.d.comb += host_gate.o.ready.eq(~st_valid | st_ready)
-        hb_push = ~st_sched
-        m.d.comb += [st_busy.eq(st_valid), st_first.eq(st_valid & st.first),
-                     st_fill.eq(st_valid & hb_push & st.last),
-                     st_slot.eq(st.hdr.seq[:slot_bits] if slot_bits else 0)]
         widx = Signal(24)
         m.d.comb += widx.eq(st.index * words + word)
         wdata = Array(st.data[64 * k:64 * k + 64] for k in range(words))[word] if words > 1 else st.data
@@ -648,9 +643,8 @@ class Engine(wiring.Component):
             m.d.comb += status.trigger.eq(1)
             m.d.sync += [sched_streaming.eq(0), table_ok.eq(~st.bad)]
 
-        is_push = st_valid & st_ready & hb_push
-        pslot = st.hdr.seq[:slot_bits] if slot_bits else Const(0, 1)
-        addr = Cat(st.index[:beat_bits], pslot) if slot_bits else st.index[:beat_bits]
+        is_push = st_valid & st_ready & st_push
+        addr = Cat(st.index[:beat_bits], st_slot) if slot_bits else st.index[:beat_bits]
         for unit in units:
             m.d.comb += [unit.wr_addr.eq(addr), unit.wr_data.eq(st.data), unit.wr_en.eq(is_push)]
         with m.If(is_push & st.first):
@@ -660,7 +654,7 @@ class Engine(wiring.Component):
             released = Const(0, 1)
             for unit in units:
                 released = released | (unit.release & (unit.release_slot == k))
-            with m.If(is_push & st.last & (pslot == k)):
+            with m.If(is_push & st.last & (st_slot == k)):
                 m.d.sync += [slot_valid[k].eq(1), slot_bad[k].eq(st.bad), slot_counts[k].eq(st.hdr.count),
                                  slot_seqs[k].eq(st.hdr.seq)]
             with m.Elif(released):

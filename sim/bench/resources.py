@@ -535,7 +535,7 @@ def logic_levels(netlist: dict, top: str, over: int | None = None, limit: int = 
     out = {"levels": best_l[end_l], "cells": best_c[end_c], "path": trace(end_l, via_l),
            "cell_path": trace(end_c, via_c)}
     if over is not None:
-        out["over"] = _paths_over(mod, best_l, via_l, d_to_q, name, over, limit)
+        out["over"] = _paths_over(mod, best_l, via_l, name, over, limit)
     return out
 
 
@@ -544,7 +544,7 @@ def _stem(net: str) -> str:
     return re.sub(r"\[\d+\]$", "", net)
 
 
-def _paths_over(mod, best_l, via_l, d_to_q, name, over, limit):
+def _paths_over(mod, best_l, via_l, name, over, limit):
     """Endpoints deeper than ``over`` LUT levels, grouped by (start signal, end signal); see :func:`logic_levels`."""
     ends: dict = {}  # endpoint bit -> the names of what it loads
     for cname, cell in mod.get("cells", {}).items():
