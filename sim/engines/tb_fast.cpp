@@ -219,10 +219,9 @@ int main(int argc, char** argv) {
     auto ctx = std::make_unique<VerilatedContext>();
     ctx->commandArgs(argc, argv);
     auto top = std::make_unique<Vwirereduce_net>(ctx.get());
+    // The model resets itself on its first RESET_CYCLES rising edges (fastsim.internal_reset).
     top->clk = 0;
-    top->rst = 1;
-    for (int i = 0; i < 4; ++i) { top->clk = 0; top->eval(); top->clk = 1; top->eval(); }
-    top->rst = 0;
+    for (int i = 0; i < RESET_CYCLES; ++i) { top->clk = 0; top->eval(); top->clk = 1; top->eval(); }
 #ifdef FLIP
     top->flip_link = flip_link;
     top->flip_block = flip_block;

@@ -66,9 +66,11 @@ def cxx_opt(default: str) -> str:
 
 def locked_build(out: Path, exe: Path, build) -> Path:
     """``exe``, built by ``build()`` unless it exists, under a file lock in ``out``: pytest-xdist
-    workers (or two processes) asking for the same model build it once; the other waits for it."""
-    if exe.exists():
-        return exe
+    workers (or two processes) asking for the same model build it once; the other waits for it.
+
+    ``exe`` is looked at only under the lock: the linker creates it before it is complete and
+    executable, and a worker that found it there in the middle of another's build ran a half-written
+    file (PermissionError)."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -77,13 +79,16 @@ def locked_build(out: Path, exe: Path, build) -> Path:
     return exe
 
 
-def build_model(out: Path, top: str, files: dict[str, str], sources: list[str], opt_fast: str, what: str) -> float:
+def build_model(out: Path, top: str, files: dict[str, str], sources: list[str], opt_fast: str, what: str,
+                threads: int = 1) -> float:
     """Build the C++ Verilator executable ``out/Vtb`` of Verilog module ``top``.
 
     Writes ``files`` (name → text) into ``out``, then runs ``verilator --cc --exe --build`` on
     ``sources`` (names in ``out``: Verilog, testbench C++, ``.vlt`` configuration) with the C++ of
     the per-cycle code at ``opt_fast`` (``-O1``, ``-O2``: a large model builds in minutes at
     ``-O1``), the rest at ``-O0``/``-O1``, up to 4 compile jobs. The log goes to ``out/build.log``.
+    ``threads`` > 1 builds a multithreaded model (Verilator ``--threads``): it then runs on that
+    many cores.
     Callers cache and lock (the digest of what they write names ``out``).
 
     Returns
@@ -108,7 +113,7 @@ def build_model(out: Path, top: str, files: dict[str, str], sources: list[str], 
         # Verilator's merge_cond pass took 436 of 501 s converting a 4-engine ring (-fno-merge-cond:
         # 46 s in all, C++ of the same size). What the pass saves at run time was not measured.
         "-O3", "-fno-merge-cond", "--x-assign", "fast", "--x-initial", "fast", "--noassert", "-Wno-fatal", "-Wno-lint",
-        "-Wno-style", "--Mdir", "obj", "-o", "../Vtb", *sources,
+        "-Wno-style", "--Mdir", "obj", "-o", "../Vtb", *(["--threads", str(threads)] if threads > 1 else []), *sources,
     ]
     env = dict(os.environ)
     env["MAKEFLAGS"] = (env.get("MAKEFLAGS", "") + f" OPT_FAST={opt_fast} OPT_SLOW=-O0 OPT_GLOBAL=-O1").strip()
