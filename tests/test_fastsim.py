@@ -128,7 +128,7 @@ def test_strip_zero_memory_init_keeps_nonzero_init():
 
 
 def _counter_verilog() -> str:
-    from amaranth import Module, Signal
+    from amaranth import Module
     from amaranth.back import verilog
     from amaranth.lib import wiring
     from amaranth.lib.wiring import In, Out

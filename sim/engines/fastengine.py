@@ -24,11 +24,11 @@ from wirereduce.host.engine import EngineSession, check_window
 from wirereduce.sim.engines.fastsim import (
     _SCRIPT_MAGIC,
     _STALL_GATE,
+    RESET_CYCLES,
     FastSim,
     _gated,
     _read_result,
     check_options,
-    RESET_CYCLES,
     internal_reset,
     strip_zero_memory_init,
 )
@@ -143,7 +143,8 @@ class FastEngineSim(FastSim):
         n = self.setup.nodes
         text = internal_reset(strip_zero_memory_init(schednet_verilog(self.topology, self.config, self.latencies,
                                                                       self.link_rate, self.host_rate)))
-        config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {n}\n#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
+        config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {n}\n"
+                    f"#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n")
         tb = _TB.read_text()
         digest = hashlib.sha256((text + tb + config_h + self.opt_fast).encode()).hexdigest()[:12]

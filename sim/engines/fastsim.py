@@ -197,7 +197,8 @@ class FastSim:
         s = self.setup
         text = internal_reset(strip_zero_memory_init(network_verilog(s.nodes, s.config, s.link_latency,
                                                                      links=s.links, link_rate=s.link_rate)))
-        config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {s.nodes}\n#define BYTES_PER_BEAT {s.config.bytes_per_beat}\n"
+        config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {s.nodes}\n"
+                    f"#define BYTES_PER_BEAT {s.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
         if s.links == "eth":
             config_h += "#define TAP 1\n"
@@ -564,7 +565,8 @@ def internal_reset(text: str, top: str = "wirereduce_net", cycles: int = RESET_C
     ports.remove("rst")
     bits = max(1, cycles.bit_length())
     por = (f"  reg [{bits - 1}:0] wirereduce_por = {bits}'d0;\n"
-           f"  always @(posedge clk) if (wirereduce_por != {bits}'d{cycles}) wirereduce_por <= wirereduce_por + {bits}'d1;\n"
+           f"  always @(posedge clk) if (wirereduce_por != {bits}'d{cycles})\n"
+           f"    wirereduce_por <= wirereduce_por + {bits}'d1;\n"
            f"  wire rst = wirereduce_por != {bits}'d{cycles};\n")
     return text[:start] + head + ", ".join(ports) + body.replace(decl, por, 1) + text[end:]
 
