@@ -178,3 +178,14 @@ def test_internal_reset_replaces_the_rst_port():
             proc = subprocess.run(["verilator", "--lint-only", "-Wno-fatal", "-Wno-lint", "-Wno-style", f.name],
                                   capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("threads", [0, 65, 1.5])
+def test_engine_sim_threads_checked_before_any_build(tmp_path, threads):
+    from wirereduce.sim.engines.fastengine import FastEngineSim
+
+    from wirereduce.config import EngineConfig
+
+    with pytest.raises(ValueError, match="threads"):
+        FastEngineSim("ring:4", EngineConfig(ports=2), build_root=tmp_path / "b", threads=threads)
+    assert not (tmp_path / "b").exists()

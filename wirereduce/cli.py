@@ -462,13 +462,15 @@ def cmd_bench_schedules(args) -> int:
     if any(not g > 0 for g in args.host_link_gbps):
         raise CliError("--host-link-gbps values must be positive")
     name = args.name or ("bench-schedules-quick" if args.quick else "bench-schedules")
+    if not 1 <= args.sim_threads <= 64:
+        raise CliError(f"--sim-threads must be 1 to 64, not {args.sim_threads}")
     try:
         EngineConfig(64, 1500, slots=args.slots, ports=2, lookahead=args.lookahead, priority=args.priority)
     except ValueError as e:
         raise CliError(f"--slots/--lookahead/--priority: {e}") from e
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
                                         build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority,
-                                        slots=args.slots)
+                                        slots=args.slots, threads=args.sim_threads, progress=not args.no_progress)
     print(f"# wrote {Path(args.out_dir) / (name + '.json')} and {name}.png")
     return 0 if all(r["bitexact"] for r in recs) else 1
 
@@ -1003,6 +1005,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", choices=("auto", "broadcast", "unit"), default="auto",
                    help="allocator priority: broadcasts or partial sums first (default: auto, partial sums first on "
                         "rings (P = 2), broadcasts first above)")
+    p.add_argument("--sim-threads", type=int, default=1, metavar="N",
+                   help="cores each simulated network runs on (Verilator --threads; default 1). 2 threads ran "
+                        "4 engines 1.4x faster on 2 cores; results and cycle counts do not depend on it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar per run")
     p.set_defaults(func=cmd_bench_schedules)
 
     p = sub.add_parser(

@@ -70,12 +70,14 @@ def lower_bound_gbps(schedule, elements: int, cfg: EngineConfig, link_gbps: floa
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
-                       lookahead: int = 2, priority: str = "auto", slots: int = 16) -> list[dict]:
+                       lookahead: int = 2, priority: str = "auto", slots: int = 16, threads: int = 1,
+                       progress: bool = False) -> list[dict]:
     """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
 
     ``lookahead``, ``priority`` and ``slots`` are the engines' :class:`~wirereduce.config.EngineConfig`
     fields (summation units' lookahead D, allocator priority, buffer slots = the host window); every
-    record carries them.
+    record carries them. ``threads``: cores each simulation runs on (Verilator ``--threads``);
+    ``progress``: a progress bar (chunks delivered) per run.
 
     Raises
     ------
@@ -104,13 +106,14 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                 cfg = EngineConfig(64, 1500, slots=slots, ports=s.topology.degree,
                                    max_flows=max(8, 1 << (flows - 1).bit_length()), lookahead=lookahead,
                                    priority=priority, formats=("fp32",))
-                sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root)
+                sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
+                                    threads=threads)
                 for size in sizes:
                     elements = size // 4
                     rng = np.random.default_rng([seed, size, s.nodes])
                     arrays = [rng.standard_normal(elements).astype(np.float32) for _ in range(s.nodes)]
                     t0 = time.perf_counter()
-                    r = sim.allreduce(arrays, s)
+                    r = sim.allreduce(arrays, s, progress=progress)
                     wall = time.perf_counter() - t0
                     bad = golden_check(arrays, s, r.results)
                     us = r.cycles / mhz
@@ -130,7 +133,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                         "vs_ring": (ring_time[size] / r.cycles) if size in ring_time else None,
                         "vs_one_port_ring": one_port_us / us, "capped": host <= link_gbps,
                         "bitexact": not any(bad), "sim_cycles_per_s": r.sim_cycles / max(r.wall_s, 1e-9),
-                        "wall_s": wall,
+                        "sim_threads": threads, "build_s": r.build_s, "wall_s": wall,
                     }
                     records.append(rec)
                     _write(out_dir, name, records)   # after every run: a long benchmark keeps what it measured
