@@ -161,7 +161,8 @@ class EngineConfig(NodeConfig):
         (:class:`~wirereduce.hdl.core.sumunit.SumUnit`). 1 is strictly in order; default 2. Results
         never depend on it, only the time: in the slot model (``slot_model(..., lookahead=D)``, 32
         rounds) D = 3 lifts the 4x4 torus with ``multitree-balanced`` trees and broadcasts first
-        from 0.94 to 0.98 of its busiest link's bound; not yet measured on the engine.
+        from 0.94 to 0.98 of its busiest link's bound, but on the engine (32 slots, 1 MiB) D = 3
+        gave 17.05 Gbit/s and D = 2 17.01: the same within 0.2 %.
     formats : tuple of str
         Element formats the summation units' reduce lanes
         (:class:`~wirereduce.hdl.arith.lanes.ReduceLanes`) are built for: names of
