@@ -240,6 +240,8 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
     (["--algorithm", "ring", "--nodes", "4"], ["need --topology"]),
     (["--op", "max", "--nodes", "4"], ["--op", "need --topology"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--host-link-gbps", "-5"], ["positive"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--engine", "fast", "--sim-threads", "0"], ["threads"]),
+    (["--nodes", "4", "--sim-threads", "2"], ["--sim-threads", "need --topology"]),
 ])
 def test_schedule_engine_options_refused_before_building(work, capsys, extra, needles):
     nodes = 16 if "torus:4x4" in extra else 4

@@ -269,7 +269,7 @@ def simulate_schedule(arrays, args, progress=True):
     t0 = time.perf_counter()
     try:
         sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
-                            build_root=args.build_dir)
+                            build_root=args.build_dir, threads=getattr(args, "sim_threads", 1))
     except ValueError as e:
         raise CliError(str(e)) from e
     r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args), op=getattr(args, "op", "sum"))
@@ -342,9 +342,10 @@ def cmd_sim_allreduce(args) -> int:
             print("CHECK FAILED: results differ from the golden model", file=sys.stderr)
             return 1
         return 0
-    if args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None or args.op != "sum":
-        raise CliError("--algorithm, --ports, --host-link-gbps and --op need --topology (the schedule engine; "
-                       "the ring node sums fp32 only)")
+    if (args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None or args.op != "sum"
+            or args.sim_threads != 1):
+        raise CliError("--algorithm, --ports, --host-link-gbps, --op and --sim-threads need --topology (the schedule "
+                       "engine; the ring node sums fp32 only)")
     if args.nodes is None:
         raise CliError("--nodes is required (or --topology for the schedule engine)")
     if args.nodes < 2:
@@ -863,6 +864,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-link-gbps", type=float, default=None, metavar="G",
                    help="host link rate; a PCIe Gen3 x8 host link is modelled at 50 (default: the network links' "
                         "rate, 10 at 64 bit, which caps every schedule at the ring's time)")
+    p.add_argument("--sim-threads", type=int, default=1, metavar="N",
+                   help="with --topology: cores the simulated network runs on (Verilator --threads; default 1); "
+                        "results and cycle counts do not depend on it")
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
