@@ -287,7 +287,7 @@ def test_bench_formats_bad_arguments(work, capsys, argv, needle):
     (["--topologies", "torus:4x4/multitree,trees"], ["'trees'", "multitree-balanced"]),
     (["--topologies", "torus:4"], ["torus"]),
     (["--host-link-gbps", "0"], ["host-link-gbps"]),
-    (["--sim-threads", "0"], ["--sim-threads", "1 to 64"]),
+    (["--sim-threads", "0"], ["--sim-threads", "from 1 to 64"]),
 ])
 def test_bench_schedules_bad_arguments(work, capsys, argv, needles):
     """Nothing is built: every argument is checked before the first engine."""

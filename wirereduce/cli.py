@@ -269,7 +269,7 @@ def simulate_schedule(arrays, args, progress=True):
     t0 = time.perf_counter()
     try:
         sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
-                            build_root=args.build_dir, threads=getattr(args, "sim_threads", 1))
+                            build_root=args.build_dir, threads=args.sim_threads)
     except ValueError as e:
         raise CliError(str(e)) from e
     r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args), op=getattr(args, "op", "sum"))
@@ -463,8 +463,12 @@ def cmd_bench_schedules(args) -> int:
     if any(not g > 0 for g in args.host_link_gbps):
         raise CliError("--host-link-gbps values must be positive")
     name = args.name or ("bench-schedules-quick" if args.quick else "bench-schedules")
-    if not 1 <= args.sim_threads <= 64:
-        raise CliError(f"--sim-threads must be 1 to 64, not {args.sim_threads}")
+    from wirereduce.sim.engines.fastengine import check_threads
+
+    try:
+        check_threads(args.sim_threads)
+    except ValueError as e:
+        raise CliError(f"--sim-threads: {e}") from e
     try:
         EngineConfig(64, 1500, slots=args.slots, ports=2, lookahead=args.lookahead, priority=args.priority)
     except ValueError as e:

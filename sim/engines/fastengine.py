@@ -40,9 +40,19 @@ from wirereduce.formats import check_typed_inputs, dtype_byte
 from wirereduce.protocol import Header, Opcode, wire_bytes
 from wirereduce.schedule import Schedule, Topology, parse_topology
 
-__all__ = ["FastEngineSim", "EngineResult", "EngineStalled"]
+__all__ = ["FastEngineSim", "EngineResult", "EngineStalled", "check_threads", "MAX_THREADS"]
 
 _TB = Path(__file__).with_name("tb_fast.cpp")
+
+#: The most Verilator threads a model may be built for.
+MAX_THREADS = 64
+
+
+def check_threads(threads) -> int:
+    """``threads`` if it is an int from 1 to :data:`MAX_THREADS`; ValueError otherwise."""
+    if not isinstance(threads, int) or not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads must be an int from 1 to {MAX_THREADS}, not {threads!r}")
+    return threads
 
 
 class EngineStalled(DriverError):
@@ -98,8 +108,8 @@ class FastEngineSim(FastSim):
         Wire bytes per cycle of the cables and of the host links (default: the width's line rate).
     build_root : path
     threads : int
-        Cores the model runs on (Verilator ``--threads``; default 1). On 2 cores, 2 threads ran a
-        16-engine network about 1.x faster (docs/architecture.md "Simulation speed").
+        Cores the model runs on (Verilator ``--threads``, 1 … :data:`MAX_THREADS`; default 1). On 2
+        cores, 2 threads ran four P = 2 engines 1.42x faster (docs/architecture.md "Simulation speed").
 
     Raises
     ------
@@ -114,9 +124,7 @@ class FastEngineSim(FastSim):
                  jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine", threads: int = 1):
         from wirereduce.sim.cluster.schednet import ScheduleNetwork, link_latencies
 
-        if not isinstance(threads, int) or not 1 <= threads <= 64:
-            raise ValueError(f"threads must be an int from 1 to 64, not {threads!r}")
-        self.threads = threads
+        self.threads = check_threads(threads)
         self.topology = parse_topology(topology)
         self.latencies = link_latencies(self.topology, link_latency, jitter, seed)
         # Validates everything before a build.

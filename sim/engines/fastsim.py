@@ -543,7 +543,7 @@ def internal_reset(text: str, top: str = "wirereduce_net", cycles: int = RESET_C
     ``rst``. While ``rst`` is an input of the top module, Verilator evaluates all that logic in its
     input-combinational region on every ``eval()`` (twice a cycle in the frame player) on top of
     the evaluation after the clock edge. From a register it is evaluated once a cycle: a 4-engine
-    ring ran 2.3x faster (docs/architecture.md "Simulation speed"). The player then never drives
+    ring ran 1.87x faster (docs/architecture.md "Simulation speed"). The player then never drives
     ``rst``; what the model sees is what it saw when the player held ``rst`` for ``cycles`` edges.
 
     Raises
