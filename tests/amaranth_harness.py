@@ -99,7 +99,7 @@ async def stream_recv(ctx, port, width: int, max_cycles=5000) -> bytes:
 
 def stream_operands(dut, a, b, *, lanes: int = 1, en_prob: float = 1.0, seed: int = 0, setup=None):
     """Stream operand rows ``a``/``b`` (uint32, shape (n, lanes)) through a pipelined lane block
-    (``a``, ``b``, ``en`` in; ``s`` out; ``dut.LATENCY`` enabled edges) in amaranth.sim.
+    (``a``, ``b``, ``en`` in; ``s`` out; ``dut.latency`` enabled edges) in amaranth.sim.
 
     Each clock, ``en`` is 1 with probability ``en_prob``. On a stalled clock the inputs are set to
     uniformly random words (junk the pipeline must ignore) and ``s`` must not change. The result of row ``j``
@@ -111,7 +111,7 @@ def stream_operands(dut, a, b, *, lanes: int = 1, en_prob: float = 1.0, seed: in
     b = np.asarray(b, dtype=np.uint32).reshape(-1, lanes)
     n = len(a)
     rng = np.random.default_rng(seed)
-    latency = dut.LATENCY
+    latency = dut.latency
     results = []
     cycles = 0
 

@@ -10,9 +10,15 @@ import pytest
 from amaranth.back import verilog
 from amaranth.sim import Simulator
 from amaranth_harness import stream_operands
-from wirereduce.hdl.arith.fp32 import CANONICAL_NAN, AdderLanes, FP32Adder
+from wirereduce.hdl.arith.fp32 import CANONICAL_NAN, AdderLanes, FloatAdder, FP32Adder
 
 LATENCY = FP32Adder.LATENCY
+
+
+@pytest.fixture(params=[False, True], ids=["shallow", "deep"])
+def deep(request):
+    """Both pipeline depths: the six-stage adder and the seven-stage one of the 512-bit datapath."""
+    return request.param
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,8 +158,8 @@ def run_stream(dut, a, b, *, lanes=1, en_prob=1.0, seed=0):
     return stream_operands(dut, a, b, lanes=lanes, en_prob=en_prob, seed=seed)
 
 
-def check_adder(a, b, **kwargs):
-    got, _ = run_stream(FP32Adder(), a, b, **kwargs)
+def check_adder(a, b, deep=False, **kwargs):
+    got, _ = run_stream(FP32Adder(deep=deep), a, b, **kwargs)
     check_sums(a, b, got[:, 0])
 
 
@@ -161,12 +167,12 @@ def check_adder(a, b, **kwargs):
 # FP32Adder
 # ----------------------------------------------------------------------------------------------
 
-def test_edge_values_crossed():
+def test_edge_values_crossed(deep):
     a, b = cross(EDGE_VALUES)
-    check_adder(a, b)
+    check_adder(a, b, deep=deep)
 
 
-def test_rounding_ties_and_near_ties():
+def test_rounding_ties_and_near_ties(deep):
     # 1 + k * 2**-25 for small k covers below/at/above half an ulp at even and odd significands;
     # the same around 2**24 (integers), at the top of the range and in the subnormal range.
     k = np.arange(-8, 9, dtype=np.float64)
@@ -180,64 +186,66 @@ def test_rounding_ties_and_near_ties():
             b.append(f32_bits(sign * k * base * 2.0**-25))
     a.append(np.full(4, 0x7F7F_FFFF, dtype=np.uint32))    # max + about half an ulp of max
     b.append(f32_bits([2.0**103, 2.0**103 * (1 - 2.0**-24), 2.0**103 * (1 + 2.0**-23), 2.0**104]))
-    check_adder(np.concatenate(a), np.concatenate(b))
+    check_adder(np.concatenate(a), np.concatenate(b), deep=deep)
 
 
-def test_random_sparse_significands():
+def test_random_sparse_significands(deep):
     rng = np.random.default_rng(8)
     a, b = sparse_significands(rng, 1500)
-    check_adder(a, b)
+    check_adder(a, b, deep=deep)
 
 
-def test_random_bit_patterns():
+def test_random_bit_patterns(deep):
     rng = np.random.default_rng(1)
     a, b = random_patterns(rng, 2000)
-    check_adder(a, b)
+    check_adder(a, b, deep=deep)
 
 
-def test_random_close_exponents_and_cancellation():
+def test_random_close_exponents_and_cancellation(deep):
     rng = np.random.default_rng(2)
     a1, b1 = random_normals(rng, 1000, max_diff=2)
     a2, b2 = near_cancellation(rng, 1000)
     a3, b3 = random_normals(rng, 500, exp_lo=1, exp_hi=8, max_diff=3)   # results go subnormal
-    check_adder(np.concatenate([a1, a2, a3]), np.concatenate([b1, b2, b3]))
+    check_adder(np.concatenate([a1, a2, a3]), np.concatenate([b1, b2, b3]), deep=deep)
 
 
-def test_random_exponent_gaps_around_sticky_boundary():
+def test_random_exponent_gaps_around_sticky_boundary(deep):
     # Exponent differences up to 30 exercise every alignment shift, including the clamp to
     # "all bits go into sticky" at 27 and beyond.
     rng = np.random.default_rng(3)
     a, b = random_normals(rng, 1500, exp_lo=20, exp_hi=240, max_diff=30)
-    check_adder(a, b)
+    check_adder(a, b, deep=deep)
 
 
-def test_random_subnormals():
+def test_random_subnormals(deep):
     rng = np.random.default_rng(4)
     a, b = random_subnormals(rng, 1500)
-    check_adder(a, b)
+    check_adder(a, b, deep=deep)
 
 
-def test_stalls_keep_order_and_hold_output():
+def test_stalls_keep_order_and_hold_output(deep):
     rng = np.random.default_rng(5)
     a1, b1 = random_normals(rng, 150, max_diff=26)
     a2, b2 = random_patterns(rng, 100)
     a, b = np.concatenate([a1, a2]), np.concatenate([b1, b2])
-    got, cycles = run_stream(FP32Adder(), a, b, en_prob=0.5, seed=6)
+    got, cycles = run_stream(FP32Adder(deep=deep), a, b, en_prob=0.5, seed=6)
     check_sums(a, b, got[:, 0])
     assert cycles > len(a) + LATENCY     # there were stalls
 
 
-def test_throughput_one_result_per_cycle():
+def test_throughput_one_result_per_cycle(deep):
     rng = np.random.default_rng(7)
     a, b = random_normals(rng, 200, max_diff=5)
-    got, cycles = run_stream(FP32Adder(), a, b, en_prob=1.0)
+    dut = FP32Adder(deep=deep)
+    got, cycles = run_stream(dut, a, b, en_prob=1.0)
     check_sums(a, b, got[:, 0])
-    # n vectors in n cycles, the last result LATENCY - 1 cycles after the last vector went in.
-    assert cycles == len(a) + LATENCY - 1
+    # n vectors in n cycles, the last result latency - 1 cycles after the last vector went in.
+    assert cycles == len(a) + dut.latency - 1
 
 
-def test_latency_and_registered_output():
-    dut = FP32Adder()
+def test_latency_and_registered_output(deep):
+    dut = FP32Adder(deep=deep)
+    LATENCY = 7 if deep else 6     # the documented depths, not read back from the adder
     a, b = f32_bits([1.5, 2.25])
     want = int(expected_sum(a, b))
     seen = []
@@ -271,12 +279,26 @@ def test_latency_is_a_class_constant():
     assert AdderLanes.LATENCY == FP32Adder.LATENCY
 
 
+def test_latency_per_instance():
+    """The class constant is the default depth's; each instance carries its own."""
+    assert FP32Adder().latency == AdderLanes(2).latency == FP32Adder.LATENCY == 6
+    assert FP32Adder(deep=True).latency == AdderLanes(2, deep=True).latency == FloatAdder.DEEP_LATENCY == 7
+    assert FloatAdder(5, 10, deep=True).latency == 7 and FloatAdder(8, 7).latency == 6
+
+
+@pytest.mark.parametrize("bad", [1, 0, None, "yes"])
+def test_deep_must_be_a_bool(bad):
+    for make in (lambda: FP32Adder(deep=bad), lambda: AdderLanes(2, deep=bad), lambda: FloatAdder(8, 7, bad)):
+        with pytest.raises(TypeError, match="deep"):
+            make()
+
+
 # ----------------------------------------------------------------------------------------------
 # AdderLanes
 # ----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("lanes, rows", [(2, 500), (16, 100)])
-def test_lanes_independent(lanes, rows):
+@pytest.mark.parametrize("lanes, rows, deep", [(2, 500, False), (16, 100, False), (16, 60, True)])
+def test_lanes_independent(lanes, rows, deep):
     rng = np.random.default_rng(100 + lanes)
     kinds = [random_normals(rng, rows * lanes, max_diff=28), random_patterns(rng, rows * lanes),
              random_subnormals(rng, rows * lanes), near_cancellation(rng, rows * lanes),
@@ -289,7 +311,9 @@ def test_lanes_independent(lanes, rows):
     sel = rng.choice(len(ea), rows * lanes // 4, replace=False)
     a.ravel()[: len(sel)] = ea[sel]
     b.ravel()[: len(sel)] = eb[sel]
-    got, _ = run_stream(AdderLanes(lanes), a, b, lanes=lanes, en_prob=0.7, seed=lanes)
+    dut = AdderLanes(lanes, deep=deep)
+    assert dut.latency == (7 if deep else 6)
+    got, _ = run_stream(dut, a, b, lanes=lanes, en_prob=0.7, seed=lanes)
     check_sums(a, b, got)
 
 
@@ -315,3 +339,4 @@ def test_verilog_conversion():
     text = verilog.convert(AdderLanes(2), name="adder_lanes")
     assert "module adder_lanes" in text
     assert "module" in verilog.convert(FP32Adder())
+    assert "module adder_lanes" in verilog.convert(AdderLanes(2, deep=True), name="adder_lanes")

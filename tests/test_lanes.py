@@ -167,15 +167,15 @@ def test_dtype_byte():
 
 
 def run_lanes(mode: int, a: np.ndarray, b: np.ndarray, lanes: int = 2, en_prob: float = 1.0, seed: int = 0,
-              formats: tuple[str, ...] = tuple(FORMATS)):
-    """Stream word rows through ReduceLanes(lanes, formats) with ``mode`` (stalls, junk on stalled
+              formats: tuple[str, ...] = tuple(FORMATS), deep: bool = False):
+    """Stream word rows through ReduceLanes(lanes, formats, deep) with ``mode`` (stalls, junk on stalled
     clocks: :func:`amaranth_harness.stream_operands`); returns the result words, flat."""
     async def set_mode(ctx):
         ctx.set(dut.mode, mode)
         await ctx.tick()
         await ctx.tick()
 
-    dut = ReduceLanes(lanes, formats)
+    dut = ReduceLanes(lanes, formats, deep=deep)
     got, _ = stream_operands(dut, a, b, lanes=lanes, en_prob=en_prob, seed=seed, setup=set_mode)
     return got.astype(np.uint32).reshape(-1)
 
@@ -201,14 +201,15 @@ def operands(name: str, rng, n: int):
     return x, y
 
 
+@pytest.mark.parametrize("deep", [False, True], ids=["shallow", "deep"])
 @pytest.mark.parametrize("op", list(Op), ids=lambda o: o.name)
 @pytest.mark.parametrize("name", ["fp32", "bf16", "fp16", "int32"])
-def test_lanes_match_golden(name, op):
+def test_lanes_match_golden(name, op, deep):
     rng = np.random.default_rng(hash((name, int(op))) & 0xFFFF)
     a, b = operands(name, rng, 300)
     if a.size % 2:
         a, b = np.append(a, np.uint32(0)), np.append(b, np.uint32(0))
-    got = run_lanes(dtype_byte(name, op), a, b, en_prob=0.9, seed=int(op))
+    got = run_lanes(dtype_byte(name, op), a, b, en_prob=0.9, seed=int(op), deep=deep)
     want = combine_words(a, b, name, op)
     bad = np.flatnonzero(got != want)
     assert not bad.size, [(hex(a[i]), hex(b[i]), hex(got[i]), hex(want[i])) for i in bad[:10]]
@@ -273,6 +274,21 @@ def test_unknown_mode_is_fp32_sum():
 
 def test_every_format_has_the_adders_latency():
     assert FloatAdder.LATENCY == ReduceLanes.LATENCY == 6
+    assert ReduceLanes(1).latency == FloatAdder(8, 7).latency == 6
+    assert ReduceLanes(1, deep=True).latency == FloatAdder(5, 10, deep=True).latency == 7
+    with pytest.raises(TypeError, match="deep"):
+        ReduceLanes(1, deep="yes")
+
+
+@pytest.mark.parametrize("formats", [("fp32",), ("fp32", "fp16")], ids="+".join)
+def test_deep_fewer_formats_same_bits(formats):
+    """The deep lanes built for some formats give the golden model's bits for every mode of those."""
+    for name in formats:
+        for op in Op:
+            a, b = even_operands(name, 21 + int(op), 60)
+            got = run_lanes(dtype_byte(name, op), a, b, en_prob=0.8, seed=int(op), formats=formats, deep=True)
+            bad = np.flatnonzero(got != combine_words(a, b, name, op))
+            assert not bad.size, (name, op.name, [(hex(a[i]), hex(b[i]), hex(got[i])) for i in bad[:10]])
 
 
 @pytest.mark.parametrize("bad", [(1, 7), (8, 1), (12, 10), (True, 7)])

@@ -52,12 +52,24 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import reject
 
-__all__ = ["CANONICAL_NAN", "FloatAdder", "FP32Adder", "AdderLanes"]
+__all__ = ["CANONICAL_NAN", "FloatAdder", "FP32Adder", "AdderLanes", "latency"]
 
 #: The NaN every invalid or NaN-input addition produces: positive, quiet, zero payload.
 CANONICAL_NAN = 0x7FC0_0000
 
 _EXTRA = 3          # guard, round, sticky below the significand
+
+
+def latency(deep: bool = False) -> int:
+    """Enabled clock edges from operands to sum of :class:`FloatAdder` (and of the lanes built of it) of the
+    given depth: 6 (``deep=False``), 7 (``deep=True``)."""
+    return FloatAdder.DEEP_LATENCY if deep else FloatAdder.LATENCY
+
+
+def _check_deep(owner, deep) -> bool:
+    if not isinstance(deep, bool):
+        reject(owner, TypeError(f"deep must be True or False, not {deep!r}"))
+    return deep
 
 
 def _leading_zeros(value):
@@ -123,12 +135,15 @@ class FloatAdder(wiring.Component):
     """
 
     LATENCY = 6
+    DEEP_LATENCY = 7
 
-    def __init__(self, exp_bits: int = 8, frac_bits: int = 23):
+    def __init__(self, exp_bits: int = 8, frac_bits: int = 23, deep: bool = False):
         for name, v, lo, hi in (("exp_bits", exp_bits, 2, 11), ("frac_bits", frac_bits, 2, 52)):
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 reject(self, ValueError(f"{name} must be an int in {lo} … {hi}, not {v!r}"))
         self.exp_bits, self.frac_bits = exp_bits, frac_bits
+        self.deep = _check_deep(self, deep)
+        self.latency = latency(deep)
         self.width = 1 + exp_bits + frac_bits
         super().__init__({"a": In(self.width), "b": In(self.width), "en": In(1), "s": Out(self.width)})
 
@@ -137,24 +152,13 @@ class FloatAdder(wiring.Component):
         """The NaN this adder produces: exponent all ones, top fraction bit set, sign 0."""
         return ((1 << self.exp_bits) - 1) << self.frac_bits | 1 << (self.frac_bits - 1)
 
-    def elaborate(self, platform):
-        m = Module()
+    def _stage1(self, m):
+        """Stage 1 (both depths): unpack, classify, compare magnitudes, swap, exponent difference.
+        Returns its registers by name (``sign``, ``exp``, ``big``, ``small``, ``diff``, ``sub``,
+        ``zero_sign``, ``special``, ``invalid``, ``inf_sign``)."""
         E, F = self.exp_bits, self.frac_bits
         W = self.width
         EXP_MAX = (1 << E) - 1
-        SIG = F + 1 + _EXTRA                      # aligned significand: hidden + fraction + G/R/S
-        SUMW = SIG + 1                            # with the carry
-        LZW = 1 << (SUMW - 1).bit_length()        # leading-zero counter width (power of two) ...
-        if LZW == SUMW:
-            LZW *= 2                              # ... with room for at least one padding bit
-        LZB = (LZW - 1).bit_length()              # bits of the count
-        SHB = SIG.bit_length()                    # bits of the clamped alignment shift
-        POS_INF = EXP_MAX << F
-        CANON = self.canonical_nan
-
-        # ------------------------------------------------------------------------------------
-        # Stage 1: unpack, classify, compare magnitudes, swap, exponent difference.
-        # ------------------------------------------------------------------------------------
         a, b = self.a, self.b
         a_sign, b_sign = a[W - 1], b[W - 1]
         a_exp, b_exp = a[F:W - 1], b[F:W - 1]
@@ -213,6 +217,36 @@ class FloatAdder(wiring.Component):
             s1_invalid.eq(invalid),
             s1_inf_sign.eq(inf_sign),
         ]
+
+        return {"sign": s1_sign, "exp": s1_exp, "big": s1_big, "small": s1_small, "diff": s1_diff, "sub": s1_sub,
+                "zero_sign": s1_zero_sign, "special": s1_special, "invalid": s1_invalid, "inf_sign": s1_inf_sign}
+
+    def elaborate(self, platform):
+        m = Module()
+        E, F = self.exp_bits, self.frac_bits
+        W = self.width
+        EXP_MAX = (1 << E) - 1
+        SIG = F + 1 + _EXTRA                      # aligned significand: hidden + fraction + G/R/S
+        SUMW = SIG + 1                            # with the carry
+        LZW = 1 << (SUMW - 1).bit_length()        # leading-zero counter width (power of two) ...
+        if LZW == SUMW:
+            LZW *= 2                              # ... with room for at least one padding bit
+        LZB = (LZW - 1).bit_length()              # bits of the count
+        SHB = SIG.bit_length()                    # bits of the clamped alignment shift
+        POS_INF = EXP_MAX << F
+        CANON = self.canonical_nan
+
+        # ------------------------------------------------------------------------------------
+        # Stage 1: unpack, classify, compare magnitudes, swap, exponent difference.
+        # ------------------------------------------------------------------------------------
+        s1 = self._stage1(m)
+        if self.deep:
+            self._elaborate_deep(m, s1)
+            # Every register updates only on edges with en = 1 (a stall freezes the pipe).
+            return EnableInserter(self.en)(m)
+        s1_sign, s1_exp, s1_big, s1_small, s1_diff = (s1[k] for k in ("sign", "exp", "big", "small", "diff"))
+        s1_sub, s1_zero_sign, s1_special, s1_invalid, s1_inf_sign = (
+            s1[k] for k in ("sub", "zero_sign", "special", "invalid", "inf_sign"))
 
         # ------------------------------------------------------------------------------------
         # Stage 2: align the smaller significand, folding shifted-out bits into the sticky bit.
@@ -286,25 +320,12 @@ class FloatAdder(wiring.Component):
         # ------------------------------------------------------------------------------------
         # Stage 6: round to nearest, ties to even (§4.3.1), handle overflow and specials, pack.
         # ------------------------------------------------------------------------------------
-        round_bit = s5_low[3]
-        sticky_bit = s5_low[:3] != 0
-        round_up = round_bit & (sticky_bit | s5_sig[0])
-        # Exponent field above fraction: an increment that carries out of the fraction bumps
-        # the exponent, which is exactly right both for 1.11..1 -> 10.0 (renormalise) and for
-        # the largest subnormal -> smallest normal. Rounding 254/1.11..1 up lands on 255/0 = Inf.
-        packed = Cat(s5_sig[:F], s5_exp)
-        rounded = (packed + round_up)[:W - 1]
         s5_sign = Signal(name="s5_sign")
         s5_special = Signal(name="s5_special")
         s5_invalid = Signal(name="s5_invalid")
         s5_inf_sign = Signal(name="s5_inf_sign")
-        # Exponent field 255 before rounding: the carry of an addition already overflowed
-        # (§7.4: roundTiesToEven carries all overflows to Inf).
-        overflow = s5_exp == EXP_MAX
-        m.d.sync += self.s.eq(
-            Mux(s5_special,
-                Mux(s5_invalid, CANON, Cat(Const(POS_INF, W - 1), s5_inf_sign)),
-                Mux(overflow, Cat(Const(POS_INF, W - 1), s5_sign), Cat(rounded, s5_sign))))
+        self._round_pack(m, s5_sig, s5_low, s5_exp,
+                         {"sign": s5_sign, "special": s5_special, "invalid": s5_invalid, "inf_sign": s5_inf_sign})
 
         # ------------------------------------------------------------------------------------
         # Values that only travel along the pipeline to the stage that needs them.
@@ -329,6 +350,180 @@ class FloatAdder(wiring.Component):
 
         # Every register above updates only on edges with en = 1 (a stall freezes the pipe).
         return EnableInserter(self.en)(m)
+
+    def _round_pack(self, m, sig, low, exp, flags):
+        """The last stage (both depths): round to nearest, ties to even (§4.3.1), overflow and special
+        values, pack into ``self.s``. ``sig`` is hidden bit + fraction (F + 1 bits), ``low`` the round
+        bit above three sticky bits, ``exp`` the exponent field before rounding, ``flags`` the
+        registered ``sign``, ``special``, ``invalid`` and ``inf_sign``."""
+        E, F = self.exp_bits, self.frac_bits
+        W = self.width
+        EXP_MAX = (1 << E) - 1
+        POS_INF = EXP_MAX << F
+        CANON = self.canonical_nan
+        round_bit = low[3]
+        sticky_bit = low[:3] != 0
+        round_up = round_bit & (sticky_bit | sig[0])
+        # Exponent field above fraction: an increment that carries out of the fraction bumps
+        # the exponent, which is exactly right both for 1.11..1 -> 10.0 (renormalise) and for
+        # the largest subnormal -> smallest normal. Rounding 254/1.11..1 up lands on 255/0 = Inf.
+        packed = Cat(sig[:F], exp)
+        rounded = (packed + round_up)[:W - 1]
+        # Exponent field 255 before rounding: the carry of an addition already overflowed
+        # (§7.4: roundTiesToEven carries all overflows to Inf).
+        overflow = exp == EXP_MAX
+        m.d.sync += self.s.eq(
+            Mux(flags["special"],
+                Mux(flags["invalid"], CANON, Cat(Const(POS_INF, W - 1), flags["inf_sign"])),
+                Mux(overflow, Cat(Const(POS_INF, W - 1), flags["sign"]), Cat(rounded, flags["sign"]))))
+
+    def _elaborate_deep(self, m, s1):
+        """The seven-stage pipeline (``deep=True``); ``s1`` holds stage 1's registers (shared with the
+        six-stage one). Every stage ends in a register; stages 2-6 are split so that no path is more than
+        five LUT levels (yosys estimate, xcup; class docstring)."""
+        E, F = self.exp_bits, self.frac_bits
+        SIG = F + 1 + _EXTRA                      # aligned significand: hidden + fraction + G/R/S
+        SUMW = SIG + 1                            # with the carry
+        SHB = SIG.bit_length()                    # bits of a shift that can still leave a bit in place
+        GROUPS = -(-SUMW // 4)                    # leading zeros are counted in groups of four bits
+        PAD = 4 * GROUPS - SUMW                   # zero bits below the sum to fill the last group
+
+        # ------------------------------------------------------------------------------------
+        # Stage 2: align, first half. The shift amount is the exponent difference d; its two low
+        # bits shift here, by 0 … 3, which only drops the three zero bits below the significand
+        # (G/R/S), so nothing is lost yet. A difference of 2^SHB or more (``far``) shifts every bit
+        # out, which a shift by d mod 2^SHB ≥ SIG would too, so the rest of d is SHB − 2 bits.
+        # ------------------------------------------------------------------------------------
+        small_ext = Cat(Const(0, _EXTRA), s1["small"])
+        d = Cat(s1["diff"], Const(0, SHB))         # zero-extended: SHB may exceed the exponent's bits
+        part = (small_ext >> d[:2])[:SIG]
+        BLOCKS = -(-SIG // 4)
+        s2_part = Signal(SIG, name="s2_part")
+        s2_hi = Signal(SHB - 2, name="s2_hi")     # d // 4 (mod 2^(SHB - 2))
+        s2_far = Signal(name="s2_far")
+        s2_big = Signal(SIG, name="s2_big")
+        # For the sticky bit: whether block k (bits 4k … 4k + 3) of the partly shifted significand
+        # holds a one. Stage 3 shifts whole blocks out.
+        s2_any = Signal(BLOCKS, name="s2_any")
+        m.d.sync += [
+            s2_part.eq(part),
+            s2_hi.eq(d[2:SHB]),
+            s2_far.eq(d[SHB:] != 0),
+            s2_big.eq(Cat(Const(0, _EXTRA), s1["big"])),
+            s2_any.eq(Cat(*(part[4 * k:4 * k + 4] != 0 for k in range(BLOCKS)))),
+        ]
+
+        # ------------------------------------------------------------------------------------
+        # Stage 3: align, second half: shift by 4·(d // 4), or out entirely when far; the blocks
+        # shifted out (k < d // 4, or all when far) go into the sticky bit. In parallel, the
+        # normalisation's stop mask from the exponent (stage 5).
+        # ------------------------------------------------------------------------------------
+        shifted = s2_part
+        for i in reversed(range(len(s2_hi))):     # the widest step first
+            shifted = Mux(s2_hi[i], shifted >> (4 << i), shifted)
+        aligned = Mux(s2_far, 0, shifted[:SIG])
+        sticky = (s2_any & Cat(*(s2_far | (s2_hi > k) for k in range(BLOCKS)))) != 0
+        s2_exp = Signal(E, name="s2_exp")
+        s3_big = Signal(SIG, name="s3_big")
+        s3_small = Signal(SIG, name="s3_small")
+        # Stop mask: a one at bit SUMW − 1 − e of the sum (e = the larger operand's effective
+        # exponent), where the leading one of a result of exponent field 1 sits. Counting the
+        # leading zeros of sum | mask gives min(lz(sum), e): the shift that normalises the sum, or
+        # for a result below the normal range (lz > e) makes it subnormal (shift by e only).
+        s3_mask = Signal(SUMW, name="s3_mask")
+        m.d.sync += [
+            s3_big.eq(s2_big),
+            s3_small.eq(Cat(aligned[0] | sticky, aligned[1:])),
+            s3_mask.eq(Cat(*(s2_exp == SUMW - 1 - p for p in range(SUMW)))),
+        ]
+
+        # ------------------------------------------------------------------------------------
+        # Stage 4: add or subtract (the larger operand is first: never negative), as one adder:
+        # big + ~small + 1 modulo 2^SUMW is big − small. The count's input sum | mask with it.
+        # ------------------------------------------------------------------------------------
+        s3_sub = Signal(name="s3_sub")
+        inv = Cat(*(s3_sub for _ in range(SUMW)))
+        total = (s3_big + (s3_small ^ inv) + s3_sub)[:SUMW]
+        # The count's input is sum | mask, in groups of four bits from the top (g = 0 the top group;
+        # zero bits below the sum fill the last one). Per group, registered with the sum: whether it
+        # holds a one, and its leading zeros (0 … 3, for a group that holds one).
+        val = Cat(Const(0, PAD), total | s3_mask)
+        top = 4 * GROUPS
+        groups = [val[top - 4 * (g + 1):top - 4 * g] for g in range(GROUPS)]
+        s4_sum = Signal(SUMW, name="s4_sum")
+        s4_nz = Signal(GROUPS, name="s4_nz")
+        s4_f = [Signal(2, name=f"s4_f{g}") for g in range(GROUPS)]
+        m.d.sync += [s4_sum.eq(total), s4_nz.eq(Cat(*(grp != 0 for grp in groups)))]
+        m.d.sync += [f.eq(Mux(grp[3], 0, Mux(grp[2], 1, Mux(grp[1], 2, 3)))) for f, grp in zip(s4_f, groups)]
+
+        # ------------------------------------------------------------------------------------
+        # Stage 5: leading zeros of sum | mask, first half: c = leading all-zero groups (0 …
+        # GROUPS; a balanced counter over the group flags); shift the sum left by 4c, and take the
+        # leading zeros f of the first non-zero group. Sign of an exact zero.
+        # ------------------------------------------------------------------------------------
+        summ = Cat(Const(0, PAD), s4_sum)
+        CW = 1 << GROUPS.bit_length()             # flags padded with a one below, to a power of two
+        flags = Cat(Const(1 << (CW - GROUPS - 1), CW - GROUPS), *reversed([s4_nz[g] for g in range(GROUPS)]))
+        c = _leading_zeros(flags)                 # GROUPS when every group is zero
+        CB = len(c)
+        # Shift by 4c one bit of c at a time, the widest step first: the low bits of c take longer
+        # to count (they depend on more groups), so they select last.
+        shifted = summ
+        for i in reversed(range(CB)):
+            shifted = Mux(c[i], shifted << (4 << i), shifted)
+        # f of the first group that holds a one, as an AND-OR over the groups (flat, not through c).
+        fine = Const(0, 2)
+        for g in range(GROUPS):
+            first = s4_nz[g] & ~s4_nz[:g].any() if g else s4_nz[0]
+            fine = fine | Mux(first, s4_f[g], 0)
+        s4_sign, s4_zero_sign = Signal(name="s4_sign"), Signal(name="s4_zero_sign")
+        s5_sum = Signal(4 * GROUPS, name="s5_sum")
+        s5_lz = Signal(CB + 2, name="s5_lz")        # 4c (+ f in stage 6)
+        s5_f = Signal(2, name="s5_f")
+        s5_sign = Signal(name="s5_sign")
+        sum_zero = s4_sum == 0
+        m.d.sync += [
+            s5_sum.eq(shifted[:top]),
+            s5_lz.eq(Cat(Const(0, 2), c)),
+            s5_f.eq(fine),
+            s5_sign.eq(Mux(sum_zero, s4_zero_sign, s4_sign)),
+        ]
+
+        # ------------------------------------------------------------------------------------
+        # Stage 6: leading zeros, second half: shift by f. The bit that lands at the top (bit
+        # SUMW − 1 of the sum) is the result's hidden bit: 1 when normalised, 0 when subnormal or
+        # zero (then the exponent field is 0); else the field is e + 1 − (4c + f).
+        # ------------------------------------------------------------------------------------
+        normalised = (s5_sum << s5_f)[PAD:top]
+        hidden = normalised[SUMW - 1]
+        s5_exp = Signal(E, name="s5_exp")
+        s6_sig = Signal(F + 1, name="s6_sig")
+        s6_low = Signal(4, name="s6_low")
+        s6_exp = Signal(E, name="s6_exp")
+        m.d.sync += [
+            s6_sig.eq(normalised[4:]),
+            s6_low.eq(normalised[:4]),
+            s6_exp.eq(Mux(hidden, (s5_exp + 1 - (s5_lz | s5_f))[:E], 0)),
+        ]
+
+        # Stage 7: round, pack, specials (as the six-stage pipeline's last stage).
+        s6 = {k: Signal(name=f"s6_{k}") for k in ("sign", "special", "invalid", "inf_sign")}
+        self._round_pack(m, s6_sig, s6_low, s6_exp, s6)
+
+        # Values that only travel along the pipeline to the stage that needs them: each from stage 1
+        # to its last stage, through the named registers where a stage reads them.
+        named = {"sub": {3: s3_sub}, "exp": {2: s2_exp, 5: s5_exp}, "sign": {4: s4_sign},
+                 "zero_sign": {4: s4_zero_sign}, "special": {6: s6["special"]}, "invalid": {6: s6["invalid"]},
+                 "inf_sign": {6: s6["inf_sign"]}}
+        for key, at in named.items():
+            v = s1[key]
+            for k in range(2, max(at) + 1):
+                nxt = at.get(k, None)
+                if nxt is None:
+                    nxt = Signal.like(v, name=f"s{k}_{key}")
+                m.d.sync += nxt.eq(v)
+                v = nxt
+        m.d.sync += s6["sign"].eq(s5_sign)     # the sign after stage 5's zero decision
 
 
 class FP32Adder(FloatAdder):
@@ -361,8 +556,8 @@ class FP32Adder(FloatAdder):
         the last pipeline register. Resets to 0 (+0.0).
     """
 
-    def __init__(self):
-        super().__init__(8, 23)
+    def __init__(self, deep: bool = False):
+        super().__init__(8, 23, deep)
 
 
 class AdderLanes(wiring.Component):
@@ -377,11 +572,18 @@ class AdderLanes(wiring.Component):
     ----------
     lanes : int
         Number of fp32 lanes, at least 1.
+    deep : bool
+        Build the seven-stage adders (:class:`FloatAdder` ``deep``); default False (six stages).
 
     Attributes
     ----------
     LATENCY : int
-        Enabled clock edges from ``a``/``b`` to ``s``, equal to :attr:`FP32Adder.LATENCY`.
+        Enabled clock edges from ``a``/``b`` to ``s`` of the default depth, equal to
+        :attr:`FP32Adder.LATENCY` (6); class constant.
+    latency : int
+        This instance's: 6, or 7 with ``deep``.
+    deep : bool
+        As given.
     lanes : int
         Number of lanes.
     a : Signal(32 * lanes), in
@@ -396,19 +598,21 @@ class AdderLanes(wiring.Component):
     Raises
     ------
     TypeError
-        If ``lanes`` is not an integer (``bool`` is rejected too).
+        If ``lanes`` is not an integer (``bool`` is rejected too), or ``deep`` not a bool.
     ValueError
         If ``lanes`` is less than 1.
     """
 
     LATENCY = FP32Adder.LATENCY
 
-    def __init__(self, lanes):
+    def __init__(self, lanes, deep: bool = False):
         if isinstance(lanes, bool) or not isinstance(lanes, int):
             reject(self, TypeError(f"lanes must be an int, not {lanes!r}"))
         if lanes < 1:
             reject(self, ValueError(f"lanes must be at least 1, not {lanes}"))
         self.lanes = lanes
+        self.deep = _check_deep(self, deep)
+        self.latency = latency(deep)
         super().__init__({
             "a": In(32 * lanes),
             "b": In(32 * lanes),
@@ -419,7 +623,7 @@ class AdderLanes(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         for i in range(self.lanes):
-            adder = m.submodules[f"lane{i}"] = FP32Adder()
+            adder = m.submodules[f"lane{i}"] = FP32Adder(self.deep)
             bits = slice(32 * i, 32 * i + 32)
             m.d.comb += [
                 adder.a.eq(self.a[bits]),

@@ -29,7 +29,7 @@ from __future__ import annotations
 from amaranth.hdl import Cat, Const, EnableInserter, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.arith.fp32 import FloatAdder
+from wirereduce.hdl.arith.fp32 import FloatAdder, _check_deep, latency
 from wirereduce.hdl.params import reject, rejecting
 
 from wirereduce.formats import FORMATS, Op, check_formats
@@ -37,11 +37,14 @@ from wirereduce.formats import FORMATS, Op, check_formats
 __all__ = ["ReduceLanes"]
 
 
-def _minmax(a, b, exp_bits: int, frac_bits: int, is_max):
+def _minmax(a, b, exp_bits: int, frac_bits: int, is_max, deep: bool = False):
     """IEEE 754-2019 maximum (``is_max``) / minimum of two floats of the given format, in two parts:
-    returns ``(nan, pick_b)`` from ``a`` and ``b`` and ``result(nan, pick_b, a, b)``, which gives the
-    canonical quiet NaN when ``nan``, else ``b`` when ``pick_b``, else ``a`` (so the decision can be
-    registered before the select).
+    returns ``(flags, result)``: the decision ``flags`` from ``a`` and ``b`` (to be registered) and
+    ``result(*flags, x, y)``, which gives the canonical quiet NaN when an operand was a NaN, else
+    ``y`` (``b``) when the decision picks ``b``, else ``x`` (``a``), so the decision can be registered
+    before the select. The flags are ``(nan, pick_b)``, or with ``deep`` the raw comparisons
+    ``(nan, sign_a, sign_b, |a| < |b|, |a| > |b|)``, which ``result`` combines into ``pick_b`` (one LUT
+    level in the select's cycle instead of two after the comparators).
 
     A NaN operand gives the canonical quiet NaN; otherwise the larger / smaller, with −0 < +0
     (sign-magnitude order: a negative is below every positive, zeros included)."""
@@ -52,11 +55,19 @@ def _minmax(a, b, exp_bits: int, frac_bits: int, is_max):
     sa, sb = a[w - 1], b[w - 1]
     mag_lt = a[:w - 1] < b[:w - 1]
     mag_gt = a[:w - 1] > b[:w - 1]
-    # a < b: a negative and b positive; both positive and |a| < |b|; both negative and |a| > |b|
-    a_lt_b = (sa & ~sb) | (~sa & ~sb & mag_lt) | (sa & sb & mag_gt)
-    pick_b = Mux(is_max, a_lt_b, ~a_lt_b & (a != b))
     canon = exp_all << frac_bits | 1 << (frac_bits - 1)
-    return (nan_a | nan_b, pick_b), lambda nan, pick, x, y: Mux(nan, canon, Mux(pick, y, x))
+
+    def pick(sa, sb, mag_lt, mag_gt, a_ne_b):
+        # a < b: a negative and b positive; both positive and |a| < |b|; both negative and |a| > |b|
+        a_lt_b = (sa & ~sb) | (~sa & ~sb & mag_lt) | (sa & sb & mag_gt)
+        return Mux(is_max, a_lt_b, ~a_lt_b & a_ne_b)
+
+    if deep:
+        def result(nan, sa, sb, lt, gt, x, y):
+            return Mux(nan, canon, Mux(pick(sa, sb, lt, gt, lt | gt | (sa ^ sb)), y, x))
+        return (nan_a | nan_b, sa, sb, mag_lt, mag_gt), result
+    return (nan_a | nan_b, pick(sa, sb, mag_lt, mag_gt, a != b)), \
+        lambda nan, pick_b, x, y: Mux(nan, canon, Mux(pick_b, y, x))
 
 
 class ReduceLanes(wiring.Component):
@@ -96,7 +107,7 @@ class ReduceLanes(wiring.Component):
 
     LATENCY = FloatAdder.LATENCY
 
-    def __init__(self, lanes: int, formats: tuple[str, ...] = tuple(FORMATS)):
+    def __init__(self, lanes: int, formats: tuple[str, ...] = tuple(FORMATS), deep: bool = False):
         if isinstance(lanes, bool) or not isinstance(lanes, int):
             reject(self, TypeError(f"lanes must be an int, not {lanes!r}"))
         if lanes < 1:
@@ -104,13 +115,15 @@ class ReduceLanes(wiring.Component):
         with rejecting(self):
             self.formats = check_formats(formats)
         self.lanes = lanes
+        self.deep = _check_deep(self, deep)
+        self.latency = latency(deep)
         super().__init__({"a": In(32 * lanes), "b": In(32 * lanes), "mode": In(8), "en": In(1),
                           "s": Out(32 * lanes)})
 
     def elaborate(self, platform):
         m = Module()      # the lanes, under the clock enable
         out = Module()    # the selects (clocked every cycle) and the output OR
-        L = self.LATENCY
+        L = self.latency
         built = [FORMATS[n] for n in self.formats]
         others = [f for f in built if f.name != "fp32"]   # fp32's comparator is the default one
         fmt, op = self.mode[:4], self.mode[4:]
@@ -155,23 +168,26 @@ class ReduceLanes(wiring.Component):
                     fas = []
                     for h, el in enumerate(elements):
                         fa = m.submodules[f"{f.name}_{j}" + (f"_{h}" if f.per_word > 1 else "")] = \
-                            FloatAdder(f.exp_bits, f.frac_bits)
+                            FloatAdder(f.exp_bits, f.frac_bits, self.deep)
                         m.d.comb += [fa.a.eq(a[el]), fa.b.eq(b[el])]
                         fas.append(fa)
                     adders += fas
                     sums[f.name] = Cat(*(fa.s for fa in fas))
                     parts = []
                     for h, el in enumerate(elements):
-                        flags, result = _minmax(a[el], b[el], f.exp_bits, f.frac_bits, is_max)
-                        nan, pick = decided(flags, f"{f.name}_{j}_{h}_cmp")
-                        parts.append(result(nan, pick, a_q[el], b_q[el]))
+                        flags, result = _minmax(a[el], b[el], f.exp_bits, f.frac_bits, is_max, self.deep)
+                        parts.append(result(*decided(flags, f"{f.name}_{j}_{h}_cmp"), a_q[el], b_q[el]))
                     cmps[f.name] = Cat(*parts)
                 else:             # int32: one registered stage, then a delay to the adders' latency
                     isum = Signal(32, name=f"int_sum{j}")
                     m.d.sync += isum.eq((a + b)[:32])
                     sums[f.name] = delayed(isum, f"int_sum{j}")
                     a_lt_b = a.as_signed() < b.as_signed()
-                    pick, = decided([Mux(is_max, a_lt_b, ~a_lt_b & (a != b))], f"int_{j}_cmp")
+                    if self.deep:     # the comparisons registered, combined in the select's cycle
+                        lt, ne = decided([a_lt_b, a != b], f"int_{j}_cmp")
+                        pick = Mux(is_max, lt, ~lt & ne)
+                    else:
+                        pick, = decided([Mux(is_max, a_lt_b, ~a_lt_b & (a != b))], f"int_{j}_cmp")
                     cmps[f.name] = Mux(pick, b_q, a_q)
             # The comparator of the selected format: a second registered stage, then the same delay.
             cmp = Signal(32, name=f"cmp{j}")
