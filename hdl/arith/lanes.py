@@ -183,9 +183,9 @@ class ReduceLanes(wiring.Component):
                     m.d.sync += isum.eq((a + b)[:32])
                     sums[f.name] = delayed(isum, f"int_sum{j}")
                     a_lt_b = a.as_signed() < b.as_signed()
-                    if self.deep:     # the comparisons registered, combined in the select's cycle
-                        lt, ne = decided([a_lt_b, a != b], f"int_{j}_cmp")
-                        pick = Mux(is_max, lt, ~lt & ne)
+                    if self.deep:     # both comparisons (carry chains) registered, picked in the select's cycle
+                        lt, gt = decided([a_lt_b, b.as_signed() < a.as_signed()], f"int_{j}_cmp")
+                        pick = Mux(is_max, lt, gt)     # MIN takes b iff a > b (the same as ~lt & (a != b))
                     else:
                         pick, = decided([Mux(is_max, a_lt_b, ~a_lt_b & (a != b))], f"int_{j}_cmp")
                     cmps[f.name] = Mux(pick, b_q, a_q)
