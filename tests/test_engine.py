@@ -51,9 +51,9 @@ class Mesh(wiring.Component):
 
 def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, window=4, ready_prob=1.0,
                  max_latency=3, slots=4, rate=None, trace=None, priority="broadcast", lookahead=2,
-                 formats=tuple(FORMATS)):
+                 formats=tuple(FORMATS), width=64):
     ports = ports or s.topology.degree
-    cfg = EngineConfig(64, mtu, slots=slots, ports=ports, max_flows=64, priority=priority, lookahead=lookahead,
+    cfg = EngineConfig(width, mtu, slots=slots, ports=ports, max_flows=64, priority=priority, lookahead=lookahead,
                        formats=formats)
     rng = np.random.default_rng(seed)
     lat = {lk: int(rng.integers(1, max_latency + 1)) for lk in s.topology.directed_links()}
@@ -72,12 +72,12 @@ def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, wind
         async def pusher(ctx):
             for first_flow, payload in table.table_frames_payloads(s, u, ports, 64):
                 hdr = Header(opcode=Opcode.SCHEDULE, seq=first_flow, count=len(payload) // 4, collective=9)
-                await stream_send(ctx, e.host_rx, hdr.pack() + payload, 64)
-                st = parse_stats(await stream_recv(ctx, e.host_tx, 64))
+                await stream_send(ctx, e.host_rx, hdr.pack() + payload, width)
+                st = parse_stats(await stream_recv(ctx, e.host_tx, width))
                 assert st["control_refused"] == 0 and st["drop_count"] == 0, st
             ctl = Header(opcode=Opcode.CONTROL, collective=5, src=u, hop=F, seq=C, count=77)
-            await stream_send(ctx, e.host_rx, ctl.pack(), 64)
-            st = parse_stats(await stream_recv(ctx, e.host_tx, 64))
+            await stream_send(ctx, e.host_rx, ctl.pack(), width)
+            st = parse_stats(await stream_recv(ctx, e.host_tx, width))
             assert st["request_tag"] == 77 and st["control_refused"] == 0, st
             acked.add(u)
             while len(acked) < len(arrays):
@@ -91,7 +91,7 @@ def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, wind
                 hdr = Header(opcode=Opcode.HOST_PUSH, collective=5, seq=c.seq, hop=c.flow, count=c.count)
                 if trace is not None:
                     trace.append(("push", u, c.seq, clock[0]))
-                await stream_send(ctx, e.host_rx, frame(hdr, arrays[u][c.start:c.start + c.count]), 64)
+                await stream_send(ctx, e.host_rx, frame(hdr, arrays[u][c.start:c.start + c.count]), width)
 
         async def collector(ctx):
             while u not in acked:
@@ -100,7 +100,7 @@ def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, wind
                 try:
                     tx = e.host_tx
                     data = await recv_beats(ctx, tx.valid, tx.ready, tx.payload.data, tx.payload.keep,
-                                            tx.payload.last, 64, 20000, lambda: int(rng.random() < ready_prob))
+                                            tx.payload.last, width, 20000, lambda: int(rng.random() < ready_prob))
                 except TimeoutError:
                     missing = sorted(set(range(C)) - got[u])
                     raise TimeoutError(f"node {u}: chunks {missing} of {C} never arrived") from None
@@ -114,8 +114,8 @@ def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, wind
                 if trace is not None:
                     trace.append(("result", u, h.seq, clock[0]))
             await ctx.tick().repeat(30)
-            await stream_send(ctx, e.host_rx, Header(opcode=Opcode.STATS_REQUEST, count=3).pack(), 64)
-            stats[u] = parse_stats(await stream_recv(ctx, e.host_tx, 64))
+            await stream_send(ctx, e.host_rx, Header(opcode=Opcode.STATS_REQUEST, count=3).pack(), width)
+            stats[u] = parse_stats(await stream_recv(ctx, e.host_tx, width))
         return [pusher, collector]
 
     clock = [0]
@@ -148,6 +148,15 @@ def test_engine_bitexact(topo, alg, n):
     s = sched.build(topo, alg)
     arrays = edge_arrays(s.nodes, n, seed=n)
     check(s, arrays, elements=40)
+
+
+def test_engine_bitexact_512():
+    """Two 512-bit engines, whose summation units have the deep (seven-stage) lanes: the golden model's
+    bits (edge values: subnormals, ties, Inf, NaN; two chunks, several beats each)."""
+    assert EngineConfig(512, 1500, ports=2).deep_lanes and not EngineConfig(64, 1500, ports=2).deep_lanes
+    s = sched.build("ring:2", "ring")
+    arrays = edge_arrays(s.nodes, 90, seed=90)
+    check(s, arrays, elements=45, width=512)
 
 
 def test_unit_priority_and_fp32_only_lanes_same_bits():

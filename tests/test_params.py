@@ -12,7 +12,7 @@ import pytest
 from amaranth.hdl import Fragment, Module, UnusedElaboratable
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
-from wirereduce.hdl.arith.fp32 import AdderLanes
+from wirereduce.hdl.arith.fp32 import AdderLanes, FloatAdder
 from wirereduce.hdl.arith.lanes import ReduceLanes
 from wirereduce.hdl.codec.compressor import BytePacker
 from wirereduce.hdl.core.sumunit import SumUnit
@@ -79,6 +79,10 @@ def test_without_the_helper_a_rejected_component_warns():
     lambda: SumUnit(64, 2, 8, 4, 32),
     lambda: SumUnit(64, 2, 2, 4, 32, lookahead=5),
     lambda: ReduceLanes(1, ("bf16",)),
+    lambda: FloatAdder(8, 23, 1),
+    lambda: AdderLanes(2, deep=None),
+    lambda: ReduceLanes(1, deep="yes"),
+    lambda: SumUnit(96, 2, 2, 4, 32),
 ])
 def test_rejected_components_raise_and_do_not_warn(make):
     assert unused_warnings(make) == []

@@ -141,7 +141,8 @@ def test_logic_levels_errors():
 
 
 def test_select_blocks():
-    assert [b.name for b, _ in resources.select_blocks(family="xcup")] == ["lanes512", "node512", "engine_p2_512"]
+    assert [b.name for b, _ in resources.select_blocks(family="xcup")] == [
+        "fp32_adder_deep", "lanes512", "node512", "engine_p2_512"]
     assert ("xcup" in {f for _, f in resources.select_blocks(["fp32_adder"], family="xcup")})
     assert all(b.quick for b, _ in resources.select_blocks(quick=True))
     with pytest.raises(ResourceError, match="unknown block"):

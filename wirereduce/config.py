@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from wirereduce.formats import FORMATS, check_formats
 from wirereduce.protocol import HEADER_BYTES, max_elements
 
-__all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "NodeConfig", "EngineConfig", "PRIORITIES",
-           "MAX_LOOKAHEAD"]
+__all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "deep_lanes", "DEEP_LANES_WIDTH", "NodeConfig",
+           "EngineConfig", "PRIORITIES", "MAX_LOOKAHEAD"]
 
 #: Smallest MTU: the 16-byte header and one fp32 element.
 MTU_MIN = HEADER_BYTES + 4
@@ -60,6 +60,30 @@ def check_width(width: int) -> int:
     return width
 
 
+#: Narrowest datapath (bits) whose adder lanes are built deep (:func:`deep_lanes`).
+DEEP_LANES_WIDTH = 512
+
+
+def deep_lanes(width: int) -> bool:
+    """Whether the adder lanes of a ``width``-bit datapath are the seven-stage ones (``deep=True`` of
+    :class:`~wirereduce.hdl.arith.fp32.FloatAdder`, :class:`~wirereduce.hdl.arith.fp32.AdderLanes` and
+    :class:`~wirereduce.hdl.arith.lanes.ReduceLanes`): from :data:`DEEP_LANES_WIDTH` (512) bits up.
+
+    The one place this is decided; the ring node's reduce pipeline and the engine's summation units
+    ask it. The rule is the timing budget (docs/architecture.md "Timing budgets"): a 512-bit
+    datapath runs at 322.27 MHz on UltraScale+ (≤ 5 LUT levels between registers), where the
+    six-stage lanes measure 8; the seven-stage ones measure 5, at one cycle more per adder. A 64-bit
+    datapath (156.25 MHz on 7-series, ≤ 9 levels) keeps the six stages. Widths from 128 to 256
+    have no clock of their own in this project and keep six stages as well.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`check_width`.
+    """
+    return check_width(width) >= DEEP_LANES_WIDTH
+
+
 @dataclass(frozen=True, repr=False)
 class NodeConfig:
     """Elaboration-time parameters of a node (immutable; equal when the parameters are).
@@ -103,6 +127,11 @@ class NodeConfig:
     @property
     def bytes_per_beat(self) -> int:
         return self.width // 8
+
+    @property
+    def deep_lanes(self) -> bool:
+        """Whether the adder lanes are built deep (seven stages): :func:`deep_lanes` of the width."""
+        return deep_lanes(self.width)
 
     @property
     def max_beats(self) -> int:

@@ -16,10 +16,10 @@ from __future__ import annotations
 from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.arith.fp32 import AdderLanes
+from wirereduce.hdl.arith.fp32 import AdderLanes, latency
 from wirereduce.hdl.stream.frame import gated_layout, tagged_layout
 
-from wirereduce.config import check_width
+from wirereduce.config import check_width, deep_lanes
 from wirereduce.protocol import HEADER_BYTES
 
 __all__ = ["ReducePipeline", "reduce_input_layout"]
@@ -66,7 +66,10 @@ class ReducePipeline(wiring.Component):
     busy : Out(1)
         A beat is in the pipeline.
 
-    Latency is :attr:`LATENCY` cycles from input beat to output beat.
+    Latency is :attr:`latency` cycles from input beat to output beat: one buffer-read stage and the
+    adder lanes, whose depth follows the width (:func:`~wirereduce.config.deep_lanes`): 1 + 6 = 7
+    below 512 bit (:attr:`LATENCY`), 1 + 7 = 8 from 512 bit up (the lanes pipelined to ≤ 5 LUT
+    levels for 322.27 MHz, docs/architecture.md "Timing budgets").
 
     Raises
     ------
@@ -78,6 +81,8 @@ class ReducePipeline(wiring.Component):
 
     def __init__(self, width: int, index_bits: int, slots: int, slot_beats: int):
         self._width = check_width(width)
+        self._deep = deep_lanes(width)
+        self.latency = 1 + latency(self._deep)
         for name, v in (("slots", slots), ("slot_beats", slot_beats)):
             if not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two, not {v!r}")
@@ -110,7 +115,7 @@ class ReducePipeline(wiring.Component):
         wp = buf.write_port()
         m.d.comb += [wp.addr.eq(self.wr_addr), wp.data.eq(self.wr_data), wp.en.eq(self.wr_en)]
 
-        m.submodules.adder = adder = AdderLanes(lanes)
+        m.submodules.adder = adder = AdderLanes(lanes, deep=self._deep)
 
         # The whole pipeline advances together; it stalls only when its output is held.
         en = Signal()
@@ -148,7 +153,7 @@ class ReducePipeline(wiring.Component):
         # Beat metadata travels beside the adder lanes.
         stage = s1
         stages_valid = [s1.valid]
-        for k in range(AdderLanes.LATENCY):
+        for k in range(adder.latency):
             nxt = Signal(meta, name=f"d{k + 2}")
             with m.If(en):
                 m.d.sync += nxt.eq(stage)

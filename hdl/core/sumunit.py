@@ -17,8 +17,9 @@ It streams all the chunk's terms in lock step, beat by beat, through a chain of 
     ((t0 + t1) + t2) + …        (term i joins after i-1 adder stages)
 
 so the result's bits are fixed by the table and never by arrival order. It is cut-through: a
-beat is read from its buffer as soon as it is written and leaves ``1 + 6·(terms - 1)`` cycles
-after it entered the chain, at the tap after its frame's last term (at most
+beat is read from its buffer as soon as it is written and leaves ``1 + L·(terms - 1)`` cycles
+after it entered the chain (L the lanes' latency: 6, or 7 from 512 bit up, where the lanes are built
+deep for the 322.27 MHz timing budget: :func:`wirereduce.config.deep_lanes`), at the tap after its frame's last term (at most
 :attr:`SumUnit.latency`), while the frames are still arriving; a frame with another number of
 terms than the ones in the chain waits until the chain is empty. The header words pass through
 from term 0 (rewritten at the engine's outputs), as do lanes outside ``keep``.
@@ -37,12 +38,13 @@ from functools import reduce
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.arith.fp32 import latency as lanes_latency
 from wirereduce.hdl.arith.lanes import ReduceLanes
 from wirereduce.hdl.core.chunkbuf import reader_signature
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import tagged_layout
 
-from wirereduce.config import MAX_LOOKAHEAD
+from wirereduce.config import MAX_LOOKAHEAD, deep_lanes
 from wirereduce.formats import FORMATS
 from wirereduce.protocol import HEADER_BYTES
 from wirereduce.table import LOCAL, MAX_TERMS, NONE
@@ -63,7 +65,8 @@ class SumUnit(wiring.Component):
     Parameters
     ----------
     width : int
-        Datapath width in bits (``width // 32`` fp32 lanes).
+        Datapath width in bits (``width // 32`` fp32 lanes); from 512 bit up the lanes are the
+        seven-stage ones (:func:`wirereduce.config.deep_lanes`).
     ports : int
         Network ports P of the engine (term codes 0 … P-1).
     terms : int
@@ -118,10 +121,12 @@ class SumUnit(wiring.Component):
                 raise ValueError(f"a unit adds 1 … {MAX_TERMS} terms, not {terms}")
             if not 1 <= lookahead <= MAX_LOOKAHEAD:
                 raise ValueError(f"lookahead must be 1 … {MAX_LOOKAHEAD} chunks, not {lookahead}")
+            self._deep = deep_lanes(width)      # also checks the width
         self._w, self._p, self._t, self._d = width, ports, terms, lookahead
         self._slots, self._sb, self._req = slots, slot_beats, req
         self._mb = slot_beats if max_beats is None else max_beats
         self._formats = formats
+        self._lanes_latency = lanes_latency(self._deep)
         self._q = 2 * slots
         members = {}
         for p in range(ports):
@@ -140,8 +145,9 @@ class SumUnit(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Most cycles from a beat entering the adder chain to it leaving: 1 + 6·(terms − 1)."""
-        return 1 + ReduceLanes.LATENCY * (self._t - 1)
+        """Most cycles from a beat entering the adder chain to it leaving: 1 + L·(terms − 1), L = 6, or 7 with the
+        deep lanes of a datapath of 512 bit or more (:func:`wirereduce.config.deep_lanes`)."""
+        return 1 + self._lanes_latency * (self._t - 1)
 
     def elaborate(self, platform):
         m = Module()
@@ -421,13 +427,13 @@ class SumUnit(wiring.Component):
                 sig = nxt
             return sig
 
-        L = ReduceLanes.LATENCY
+        L = self._lanes_latency
         acc = terms[0]
         stage_meta = s1
         valids = [s1.valid]
         taps = [(acc, stage_meta)]
         for i in range(1, T):
-            adder = m.submodules[f"add{i}"] = ReduceLanes(lanes, self._formats)
+            adder = m.submodules[f"add{i}"] = ReduceLanes(lanes, self._formats, deep=self._deep)
             b = delay(terms[i], L * (i - 1), f"term{i}")
             m.d.comb += [adder.a.eq(acc), adder.b.eq(b), adder.en.eq(en), adder.mode.eq(self.mode)]
             through = delay(acc, L, f"acc{i}")
@@ -450,7 +456,7 @@ class SumUnit(wiring.Component):
 
         busy_q = Signal()
         m.d.sync += busy_q.eq(streaming | release_q | Cat(*valids).any())
-        # The frames in the chain leave at the tap after their last term: 1 + 6·(terms − 1) cycles.
+        # The frames in the chain leave at the tap after their last term: 1 + L·(terms − 1) cycles.
         tap_acc = Array(a for a, _ in taps)[depth]
         tap_meta = Array(t for _, t in taps)[depth]
         m.d.comb += [

@@ -225,10 +225,13 @@ def _index_bits(cfg) -> int:
     return max(1, (cfg.max_beats - 1).bit_length())  # as FrameGate sizes o.payload.index
 
 
-def _fp32():
-    from wirereduce.hdl.arith.fp32 import FP32Adder
+def _fp32(deep=False):
+    def make():
+        from wirereduce.hdl.arith.fp32 import FP32Adder
 
-    return FP32Adder()
+        return FP32Adder(deep=deep)
+
+    return make
 
 
 def _reduce64():
@@ -242,7 +245,9 @@ def _lanes(lanes):
     def make():
         from wirereduce.hdl.arith.lanes import ReduceLanes
 
-        return ReduceLanes(lanes)
+        from wirereduce.config import deep_lanes
+
+        return ReduceLanes(lanes, deep=deep_lanes(32 * lanes))   # as the engine of that width builds them
 
     return make
 
@@ -311,11 +316,13 @@ def _engine(width, mtu, ports):
 
 #: Every block, in report order. Names are the ``--blocks`` choices.
 BLOCKS: dict[str, Block] = {b.name: b for b in [
-    Block("fp32_adder", "xc7", CLOCK_10G_MHZ, _fp32, "one fp32 adder lane (FP32Adder, 6 stages)", quick=True),
+    Block("fp32_adder", "xc7", CLOCK_10G_MHZ, _fp32(), "one fp32 adder lane (FP32Adder, 6 stages)", quick=True),
+    Block("fp32_adder_deep", "xcup", CLOCK_100G_MHZ, _fp32(True),
+          "one fp32 adder lane (FP32Adder deep, 7 stages: the 512-bit datapath's)", quick=True),
     Block("lanes64", "xc7", CLOCK_10G_MHZ, _lanes(2),
-          "ReduceLanes 64 bit: every format and op (the engine's summation units)"),
+          "ReduceLanes 64 bit: every format and op, 6 stages (the engine's summation units)"),
     Block("lanes512", "xcup", CLOCK_100G_MHZ, _lanes(16),
-          "ReduceLanes 512 bit: every format and op (the 512-bit engine's summation units)"),
+          "ReduceLanes 512 bit: every format and op, deep (7 stages; the 512-bit engine's summation units)"),
     Block("reduce64", "xc7", CLOCK_10G_MHZ, _reduce64, "ReducePipeline 64 bit, 8 slots x 256 beats (MTU 1500)"),
     Block("frame_gate64", "xc7", CLOCK_10G_MHZ, _gate64, "FrameGate 64 bit, MTU 1500", quick=True),
     Block("compressor64", "xc7", CLOCK_10G_MHZ, _comp64, "Compressor 64 bit, 371 elements (MTU 1500)"),
