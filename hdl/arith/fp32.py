@@ -16,10 +16,13 @@ default rounding mode):
 
 Pipeline
 --------
-One result per clock (initiation interval 1), :attr:`FP32Adder.LATENCY` = 6 enabled clock edges
-from operands to sum. Every stage ends in a register and is kept short (the target is at most six
-LUT levels between registers on Xilinx 7-series, carry chains counted as fast wiring; this split
-was designed for it but has not been checked by synthesis yet):
+One result per clock (initiation interval 1), in one of two depths (``deep``, fixed at
+construction; the same bits either way).
+
+The default, :attr:`FP32Adder.LATENCY` = 6 enabled clock edges from operands to sum, for the 64-bit
+datapath: ≤ 9 LUT levels between registers at 156.25 MHz on 7-series (docs/architecture.md "Timing
+budgets"; yosys estimate, carry chains and MUXF counted as wiring: 7 levels for binary32, 8 in the
+multi-format lanes):
 
 ====  =========================  ====================================================================
  #    stage                      work
@@ -34,6 +37,39 @@ was designed for it but has not been checked by synthesis yet):
                                  that tiny results come out subnormal; compute the exponent field
  6    round / pack               roundTiesToEven increment, overflow to Inf, special values, pack
 ====  =========================  ====================================================================
+
+``deep=True``, :attr:`FloatAdder.DEEP_LATENCY` = 7 enabled clock edges, for the 512-bit datapath:
+≤ 5 LUT levels between registers at 322.27 MHz on UltraScale+ (docs/architecture.md "Timing
+budgets"; yosys estimate: 4 levels for binary32, 5 in the multi-format 512-bit lanes, where the
+six-stage split measures 8 in its normalise stage and 7 in its align stage). Stage 1 and the last
+are the six-stage pipeline's; in between, the align and the leading-zero count + normalise are split
+in halves, and the add gets a stage of its own:
+
+====  =========================  ====================================================================
+ #    stage                      work
+====  =========================  ====================================================================
+ 1    unpack / compare / swap    as above
+ 2    align, low bits            shift by d mod 4 (d = exponent difference), which drops only the
+                                 three zero G/R/S bits; per block of four bits, whether it holds a
+                                 one; ``far`` = d ≥ 2^SHB (every bit shifted out)
+ 3    align, high bits           shift by 4·(d // 4), zero when far; sticky bit = OR of the blocks
+                                 shifted out; the stop mask of the exponent (below)
+ 4    add                        one adder: big + (small XOR sub) + sub; per group of four bits of
+                                 sum | mask, whether it holds a one and its leading zeros (0 … 3)
+ 5    coarse normalise           c = leading all-zero groups (a balanced counter over the group
+                                 flags); shift left by 4c; f = the first non-zero group's leading
+                                 zeros (flat AND-OR); sign of an exact zero
+ 6    fine normalise             shift left by f; the bit that lands on the hidden position is the
+                                 result's hidden bit; exponent field e + 1 − (4c + f) when it is 1,
+                                 else 0 (subnormal or zero)
+ 7    round / pack               as above
+====  =========================  ====================================================================
+
+The stop mask replaces the six-stage pipeline's clamp of the normalising shift (a compare and a
+select before the shifter): a one at bit ``SUMW − 1 − e`` of the sum (``e`` the larger operand's
+effective exponent), decoded from the exponent two stages early. The leading zeros of
+``sum | mask`` are ``min(lz(sum), e)``: the shift that normalises a result in the normal range, or
+that leaves a result below it subnormal (shift by ``e`` only, hidden bit 0).
 
 Significand format inside the pipeline (27 bits before the add, 28 after)::
 
@@ -110,7 +146,8 @@ class FloatAdder(wiring.Component):
     (fp16) is (5, 10), binary32 (8, 23). Correctly rounded, roundTiesToEven (IEEE 754-2019
     §4.3.1), subnormals kept, zero signs per §6.3, overflow to ±Inf per §7.4; any NaN operand or
     ``Inf + (-Inf)`` gives the canonical quiet NaN (positive, top fraction bit set, no payload:
-    :attr:`canonical_nan`). Latency :attr:`LATENCY` = 6 enabled edges for every format.
+    :attr:`canonical_nan`). Latency :attr:`latency` enabled edges for every format: 6
+    (:attr:`LATENCY`), or 7 with ``deep`` (:attr:`DEEP_LATENCY`).
 
     Parameters
     ----------
@@ -118,9 +155,19 @@ class FloatAdder(wiring.Component):
         Exponent field bits, 2 … 11.
     frac_bits : int
         Stored fraction bits, 2 … 52.
+    deep : bool
+        False (default): the six-stage pipeline (the 64-bit datapath's: ≤ 9 LUT levels at 156.25 MHz
+        on xc7). True: the seven-stage one (the 512-bit datapath's: ≤ 5 LUT levels between registers
+        at 322.27 MHz on xcup, docs/architecture.md "Timing budgets"). The same bits either way.
 
     Attributes
     ----------
+    LATENCY, DEEP_LATENCY : int
+        Enabled clock edges from operands to sum of the two depths (6, 7); class constants.
+    latency : int
+        This instance's: :attr:`LATENCY` or, with ``deep``, :attr:`DEEP_LATENCY`.
+    deep : bool
+        As given.
     a, b : Signal(1 + exp_bits + frac_bits), in
         Operands (bit patterns).
     en : Signal(1), in
@@ -132,6 +179,8 @@ class FloatAdder(wiring.Component):
     ------
     ValueError
         ``exp_bits`` or ``frac_bits`` out of range.
+    TypeError
+        ``deep`` not a bool.
     """
 
     LATENCY = 6
@@ -537,14 +586,23 @@ class FP32Adder(FloatAdder):
     :data:`CANONICAL_NAN`.
 
     The adder accepts one pair of operands per enabled clock edge and produces their sum
-    :attr:`LATENCY` enabled edges later. ``en`` is a clock enable for the whole pipeline: on an
+    :attr:`latency` enabled edges later: 6 (:attr:`LATENCY`), or 7 with ``deep`` (the 512-bit
+    datapath's pipeline, ≤ 5 LUT levels at 322.27 MHz on xcup: :class:`FloatAdder`). ``en`` is a clock enable for the whole pipeline: on an
     edge where ``en`` is 0 no register changes, so stalling freezes the operands in flight and
     the output.
+
+    Parameters
+    ----------
+    deep : bool
+        The seven-stage pipeline (:class:`FloatAdder`); default False.
 
     Attributes
     ----------
     LATENCY : int
-        Number of enabled clock edges (``en`` = 1) from ``a``/``b`` to ``s``; class constant.
+        Number of enabled clock edges (``en`` = 1) from ``a``/``b`` to ``s`` of the default depth;
+        class constant.
+    latency : int
+        This instance's (6, or 7 with ``deep``).
     a : Signal(32), in
         First operand, binary32 bit pattern.
     b : Signal(32), in
@@ -552,8 +610,13 @@ class FP32Adder(FloatAdder):
     en : Signal(1), in
         Clock enable of every pipeline register.
     s : Signal(32), out
-        Sum of the operands presented ``LATENCY`` enabled edges earlier. Driven straight from
+        Sum of the operands presented ``latency`` enabled edges earlier. Driven straight from
         the last pipeline register. Resets to 0 (+0.0).
+
+    Raises
+    ------
+    TypeError
+        ``deep`` not a bool.
     """
 
     def __init__(self, deep: bool = False):

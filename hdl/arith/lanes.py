@@ -14,10 +14,19 @@ bitstream serves every format. Per 32-bit payload word it holds, for each format
   the selected format (a NaN operand gives the format's canonical quiet NaN; −0 < +0), or the
   signed maximum/minimum of int32,
 
-all with the same latency, :attr:`ReduceLanes.LATENCY` = 6 enabled edges (the adders'), so the
-pipeline around them does not depend on the format. Every result is registered; the word's output
-is the OR of the results gated by the (registered, one-hot) format select: one LUT level after the
-registers.
+all with the same latency, the adders' (:attr:`ReduceLanes.latency`: 6 enabled edges, or 7 with
+``deep``), so the pipeline around them does not depend on the format. Every result is registered;
+the word's output is the OR of the results gated by the (registered, one-hot) format select: one
+LUT level after the registers.
+
+Two depths (``deep``; the same bits either way): the six-stage lanes of the 64-bit datapath (≤ 9
+LUT levels between registers at 156.25 MHz on xc7; yosys estimate 8) and the seven-stage lanes of
+the 512-bit datapath (≤ 5 LUT levels at 322.27 MHz on xcup, docs/architecture.md "Timing budgets";
+estimate 5, against 8 for the six-stage lanes at 512 bit). The deep lanes are built of deep
+:class:`~wirereduce.hdl.arith.fp32.FloatAdder` s, and their MAX/MIN registers the raw comparisons
+(the NaN test, the signs, ``|a| < |b|``, ``|a| > |b|``; int32 ``a < b`` and ``a > b``) and picks
+the operand in the select's cycle. :func:`wirereduce.config.deep_lanes` decides the depth from the
+datapath width.
 
 An unknown ``dtype`` byte (0, an unknown format or operation, or a format the lanes are not built
 with: all of them bytes the engine refuses at CONTROL) computes fp32 SUM, which is why fp32 is
@@ -81,11 +90,19 @@ class ReduceLanes(wiring.Component):
         The formats built (names of :data:`wirereduce.formats.FORMATS`, ``"fp32"`` among them;
         :func:`~wirereduce.formats.check_formats`); default all four. Every mode of these formats
         gives the same bits as with all four; a mode of another format computes fp32 SUM.
+    deep : bool
+        The seven-stage lanes (≤ 5 LUT levels at 322.27 MHz on xcup: the 512-bit datapath's,
+        module docstring); default False (six stages).
 
     Attributes
     ----------
     LATENCY : int
-        Enabled clock edges from ``a``/``b`` to ``s`` (6, every format and operation).
+        Enabled clock edges from ``a``/``b`` to ``s`` of the default depth (6, every format and
+        operation); class constant.
+    latency : int
+        This instance's: 6, or 7 with ``deep``.
+    deep : bool
+        As given.
     formats : tuple of str
         The formats built, in :data:`~wirereduce.formats.FORMATS` order.
     a, b : Signal(32 · lanes), in
@@ -102,7 +119,7 @@ class ReduceLanes(wiring.Component):
     Raises
     ------
     TypeError, ValueError
-        ``lanes`` not an int ≥ 1; bad ``formats``.
+        ``lanes`` not an int ≥ 1; bad ``formats``; ``deep`` not a bool (TypeError).
     """
 
     LATENCY = FloatAdder.LATENCY

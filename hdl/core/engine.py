@@ -192,9 +192,10 @@ class Engine(wiring.Component):
     Hop latency (first beat in to first beat out, cut-through): the gate's header beats, one
     queue cycle, two allocation cycles (the request is registered, then granted) and, for a REDUCE
     hop, a cycle of registered candidate readiness and the unit's :attr:`SumUnit.latency`
-    (1 + 6·(terms − 1)); for a BROADCAST hop the table look-up instead of the unit. At 64 bit:
-    16 cycles for a two-term reduce hop, 10 for a broadcast hop (``sim/bench/latency.py``
-    ``engine_hop_latency``).
+    (1 + L·(terms − 1), L = 6, or 7 with the deep lanes of 512 bit and up:
+    :func:`wirereduce.config.deep_lanes`); for a BROADCAST hop the table look-up instead of the
+    unit. At 64 bit: 16 cycles for a two-term reduce hop, 10 for a broadcast hop; at 512 bit: 16
+    and 9 (``sim/bench/latency.py`` ``engine_hop_latency``).
     """
 
     def __init__(self, config: EngineConfig | None = None):
