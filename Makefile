@@ -31,10 +31,10 @@ verilog: $(STAMP)  ## write build/verilog/wirereduce_node.v (10G: 64 bit, MTU 15
 	$(WR) verilog -o build/verilog/wirereduce_node.v
 
 test: $(STAMP)  ## the whole test suite: block tests, then cocotb system tests on Verilator (and Icarus if installed)
-	$(PY) -m pytest -n $(JOBS) --dist loadgroup -ra --durations=25
+	$(PY) -m pytest -n $(JOBS) -ra --durations=25
 
 test-fast: $(STAMP)  ## block tests only (no Verilog simulation)
-	$(PY) -m pytest -n $(JOBS) --dist loadgroup -ra -m "not cocotb and not verilator"
+	$(PY) -m pytest -n $(JOBS) -ra -m "not cocotb and not verilator"
 
 bench: $(STAMP)  ## allreduce algbw vs bounds (2/4/8 nodes, 8K-16M, MTU 1500/9000, 10G/100G), hop latency, sim speed, then the engine's slot model (slot-model), ring/biring/MULTITREE on the schedule engine (bench-schedules) and elements/s per number format (bench-formats) -> bench/results/; QUICK=1 for a subset
 	$(WR) bench $(if $(QUICK),--quick,)

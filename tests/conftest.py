@@ -26,22 +26,3 @@ def shared_tmp(tmp_path_factory, name: str) -> Path:
     path = root / name
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-#: Modules whose module-scoped fixture builds a simulation model (a Verilator build of 1-5 minutes).
-#: Under ``pytest -n 2 --dist loadgroup`` (``make test``) each runs on one xdist worker, so the
-#: model is built once instead of once per worker that draws one of its tests, and a worker never
-#: sits waiting on the other's build lock (``shared_tmp``).
-ONE_WORKER_MODULES = frozenset({
-    "test_cmacring", "test_codecring", "test_deploy", "test_engine_system", "test_ethcodec", "test_ethring",
-    "test_fastsim", "test_i2c", "test_mac", "test_pcie", "test_boards", "test_gth",
-})
-
-
-def pytest_collection_modifyitems(config, items):
-    import pytest
-
-    for item in items:
-        name = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
-        if name in ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(name))
