@@ -355,7 +355,7 @@ def test_unix_sockets_without_root(tmp_path):
         for t in threads:
             t.start()
         for t in threads:
-            t.join(timeout=120)
+            t.join(timeout=600)
         want = ring_allreduce(arrays).view(np.uint32)
         for k in range(NODES):
             assert isinstance(out.get(k), np.ndarray), f"rank {k}: {out.get(k)!r}"
@@ -368,3 +368,36 @@ def test_unix_sockets_without_root(tmp_path):
             serve.kill()
             serve.wait()
     assert not list(socks.glob("*.sock"))
+
+
+def test_cocotb_builds_of_one_model_take_turns(tmp_path, monkeypatch):
+    """Two processes (here threads) asking for the same cocotb model build it one after the other
+    under ``build_dir/.lock``: two ``sim serve``s (the namespace fixture and the UNIX-socket test
+    on another xdist worker) once built into one directory at the same time and one of them failed."""
+    import threading
+
+    from wirereduce.sim.cluster import network
+    from wirereduce.sim.engines import runner
+
+    inside, most, lock = [0], [0], threading.Lock()
+
+    def fake_build(setup, build_dir, text, digest, opt, waves):
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.5)
+        with lock:
+            inside[0] -= 1
+        return None, build_dir
+
+    monkeypatch.setattr(runner, "_build_locked", fake_build)
+    monkeypatch.setattr(network, "network_verilog", lambda *a, **k: "module wirereduce_net; endmodule\n")
+    setup = runner.SimSetup(nodes=2, simulator="verilator")
+    threads = [threading.Thread(target=runner._build, args=(setup, tmp_path, False)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads)
+    assert most[0] == 1, "both builds ran at once"
+    assert (tmp_path / setup.tag() / ".lock").exists()

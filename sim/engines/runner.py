@@ -16,6 +16,7 @@ A *job* is one thing the simulated hosts do, in order, in one simulation run:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -207,7 +208,6 @@ def _make_variables(variables: str):
 
 
 def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False) -> tuple[object, Path]:
-    from cocotb_tools.runner import get_runner
     from wirereduce.sim.cluster.network import network_verilog
 
     if setup.simulator == "verilator":
@@ -223,6 +223,17 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
     digest = hashlib.sha256((text + opt).encode()).hexdigest()[:10]
     build_dir = build_root / f"{setup.tag()}{'_inj' if inject else ''}{'_waves' if waves else ''}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    # Two processes asking for the same model (pytest-xdist workers, two `sim serve`s) build it once:
+    # the second waits for the first under the lock, then finds it fresh.
+    with open(build_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(setup, build_dir, text, digest, opt, waves)
+
+
+def _build_locked(setup: SimSetup, build_dir: Path, text: str, digest: str, opt: str,
+                  waves: bool) -> tuple[object, Path]:
+    from cocotb_tools.runner import get_runner
+
     src = build_dir / "wirereduce_net.v"
     stamp = build_dir / "source.sha"
     fresh = not (stamp.exists() and stamp.read_text() == digest and src.exists())
