@@ -273,8 +273,6 @@ class FloatAdder(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         E, F = self.exp_bits, self.frac_bits
-        W = self.width
-        EXP_MAX = (1 << E) - 1
         SIG = F + 1 + _EXTRA                      # aligned significand: hidden + fraction + G/R/S
         SUMW = SIG + 1                            # with the carry
         LZW = 1 << (SUMW - 1).bit_length()        # leading-zero counter width (power of two) ...
@@ -282,8 +280,6 @@ class FloatAdder(wiring.Component):
             LZW *= 2                              # ... with room for at least one padding bit
         LZB = (LZW - 1).bit_length()              # bits of the count
         SHB = SIG.bit_length()                    # bits of the clamped alignment shift
-        POS_INF = EXP_MAX << F
-        CANON = self.canonical_nan
 
         # ------------------------------------------------------------------------------------
         # Stage 1: unpack, classify, compare magnitudes, swap, exponent difference.
@@ -587,7 +583,8 @@ class FP32Adder(FloatAdder):
 
     The adder accepts one pair of operands per enabled clock edge and produces their sum
     :attr:`latency` enabled edges later: 6 (:attr:`LATENCY`), or 7 with ``deep`` (the 512-bit
-    datapath's pipeline, ≤ 5 LUT levels at 322.27 MHz on xcup: :class:`FloatAdder`). ``en`` is a clock enable for the whole pipeline: on an
+    datapath's pipeline, ≤ 5 LUT levels at 322.27 MHz on xcup: :class:`FloatAdder`). ``en`` is a
+    clock enable for the whole pipeline: on an
     edge where ``en`` is 0 no register changes, so stalling freezes the operands in flight and
     the output.
 

@@ -19,7 +19,8 @@ It streams all the chunk's terms in lock step, beat by beat, through a chain of 
 so the result's bits are fixed by the table and never by arrival order. It is cut-through: a
 beat is read from its buffer as soon as it is written and leaves ``1 + L·(terms - 1)`` cycles
 after it entered the chain (L the lanes' latency: 6, or 7 from 512 bit up, where the lanes are built
-deep for the 322.27 MHz timing budget: :func:`wirereduce.config.deep_lanes`), at the tap after its frame's last term (at most
+deep for the 322.27 MHz timing budget: :func:`wirereduce.config.deep_lanes`), at the tap after its
+frame's last term (at most
 :attr:`SumUnit.latency`), while the frames are still arriving; a frame with another number of
 terms than the ones in the chain waits until the chain is empty. The header words pass through
 from term 0 (rewritten at the engine's outputs), as do lanes outside ``keep``.
