@@ -16,7 +16,6 @@ A *job* is one thing the simulated hosts do, in order, in one simulation run:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -28,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from wirereduce.sim.engines.verilator import cxx_opt, setup_verilator_env
+from wirereduce.sim.engines.verilator import build_lock, cxx_opt, setup_verilator_env
 
 from wirereduce.config import NodeConfig
 
@@ -222,11 +221,9 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
     opt = cxx_opt("") if setup.simulator == "verilator" else ""   # "" = the runner's own flags
     digest = hashlib.sha256((text + opt).encode()).hexdigest()[:10]
     build_dir = build_root / f"{setup.tag()}{'_inj' if inject else ''}{'_waves' if waves else ''}"
-    build_dir.mkdir(parents=True, exist_ok=True)
     # Two processes asking for the same model (pytest-xdist workers, two `sim serve`s) build it once:
     # the second waits for the first under the lock, then finds it fresh.
-    with open(build_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with build_lock(build_dir):
         return _build_locked(setup, build_dir, text, digest, opt, waves)
 
 

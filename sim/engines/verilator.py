@@ -8,9 +8,10 @@ import fcntl
 import os
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["verilator_root", "setup_verilator_env", "build_model", "locked_build", "cxx_opt", "CXX_OPT_ENV"]
+__all__ = ["verilator_root", "setup_verilator_env", "build_model", "locked_build", "build_lock", "cxx_opt", "CXX_OPT_ENV"]
 
 #: Environment variable that sets the C++ optimisation of the simulation models' per-cycle code
 #: (``-O0`` … ``-O3``) for :class:`~wirereduce.sim.engines.fastsim.FastSim`, the fast engine and the
@@ -71,12 +72,20 @@ def locked_build(out: Path, exe: Path, build) -> Path:
     ``exe`` is looked at only under the lock: the linker creates it before it is complete and
     executable, and a worker that found it there in the middle of another's build ran a half-written
     file (PermissionError)."""
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with build_lock(out):
         if not exe.exists():
             build()
     return exe
+
+
+@contextmanager
+def build_lock(out: Path):
+    """Holds an exclusive file lock on ``out/.lock`` (``out`` is created): two processes building the
+    same model into ``out`` take turns (:func:`locked_build`, the cocotb builds of ``runner``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def build_model(out: Path, top: str, files: dict[str, str], sources: list[str], opt_fast: str, what: str,
