@@ -11,7 +11,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["verilator_root", "setup_verilator_env", "build_model", "locked_build", "build_lock", "cxx_opt", "CXX_OPT_ENV"]
+__all__ = ["verilator_root", "setup_verilator_env", "build_model", "locked_build", "build_lock", "cxx_opt",
+           "CXX_OPT_ENV"]
 
 #: Environment variable that sets the C++ optimisation of the simulation models' per-cycle code
 #: (``-O0`` … ``-O3``) for :class:`~wirereduce.sim.engines.fastsim.FastSim`, the fast engine and the
