@@ -138,7 +138,7 @@ class InsertHeader(wiring.Component):
 
 #: Frames a :class:`CodecIn`'s commit buffer holds. One is enough: raising it to 2, together with
 #: :data:`COMPRESSOR_BANKS` = 4, was measured on the compressed bench (4 MiB, k = 8, 10, 12; 512-bit
-#: core behind 10G links) and changed the time by under 0.1 %, so the codec stages' buffering is
+#: core behind 10G links) and changed the time by under 0.2 %, so the codec stages' buffering is
 #: not what holds a compressed ring below its link bound (docs/codec.md "Performance").
 COMMIT_FRAMES = 1
 #: Banks of a :class:`CodecOut`'s :class:`~wirereduce.hdl.codec.compressor.Compressor`: 2
