@@ -359,6 +359,40 @@ def test_compressor_backpressure(width):
     check_compressed(rec, frames, ks, width)
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("banks", [2, 4])
+def test_compressor_runs_ahead(width, banks):
+    """With the output stalled, the compressor takes ``banks`` whole frames (one per bank) and no
+    more than the next frame's first beats into its input stages; released, it sends them all
+    byte-exactly. This is the slack that lets a node run ahead of a slower link
+    (``CodecOut``, docs/codec.md "Performance")."""
+    rng = np.random.default_rng(70 + width + banks)
+    counts = [MAX] * (banks + 2)
+    ks = [8] * len(counts)
+    frames = frame_set(rng, counts, ks)
+    dut = Compressor(width, MAX, banks)
+    rec, acc = Received(), []
+    hold = 40 * beats(4 * MAX, width) * len(counts)
+
+    def set_k(ctx, f):
+        ctx.set(dut.k, ks[f])
+
+    out = sink(dut.o, len(frames), width, rec, error=dut.error)
+
+    async def stalled_sink(ctx):
+        ctx.set(dut.o.ready, 0)
+        for _ in range(hold):
+            await ctx.tick()
+        await out(ctx)
+
+    simulate(dut, source(dut.i, [value_beats(g, width) for g in frames], on_frame=set_k, accepted=acc),
+             stalled_sink)
+    check_compressed(rec, frames, ks, width)
+    per_frame = beats(4 * MAX, width)
+    taken = sum(1 for c in acc if c <= hold)
+    assert banks * per_frame <= taken < (banks + 1) * per_frame, (taken, per_frame)
+
+
 # ----------------------------------------------------------------------------------------------
 # decompressor
 
@@ -633,6 +667,12 @@ def test_bad_parameters(cls):
         cls(64, 10.0)
     with pytest.raises(ValueError, match="width"):
         BytePacker(48)
+
+
+def test_bad_banks():
+    for banks in (1, 3, 32, 4.0, True):
+        with pytest.raises(ValueError, match="banks"):
+            Compressor(64, 10, banks)
 
 
 @pytest.mark.parametrize("cls", [Compressor, Decompressor])

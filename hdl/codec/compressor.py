@@ -114,6 +114,12 @@ def _clamp_k(m: Module, k, name: str):
     return kc
 
 
+def _bank_base(bank, rows: int, banks: int):
+    """First row of bank ``bank`` in a memory of ``banks`` banks of ``rows`` rows each: a
+    multiplexer of the constants ``b * rows`` (no multiplier; ``rows`` need not be a power of two)."""
+    return Array(Const(b * rows, range(banks * rows + 1)) for b in range(banks))[bank]
+
+
 def _check_args(obj, width, max_elements):
     """Validate the constructor arguments of ``obj`` (:func:`~wirereduce.hdl.params.rejecting`)."""
     with rejecting(obj):
@@ -303,8 +309,9 @@ class Compressor(wiring.Component):
     collect in a tag buffer (one row per 16 input beats). When the code buffer holds the whole
     frame, a reader sends the tag rows and then the code rows through a second
     :class:`BytePacker`, which shifts the codes to follow the tag block byte-exactly. Both
-    buffers are double (ping-pong), so the next frame is taken in while the previous one is
-    sent; the beats of a frame wait in the two input stages while their bank is still being sent.
+    buffers have ``banks`` banks (2: ping-pong), used in turn, so the next ``banks - 1`` frames are
+    taken in while one is sent; the beats of a frame wait in the two input stages while their
+    bank is still being sent.
 
     Timing (``valid`` and ``ready`` held high; measured and asserted in
     ``tests/test_codec_hdl.py``):
@@ -320,8 +327,8 @@ class Compressor(wiring.Component):
       and 0.976 (30 frames of gradients back to back, ``k`` = 8). Frames of a few beats are
       limited by the two buffers covering the latency: about 2.3 cycles per one-beat frame, 4.1
       per three-beat frame at 512 bit.
-    * **Size**: two tag rows of ``width`` bits per 16 input beats and two code rows per input beat
-      of ``max_elements`` values (two frames), plus two :class:`BytePacker`.
+    * **Size**: ``banks`` tag rows of ``width`` bits per 16 input beats and ``banks`` code rows per
+      input beat of ``max_elements`` values (``banks`` frames), plus two :class:`BytePacker`.
 
     Malformed input is consumed to its ``last`` beat and flagged with ``error``: a frame of more
     than ``max_elements`` values keeps its first ``max_elements`` values (later ones are dropped)
@@ -335,6 +342,11 @@ class Compressor(wiring.Component):
         Datapath width in bits (64 for 10G, 512 for 100G; a power of two 64 … 1024).
     max_elements : int
         Most values in one frame (371 at MTU 1500); sizes the buffers.
+    banks : int
+        Frames the buffers hold (2, 4, 8 or 16; default 2): with the output stalled, ``banks``
+        whole frames are taken. More banks let the input run ahead of a slower output (a
+        512-bit core behind 10G links); 4 did not speed up the compressed bench
+        (docs/codec.md "Performance").
 
     Attributes
     ----------
@@ -351,14 +363,19 @@ class Compressor(wiring.Component):
     Raises
     ------
     TypeError, ValueError
-        If ``width`` is not a valid datapath width or ``max_elements`` is not in 1 … 65535.
+        If ``width`` is not a valid datapath width, ``max_elements`` is not in 1 … 65535 or
+        ``banks`` is not 2, 4, 8 or 16 (ValueError).
     """
 
-    def __init__(self, width: int, max_elements: int):
+    def __init__(self, width: int, max_elements: int, banks: int = 2):
         _check_args(self, width, max_elements)
+        with rejecting(self):
+            if isinstance(banks, bool) or not isinstance(banks, int) or banks not in (2, 4, 8, 16):
+                raise ValueError(f"banks must be 2, 4, 8 or 16, not {banks!r}")
         self.width = width
         self.max_elements = max_elements
         self.lanes = width // 32
+        self.banks = banks
         super().__init__({
             "i": In(FrameStream(width)),
             "k": In(8),
@@ -368,7 +385,7 @@ class Compressor(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        w, lanes, maxn = self.width, self.lanes, self.max_elements
+        w, lanes, maxn, nbanks = self.width, self.lanes, self.max_elements, self.banks
         nb = w // 8
         units = nb // 8  # 8-byte tag units per beat
         max_beats = _cdiv(maxn, lanes)
@@ -377,8 +394,8 @@ class Compressor(wiring.Component):
 
         m.submodules.pack_codes = pack_in = BytePacker(w)
         m.submodules.pack_out = pack_out = BytePacker(w)
-        m.submodules.tag_mem = tag_mem = memory.Memory(shape=w, depth=2 * tag_rows, init=[])
-        m.submodules.code_mem = code_mem = memory.Memory(shape=w, depth=2 * code_rows, init=[])
+        m.submodules.tag_mem = tag_mem = memory.Memory(shape=w, depth=nbanks * tag_rows, init=[])
+        m.submodules.code_mem = code_mem = memory.Memory(shape=w, depth=nbanks * code_rows, init=[])
         tag_wr, code_wr = tag_mem.write_port(), code_mem.write_port()
         tag_rd, code_rd = tag_mem.read_port(), code_mem.read_port()
 
@@ -386,15 +403,15 @@ class Compressor(wiring.Component):
 
         # Bank b is busy from the input's last beat of a frame until the reader has issued the
         # frame's last row, and full from the cycle its codes are all written until then.
-        busy = Signal(2)
-        busy_set = Signal(2)
-        full = Signal(2)
-        full_set = Signal(2)
-        full_clr = Signal(2)
+        busy = Signal(nbanks)
+        busy_set = Signal(nbanks)
+        full = Signal(nbanks)
+        full_set = Signal(nbanks)
+        full_clr = Signal(nbanks)
         m.d.sync += [busy.eq((busy | busy_set) & ~full_clr), full.eq((full | full_set) & ~full_clr)]
-        meta_n = Array(Signal(range(maxn + 1), name=f"n{b}") for b in range(2))
-        meta_c = Array(Signal(range(4 * maxn + 1), name=f"code_bytes{b}") for b in range(2))
-        meta_err = Array(Signal(name=f"err{b}") for b in range(2))
+        meta_n = Array(Signal(range(maxn + 1), name=f"n{b}") for b in range(nbanks))
+        meta_c = Array(Signal(range(4 * maxn + 1), name=f"code_bytes{b}") for b in range(nbanks))
+        meta_err = Array(Signal(name=f"err{b}") for b in range(nbanks))
 
         # ------------------------------------------------------------------------------------
         # Input, in three registered stages (each takes a beat when the next one can):
@@ -403,7 +420,7 @@ class Compressor(wiring.Component):
         #   s1 the beat's codes compacted into one chunk for the packer; the tags collect.
         # ------------------------------------------------------------------------------------
         beat = self.i.payload
-        wr_bank = Signal()
+        wr_bank = Signal(range(nbanks))
         index = Signal(range(max_beats + 1))      # beat of the frame, saturating at max_beats
 
         s1_valid = Signal()
@@ -412,7 +429,7 @@ class Compressor(wiring.Component):
         s1_free = Signal()
         m.d.comb += s1_free.eq(~s1_valid | pack_in.i.ready)
         b_valid = Signal()
-        b_bank = Signal()
+        b_bank = Signal(range(nbanks))
         b_fire = Signal()
         # A beat leaves stage B (its tags and the frame's metadata are written) once its bank is
         # not busy with the previous frame of that bank: stages A and B fill meanwhile.
@@ -436,7 +453,7 @@ class Compressor(wiring.Component):
         a_over = Signal()                         # a value beyond max_elements (dropped)
         a_last = Signal()
         a_index = Signal(range(max_beats + 1))
-        a_bank = Signal()
+        a_bank = Signal(range(nbanks))
         # A value with exponent field e has q >= 1, >= 2**7, >= 2**15 when e >= 127 - k, 134 - k,
         # 142 - k; q is its significand shifted right by (150 - k) - e.
         a_lim = [Signal(8, name=f"a_lim{i}") for i in range(3)]
@@ -497,7 +514,7 @@ class Compressor(wiring.Component):
         # the bank's metadata and its busy bit at stage B.
         with m.If(i_fire):
             with m.If(beat.last):
-                m.d.sync += [index.eq(0), wr_bank.eq(~wr_bank)]
+                m.d.sync += [index.eq(0), wr_bank.eq(wr_bank + 1)]
             with m.Else():
                 m.d.sync += index.eq(Mux(index == max_beats, index, index + 1))
 
@@ -512,7 +529,7 @@ class Compressor(wiring.Component):
         row = Signal(w)
         m.d.comb += row.eq(Mux(slot == 0, 0, tag_acc) | (Cat(*b_tags) << Cat(Const(0, _log2(2 * lanes)), slot))[:w])
         m.d.comb += [
-            tag_wr.addr.eq(Mux(b_bank, tag_rows, 0) + b_index[4:]),
+            tag_wr.addr.eq(_bank_base(b_bank, tag_rows, nbanks) + b_index[4:]),
             tag_wr.data.eq(row),
             tag_wr.en.eq(b_fire & (b_index < max_beats)),
         ]
@@ -531,17 +548,17 @@ class Compressor(wiring.Component):
                 m.d.sync += [n_acc.eq(n_acc + b_nvalid), c_acc.eq(c_acc + count), e_acc.eq(e_acc | b_over)]
 
         # Packed code beats go to the code buffer of the bank the packer's frame belongs to.
-        cw_bank = Signal()
+        cw_bank = Signal(range(nbanks))
         cw_addr = Signal(range(code_rows + 1))
         m.d.comb += [
             pack_in.o.ready.eq(1),
-            code_wr.addr.eq(Mux(cw_bank, code_rows, 0) + cw_addr),
+            code_wr.addr.eq(_bank_base(cw_bank, code_rows, nbanks) + cw_addr),
             code_wr.data.eq(pack_in.o.payload.data),
             code_wr.en.eq(pack_in.o.valid & pack_in.o.payload.keep[0]),
         ]
         with m.If(pack_in.o.valid):
             with m.If(pack_in.o.payload.last):
-                m.d.sync += [cw_addr.eq(0), cw_bank.eq(~cw_bank)]
+                m.d.sync += [cw_addr.eq(0), cw_bank.eq(cw_bank + 1)]
                 m.d.comb += full_set.bit_select(cw_bank, 1).eq(1)
             with m.Else():
                 m.d.sync += cw_addr.eq(cw_addr + 1)
@@ -549,18 +566,18 @@ class Compressor(wiring.Component):
         # ------------------------------------------------------------------------------------
         # Output: read the tag rows then the code rows of a full bank into the output packer.
         # ------------------------------------------------------------------------------------
-        rd_bank = Signal()
+        rd_bank = Signal(range(nbanks))
         rd_tags = Signal(init=1)
         rd_idx = Signal(range(max(tag_rows, code_rows) + 1))
         # Per bank, from its metadata (registered: written at the frame's last beat in stage B,
         # read only once the bank is full, at least three cycles later): the last tag beat, the
         # tag bytes in it, the last code beat, the code bytes in it, whether there are codes.
-        d_tag_last = Array(Signal(range(tag_rows * 16 + 1), name=f"tag_last{b}") for b in range(2))
-        d_tag_tail = Array(Signal(range(nb + 1), name=f"tag_tail{b}") for b in range(2))
-        d_code_last = Array(Signal(range(code_rows + 1), name=f"code_last{b}") for b in range(2))
-        d_code_tail = Array(Signal(range(nb + 1), name=f"code_tail{b}") for b in range(2))
-        d_no_codes = Array(Signal(name=f"no_codes{b}") for b in range(2))
-        for b in range(2):
+        d_tag_last = Array(Signal(range(tag_rows * 16 + 1), name=f"tag_last{b}") for b in range(nbanks))
+        d_tag_tail = Array(Signal(range(nb + 1), name=f"tag_tail{b}") for b in range(nbanks))
+        d_code_last = Array(Signal(range(code_rows + 1), name=f"code_last{b}") for b in range(nbanks))
+        d_code_tail = Array(Signal(range(nb + 1), name=f"code_tail{b}") for b in range(nbanks))
+        d_no_codes = Array(Signal(name=f"no_codes{b}") for b in range(nbanks))
+        for b in range(nbanks):
             n_b, c_b = meta_n[b], meta_c[b]
             units_total = (n_b + 31) >> 5  # 8-byte units of the tag block
             m.d.sync += [
@@ -581,8 +598,8 @@ class Compressor(wiring.Component):
         advance = Signal()
         m.d.comb += [
             advance.eq(~r1_valid | pack_out.i.ready),
-            tag_rd.addr.eq(Mux(rd_bank, tag_rows, 0) + rd_idx),
-            code_rd.addr.eq(Mux(rd_bank, code_rows, 0) + rd_idx),
+            tag_rd.addr.eq(_bank_base(rd_bank, tag_rows, nbanks) + rd_idx),
+            code_rd.addr.eq(_bank_base(rd_bank, code_rows, nbanks) + rd_idx),
             tag_rd.en.eq(advance),
             code_rd.en.eq(advance),
             pack_out.i.valid.eq(r1_valid),
@@ -611,7 +628,7 @@ class Compressor(wiring.Component):
                     m.d.sync += rd_idx.eq(rd_idx + 1)
                     m.d.comb += finish.eq(last_code)
         with m.If(finish):
-            m.d.sync += [rd_idx.eq(0), rd_tags.eq(1), rd_bank.eq(~rd_bank)]
+            m.d.sync += [rd_idx.eq(0), rd_tags.eq(1), rd_bank.eq(rd_bank + 1)]
             m.d.comb += full_clr.bit_select(rd_bank, 1).eq(1)
 
         wiring.connect(m, pack_out.o, wiring.flipped(self.o))

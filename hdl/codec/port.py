@@ -136,6 +136,19 @@ class InsertHeader(wiring.Component):
         return m
 
 
+#: Frames a :class:`CodecIn`'s commit buffer holds. One is enough: raising it to 2, together with
+#: :data:`COMPRESSOR_BANKS` = 4, was measured on the compressed bench (4 MiB, k = 8, 10, 12; 512-bit
+#: core behind 10G links) and changed the time by under 0.2 %, so the codec stages' buffering is
+#: not what holds a compressed ring below its link bound (docs/codec.md "Performance").
+COMMIT_FRAMES = 1
+#: Banks of a :class:`CodecOut`'s :class:`~wirereduce.hdl.codec.compressor.Compressor`: 2
+#: (ping-pong); 4 gave no speed-up (see :data:`COMMIT_FRAMES`).
+COMPRESSOR_BANKS = 2
+#: Depth of the stages' per-frame FIFOs (routes, headers, ``bad`` marks, verdicts): more frames
+#: than the commit buffer and the compressor's banks hold with the ones entering and leaving;
+#: raise it with them (8 for 2 commit frames and 4 banks).
+FRAME_FIFO_DEPTH = 4
+
 _DATA_OPS_IN = (Opcode.REDUCE, Opcode.BROADCAST, Opcode.HOST_PUSH)
 _DATA_OPS_OUT = (Opcode.REDUCE, Opcode.BROADCAST, Opcode.HOST_RESULT)
 
@@ -185,7 +198,7 @@ class _CodecStage(wiring.Component):
         """Drive ``codec`` (a Compressor or Decompressor) from ``src`` (hdr beats): its payload
         beats, ``k`` from the header; each frame's header is queued as its first beat goes in.
         Returns the header FIFO, whose read side the transform pops as the frame leaves."""
-        m.submodules.hdrq = hdrq = fifo.SyncFIFOBuffered(width=len(src.payload.hdr.as_value()), depth=4)
+        m.submodules.hdrq = hdrq = fifo.SyncFIFOBuffered(width=len(src.payload.hdr.as_value()), depth=FRAME_FIFO_DEPTH)
         in_frame = Signal()
         first = ~in_frame
         m.d.comb += [
@@ -209,7 +222,7 @@ class _CodecStage(wiring.Component):
         wiring.connect(m, wiring.flipped(self.i), gate.i)
         index_bits = len(gate.o.payload.index)
 
-        m.submodules.routes = routes = fifo.SyncFIFOBuffered(width=1, depth=4)
+        m.submodules.routes = routes = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
         decision = Signal()
         m.d.comb += [
             decision.eq(_is_compressed(gate.head, gate.head_short, self._opcodes)),
@@ -251,7 +264,7 @@ class _CodecStage(wiring.Component):
         # output beat (``_t_end`` / ``_t_bad`` also for a transform that needs it).
         self._t_end = g.valid & g.ready & route & g.payload.last
         self._t_bad = g.payload.bad
-        m.submodules.tbad = tbad = fifo.SyncFIFOBuffered(width=1, depth=4)
+        m.submodules.tbad = tbad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
         m.d.comb += [tbad.w_en.eq(self._t_end), tbad.w_data.eq(self._t_bad)]
         out = stream.Signature(hdr_beat_layout(w)).create()
         verdicts = self._transform(m, strip.o, out)
@@ -322,11 +335,11 @@ class CodecIn(_CodecStage):
         # Commit buffer: the decoded values of a frame wait until its verdict (the
         # decompressor's error flag on the last beat) is known; bad frames are discarded.
         blay = beat_layout(w)
-        depth = -(-4 * self._max_elements // (w // 8)) + 4
+        depth = COMMIT_FRAMES * -(-4 * self._max_elements // (w // 8)) + 4
         m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=blay.size, depth=depth)
-        m.submodules.verdicts = verdicts = fifo.SyncFIFOBuffered(width=2 + len(hdrq.r_data), depth=4)
+        m.submodules.verdicts = verdicts = fifo.SyncFIFOBuffered(width=2 + len(hdrq.r_data), depth=FRAME_FIFO_DEPTH)
         # The frame's ``bad`` (a cut-through port upstream found it spoilt), in frame order.
-        m.submodules.ibad = ibad = fifo.SyncFIFOBuffered(width=1, depth=4)
+        m.submodules.ibad = ibad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
         m.d.comb += [ibad.w_en.eq(self._t_end), ibad.w_data.eq(self._t_bad)]
         d = dec.o.payload
         last = d.last
@@ -348,7 +361,7 @@ class CodecIn(_CodecStage):
         emit_lost = Signal()   # a lost frame's beats are discarded; its placeholder leaves now
         # One entry per frame for the merge, written with the frame's first beat: 1 = it will
         # come out of the InsertHeader, 0 = it is discarded here.
-        m.submodules.skips = skips = fifo.SyncFIFOBuffered(width=1, depth=4)
+        m.submodules.skips = skips = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
         announced = Signal()  # the frame at the head has its entry in ``skips``
         ann_now = Signal()
         can = Signal()
@@ -403,7 +416,7 @@ class CodecOut(_CodecStage):
 
     def _transform(self, m, src, dst):
         w = self._width
-        m.submodules.comp = comp = Compressor(w, self._max_elements)
+        m.submodules.comp = comp = Compressor(w, self._max_elements, COMPRESSOR_BANKS)
         hdrq = self._feed(m, src, comp)
         m.d.comb += [
             dst.payload.data.eq(comp.o.payload.data),
