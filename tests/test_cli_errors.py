@@ -197,6 +197,30 @@ def test_bench_codec_flags_contradict(work, capsys):
     _assert_user_error(code, capsys, work, "--no-codec", "--codec-only")
 
 
+def test_bench_codec_only_bad_slots(work, capsys):
+    code = main(["bench", "--codec-only", "--slots", "24", "--build-dir", str(work / "b")])
+    _assert_user_error(code, capsys, work, "slots", "24")
+
+
+def test_bench_codec_only_takes_sizes_and_slots(work, monkeypatch):
+    """--codec-only runs the compressed rows at the --sizes and --slots asked for (they were
+    silently ignored before: always 1 MiB and 4 MiB with 32 slots)."""
+    from wirereduce.sim.bench import algbw
+
+    seen = {}
+
+    def fake_rows(sizes, **kw):
+        seen.update(sizes=list(sizes), slots=kw["slots"])
+        return []
+
+    monkeypatch.setattr(algbw, "run_codec_rows", fake_rows)
+    assert main(["bench", "--codec-only", "--sizes", "256K", "--slots", "64", "--out-dir", str(work / "r"),
+                 "--build-dir", str(work / "b")]) == 0
+    assert seen == {"sizes": [256 * 1024], "slots": 64}
+    assert main(["bench", "--codec-only", "--out-dir", str(work / "r"), "--build-dir", str(work / "b")]) == 0
+    assert seen == {"sizes": list(algbw.CODEC_SIZES), "slots": algbw.CODEC_SLOTS}
+
+
 @pytest.mark.parametrize("extra,needles", [
     (["--links", "cmac"], ["links='cmac'", "512-bit"]),                         # default width 64
     (["--width", "512", "--links", "cmac", "--corrupt", "1", "5"], ["--corrupt", "--engine fast"]),

@@ -383,8 +383,11 @@ def cmd_demo(args) -> int:
 
 
 def _bench_plan(args):
-    """The (configs, sizes, name) a ``bench`` command line asks for; CliError on bad arguments."""
+    """The (configs, sizes, name) a ``bench`` command line asks for; CliError on bad arguments.
+    Sets ``args.slots``, the ring rows' slots: ``--slots`` (``bench_slots``), else 8."""
     from wirereduce.sim.bench import algbw as bench
+
+    args.slots = 8 if getattr(args, "bench_slots", None) is None else args.bench_slots
 
     preset_configs = bench.QUICK_CONFIGS if args.quick else bench.FULL_CONFIGS
     if args.widths is None and args.mtus is None:
@@ -537,9 +540,25 @@ def cmd_bench(args) -> int:
 
     if args.no_codec and args.codec_only:
         raise CliError("--no-codec and --codec-only contradict each other")
+    # --slots (dest bench_slots, so that main() does not fill in its default): the ring rows' slots,
+    # 8 unless given; the compressed rows' CODEC_SLOTS unless given with --codec-only.
+    codec_slots = bench.CODEC_SLOTS if args.bench_slots is None else args.bench_slots
     configs, sizes, name = _bench_plan(args)
     codec_sizes = [] if args.no_codec else list(bench.CODEC_QUICK_SIZES if args.quick else bench.CODEC_SIZES)
     if args.codec_only:
+        # --sizes and --slots are the compressed rows' own here (the codec node's slot count is
+        # checked by _bench_plan's SimSetup above; it must also be a power of two there).
+        if args.sizes is not None:
+            codec_sizes = sizes
+        try:
+            from wirereduce.config import NodeConfig
+            from wirereduce.sim.engines.runner import SimSetup
+
+            cc = bench.CODEC_CONFIG
+            SimSetup(nodes=cc.nodes, config=NodeConfig(cc.width, cc.mtu, codec_slots, codec=True),
+                     link_latency=args.link_latency)
+        except (TypeError, ValueError) as e:
+            raise CliError(f"--slots: {e}") from e
         from wirereduce.sim.engines.fastsim import run_allreduce
 
         name = args.name or "bench-codec"
@@ -548,7 +567,7 @@ def cmd_bench(args) -> int:
         records = [{"kind": "meta", "name": name, "git_commit": bench._git_commit()}]
         try:
             bench.run_codec_rows(codec_sizes, run=run_allreduce, records=records, json_path=out / f"{name}.json",
-                                 build_root=args.build_dir, link_latency=args.link_latency,
+                                 build_root=args.build_dir, slots=codec_slots, link_latency=args.link_latency,
                                  seed=args.seed, progress=not args.no_progress)
         except (bench.BenchError, SimulationError, ChunksLost) as e:
             print(f"wirereduce: bench failed: {e}", file=sys.stderr)
@@ -1080,7 +1099,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="base name of the output files (default: bench, or bench-quick)")
     p.add_argument("--out-dir", default="bench/results", help="where the JSON and PNG go (default: bench/results)")
     p.add_argument("--build-dir", default="build/fastsim", help="where builds go (default: build/fastsim)")
-    p.add_argument("--slots", type=int, default=8, help="chunks the local buffer holds, a power of two (default: 8)")
+    p.add_argument("--slots", type=int, default=None, dest="bench_slots",
+                   help="chunks the local buffer holds, a power of two (default: 8; the compressed rows always use "
+                        "32, except with --codec-only, where --slots and --sizes are theirs)")
     p.add_argument("--link-latency", type=int, default=4, help="cycles of delay per link (default: 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random gradients (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
