@@ -225,10 +225,11 @@ class Engine(wiring.Component):
         start = Signal()   # a CONTROL frame is taken in this cycle
         # The units reset a cycle later (timing: ``start`` is a decision on the host gate's head, and
         # it fans out to every register of every unit). They take nothing from the cycle after a
-        # CONTROL frame shows at the host gate (``ctl_hold``, registered) until their reset, and the
-        # CONTROL frame is taken only with ``ctl_hold`` up, so no unit starts a chunk in between.
-        # Nor does a network gate pass a frame's first beat or the allocator grant a source while
-        # ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing starts into them.
+        # CONTROL (or SCHEDULE) frame shows at the host gate (``ctl_hold``, registered) until their
+        # reset, and the frame is taken only with ``ctl_hold`` up the cycle before as well, so no unit
+        # starts a chunk in between. Nor does a network gate pass a frame's first beat or the allocator
+        # grant a source while ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing
+        # starts into them, and ``quiet`` can be registered (``quiet_q``, below).
         start_q = Signal()
         ctl_hold = Signal()
         m.d.sync += start_q.eq(start)
@@ -530,8 +531,10 @@ class Engine(wiring.Component):
         quiet = ~(host_gate.busy | st_valid | Cat(*(g.busy for g in net_gates)).any() | busy_units | active.any())
         # The host frame's header is checked into registers (timing) and acted on from the cycle
         # after it shows (``host_seen``: it showed the cycle before and was not taken then, so it is
-        # the same header); what the engine's state says (quiet, busy, running, the slot) stays
-        # combinational.
+        # the same header, still at the gate's head: ``host_seen`` implies ``head_valid``, which is
+        # therefore left out of the decisions); what the engine's state says is registered too
+        # (``quiet_q``, ``running_q``) or a register already (status and streaming flags), so the
+        # decisions, and the gate's FIFO reads behind them, are a few gates on registers.
         host_seen = Signal()
         host_gone = host_gate.drop | (host_gate.o.valid & host_gate.o.ready & hb.first)
         m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone & ~(st_valid & st.first))
@@ -553,7 +556,17 @@ class Engine(wiring.Component):
                        & ((hh.opcode == Opcode.CONTROL) | (hh.opcode == Opcode.STATS_REQUEST)
                           | (hh.opcode == Opcode.SCHEDULE))),
         ]
-        refuse = (run.running & ~abort) | refuse_hdr | ~table_ok
+        # ``quiet`` and ``running``, registered (timing: an OR over every gate, unit and source, and a
+        # 32-bit compare). CONTROL and SCHEDULE, the frames that need them, are taken only with
+        # ``ctl_hold`` up the cycle before, when no gate, unit or source could start anything, so a
+        # quiet engine then is quiet now (but for a network gate starting to drop a frame, which
+        # writes nothing), and with nothing active no result is delivered, so ``running`` is the same.
+        quiet_q, running_q = Signal(), Signal()
+        m.d.sync += [quiet_q.eq(quiet & ctl_hold), running_q.eq(run.running)]
+        refuse = (running_q & ~abort) | refuse_hdr | ~table_ok
+        # A SCHEDULE frame's length, registered with the header checks (timing; applied with them).
+        sched_bytes = Signal(16)
+        m.d.sync += sched_bytes.eq(HEADER_BYTES + 4 * hh.count)
         # The push's slot check, registered (timing) and applied with the verdict (``host_seen``: the
         # same head as the cycle before, and the gate in START then, so no beat of a push left the
         # gate in between; the output stage's last beat of a push, which fills its slot a cycle
@@ -562,19 +575,19 @@ class Engine(wiring.Component):
         push_busy = Signal()
         st_fill = st_valid & st_push & st.last   # fills slot st_slot at the next edge
         m.d.sync += push_busy.eq((slot_valid >> push_slot)[0] | (st_fill & (st_slot == push_slot)))
-        host_cmd = host_gate.head_valid & host_seen & cmd_hdr
-        m.d.sync += ctl_hold.eq(host_cmd & is_ctl)
+        host_cmd = host_seen & cmd_hdr
+        m.d.sync += ctl_hold.eq(host_cmd & (is_ctl | is_sched))
         with m.If(host_cmd):
-            with m.If(~status.busy & ~sched_streaming & (is_stats | (quiet & (ctl_hold | ~is_ctl)))):
+            with m.If(~status.busy & ~sched_streaming & (is_stats | quiet_q)):
                 with m.If(is_sched):
                     m.d.sync += run.tag.eq(hh.collective)
-                    with m.If(run.running):
+                    with m.If(running_q):
                         m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1), events.flag("control_refused").eq(1)]
                     with m.Elif(sched_bad):
                         m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1), events.flag("drop_count").eq(1)]
                     with m.Else():
                         # accept holds until the first beat leaves (FrameGate's protocol)
-                        m.d.comb += [host_gate.accept.eq(1), host_gate.expect_bytes.eq(HEADER_BYTES + 4 * hh.count)]
+                        m.d.comb += [host_gate.accept.eq(1), host_gate.expect_bytes.eq(sched_bytes)]
                 with m.Else():
                     m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1)]
                     m.d.sync += run.tag.eq(hh.count)

@@ -42,10 +42,11 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     ``apply`` (registered verdict, for timing; the schedule engine's gates): the checks are worked
     out from the header into a register every cycle and the gate acts on the registered outcome
     only while ``apply`` is high, which the caller raises only when the header (and everything the
-    checks read) has not changed since the cycle before; ``expect_bytes`` and ``mark_bad`` are
-    registered likewise. ``late_count_bad`` is then one more count check made at that time (after
-    the registered ones, counted as ``drop_count``; the engine gives a register); ``wait`` stays
-    combinational."""
+    checks read) has not changed since the cycle before, and only while ``gate.head_valid`` is high
+    (a register the caller keeps: ``head_valid`` is then left out of the decision, for timing);
+    ``expect_bytes`` and ``mark_bad`` are registered likewise. ``late_count_bad`` is then one more
+    count check made at that time (after the registered ones, counted as ``drop_count``; the engine
+    gives a register); ``wait`` stays combinational."""
     h = gate.head
     lost = (h.flags & Flag.LOST) != 0
     expect_bytes = Mux(lost, HEADER_BYTES, HEADER_BYTES + 4 * h.count)
@@ -88,14 +89,17 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         # is worked out from them.
         fail_q = Signal(len(reasons), name=f"{gate.__class__.__name__.lower()}_fail")
         m.d.sync += fail_q.eq(Cat(*(cond for _, cond in reasons)))
-        bad_q = fail_q.any()
+        # Whether any check failed, registered on its own (the same value as ``fail_q.any()``), so the
+        # verdict the gate's FIFO reads hang off is one register, not an OR of nine.
+        bad_q = Signal(name=f"{gate.__class__.__name__.lower()}_bad")
+        m.d.sync += bad_q.eq(Cat(*(cond for _, cond in reasons)).any())
         before = Const(0, 1)
         why_q = []
         for k in range(len(reasons)):
             why_q.append(fail_q[k] & ~before)
             before = before | fail_q[k]
         late = Const(0, 1) if late_count_bad is None else late_count_bad
-        on = gate.head_valid & apply
+        on = apply   # implies head_valid (above)
         m.d.comb += [gate.drop.eq(on & (bad_q | late)), gate.drop_track.eq(on & (bad_q | late)),
                      gate.accept.eq(on & ~bad_q & ~late & ~wait)]
         for k, (flag, _) in enumerate(reasons):

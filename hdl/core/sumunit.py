@@ -105,7 +105,8 @@ class SumUnit(wiring.Component):
         ``first`` (bit 8 set: the unit has no flow).
     hold : In(1)
         The unit takes no chunk while high (the engine raises it from a CONTROL frame's arrival
-        until the unit's ``start``, which it gives a cycle after the CONTROL is taken, for timing).
+        until the unit's ``start``, which it gives a cycle after the CONTROL is taken, for timing;
+        and while a SCHEDULE frame waits to be taken).
     mode : In(8)
         The collective's header ``dtype`` byte (format and operation, :mod:`wirereduce.formats`),
         set at CONTROL; the lanes compute it.

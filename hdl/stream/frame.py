@@ -313,12 +313,16 @@ class FrameGate(wiring.Component):
         with m.FSM() as fsm:
             m.d.comb += self.busy.eq(~fsm.ongoing("START"))
             with m.State("START"):
+                # In START the beat FIFO's head is the first beat of the frame whose header is at the
+                # header FIFO's head (the frames before it were read to their last beat), written no
+                # later than the header was: a header waiting means its first beat is there (timing:
+                # one FIFO level less in front of the decision and the reads).
                 m.d.comb += [
                     self.head.eq(head),
                     self.head_short.eq(hdrs.r_data[hwidth]),
-                    self.head_valid.eq(hdrs.r_rdy & beats.r_rdy),
+                    self.head_valid.eq(hdrs.r_rdy),
                     o.first.eq(1), o.hdr.eq(head),
-                    self.o.valid.eq(hdrs.r_rdy & beats.r_rdy & self.accept),
+                    self.o.valid.eq(hdrs.r_rdy & self.accept),
                     cur_at_end.eq(first_at_end), cur_keep.eq(accept_keep),
                 ]
                 chk = beat_check()
@@ -387,13 +391,12 @@ class FrameGate(wiring.Component):
                     with m.If(trunc_beats < trunc_max):
                         m.d.sync += trunc_beats.eq(trunc_beats + 1)
                     with m.If(out_beat.last):
-                        nbytes = Signal(range(nb + 1))
-                        for lane in range(nb):
-                            with m.If(out_beat.keep[lane]):
-                                m.d.comb += nbytes.eq(lane + 1)
-                        total = Signal(range((trunc_max + 1) * nb + 1))
-                        m.d.comb += total.eq(trunc_beats * nb + nbytes)
-                        with m.If(total > self._max_bytes):
+                        # Bytes in all: trunc_beats·nb + (the last lane with keep) + 1 > max_bytes, worked
+                        # out without the sum (timing): more beats than max_bytes // nb before this one,
+                        # or exactly that many and a kept lane at or past max_bytes % nb.
+                        full, rest = divmod(self._max_bytes, nb)
+                        over = (trunc_beats > full) | ((trunc_beats == full) & out_beat.keep[rest:].any())
+                        with m.If(over):
                             m.d.comb += self.oversize.eq(1)
                         with m.Else():
                             m.d.comb += self.length_error.eq(1)
