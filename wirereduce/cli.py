@@ -546,8 +546,8 @@ def cmd_bench(args) -> int:
     configs, sizes, name = _bench_plan(args)
     codec_sizes = [] if args.no_codec else list(bench.CODEC_QUICK_SIZES if args.quick else bench.CODEC_SIZES)
     if args.codec_only:
-        # --sizes and --slots are the compressed rows' own here (the codec node's slot count is
-        # checked by _bench_plan's SimSetup above; it must also be a power of two there).
+        # --sizes and --slots are the compressed rows' own here. _bench_plan above checked the slot
+        # count against a ring node; it is checked against the codec node too, before any build.
         if args.sizes is not None:
             codec_sizes = sizes
         try:
