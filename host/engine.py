@@ -23,7 +23,7 @@ from wirereduce.host.driver import DriverError, parse_stats
 
 from wirereduce.config import EngineConfig
 from wirereduce.formats import CANONICAL_NAN, Op, dtype_byte, format_of, from_words, to_words
-from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame
+from wirereduce.protocol import HEADER_BYTES, Flag, Header, Opcode, frame
 from wirereduce.schedule import Schedule
 from wirereduce.table import ENTRY_BYTES, plan, table_frames_payloads
 
@@ -68,6 +68,9 @@ class EngineSession:
         ``tag + 1 …`` in their ``collective`` field.
     op : str or Op
         ``"sum"`` (default), ``"max"`` or ``"min"``.
+    abort : bool
+        The CONTROL carries ``Flag.ABORT``: the engine drops a collective it still runs (the
+        host's last one did not finish) instead of refusing this one.
 
     Raises
     ------
@@ -85,6 +88,7 @@ class EngineSession:
     window: int
     tag: int = 1
     op: str | Op = "sum"
+    abort: bool = False
     result_words: np.ndarray = field(init=False)
     received: set = field(init=False, default_factory=set)
     last_stats: dict | None = field(init=False, default=None)
@@ -134,7 +138,8 @@ class EngineSession:
 
     def control_frame(self) -> bytes:
         return Header(opcode=Opcode.CONTROL, collective=self.collective, src=self.rank, dtype=self.dtype,
-                      hop=len(self.schedule.flows), seq=len(self.chunks), count=self.tag & 0xFFFF).pack()
+                      hop=len(self.schedule.flows), seq=len(self.chunks), count=self.tag & 0xFFFF,
+                      flags=int(Flag.ABORT) if self.abort else 0).pack()
 
     def push_frames(self) -> list[EnginePush]:
         """Every HOST_PUSH, in chunk order, with the results its host must hold first (the window)."""
@@ -192,3 +197,19 @@ class EngineSession:
     @property
     def missing(self) -> list[int]:
         return [c.seq for c in self.chunks if c.seq not in self.received]
+
+    # -- what :class:`~wirereduce.host.driver.ChunksLost` reads of a session ------------------------
+
+    @property
+    def results_received(self) -> int:
+        return len(self.received)
+
+    @property
+    def reported_lost(self) -> list[int]:
+        """Always empty: an engine sends no LOST placeholders (a frame dropped at one of its gates
+        stalls its chunk until the host's deadline)."""
+        return []
+
+    @property
+    def never_arrived(self) -> list[int]:
+        return self.missing

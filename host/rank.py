@@ -41,10 +41,27 @@ from wirereduce.host.driver import (
     parse_stats,
 )
 
-from wirereduce.config import NodeConfig
+from wirereduce.config import EngineConfig, NodeConfig
 from wirereduce.protocol import Header, Opcode, ProtocolError
 
-__all__ = ["RankDriver", "FileBarrier"]
+__all__ = ["RankDriver", "EngineRankDriver", "FileBarrier", "served_engine_config", "SERVED_ENGINE_SLOTS"]
+
+#: Chunk slots of the engines ``wirereduce sim serve --topology`` builds by default (the host window
+#: the engine needs for full bandwidth; ``sim allreduce --topology`` uses the same).
+SERVED_ENGINE_SLOTS = 16
+
+
+def served_engine_config(topology, **overrides) -> EngineConfig:
+    """The :class:`~wirereduce.config.EngineConfig` ``wirereduce sim serve --topology`` builds unless
+    told otherwise: ports = the topology's degree (at least 2), :data:`SERVED_ENGINE_SLOTS` slots, the
+    rest EngineConfig's defaults; ``overrides`` (``width=``, ``mtu=``, ``slots=``, ``ports=``,
+    ``max_flows=``) replace them. Raises ValueError on a bad topology or value."""
+    from wirereduce.schedule import parse_topology
+
+    topo = parse_topology(topology)
+    kw = {"ports": max(2, topo.degree), "slots": SERVED_ENGINE_SLOTS}
+    kw.update({k: v for k, v in overrides.items() if v is not None})
+    return EngineConfig(**kw)
 
 _DEFAULT = object()
 
@@ -216,6 +233,187 @@ class RankDriver:
                 except TimeoutError:
                     stalled = True
                     return
+                s.receive(data)
+
+        await t.gather([push(), collect()])
+        if stalled:
+            try:
+                stats = {rank: await self.stats()}
+            except (TimeoutError, ProtocolError):
+                stats = {rank: None}
+            what = f"rank {rank}: node {rank} sent no result in time (a frame was lost or another rank stopped)"
+            raise ChunksLost(loss_report([s], stats, what), [s], stats)
+
+
+class EngineRankDriver:
+    """Rank ``rank``'s host on a network of schedule engines: any schedule, any format, one process per rank.
+
+    :class:`RankDriver`'s counterpart for :mod:`wirereduce.hdl.core.engine`, with the same
+    planning every engine uses (:class:`~wirereduce.host.engine.EngineSession`: chunks, flows,
+    window, dtype byte): every rank computes the same plan and collective ids from the same call
+    sequence. Per allreduce it reads the node's counters (STATS_REQUEST: the baseline the
+    acknowledgements are checked against), loads the node's table (SCHEDULE frames, each
+    acknowledged; on the first call, then only after a table load failed), starts the collective
+    (CONTROL), calls ``barrier``, pushes within the window and collects the results.
+
+    Parameters
+    ----------
+    transport : Transport
+        Reaches node ``rank`` (:class:`~wirereduce.host.transports.packet.PacketTransport`).
+    rank : int
+        This host's rank, a node of ``schedule``'s topology.
+    schedule : wirereduce.schedule.Schedule
+        What every rank runs (:func:`wirereduce.schedule.build`; the same at every rank).
+    config : EngineConfig
+        How the engines were built (``wirereduce sim serve --topology``: ports, MTU, slots,
+        max_flows, formats).
+    window : int, optional
+        Chunks pushed ahead of the results received, 1 … ``config.slots`` (default ``slots``).
+    barrier : callable, optional
+        As :class:`RankDriver`'s: called (awaited if it returns an awaitable) after the node took
+        the CONTROL frame and before the first push.
+    first_collective : int
+        Collective id of the first allreduce (the same at every rank).
+
+    Raises
+    ------
+    ValueError
+        A rank outside the topology, a bad window or collective id, a schedule with more flows
+        than the engines hold.
+    TypeError
+        ``config`` is not an :class:`~wirereduce.config.EngineConfig`.
+    """
+
+    def __init__(self, transport, rank: int, schedule, config: EngineConfig, *, window=_DEFAULT,
+                 barrier: Callable | None = None, first_collective: int = 1):
+        from wirereduce.host.driver import RequestTags
+        from wirereduce.host.engine import check_window as check_engine_window
+
+        if not isinstance(config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig (how the engines were built), not {config!r}")
+        nodes = schedule.nodes
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < nodes:
+            raise ValueError(f"rank must be 0 … {nodes - 1} ({schedule.topology.name}), not {rank!r}")
+        if len(schedule.flows) > config.max_flows:
+            raise ValueError(f"the schedule has {len(schedule.flows)} flows; the engines hold {config.max_flows} "
+                             f"(built with max_flows={config.max_flows})")
+        self.transport = transport
+        self.rank = rank
+        self.nodes = nodes
+        self.schedule = schedule
+        self.config = config
+        self.window = config.slots if window is _DEFAULT else check_engine_window(window, config)
+        self.barrier = barrier
+        self.ids = CollectiveIds(first_collective)
+        self.tags = RequestTags(1)
+        #: The node holds this driver's table (loaded and acknowledged).
+        self.table_loaded = False
+        #: The last allreduce did not finish: the next CONTROL carries ``Flag.ABORT``.
+        self.unfinished = False
+
+    def session(self, array: np.ndarray, op: str = "sum"):
+        """The :class:`~wirereduce.host.engine.EngineSession` of the next allreduce of ``array``
+        (checked, nothing sent; takes a collective id and request tags)."""
+        from wirereduce.host.engine import EngineSession
+
+        s = EngineSession(self.rank, self.schedule, self.config, self.ids.next, np.asarray(array), self.window,
+                          tag=self.tags.next, op=op, abort=self.unfinished)
+        self.ids.take()
+        for _ in range(1 + len(s.schedule_frames())):
+            self.tags.take()
+        return s
+
+    def allreduce(self, bucket: np.ndarray, compression: int | None = None, op: str = "sum") -> np.ndarray:
+        """The reduction over every rank of ``bucket`` in the schedule's order, as this rank's node
+        returns it (blocking).
+
+        Parameters
+        ----------
+        bucket : numpy.ndarray, shape (n,), float32, ml_dtypes.bfloat16, float16 or int32
+            This rank's array; every rank passes the same length and dtype.
+        compression : None
+            The engine has no codec: anything but None raises ValueError.
+        op : {"sum", "max", "min"}
+
+        Returns
+        -------
+        numpy.ndarray, shape (n,), the bucket's dtype
+            Bit for bit :func:`wirereduce.sim.golden.schedule.allreduce` of every rank's array.
+
+        Raises
+        ------
+        ValueError
+            A bad array, dtype, op or compression, before anything is sent.
+        ChunksLost
+            Results stopped coming (a frame was lost, a rank died).
+        TimeoutError
+            The node did not answer, or the barrier timed out.
+        DriverError
+            The node refused the table or the CONTROL, or a result is malformed.
+        """
+        return asyncio.run(self.allreduce_async(bucket, compression, op))
+
+    async def allreduce_async(self, bucket: np.ndarray, compression: int | None = None,
+                              op: str = "sum") -> np.ndarray:
+        """:meth:`allreduce` in a running event loop."""
+        if compression is not None:
+            raise ValueError("the schedule engine has no codec: compression must be None")
+        s = self.session(bucket, op)
+        try:
+            await self._run(s)
+        except BaseException:
+            self.unfinished = True
+            raise
+        self.unfinished = False
+        return s.result
+
+    async def stats(self) -> dict[str, int]:
+        """This rank's node's status and drop counters (a STATS_REQUEST round trip)."""
+        return parse_stats(await self._request(Header(opcode=Opcode.STATS_REQUEST, count=self.tags.take()).pack()))
+
+    async def _request(self, frame: bytes, tag: int | None = None) -> bytes:
+        """Send ``frame`` and return the STATS answer with request tag ``tag`` (the frame's
+        ``count`` by default); answers to other requests and stray results are skipped."""
+        t = self.transport
+        want = (Header.unpack(frame).count if tag is None else tag) & 0xFFFF
+        await t.send(self.rank, frame)
+        while True:
+            data = await t.recv(self.rank)
+            if Header.unpack(data).opcode == Opcode.STATS and parse_stats(data)["request_tag"] == want:
+                return data
+
+    async def _run(self, s) -> None:
+        t, rank = self.transport, self.rank
+        s.last_stats = await self.stats()   # the baseline the acknowledgements are checked against
+        if not self.table_loaded:
+            for i, fr in enumerate(s.schedule_frames()):
+                s.check_ack(await self._request(fr, s.schedule_tag(i)), s.schedule_tag(i))
+            self.table_loaded = True
+        s.check_ack(await self._request(s.control_frame(), s.tag), s.tag)
+        if self.barrier is not None:
+            r = self.barrier()
+            if inspect.isawaitable(r):
+                await r
+        stalled = False
+
+        async def push():
+            for p in s.push_frames():
+                while s.results_received < p.after and not stalled:
+                    await t.idle(1)
+                if stalled:
+                    return
+                await t.send(rank, p.frame)
+
+        async def collect():
+            nonlocal stalled
+            while not s.done:
+                try:
+                    data = await t.recv(rank)
+                except TimeoutError:
+                    stalled = True
+                    return
+                if Header.unpack(data).opcode == Opcode.STATS:
+                    continue   # a late answer to an earlier request
                 s.receive(data)
 
         await t.gather([push(), collect()])

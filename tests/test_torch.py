@@ -16,6 +16,7 @@ pytest.importorskip("sklearn", reason="scikit-learn (the digits data set) is not
 import wirereduce.torch as wrt  # noqa: E402
 from wirereduce import cli  # noqa: E402
 from wirereduce.codec import decode, encode  # noqa: E402
+from wirereduce.config import NodeConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -214,6 +215,51 @@ def test_hook_carries_bf16_and_fp16_natively(dtype):
     assert np.array_equal(out.view(torch.int16).numpy().view(np.uint16), want)
 
 
+@pytest.mark.parametrize("wire", ["bfloat16", "float16"])
+def test_wire_dtype_rounds_reduces_and_widens(wire):
+    """State(wire_dtype=…): an fp32 bucket goes to the backend rounded to the wire format (numpy /
+    ml_dtypes astype: round-to-nearest-even), the backend's answer in that format is averaged in it
+    and widened back to fp32 exactly."""
+    import ml_dtypes
+
+    np_wire = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}[wire]
+    state = wrt.State(ReverseBackend(4), wire_dtype=wire, overlap=False)
+    g = _grad(11, 1001)
+    g[3:6] = [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -9, 65520.0]   # a bf16 tie, a bf16 round-up, fp16 overflow
+    out = wrt.allreduce_hook(state, FakeBucket(2, g)).wait()
+    sent = state.backend.sent[0]
+    assert sent.dtype == np_wire and sent.nbytes == 2 * g.size
+    with np.errstate(over="ignore"):
+        want_sent = g.astype(np_wire)
+    assert np.array_equal(sent.view(np.uint16), want_sent.view(np.uint16))
+    assert out.dtype == torch.float32 and out.shape == (g.size,)
+    want = wrt.average(want_sent[::-1].copy(), 4).astype(np.float32)
+    np.testing.assert_array_equal(bits(out.numpy()), bits(want))
+    if wire == "bfloat16":   # 1 + 2^-8 is a tie between 1 and 1 + 2^-7: to even, 1
+        assert float(sent[3]) == 1.0 and float(sent[4]) == 1 + 2.0 ** -7
+    else:
+        assert np.isinf(float(sent[5]))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(wire_dtype="int32"), "bfloat16' or 'float16"),
+    (dict(wire_dtype="bfloat16", compress_k=10), "do not combine"),
+    (dict(wire_dtype="float16", dtype="bfloat16"), "float32 buckets"),
+])
+def test_bad_wire_dtype_raises(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        wrt.State(ScaleBackend(), **kwargs)
+
+
+def test_wire_dtype_refuses_a_bf16_bucket():
+    state = wrt.State(ReverseBackend(2), wire_dtype="bfloat16", overlap=False)
+    bucket = FakeBucket(0, np.zeros(1))
+    bucket._buf = torch.zeros(8, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="carries float32 buckets"):
+        wrt.allreduce_hook(state, bucket)
+    assert not state.backend.sent
+
+
 def test_import_wirereduce_needs_no_torch():
     code = "import sys; sys.modules['torch'] = None; import wirereduce, wirereduce.torch, wirereduce.train, " \
            "wirereduce.cli; print('ok')"
@@ -228,6 +274,17 @@ def test_backend_from_env_errors():
         wrt.backend_from_env({"WIREREDUCE_UNIX": "/nonexistent", "WIREREDUCE_RANK": "x", "WIREREDUCE_NODES": "2"})
     with pytest.raises(FileNotFoundError, match="sim serve"):
         wrt.backend_from_env({"WIREREDUCE_UNIX": "/nonexistent", "WIREREDUCE_RANK": "0", "WIREREDUCE_NODES": "2"})
+    engine = {"WIREREDUCE_UNIX": "/nonexistent", "WIREREDUCE_RANK": "0"}
+    with pytest.raises(ValueError, match="set both"):
+        wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4"})
+    with pytest.raises(ValueError, match="has 4 nodes"):
+        wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring",
+                              "WIREREDUCE_NODES": "3"})
+    with pytest.raises(ValueError, match="EngineConfig"):
+        wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring"},
+                             config=NodeConfig())
+    with pytest.raises(FileNotFoundError, match="sim serve"):   # the nodes default to the topology's
+        wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring"})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -330,6 +387,15 @@ def test_train_cli_runs():
     (["--steps", "0"], "steps"),
     (["--backend", "gloo", "--compress", "10"], "gloo baseline"),
     (["--check"], "--backend sim"),
+    (["--topology", "ring:4"], "go together"),
+    (["--topology", "ring:4", "--algorithm", "biring", "--nodes", "2"], "has 4 nodes"),
+    (["--topology", "ring:4", "--algorithm", "biring", "--backend", "gloo"], "--backend sim or loopback"),
+    (["--topology", "ring:4", "--algorithm", "biring", "--compress", "10"], "no codec"),
+    (["--wire-dtype", "bf16", "--backend", "sim"], "needs the schedule engine"),
+    (["--wire-dtype", "bf16", "--backend", "gloo"], "needs the wirereduce hook"),
+    (["--topology", "ring:1", "--algorithm", "ring"], "--topology"),
+    (["--unix", "/tmp"], "needs --backend sim"),
+    (["--unix", "/nonexistent-wr", "--backend", "sim"], "no such directory"),
 ])
 def test_train_bad_arguments_fail_before_any_process(argv, match, monkeypatch, capsys):
     import wirereduce.train

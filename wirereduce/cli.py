@@ -36,6 +36,32 @@ def _node_config(args, codec: bool = False):
         raise CliError(str(e)) from e
 
 
+def _serve_engine_config(args, topo):
+    """The :class:`~wirereduce.config.EngineConfig` ``sim serve --topology`` builds and ``rank
+    allreduce --topology`` drives (``--width``, ``--mtu``, ``--slots``, ``--ports``, ``--max-flows``;
+    defaults: :func:`~wirereduce.host.rank.served_engine_config`); both sides must be given the
+    same. CliError if bad."""
+    from wirereduce.host.rank import served_engine_config
+
+    try:
+        return served_engine_config(topo.name, width=args.width, mtu=args.mtu, slots=args.slots, ports=args.ports,
+                                    max_flows=args.max_flows)
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from e
+
+
+def _parse_topology_arg(args):
+    from wirereduce.schedule import parse_topology
+
+    try:
+        topo = parse_topology(args.topology)
+    except ValueError as e:
+        raise CliError(f"--topology: {e}") from e
+    if args.nodes is not None and args.nodes != topo.nodes:
+        raise CliError(f"--nodes {args.nodes} disagrees with {topo.name} ({topo.nodes} nodes); leave it out")
+    return topo
+
+
 def cmd_verilog(args) -> int:
     from amaranth.back import verilog
 
@@ -730,24 +756,44 @@ def _add_workload_parsers(sub) -> None:
 
 def cmd_sim_serve(args) -> int:
     """``wirereduce sim serve``: the simulated cluster live behind TAP interfaces or UNIX sockets."""
-    from wirereduce.sim.engines.runner import SimSetup, SimulationError, default_simulator, serve
+    from wirereduce.sim.engines.runner import EngineSetup, SimSetup, SimulationError, default_simulator, serve
 
     if (args.tap is None) == (args.unix is None):
         raise CliError("give --tap IF0 IF1 … (one TAP interface per node) or --unix DIR")
     if args.engine != "cocotb":
         raise CliError("--engine fast replays a planned frame script and cannot answer frames live; "
                        "sim serve runs the cocotb engine")
-    config = _node_config(args, codec=args.codec)
-    try:
-        setup = SimSetup(nodes=args.nodes, config=config, link_latency=args.link_latency,
-                         simulator=args.simulator or default_simulator(), links=args.links)
-    except (TypeError, ValueError, SimulationError) as e:
-        raise CliError(str(e)) from e
+    if args.topology is not None:
+        topo = _parse_topology_arg(args)
+        if args.codec or args.links != "model":
+            raise CliError("--codec and --links eth are ring-node features; the schedule engine (--topology) serves "
+                           "over link models without the codec (leave them out, or leave out --topology)")
+        config = _serve_engine_config(args, topo)
+        try:
+            setup = EngineSetup(topology=topo.name, config=config, link_latency=args.link_latency,
+                                simulator=args.simulator or default_simulator(), host_gbps=args.host_link_gbps)
+        except (TypeError, ValueError, SimulationError) as e:
+            raise CliError(str(e)) from e
+        what = (f"{topo.name} schedule engines (ports {config.ports}, max_flows {config.max_flows}, slots "
+                f"{config.slots}, formats {', '.join(config.formats)}): drive them with `wirereduce rank allreduce "
+                f"--topology {topo.name} --algorithm …` and the same --width/--mtu/--slots/--ports/--max-flows")
+    else:
+        if args.nodes is None:
+            raise CliError("give --nodes N (the ring node) or --topology SPEC (the schedule engine)")
+        if args.ports is not None or args.max_flows != 64 or args.host_link_gbps is not None:
+            raise CliError("--ports, --max-flows and --host-link-gbps need --topology (the schedule engine)")
+        config = _node_config(args, codec=args.codec)
+        try:
+            setup = SimSetup(nodes=args.nodes, config=config, link_latency=args.link_latency,
+                             simulator=args.simulator or default_simulator(), links=args.links)
+        except (TypeError, ValueError, SimulationError) as e:
+            raise CliError(str(e)) from e
+        what = f"{args.nodes} ring nodes"
 
     def ready(info):
         for k, (port, mac) in enumerate(zip(info["ports"], info["macs"])):
             print(f"node {k}: {port}  MAC {mac}", flush=True)
-        print(f"serving {args.nodes} nodes (simulator pid {info['pid']}); Ctrl-C to stop", flush=True)
+        print(f"serving {what} (simulator pid {info['pid']}); Ctrl-C to stop", flush=True)
 
     try:
         serve(setup, taps=args.tap, unix=args.unix, build_root=args.build_dir, idle_cycles=args.idle_cycles,
@@ -765,37 +811,70 @@ def cmd_sim_serve(args) -> int:
 def cmd_rank_allreduce(args) -> int:
     """``wirereduce rank allreduce``: one rank's host allreduces its own array through its own node."""
     from wirereduce.host.driver import ChunksLost, DriverError
-    from wirereduce.host.rank import FileBarrier, RankDriver
+    from wirereduce.host.rank import EngineRankDriver, FileBarrier, RankDriver
     from wirereduce.host.transports.packet import PacketTransport
 
     if (args.interface is None) == (args.unix is None):
         raise CliError("give --interface IF (raw Ethernet) or --unix DIR (wirereduce sim serve --unix)")
-    config = _node_config(args)
-    if not 2 <= args.nodes <= 255 or not 0 <= args.rank < args.nodes:
-        raise CliError(f"--rank must be 0 … --nodes − 1 with 2 ≤ --nodes ≤ 255, not rank {args.rank} of {args.nodes}")
-    array = load_inputs(args.input, args.nodes)[args.rank]
+    if args.topology is not None:
+        from wirereduce import schedule as sched
+
+        topo = _parse_topology_arg(args)
+        if args.algorithm is None:
+            raise CliError(f"--topology needs --algorithm ({', '.join(sched.ALGORITHMS)}): the schedule every "
+                           f"rank runs")
+        try:
+            schedule = sched.build(topo.name, args.algorithm)
+        except ValueError as e:
+            raise CliError(str(e)) from e
+        config = _serve_engine_config(args, topo)
+        nodes = topo.nodes
+    else:
+        if args.nodes is None:
+            raise CliError("give --nodes N (the ring node) or --topology SPEC --algorithm A (the schedule engine)")
+        if args.algorithm is not None or args.ports is not None or args.max_flows != 64 or args.op != "sum":
+            raise CliError("--algorithm, --ports, --max-flows and --op need --topology (the schedule engine; the "
+                           "ring node sums fp32 only)")
+        config = _node_config(args)
+        nodes = args.nodes
+    if not 2 <= nodes <= 255 or not 0 <= args.rank < nodes:
+        raise CliError(f"--rank must be 0 … N − 1 with 2 ≤ N ≤ 255, not rank {args.rank} of {nodes}")
+    array = load_inputs(args.input, nodes, any_format=args.topology is not None)[args.rank]
+    if args.topology is not None:
+        from wirereduce.host.engine import EngineSession
+
+        try:   # the dtype against the engines' formats, the schedule's flows: before anything is opened
+            EngineSession(args.rank, schedule, config, 1, array, config.slots, op=args.op)
+        except ValueError as e:
+            raise CliError(str(e)) from e
     try:
         if args.unix is not None:
-            transport = PacketTransport.unix(args.unix, args.rank, args.nodes, timeout=args.timeout)
+            transport = PacketTransport.unix(args.unix, args.rank, nodes, timeout=args.timeout)
         else:
-            transport = PacketTransport(args.interface, args.rank, args.nodes, node=args.node_mac, mtu=config.mtu,
+            transport = PacketTransport(args.interface, args.rank, nodes, node=args.node_mac, mtu=config.mtu,
                                         timeout=args.timeout)
     except (ValueError, FileNotFoundError) as e:
         raise CliError(str(e)) from e
     except PermissionError as e:
         print(f"wirereduce: error: {e}", file=sys.stderr)
         return 2
-    barrier = FileBarrier(args.barrier, args.rank, args.nodes, timeout=args.timeout * 5) if args.barrier else None
+    barrier = FileBarrier(args.barrier, args.rank, nodes, timeout=args.timeout * 5) if args.barrier else None
     try:
-        driver = RankDriver(transport, args.rank, args.nodes, config, barrier=barrier,
-                            first_collective=args.collective)
+        if args.topology is not None:
+            driver = EngineRankDriver(transport, args.rank, schedule, config, barrier=barrier,
+                                      first_collective=args.collective)
+            run = lambda: driver.allreduce(array, op=args.op)  # noqa: E731
+        else:
+            driver = RankDriver(transport, args.rank, nodes, config, barrier=barrier,
+                                first_collective=args.collective)
+            run = lambda: driver.allreduce(array)  # noqa: E731
     except ValueError as e:
         transport.close()
         raise CliError(f"--collective: {e}") from e
     t0 = time.perf_counter()
     try:
         with transport:
-            result = driver.allreduce(array)
+            result = run()
     except (ChunksLost, DriverError, TimeoutError) as e:
         print(f"wirereduce: rank {args.rank}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
@@ -808,10 +887,21 @@ def cmd_train(args) -> int:
     """``wirereduce train``: DDP training with the wirereduce hook, one process per rank."""
     from wirereduce.train import TrainConfig, train
 
-    cfg = TrainConfig(nodes=args.nodes, epochs=args.epochs, model=args.model, backend=args.backend,
+    nodes = args.nodes
+    if nodes is None:
+        nodes = 2
+        if args.topology is not None:
+            from wirereduce.schedule import parse_topology
+
+            try:
+                nodes = parse_topology(args.topology).nodes
+            except ValueError as e:
+                raise CliError(f"--topology: {e}") from e
+    cfg = TrainConfig(nodes=nodes, epochs=args.epochs, model=args.model, backend=args.backend,
                       compress=args.compress, error_feedback=args.error_feedback, batch=args.batch, lr=args.lr,
                       seed=args.seed, steps=args.steps, progress=not args.no_progress,
-                      golden_check=args.check)
+                      golden_check=args.check, topology=args.topology, algorithm=args.algorithm,
+                      wire_dtype=args.wire_dtype, serve_dir=args.unix)
     try:
         cfg.check()
     except ValueError as e:
@@ -825,6 +915,37 @@ def cmd_train(args) -> int:
         print(f"wirereduce: train: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _algorithms():
+    from wirereduce.schedule import ALGORITHMS
+
+    return ALGORITHMS
+
+
+def _add_engine_serve_args(p, rank: bool) -> None:
+    """``--topology`` and the engine build options of ``sim serve`` and ``rank allreduce`` (both
+    sides must be given the same build: --width, --mtu, --slots, --ports, --max-flows)."""
+    from wirereduce.schedule import ALGORITHMS
+
+    p.add_argument("--topology", default=None, metavar="SPEC",
+                   help="schedule engines on this network instead of ring nodes: ring:N, torus:AxB, mesh:AxB, "
+                        "torus:AxBxC, hypercube:N")
+    p.add_argument("--ports", type=int, default=None,
+                   help="with --topology: network ports P of every engine (default: the topology's degree, at "
+                        "least 2)")
+    p.add_argument("--max-flows", type=int, default=64, metavar="F",
+                   help="with --topology: flows (table entries) every engine holds, a power of two (default: 64)")
+    if rank:
+        p.add_argument("--algorithm", choices=ALGORITHMS, default=None,
+                       help="with --topology: the schedule every rank runs (the same at every rank)")
+        p.add_argument("--op", choices=("sum", "max", "min"), default="sum",
+                       help="with --topology: sum (default; int32 wraps modulo 2^32), or IEEE 754-2019 "
+                            "maximum/minimum (NaN propagates, -0 < +0)")
+    else:
+        p.add_argument("--host-link-gbps", type=float, default=None, metavar="G",
+                       help="with --topology: host link rate (default: the network links' rate; PCIe Gen3 x8 is "
+                            "modelled at 50)")
 
 
 def _add_sim_args(p):
@@ -920,13 +1041,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sim_allreduce)
 
     p = simsub.add_parser("serve", help="run the simulated cluster live, each node's host port behind a TAP interface",
-                          description="Runs the simulated N-node ring in this process and bridges node k's host "
+                          description="Runs the simulated N-node ring (--nodes), or a network of schedule engines "
+                                      "(--topology: one build serves every schedule of the topology and every "
+                                      "format the engines are built for; ranks load their tables), in this "
+                                      "process and bridges node k's host "
                                       "port to TAP interface k (created here, removed on exit; root or "
                                       "CAP_NET_ADMIN) or to the UNIX socket DIR/node<k>.sock (no root), carrying "
                                       "Ethernet II frames (EtherType 0x88B5, node k's MAC 02:77:72:00:kk:02), "
                                       "paced at the host link's line rate in simulated time. Drive it with one "
                                       "`wirereduce rank allreduce` (or RankDriver) per rank.")
-    p.add_argument("--nodes", type=int, required=True, help="ring size N (≥ 2)")
+    p.add_argument("--nodes", type=int, default=None, help="ring size N (≥ 2) of ring nodes; or --topology")
+    _add_engine_serve_args(p, rank=False)
     p.add_argument("--tap", nargs="+", metavar="IF", default=None, help="TAP interface names, one per node")
     p.add_argument("--unix", metavar="DIR", default=None, help="UNIX datagram sockets DIR/node<k>.sock instead of TAPs")
     p.add_argument("--links", choices=("model", "eth"), default="model",
@@ -952,13 +1077,14 @@ def build_parser() -> argparse.ArgumentParser:
                                     "interface (AF_PACKET: root or CAP_NET_RAW) or a `sim serve --unix` socket "
                                     "and writes the sum over every rank to --output (.npy). Every rank runs "
                                     "the same command with its own --rank.")
-    p.add_argument("--nodes", type=int, required=True, help="ring size N (≥ 2)")
+    p.add_argument("--nodes", type=int, default=None, help="ring size N (≥ 2) of ring nodes; or --topology")
+    _add_engine_serve_args(p, rank=True)
     p.add_argument("--rank", type=int, required=True, help="this host's rank, 0 … N−1")
     p.add_argument("--interface", metavar="IF", default=None, help="network interface cabled to the node")
     p.add_argument("--unix", metavar="DIR", default=None, help="socket directory of `wirereduce sim serve --unix`")
     p.add_argument("--node-mac", default=None, help="the node's MAC (default 02:77:72:00:RR:02, the simulated one)")
-    p.add_argument("--input", required=True, help=".npz with float32 arrays node0 … node{N-1} of equal length "
-                   "(this rank sends node<RANK>)")
+    p.add_argument("--input", required=True, help=".npz with arrays node0 … node{N-1} of equal length: float32; "
+                   "with --topology also bfloat16 (ml_dtypes), float16 or int32 (this rank sends node<RANK>)")
     p.add_argument("--output", required=True, help=".npy to write the sum to")
     p.add_argument("--barrier", metavar="DIR", default=None,
                    help="a directory every rank shares: wait there for every rank's node to take the collective "
@@ -977,7 +1103,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "simulated boards of `wirereduce sim serve --unix`, one RankDriver per rank; "
                                    "--backend gloo: the baseline without the hook. Then a table per bucket size: "
                                    "time in the backend, time backward() was blocked, overlap fraction.")
-    p.add_argument("--nodes", type=int, default=2, help="ranks, 2 … 16 (default: 2)")
+    p.add_argument("--nodes", type=int, default=None, help="ranks, 2 … 16 (default: 2, or --topology's nodes)")
     p.add_argument("--epochs", type=int, default=1, help="epochs (default: 1)")
     p.add_argument("--model", choices=("digits", "mlp"), default="digits",
                    help="digits: the demo CNN (3,818 parameters); mlp: 1,125,386 parameters in 5 buckets "
@@ -996,6 +1122,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="FILE", help="write the loss/accuracy history and bucket timings")
     p.add_argument("--check", action="store_true",
                    help="with --backend sim: compare every bucket's sum bit for bit with the golden model")
+    p.add_argument("--topology", default=None, metavar="SPEC",
+                   help="with --backend sim: schedule engines on this topology (ring:N, torus:AxB, …; its nodes = "
+                        "--nodes) instead of ring nodes; with loopback: the golden model in that schedule's order")
+    p.add_argument("--algorithm", default=None, choices=_algorithms(),
+                   help="with --topology: the schedule the engines run")
+    p.add_argument("--unix", default=None, metavar="DIR",
+                   help="with --backend sim: use the `wirereduce sim serve --unix DIR` already running (built with "
+                        "its defaults for these nodes) instead of starting one")
+    p.add_argument("--wire-dtype", default=None, choices=("bf16", "fp16"),
+                   help="float32 gradients travel as bf16/fp16 (PyTorch's bf16_compress_hook: rounded to nearest "
+                        "even, reduced natively, averaged, widened back); with --backend sim needs --topology")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 

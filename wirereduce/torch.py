@@ -74,10 +74,20 @@ ENV_RANK = "WIREREDUCE_RANK"
 ENV_NODES = "WIREREDUCE_NODES"
 ENV_NODE_MAC = "WIREREDUCE_NODE_MAC"
 ENV_TIMEOUT = "WIREREDUCE_TIMEOUT"
+ENV_TOPOLOGY = "WIREREDUCE_TOPOLOGY"
+ENV_ALGORITHM = "WIREREDUCE_ALGORITHM"
 
 #: Number formats the hook carries (torch dtype names), and their wirereduce format names.
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 _FORMAT_OF = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def _numpy_dtype(name: str):
+    """The numpy dtype of a carried format name (``"float32"``, ``"bfloat16"``, ``"float16"``)."""
+    import ml_dtypes
+
+    return {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+            "float16": np.dtype(np.float16)}[name]
 
 
 def _dtype_name(dtype) -> str:
@@ -170,6 +180,15 @@ class State:
         Number format of the buckets and on the wire: ``"float32"``, ``"bfloat16"`` or
         ``"float16"``; a bucket of another dtype then raises TypeError. None (default): each
         bucket travels in its own dtype (one of those three).
+    wire_dtype : str or None
+        ``"bfloat16"`` or ``"float16"``: float32 buckets travel in that format, as PyTorch's
+        ``bf16_compress_hook``/``fp16_compress_hook`` send them: each gradient is rounded to it
+        (round-to-nearest-even, ``ml_dtypes``/numpy ``astype``), the ranks' buckets are reduced
+        natively in it (half the bytes of fp32; the schedule engine's bf16/fp16 lanes), the sum is
+        averaged in it (:func:`average`) and widened back to float32 exactly. Unlike PyTorch's hooks,
+        which divide before the allreduce, the division comes after it (one rounding of the sum, no
+        gradient pushed into the subnormals by the division). Needs float32 buckets; not with
+        ``compress_k``. None (default): buckets travel in their own dtype.
     overlap : bool
         True (default): the backend runs in one worker thread, buckets in DDP's order, while
         back-propagation goes on; False: inside the hook (blocking autograd).
@@ -196,6 +215,7 @@ class State:
     compress_k: int | None = None
     error_feedback: bool = False
     dtype: str | None = None
+    wire_dtype: str | None = None
     overlap: bool = True
     residuals: dict = field(default_factory=dict, repr=False)
     timings: list = field(default_factory=list, repr=False)
@@ -217,6 +237,15 @@ class State:
                 raise ValueError(f"compress_k needs float32 buckets: the INCEPTIONN codec is fp32-only, "
                                  f"dtype is {name}")
             self.dtype = name
+        if self.wire_dtype is not None:
+            name = _dtype_name(self.wire_dtype)
+            if name not in ("bfloat16", "float16"):
+                raise ValueError(f"wire_dtype must be 'bfloat16' or 'float16' (or None), not {self.wire_dtype!r}")
+            if self.compress_k is not None:
+                raise ValueError("wire_dtype and compress_k do not combine: the INCEPTIONN codec is fp32-only")
+            if self.dtype not in (None, "float32"):
+                raise ValueError(f"wire_dtype carries float32 buckets; dtype is {self.dtype}")
+            self.wire_dtype = name
         self._executor = None
         self._lock = threading.Lock()
         self._layout = {}
@@ -271,12 +300,18 @@ class State:
 
         Raises RuntimeError if the backend answers another dtype or shape."""
         send = self.prepare(index, grad, segments)
+        if self.wire_dtype is not None:
+            if _dtype_name(grad.dtype) != "float32":
+                raise TypeError(f"State(wire_dtype={self.wire_dtype!r}) carries float32 buckets, not {grad.dtype}")
+            with np.errstate(all="ignore"):
+                send = send.astype(_numpy_dtype(self.wire_dtype))   # round-to-nearest-even
         t0 = time.perf_counter()
         total = np.asarray(self.backend.allreduce(send, compression=self.compress_k))
         self.timings.append((index, int(grad.size), time.perf_counter() - t0))
-        if total.dtype != grad.dtype or total.shape != grad.shape:
-            raise RuntimeError(f"backend returned {total.dtype} {total.shape} for a {grad.dtype} {grad.shape} bucket")
-        return average(total, self.world_size)
+        if total.dtype != send.dtype or total.shape != send.shape:
+            raise RuntimeError(f"backend returned {total.dtype} {total.shape} for a {send.dtype} {send.shape} bucket")
+        avg = average(total, self.world_size)
+        return avg.astype(np.float32) if self.wire_dtype is not None else avg
 
     def executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -322,6 +357,9 @@ def allreduce_hook(state: State, bucket):
     if name not in SUPPORTED_DTYPES:
         raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}; the hook carries "
                         f"{', '.join(SUPPORTED_DTYPES)} buckets")
+    if state.wire_dtype is not None and name != "float32":
+        raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}; State(wire_dtype="
+                        f"{state.wire_dtype!r}) carries float32 buckets")
     if state.dtype is not None and name != state.dtype:
         raise TypeError(f"wirereduce hook: bucket {bucket.index()} is {buf.dtype}, State(dtype={state.dtype!r})")
     if state.compress_k is not None and name != "float32":
@@ -520,20 +558,26 @@ class RankBackend:
         self._loop = None
 
     def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
-        """``RankDriver.allreduce_async`` on this backend's event loop: the node's ring sum
-        (raises ChunksLost/TimeoutError/DriverError). Call from one thread at a time.
+        """``allreduce_async`` of the backend's driver on this backend's event loop: the ring
+        node's sum (:class:`~wirereduce.host.rank.RankDriver`) or the schedule's reduction
+        (:class:`~wirereduce.host.rank.EngineRankDriver`). Raises ChunksLost/TimeoutError/
+        DriverError. Call from one thread at a time.
 
-        Raises TypeError for an array that is not float32: the ring node sums fp32 only (bf16 and
-        fp16 go through the schedule engine, ``wirereduce sim allreduce --topology ring:N``)."""
+        Raises TypeError for an array that is not float32 on the ring node: it sums fp32 only
+        (bf16 and fp16 go through the schedule engine, ``sim serve --topology`` and
+        ``WIREREDUCE_TOPOLOGY``)."""
         import asyncio
 
-        name, _ = _as_format(array, "RankBackend")
-        if name != "float32":
+        from wirereduce.host.rank import EngineRankDriver
+
+        name, array = _as_format(array, "RankBackend")
+        engine = isinstance(self.driver, EngineRankDriver)
+        if name != "float32" and not engine:
             raise TypeError(f"RankBackend: the ring node sums float32 only, this bucket is {name}; "
                             f"use the schedule engine for {name} (or State(dtype='float32') with fp32 buckets)")
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        array = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+        array = np.ascontiguousarray(array).reshape(-1)
         return self._loop.run_until_complete(self.driver.allreduce_async(array, compression))
 
     def close(self) -> None:
@@ -584,14 +628,20 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     initialised) and one of ``WIREREDUCE_IFACE`` (raw Ethernet on that interface: root or
     CAP_NET_RAW; ``WIREREDUCE_NODE_MAC`` optional) or ``WIREREDUCE_UNIX`` (the socket directory of
     ``wirereduce sim serve --unix``); ``WIREREDUCE_TIMEOUT`` seconds per receive (default 2).
+    With ``WIREREDUCE_TOPOLOGY`` and ``WIREREDUCE_ALGORITHM`` (``sim serve --topology``: schedule
+    engines) the driver is an :class:`~wirereduce.host.rank.EngineRankDriver` running that
+    schedule, and buckets may be bf16/fp16 as well as fp32; ``WIREREDUCE_NODES`` then defaults
+    to the topology's nodes.
 
     Parameters
     ----------
     barrier : callable, optional
         The start barrier between CONTROL and the first push (``RankDriver(barrier=…)``); default:
         ``torch.distributed.barrier`` on a gloo group of its own when torch.distributed is initialised.
-    config : wirereduce.config.NodeConfig, optional
-        How the nodes were built (default NodeConfig(); ``codec=True`` for compressed buckets).
+    config : wirereduce.config.NodeConfig or EngineConfig, optional
+        How the nodes were built (default NodeConfig(); ``codec=True`` for compressed buckets);
+        with ``WIREREDUCE_TOPOLOGY`` an EngineConfig (default: what ``sim serve --topology`` builds
+        by default, :func:`~wirereduce.host.rank.served_engine_config`).
 
     Raises
     ------
@@ -629,8 +679,26 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         except ValueError:
             raise ValueError(f"{name} must be an integer, not {v!r}") from None
 
+    topology, algorithm = env.get(ENV_TOPOLOGY), env.get(ENV_ALGORITHM)
+    schedule = None
+    if (topology is None) != (algorithm is None):
+        raise ValueError(f"set both {ENV_TOPOLOGY} and {ENV_ALGORITHM} (schedule engines), or neither (ring nodes)")
+    if topology is not None:
+        from wirereduce import schedule as sched
+        from wirereduce.config import EngineConfig
+
+        schedule = sched.build(topology, algorithm)   # ValueError on a bad name
+        if config is None:
+            from wirereduce.host.rank import served_engine_config
+
+            config = served_engine_config(schedule.topology.name)
+        if not isinstance(config, EngineConfig):
+            raise ValueError(f"{ENV_TOPOLOGY} needs the engines' EngineConfig, not {config!r}")
     rank = number(ENV_RANK, dist.get_rank() if dist else None)
-    nodes = number(ENV_NODES, dist.get_world_size() if dist else None)
+    default_nodes = schedule.nodes if schedule is not None else (dist.get_world_size() if dist else None)
+    nodes = number(ENV_NODES, default_nodes)
+    if schedule is not None and nodes != schedule.nodes:
+        raise ValueError(f"{ENV_NODES}={nodes} but {schedule.topology.name} has {schedule.nodes} nodes")
     try:
         timeout = float(env.get(ENV_TIMEOUT, "2"))
     except ValueError:
@@ -644,7 +712,12 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         transport = PacketTransport(iface, rank, nodes, node=env.get(ENV_NODE_MAC),
                                     mtu=None if config is None else config.mtu, timeout=timeout)
     try:
-        driver = RankDriver(transport, rank, nodes, config, barrier=barrier)
+        if schedule is not None:
+            from wirereduce.host.rank import EngineRankDriver
+
+            driver = EngineRankDriver(transport, rank, schedule, config, barrier=barrier)
+        else:
+            driver = RankDriver(transport, rank, nodes, config, barrier=barrier)
     except ValueError:
         transport.close()
         raise

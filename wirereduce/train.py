@@ -60,6 +60,18 @@ class TrainConfig:
     steps: int | None = None
     progress: bool = True
     golden_check: bool = False
+    #: With the sim backend: schedule engines on this topology (``sim serve --topology``) running
+    #: ``algorithm``, instead of ring nodes; None: ring nodes. With loopback: the golden model in
+    #: that schedule's order.
+    topology: str | None = None
+    algorithm: str | None = None
+    #: "bfloat16"/"float16": float32 gradients travel in that format (State(wire_dtype=…), PyTorch's
+    #: bf16_compress_hook); needs the schedule engine (--topology) with the sim backend.
+    wire_dtype: str | None = None
+    #: With the sim backend: the socket directory of a ``wirereduce sim serve --unix DIR`` already
+    #: running (built with its defaults for this --nodes/--topology and --compress), instead of
+    #: starting one.
+    serve_dir: str | None = None
 
     def check(self) -> TrainConfig:
         """Raises ValueError on any bad option."""
@@ -86,6 +98,35 @@ class TrainConfig:
             raise ValueError("--check compares the simulated boards with the golden model: it needs --backend sim")
         if self.error_feedback and self.compress is None:
             raise ValueError("error feedback needs compression (--compress K)")
+        if (self.topology is None) != (self.algorithm is None):
+            raise ValueError("--topology and --algorithm go together (the schedule the engines run)")
+        if self.topology is not None:
+            from wirereduce import schedule as sched
+
+            s = sched.build(self.topology, self.algorithm)   # ValueError on a bad name
+            if s.nodes != self.nodes:
+                raise ValueError(f"{s.topology.name} has {s.nodes} nodes, not --nodes {self.nodes}")
+            if self.backend == "gloo":
+                raise ValueError("--topology runs the wirereduce hook: it needs --backend sim or loopback")
+            if self.compress is not None:
+                raise ValueError("the schedule engine has no codec: --compress needs ring nodes (leave out "
+                                 "--topology)")
+        if self.wire_dtype is not None:
+            names = {"bf16": "bfloat16", "fp16": "float16"}
+            self.wire_dtype = names.get(self.wire_dtype, self.wire_dtype)
+            if self.wire_dtype not in ("bfloat16", "float16"):
+                raise ValueError(f"wire_dtype must be bf16 or fp16, not {self.wire_dtype!r}")
+            if self.backend == "gloo" or self.compress is not None:
+                raise ValueError("--wire-dtype needs the wirereduce hook without --compress")
+            if self.backend == "sim" and self.topology is None:
+                raise ValueError("--wire-dtype with --backend sim needs the schedule engine (--topology, "
+                                 "--algorithm): the ring node sums fp32 only")
+        if self.serve_dir is not None:
+            if self.backend != "sim":
+                raise ValueError("--unix names a running `sim serve --unix DIR`: it needs --backend sim")
+            if not os.path.isdir(self.serve_dir):
+                raise ValueError(f"--unix {self.serve_dir}: no such directory (start `wirereduce sim serve --unix "
+                                 f"{self.serve_dir}` first)")
         if not isinstance(self.lr, (int, float)) or not 0 < self.lr < 100:
             raise ValueError(f"lr must be a positive step, not {self.lr!r}")
         return self
@@ -130,13 +171,19 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
         model = DDP(_model(cfg.model, cfg.seed), bucket_cap_mb=BUCKET_CAP_MB)
         backend = state = None
         if cfg.backend != "gloo":
+            schedule = None
+            if cfg.topology is not None:
+                from wirereduce import schedule as sched
+
+                schedule = sched.build(cfg.topology, cfg.algorithm)
             if cfg.backend == "loopback":
-                backend = wrt.LoopbackBackend()
+                backend = wrt.LoopbackBackend(schedule=schedule)
             else:
                 backend = wrt.backend_from_env(config=_sim_config(cfg))
                 if cfg.golden_check:
-                    backend = wrt.CheckedBackend(backend, wrt.LoopbackBackend())
-            state = wrt.State(backend, compress_k=cfg.compress, error_feedback=cfg.error_feedback)
+                    backend = wrt.CheckedBackend(backend, wrt.LoopbackBackend(schedule=schedule))
+            state = wrt.State(backend, compress_k=cfg.compress, error_feedback=cfg.error_feedback,
+                              wire_dtype=cfg.wire_dtype)
             model.register_comm_hook(state, wrt.allreduce_hook)
         backward_s = blocked_s = 0.0
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
@@ -214,6 +261,11 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
 
 
 def _sim_config(cfg: TrainConfig):
+    """How ``_start_sim``'s ``sim serve`` builds the nodes (its defaults)."""
+    if cfg.topology is not None:
+        from wirereduce.host.rank import served_engine_config
+
+        return served_engine_config(cfg.topology)
     from wirereduce.config import NodeConfig
     return NodeConfig(codec=cfg.compress is not None)
 
@@ -227,7 +279,8 @@ def _start_sim(cfg: TrainConfig, workdir: str):
         raise RuntimeError("--backend sim is not available in this installation "
                            "(no wirereduce sim serve / per-rank driver)") from e
     sock_dir = os.path.join(workdir, "sockets")
-    cmd = [sys.executable, "-m", "wirereduce.cli", "sim", "serve", "--nodes", str(cfg.nodes), "--unix", sock_dir]
+    where = ["--topology", cfg.topology] if cfg.topology is not None else ["--nodes", str(cfg.nodes)]
+    cmd = [sys.executable, "-m", "wirereduce.cli", "sim", "serve", *where, "--unix", sock_dir]
     if cfg.compress is not None:
         cmd.append("--codec")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -260,13 +313,21 @@ def train(cfg: TrainConfig, out: str | None = None) -> None:
     sim = None
     try:
         if cfg.backend == "sim":
-            sim, sock_dir = _start_sim(cfg, workdir)
+            if cfg.serve_dir is not None:
+                sock_dir = os.path.abspath(cfg.serve_dir)
+            else:
+                sim, sock_dir = _start_sim(cfg, workdir)
             env = {"WIREREDUCE_UNIX": sock_dir, "WIREREDUCE_NODES": str(cfg.nodes),
                    "WIREREDUCE_TIMEOUT": os.environ.get("WIREREDUCE_TIMEOUT", "30")}
+            if cfg.topology is not None:
+                env.update(WIREREDUCE_TOPOLOGY=cfg.topology, WIREREDUCE_ALGORITHM=cfg.algorithm)
         port = _free_port()
         print(f"training {cfg.model} on {cfg.nodes} ranks ({cfg.backend} backend"
               f"{f', INCEPTIONN k={cfg.compress}' if cfg.compress else ''}"
-              f"{', error feedback' if cfg.error_feedback else ''}), {cfg.epochs} epoch(s)", flush=True)
+              f"{', error feedback' if cfg.error_feedback else ''}"
+              f"{f', {cfg.algorithm} on {cfg.topology}' if cfg.topology else ''}"
+              f"{f', {cfg.wire_dtype} gradients on the wire' if cfg.wire_dtype else ''}), {cfg.epochs} epoch(s)",
+              flush=True)
         torch.multiprocessing.spawn(_worker, args=(asdict(cfg), port, env, out), nprocs=cfg.nodes, join=True)
     finally:
         if sim is not None:

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from wirereduce.sim.engines.verilator import build_lock, cxx_opt, setup_verilator_env
 
-from wirereduce.config import NodeConfig
+from wirereduce.config import EngineConfig, NodeConfig
 
-__all__ = ["SimSetup", "SimulationError", "available_simulators", "default_simulator", "run_jobs",
+__all__ = ["SimSetup", "EngineSetup", "SimulationError", "available_simulators", "default_simulator", "run_jobs",
            "build_block_model", "run_block_case", "check_compression"]
 
 SIMULATORS = ("verilator", "icarus")
@@ -150,6 +150,92 @@ class SimSetup:
                 f"_{self.simulator}")
 
 
+@dataclass(frozen=True)
+class EngineSetup:
+    """What to build for a network of schedule engines on the cocotb engine (``wirereduce sim serve
+    --topology``): a :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`.
+
+    One build serves every schedule of its topology (the tables are loaded at run time by SCHEDULE
+    frames); ``config`` sets what the engines can hold (ports, flows, slots, formats).
+
+    Parameters
+    ----------
+    topology : str
+        ``"ring:4"``, ``"torus:2x2"``, … (:func:`wirereduce.schedule.parse_topology`).
+    config : EngineConfig, optional
+        Every engine's build; default ``EngineConfig(ports=<the topology's degree>)``.
+    link_latency : int
+        Cycles of every cable and host link.
+    simulator : str
+        ``"verilator"`` or ``"icarus"``.
+    host_gbps, link_gbps : float, optional
+        Host-link and network-link rates, Gbit/s (default: the width's line rate;
+        :func:`~wirereduce.sim.cluster.schednet.engine_rates`, docs/architecture.md "Host link").
+
+    Raises
+    ------
+    ValueError
+        A bad topology, simulator, latency or rate, or a topology with more ports per node than
+        ``config.ports``.
+    """
+
+    topology: str = "ring:4"
+    config: EngineConfig | None = None
+    link_latency: int = 4
+    simulator: str = "verilator"
+    host_gbps: float | None = None
+    link_gbps: float | None = None
+
+    def __post_init__(self):
+        from wirereduce.sim.cluster.schednet import engine_rates
+
+        from wirereduce.schedule import parse_topology
+
+        if self.simulator not in SIMULATORS:
+            raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {self.simulator!r}")
+        topo = parse_topology(self.topology)   # ValueError on a bad name
+        if self.config is None:
+            object.__setattr__(self, "config", EngineConfig(ports=max(2, topo.degree)))
+        if not isinstance(self.config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, not {self.config!r}")
+        if topo.degree > self.config.ports:
+            raise ValueError(f"{topo.name} has nodes with {topo.degree} ports; the engines have {self.config.ports}: "
+                             f"build them with ports ≥ {topo.degree}")
+        if not isinstance(self.link_latency, int) or isinstance(self.link_latency, bool) or self.link_latency < 1:
+            raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
+        engine_rates(self.config.width, self.host_gbps, self.link_gbps)   # ValueError on a bad rate
+
+    @property
+    def nodes(self) -> int:
+        from wirereduce.schedule import parse_topology
+
+        return parse_topology(self.topology).nodes
+
+    @property
+    def clock(self) -> float:
+        """Core clock in MHz (:func:`~wirereduce.sim.cluster.schednet.engine_rates`)."""
+        from wirereduce.sim.cluster.schednet import engine_rates
+
+        return engine_rates(self.config.width, self.host_gbps, self.link_gbps)[0]
+
+    def verilog(self, inject: bool = False) -> str:
+        """The network's Verilog (top ``wirereduce_net``)."""
+        from wirereduce.sim.cluster.schednet import engine_rates, schednet_verilog
+
+        if inject:
+            raise ValueError("fault injection is a ring-network feature (SimSetup)")
+        _mhz, link, host = engine_rates(self.config.width, self.host_gbps, self.link_gbps)
+        return schednet_verilog(self.topology, self.config, self.link_latency, link, host)
+
+    def tag(self) -> str:
+        from wirereduce.schedule import parse_topology
+
+        c = self.config
+        name = re.sub(r"[^A-Za-z0-9]+", "", parse_topology(self.topology).name)
+        digest = hashlib.sha256(repr((c, self.host_gbps, self.link_gbps)).encode()).hexdigest()[:6]
+        return f"engine_{name}_w{c.width}_p{c.ports}_s{c.slots}_l{self.link_latency}_{digest}_{self.simulator}"
+
+
 def check_compression(setup: SimSetup, compression: int | None) -> None:
     """Validate an allreduce's ``compression`` (None, or k in 4 … 24) for ``setup``.
 
@@ -206,7 +292,7 @@ def _make_variables(variables: str):
             os.environ["MAKEFLAGS"] = saved
 
 
-def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False) -> tuple[object, Path]:
+def _build(setup: SimSetup | EngineSetup, build_root: Path, waves: bool, inject: bool = False) -> tuple[object, Path]:
     from wirereduce.sim.cluster.network import network_verilog
 
     if setup.simulator == "verilator":
@@ -214,11 +300,16 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
     elif not shutil.which("iverilog"):
         raise SimulationError("Icarus Verilog was asked for but `iverilog` is not on PATH: "
                               "`apt-get install iverilog`, or use --simulator verilator")
-    text = network_verilog(setup.nodes, setup.config, setup.link_latency, links=setup.links,
-                           link_rate=setup.link_rate, inject=inject)
+    if isinstance(setup, EngineSetup):
+        text = setup.verilog(inject)
+    else:
+        text = network_verilog(setup.nodes, setup.config, setup.link_latency, links=setup.links,
+                               link_rate=setup.link_rate, inject=inject)
     if setup.simulator == "icarus":
         text = _kick_comb_blocks(text)
-    opt = cxx_opt("") if setup.simulator == "verilator" else ""   # "" = the runner's own flags
+    # "" = the runner's own flags (-Os); the engines' model is large: -O1 on its per-cycle code, as
+    # the fast engine builds it, compiles in a fraction of the time.
+    opt = cxx_opt("-O1" if isinstance(setup, EngineSetup) else "") if setup.simulator == "verilator" else ""
     digest = hashlib.sha256((text + opt).encode()).hexdigest()[:10]
     build_dir = build_root / f"{setup.tag()}{'_inj' if inject else ''}{'_waves' if waves else ''}"
     # Two processes asking for the same model (pytest-xdist workers, two `sim serve`s) build it once:
@@ -227,7 +318,7 @@ def _build(setup: SimSetup, build_root: Path, waves: bool, inject: bool = False)
         return _build_locked(setup, build_dir, text, digest, opt, waves)
 
 
-def _build_locked(setup: SimSetup, build_dir: Path, text: str, digest: str, opt: str,
+def _build_locked(setup: SimSetup | EngineSetup, build_dir: Path, text: str, digest: str, opt: str,
                   waves: bool) -> tuple[object, Path]:
     from cocotb_tools.runner import get_runner
 
@@ -236,7 +327,28 @@ def _build_locked(setup: SimSetup, build_dir: Path, text: str, digest: str, opt:
     fresh = not (stamp.exists() and stamp.read_text() == digest and src.exists())
     if fresh:
         src.write_text(text)
+    sources = [src]
+    if isinstance(setup, EngineSetup) and setup.simulator == "verilator":
+        # The engine stays one C++ class instantiated at every node (as in the fast engine,
+        # wirereduce.sim.engines.fastengine): inlined at every node, the build takes many times longer.
+        from wirereduce.sim.cluster.schednet import ENGINE_MODULE
+
+        # And only the top's ports are public (cocotb drives nothing else): the runner's
+        # --public-flat-rw on every signal of four engines made a build of half an hour.
+        vlt = build_dir / "engine.vlt"
+        public = "".join(f'public_flat_rw -module "wirereduce_net" -var "{v}"\n' for v in ("clk", "rst", "host*"))
+        vlt.write_text(f'`verilator_config\nno_inline -module "{ENGINE_MODULE}"\n{public}')
+        sources = [vlt, src]
     runner = get_runner(setup.simulator)
+    if isinstance(setup, EngineSetup) and setup.simulator == "verilator":
+        command = runner._build_command
+
+        def ports_only():
+            cmds = command()
+            cmds[0] = [a for a in cmds[0] if a != "--public-flat-rw"]
+            return cmds
+
+        runner._build_command = ports_only
     args = []
     if setup.simulator == "verilator":
         # -fno-merge-cond: see wirereduce.sim.engines.verilator.build_model (minutes of Verilator per build).
@@ -246,7 +358,7 @@ def _build_locked(setup: SimSetup, build_dir: Path, text: str, digest: str, opt:
             args.append("--trace-fst")
     with _make_variables(f"OPT_FAST={opt} OPT_SLOW=-O0 OPT_GLOBAL=-O1" if opt else ""):
         runner.build(
-            sources=[src], hdl_toplevel="wirereduce_net", build_dir=build_dir, always=fresh,
+            sources=sources, hdl_toplevel="wirereduce_net", build_dir=build_dir, always=fresh,
             build_args=args, waves=waves, timescale=("1ps", "1ps"),
             log_file=build_dir / "build.log",
         )
@@ -430,14 +542,16 @@ def run_block_case(runner, build_dir: Path, top: str, test_module: str, case: st
     return fails, log
 
 
-def serve(setup: SimSetup, *, taps: list[str] | None = None, unix: str | None = None,
+def serve(setup: SimSetup | EngineSetup, *, taps: list[str] | None = None, unix: str | None = None,
           build_root: str | Path = "build/sim", idle_cycles: int = 4000, on_ready=None) -> None:
     """Run the simulated cluster live, each node's host port bridged to a TAP interface or a UNIX
     datagram socket (:mod:`wirereduce.sim.engines.cocotb_serve`), until interrupted.
 
     Parameters
     ----------
-    setup : SimSetup
+    setup : SimSetup or EngineSetup
+        A ring of nodes, or a network of schedule engines (its ranks then run
+        :class:`~wirereduce.host.rank.EngineRankDriver`).
     taps : list of str, optional
         TAP interface names, one per node (created by the simulator process, removed when it
         exits; needs root or CAP_NET_ADMIN).
