@@ -131,13 +131,14 @@ def server(tmp_path_factory):
     assert not list(socks.glob("*.sock"))
 
 
-def _ranks(server, calls, first_collective: int, name: str):
-    """Run ``calls(k, driver_factory)`` for every rank in its own thread; returns rank → list of results."""
+def _ranks(server, calls, first_collective: int, name: str, timeout: float = 20):
+    """Run ``calls(k, transport, barrier)`` for every rank in its own thread (its own UNIX socket,
+    ``timeout`` seconds per receive); returns rank → list of results."""
     out: dict = {}
 
     def rank(k):
         try:
-            with PacketTransport.unix(server["socks"], k, NODES, timeout=20) as tr:
+            with PacketTransport.unix(server["socks"], k, NODES, timeout=timeout) as tr:
                 out[k] = calls(k, tr, FileBarrier(server["tmp"] / name, k, NODES))
         except Exception as e:  # reported below
             out[k] = e
@@ -247,3 +248,63 @@ def test_train_bf16_gradients_through_served_engines(server):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "bfloat16 gradients on the wire" in r.stdout
     assert "every bucket's sum bit-identical to the golden model (2 checked at rank 0)" in r.stdout
+
+
+class _NoPushes:
+    """A transport that loses every HOST_PUSH it is asked to send (a rank whose pushes never reach
+    its node: a dead NIC queue, a process stopped after the barrier)."""
+
+    def __init__(self, transport):
+        self.inner, self.dropped = transport, 0
+
+    async def send(self, node, data):
+        from wirereduce.protocol import Header, Opcode
+
+        if Header.unpack(data).opcode == Opcode.HOST_PUSH:
+            self.dropped += 1
+            return
+        await self.inner.send(node, data)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.cocotb
+def test_engine_rank_without_pushes_fails_bounded_then_aborts(server):
+    """Rank 3's pushes never reach its node: every rank raises ChunksLost within its receive timeout
+    (none hangs, none returns a partial sum), naming its missing chunks. The same drivers then run
+    the next collective with ``Flag.ABORT`` on their CONTROL: every engine drops what the stalled
+    one left in flight, and every rank gets the golden result bit for bit."""
+    import time
+
+    from wirereduce.host.driver import ChunksLost
+
+    rng = np.random.default_rng(23)
+    first = [rng.standard_normal(900).astype(np.float32) for _ in range(NODES)]
+    second = [rng.standard_normal(1300).astype(np.float32) for _ in range(NODES)]
+    biring = sched.build(TOPOLOGY, "biring")
+    drivers: dict = {}
+    errors: dict = {}
+    t0 = time.monotonic()
+
+    def calls(k, tr, bar):
+        lossy = _NoPushes(tr) if k == NODES - 1 else tr
+        d = drivers[k] = EngineRankDriver(lossy, k, biring, CONFIG, barrier=bar, first_collective=50)
+        try:
+            d.allreduce(first[k])
+        except ChunksLost as e:
+            errors[k] = e
+        assert d.unfinished
+        d.transport = tr   # the pushes get through again
+        return [d.allreduce(second[k])]
+
+    out = _ranks(server, calls, 50, "bar-abort", timeout=3)
+    assert time.monotonic() - t0 < 300
+    assert sorted(errors) == list(range(NODES)), "every rank must report the stalled collective"
+    for k, e in errors.items():
+        assert e.missing[k], f"rank {k}: ChunksLost names no missing chunk"
+        assert "sent no result in time" in str(e)
+    want = golden_allreduce(second, biring, "sum")
+    for k in range(NODES):
+        assert not drivers[k].unfinished and drivers[k].ids.next == 52
+        assert mismatches(out[k][0], want[k]).size == 0, f"rank {k}: the collective after the abort differs"
