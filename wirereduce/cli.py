@@ -265,6 +265,42 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
 
 
+def _simulate_schedule_cocotb(arrays, args, s, mhz):
+    """``sim allreduce --topology … --engine cocotb``: the engines on the cocotb engine (Verilator),
+    every rank an EngineRankDriver, built as ``sim serve --topology`` builds them (one build for
+    every schedule of the topology)."""
+    import time
+
+    from wirereduce.host.rank import served_engine_config
+    from wirereduce.sim.engines.runner import EngineSetup, SimulationError, run_engine_allreduce
+
+    try:
+        cfg = served_engine_config(s.topology.name, width=args.width, mtu=args.mtu, slots=args.slots,
+                                   ports=args.ports)
+        setup = EngineSetup(topology=s.topology.name, config=cfg, link_latency=args.link_latency,
+                            host_gbps=args.host_link_gbps)
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from e
+    op = getattr(args, "op", "sum")
+    t0 = time.perf_counter()
+    print(f"building/running {s.topology.name} on the cocotb engine (a cold Verilator build takes minutes) …",
+          flush=True)
+    try:
+        r = run_engine_allreduce(setup, arrays, s, op=op, build_root=args.build_dir, waves=args.waves,
+                                 timeout_cycles=_timeout_arg(args))
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    except SimulationError as e:
+        raise CliError(str(e)) from e
+    from wirereduce.host.engine import EngineSession
+
+    chunks = len(EngineSession(0, s, cfg, 1, np.asarray(arrays[0]), cfg.slots, op=op).chunks)
+    esize = np.asarray(arrays[0]).dtype.itemsize
+    rec = {"cycles": r["cycles"], "bytes": r["elements"] * esize, "elements": r["elements"], "chunks": chunks,
+           "wall_s": r["wall_s"], "sim_cycles": r["cycles"], "op": op, "engine": "cocotb"}
+    return r["results"], rec, s, cfg, mhz, time.perf_counter() - t0
+
+
 def simulate_schedule(arrays, args, progress=True):
     """Run ``arrays`` through a simulated schedule-engine network (``--topology``/``--algorithm``);
     returns (results, record, schedule, clock MHz, wall seconds)."""
@@ -292,6 +328,8 @@ def simulate_schedule(arrays, args, progress=True):
         mhz, link_rate, host_rate = engine_rates(args.width, args.host_link_gbps)
     except ValueError as e:
         raise CliError(str(e)) from e
+    if args.engine == "cocotb" and getattr(args, "engine_given", False):
+        return _simulate_schedule_cocotb(arrays, args, s, mhz)
     t0 = time.perf_counter()
     try:
         sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
@@ -329,9 +367,8 @@ def _check_schedule_args(args) -> None:
     """CliError for options the schedule engine does not take (before anything is built)."""
     if args.algorithm is None:
         raise CliError("--topology needs --algorithm (ring, biring or multitree)")
-    if args.engine == "cocotb" and getattr(args, "engine_given", False):
-        raise CliError("the schedule engine runs on --engine fast only (the cocotb engine drives the ring "
-                       "node); drop --engine cocotb")
+    if args.engine == "cocotb" and getattr(args, "engine_given", False) and args.sim_threads != 1:
+        raise CliError("--sim-threads is a fast-engine option; drop it with --engine cocotb")
     for flag, bad in (("--compress", getattr(args, "compress", None) is not None),
                       ("--links eth/cmac", getattr(args, "links", "model") != "model"),
                       ("--corrupt", getattr(args, "corrupt", None) is not None),
@@ -1000,7 +1037,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "maximum/minimum (NaN propagates, -0 < +0)")
     p.add_argument("--topology", default=None, metavar="SPEC",
                    help="run the schedule engine on this network instead of the ring node: ring:N, torus:AxB, "
-                        "mesh:AxB, torus:AxBxC, hypercube:N (needs --algorithm; --engine fast)")
+                        "mesh:AxB, torus:AxBxC, hypercube:N (needs --algorithm; the fast engine unless "
+                        "--engine cocotb is given: then the engines are built as `sim serve --topology` builds "
+                        "them and every rank is an EngineRankDriver)")
     p.add_argument("--algorithm", choices=sched_algorithms, default=None,
                    help="the schedule the engines run (with --topology)")
     p.add_argument("--ports", type=int, default=None,

@@ -31,7 +31,8 @@ from wirereduce.sim.engines.verilator import build_lock, cxx_opt, setup_verilato
 
 from wirereduce.config import EngineConfig, NodeConfig
 
-__all__ = ["SimSetup", "EngineSetup", "SimulationError", "available_simulators", "default_simulator", "run_jobs",
+__all__ = ["SimSetup", "EngineSetup", "run_engine_allreduce",
+           "SimulationError", "available_simulators", "default_simulator", "run_jobs",
            "build_block_model", "run_block_case", "check_compression"]
 
 SIMULATORS = ("verilator", "icarus")
@@ -337,7 +338,9 @@ def _build_locked(setup: SimSetup | EngineSetup, build_dir: Path, text: str, dig
         # --public-flat-rw on every signal of four engines made a build of half an hour.
         vlt = build_dir / "engine.vlt"
         public = "".join(f'public_flat_rw -module "wirereduce_net" -var "{v}"\n' for v in ("clk", "rst", "host*"))
-        vlt.write_text(f'`verilator_config\nno_inline -module "{ENGINE_MODULE}"\n{public}')
+        text_vlt = f'`verilator_config\nno_inline -module "{ENGINE_MODULE}"\n{public}'
+        if not vlt.exists() or vlt.read_text() != text_vlt:   # a newer file makes the runner rebuild
+            vlt.write_text(text_vlt)
         sources = [vlt, src]
     runner = get_runner(setup.simulator)
     if isinstance(setup, EngineSetup) and setup.simulator == "verilator":
@@ -489,6 +492,114 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
         if rec["op"] == "allreduce":
             rec["results"] = [outs[f"job{j}_node{k}"] for k in range(setup.nodes)]
     return records
+
+
+def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum", window: int | None = None,
+                         collective: int = 1, build_root: str | Path = "build/sim", waves: bool = False,
+                         timeout_cycles: int | None = None) -> dict:
+    """One allreduce on a :class:`EngineSetup` network on the cocotb engine (Verilator or Icarus),
+    every rank an :class:`~wirereduce.host.rank.EngineRankDriver`
+    (:mod:`wirereduce.sim.engines.cocotb_engine_allreduce`): the other simulator of the schedule
+    engine beside the fast one (:class:`~wirereduce.sim.engines.fastengine.FastEngineSim`).
+
+    Parameters
+    ----------
+    setup : EngineSetup
+    arrays : list of numpy.ndarray, shape (n,)
+        One per node, all float32, ml_dtypes.bfloat16, float16 or int32.
+    schedule : wirereduce.schedule.Schedule
+        For ``setup``'s topology, built by :func:`wirereduce.schedule.build`.
+    op : {"sum", "max", "min"}
+    window : int, optional
+        Chunks each host pushes ahead of its results, 1 … ``setup.config.slots`` (default slots).
+    timeout_cycles : int, optional
+        The longest wait for any one frame (default 200,000 cycles): then ``TimeoutError`` in the
+        simulation and :class:`SimulationError` here.
+
+    Returns
+    -------
+    dict
+        ``results`` (one array per node, the inputs' dtype), ``cycles`` (from the barrier every
+        node passed after taking its CONTROL to the last result), ``elements``, ``wall_s``.
+
+    Raises
+    ------
+    ValueError
+        Bad arrays, op, window, a schedule of another topology or with more flows than the
+        engines hold, before anything is built.
+    SimulationError
+        The simulation failed (log tail attached; the waveform path with ``waves``).
+    """
+    from wirereduce.host.driver import check_timeout
+    from wirereduce.host.engine import EngineSession
+    from wirereduce.host.engine import check_window as check_engine_window
+
+    from wirereduce.formats import check_typed_inputs
+    from wirereduce.schedule import parse_topology
+
+    if schedule.topology.name != parse_topology(setup.topology).name:
+        raise ValueError(f"the schedule is for {schedule.topology.name}, the network is {setup.topology}")
+    from wirereduce import schedule as sched
+
+    if sched.build(schedule.topology.name, schedule.algorithm).flows != schedule.flows:
+        raise ValueError(f"the cocotb engine rebuilds the schedule as build({schedule.topology.name!r}, "
+                         f"{schedule.algorithm!r}); this one was built with other options")
+    fmt, arrays = check_typed_inputs(arrays, setup.nodes)
+    window = setup.config.slots if window is None else check_engine_window(window, setup.config)
+    check_timeout(timeout_cycles)
+    for k, a in enumerate(arrays):   # dtype against the engines' formats, flows, op: before the build
+        EngineSession(k, schedule, setup.config, collective, a, window, op=op)
+    bf16 = fmt.name == "bf16"
+    build_root = Path(build_root).resolve()
+    runner, build_dir = _build(setup, build_root, waves)
+    import tempfile
+
+    run_dir = Path(tempfile.mkdtemp(prefix="engine-run", dir=build_dir))
+    in_npz, out_npz, rec = run_dir / "inputs.npz", run_dir / "outputs.npz", run_dir / "record.json"
+    np.savez(in_npz, **{f"node{k}": (a.view(np.uint16) if bf16 else a) for k, a in enumerate(arrays)})
+    cfg = setup.config
+    spec_file = run_dir / "job.json"
+    spec_file.write_text(json.dumps({
+        "config": {"width": cfg.width, "mtu": cfg.mtu, "slots": cfg.slots, "ports": cfg.ports,
+                   "max_flows": cfg.max_flows, "priority": cfg.priority, "lookahead": cfg.lookahead,
+                   "formats": list(cfg.formats)},
+        "topology": schedule.topology.name, "algorithm": schedule.algorithm, "op": op, "window": window,
+        "collective": collective, "clock_mhz": setup.clock, "inputs": str(in_npz), "outputs": str(out_npz),
+        "record": str(rec), "bf16": bf16, "timeout_cycles": 200_000 if timeout_cycles is None else timeout_cycles,
+    }))
+    env = {"WIREREDUCE_ENGINE_JOB": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+           "COCOTB_LOG_LEVEL": "WARNING"}
+    results_xml = run_dir / "results.xml"
+    log = run_dir / "sim.log"
+    try:
+        runner.test(test_module="wirereduce.sim.engines.cocotb_engine_allreduce", hdl_toplevel="wirereduce_net",
+                    build_dir=build_dir, test_dir=run_dir, extra_env=env, waves=waves,
+                    results_xml=str(results_xml), log_file=log, timescale=("1ps", "1ps"))
+    except SystemExit:
+        pass
+    from cocotb_tools.check_results import get_results
+
+    wave = None
+    if waves:
+        found = sorted(run_dir.glob("*.fst")) + sorted(run_dir.glob("*.vcd")) + sorted(build_dir.glob("*.fst"))
+        wave = found[0] if found else None
+    try:
+        _, fails = get_results(results_xml)
+    except RuntimeError as e:
+        raise SimulationError(f"the simulator did not finish: {e}; see {log}", wave) from e
+    if fails or not rec.exists():
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
+        raise SimulationError(f"simulation failed ({setup.tag()}); log {log}:\n{tail}", wave)
+    record = json.loads(rec.read_text())
+    outs = np.load(out_npz)
+    results = []
+    for k in range(setup.nodes):
+        r = outs[f"node{k}"]
+        results.append(r.view(arrays[0].dtype) if bf16 else r)
+    record["results"] = results
+    if not waves:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return record
 
 
 def build_block_model(verilog_text: str, top: str, build_dir: str | Path, waves: bool = False):

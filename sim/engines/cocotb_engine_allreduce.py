@@ -1,0 +1,81 @@
+"""cocotb testbench of a network of schedule engines: one allreduce that
+:func:`wirereduce.sim.engines.runner.run_engine_allreduce` wrote.
+
+Every rank is an :class:`~wirereduce.host.rank.EngineRankDriver` on one
+:class:`~wirereduce.host.transports.cocotb.CocotbTransport` (the same driver a rank process runs
+against a board or ``sim serve --topology``): it loads its node's table, starts the collective,
+waits at a barrier until every node took its CONTROL, pushes within the window and collects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, Event, Timer
+from wirereduce.host.rank import EngineRankDriver
+from wirereduce.host.transports.cocotb import CocotbTransport
+
+from wirereduce import schedule as sched
+from wirereduce.config import EngineConfig
+
+
+class _Barrier:
+    """Every rank's driver awaits it between its CONTROL acknowledgement and its first push."""
+
+    def __init__(self, parties: int, on_release):
+        self.parties, self.count, self.event, self.on_release = parties, 0, Event(), on_release
+
+    def __call__(self):
+        self.count += 1
+        if self.count == self.parties:
+            self.on_release()
+            self.event.set()
+        return self.event.wait()
+
+
+@cocotb.test()
+async def engine_allreduce(dut):
+    """Run the allreduce of ``$WIREREDUCE_ENGINE_JOB`` and write the results and the record."""
+    spec = json.loads(open(os.environ["WIREREDUCE_ENGINE_JOB"]).read())
+    config = EngineConfig(**{**spec["config"], "formats": tuple(spec["config"]["formats"])})
+    schedule = sched.build(spec["topology"], spec["algorithm"])
+    nodes = schedule.nodes
+    period_ps = round(1e6 / spec["clock_mhz"])
+    inputs = np.load(spec["inputs"])
+    arrays = [inputs[f"node{k}"] for k in range(nodes)]
+    if spec["bf16"]:
+        import ml_dtypes
+
+        arrays = [a.view(ml_dtypes.bfloat16) for a in arrays]
+
+    dut.rst.value = 1
+    for k in range(nodes):   # known values: Icarus is 4-state
+        for name in ("tvalid", "tdata", "tkeep", "tlast"):
+            getattr(dut, f"host{k}_rx_{name}").value = 0
+        getattr(dut, f"host{k}_tx_tready").value = 0
+    await Timer(period_ps, "ps")
+    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
+    await ClockCycles(dut.clk, 4)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, 2)
+
+    transport = CocotbTransport(dut, nodes, timeout_cycles=spec["timeout_cycles"],
+                                clock_period_ns=period_ps / 1000)
+    start = []
+    barrier = _Barrier(nodes, lambda: start.append(transport.now()))
+    drivers = [EngineRankDriver(transport, k, schedule, config, window=spec["window"], barrier=barrier,
+                                first_collective=spec["collective"]) for k in range(nodes)]
+    wall = time.perf_counter()
+    results = await transport.gather([d.allreduce_async(a, op=spec["op"]) for d, a in zip(drivers, arrays)])
+    end = transport.now()
+    wall = time.perf_counter() - wall
+    await ClockCycles(dut.clk, 10)
+    outputs = {f"node{k}": (r.view(np.uint16) if spec["bf16"] else r) for k, r in enumerate(results)}
+    np.savez(spec["outputs"], **outputs)
+    with open(spec["record"], "w") as f:
+        json.dump({"cycles": end - start[0], "wall_s": wall, "elements": int(arrays[0].size)}, f)
