@@ -428,9 +428,52 @@ def cmd_sim_allreduce(args) -> int:
     return 0
 
 
+def _demo_schedule(args) -> int:
+    """``demo --topology SPEC --algorithm A [--dtype bf16]``: real gradients through schedule engines."""
+    from amaranth.back import verilog
+
+    from wirereduce.hdl.core.engine import Engine
+    from wirereduce.host.rank import served_engine_config
+    from wirereduce.sim.workloads import gradients
+
+    args.op = "sum"
+    args.sim_threads = getattr(args, "sim_threads", 1)
+    topo = _parse_topology_arg(args)
+    _check_schedule_args(args)
+    _timeout_arg(args)
+    try:
+        cfg = served_engine_config(topo.name, width=args.width, mtu=args.mtu, slots=args.slots, ports=args.ports)
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from e
+    out = Path(args.build_dir).parent / "verilog" / "wirereduce_engine.v"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = verilog.convert(Engine(cfg), name="wirereduce_engine", emit_src=False)
+    out.write_text(text)
+    print(f"wrote {out} ({len(text.splitlines())} lines): one schedule engine, {cfg}")
+    print(f"computing real gradients: digits CNN, {topo.nodes} data-parallel shards, after {args.steps} "
+          f"training steps, sent as {args.dtype}")
+    arrays = gradients.shard_gradients(nodes=topo.nodes, steps=args.steps, seed=args.seed)
+    if args.dtype != "fp32":
+        from wirereduce.formats import FORMATS
+
+        arrays = [a.astype(FORMATS[args.dtype].numpy_dtype) for a in arrays]   # round-to-nearest-even
+    results, rec, s, cfg, mhz, wall = simulate_schedule(arrays, args)
+    fig = report_schedule(rec, s, cfg, mhz, wall, arrays, results)
+    print(f"RESULT topology={s.topology.name} algorithm={s.algorithm} dtype={args.dtype} elements={rec['elements']} "
+          f"bitexact={'true' if fig['bitexact'] else 'false'} algbw_gbps={fig['algbw_gbps']:.3f}")
+    return 0 if fig["bitexact"] else 1
+
+
 def cmd_demo(args) -> int:
     from wirereduce.sim.workloads import gradients
 
+    if args.topology is not None:
+        return _demo_schedule(args)
+    if args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None or args.dtype != "fp32":
+        raise CliError("--algorithm, --ports, --host-link-gbps and --dtype need --topology (the schedule engine; the "
+                       "ring node sums fp32 only)")
+    if args.nodes is None:
+        args.nodes = 4
     _timeout_arg(args)  # before the gradients are computed and anything is built
     vargs = argparse.Namespace(width=args.width, mtu=args.mtu, slots=args.slots,
                                output=str(Path(args.build_dir).parent / "verilog" / "wirereduce_node.v"))
@@ -1175,8 +1218,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("demo", help="allreduce real CNN gradients in a simulated ring and check them")
-    p.add_argument("--nodes", type=int, default=4, help="ring size (default: 4)")
+    p = sub.add_parser("demo", help="allreduce real CNN gradients in a simulated ring (or network) and check them")
+    p.add_argument("--nodes", type=int, default=None, help="ring size (default: 4); not with --topology")
+    p.add_argument("--topology", default=None, metavar="SPEC",
+                   help="schedule engines on this network instead of the ring node (ring:N, torus:AxB, …; the fast "
+                        "engine unless --engine cocotb is given)")
+    p.add_argument("--algorithm", choices=sched_algorithms, default=None, help="with --topology: the schedule")
+    p.add_argument("--ports", type=int, default=None,
+                   help="with --topology: network ports P of every engine (default: the topology's degree)")
+    p.add_argument("--host-link-gbps", type=float, default=None, metavar="G",
+                   help="with --topology: host link rate (default: the network links'; PCIe Gen3 x8 is modelled at 50)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="with --topology: the gradients' format on the wire (rounded to nearest even; default fp32)")
     p.add_argument("--steps", type=int, default=0, help="training steps before taking gradients (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="model and data seed (default: 0)")
     _add_sim_args(p)
