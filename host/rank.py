@@ -102,6 +102,38 @@ class FileBarrier:
             time.sleep(0.002)
 
 
+async def push_and_collect(transport, rank: int, pushes, session, skip_stats: bool = False) -> bool:
+    """Send ``pushes`` (each with ``after`` and ``frame``: sent once the session holds ``after``
+    results, the window) while collecting results into ``session`` (``receive``, ``done``,
+    ``results_received``) until it is done or a receive times out. ``skip_stats``: a STATS frame
+    among the results (a late answer to an earlier request) is passed over. Returns True if the
+    results stopped coming (a receive timed out), False when every result arrived."""
+    stalled = False
+
+    async def push():
+        for p in pushes:
+            while session.results_received < p.after and not stalled:
+                await transport.idle(1)
+            if stalled:
+                return
+            await transport.send(rank, p.frame)
+
+    async def collect():
+        nonlocal stalled
+        while not session.done:
+            try:
+                data = await transport.recv(rank)
+            except TimeoutError:
+                stalled = True
+                return
+            if skip_stats and Header.unpack(data).opcode == Opcode.STATS:
+                continue
+            session.receive(data)
+
+    await transport.gather([push(), collect()])
+    return stalled
+
+
 class RankDriver:
     """Rank ``rank``'s host: allreduces its own gradient through its own node.
 
@@ -215,27 +247,7 @@ class RankDriver:
             r = self.barrier()
             if inspect.isawaitable(r):
                 await r
-        stalled = False
-
-        async def push():
-            for p in rnd.pushes(rank):
-                while s.results_received < p.after and not stalled:
-                    await t.idle(1)
-                if stalled:
-                    return
-                await t.send(rank, p.frame)
-
-        async def collect():
-            nonlocal stalled
-            while not s.done:
-                try:
-                    data = await t.recv(rank)
-                except TimeoutError:
-                    stalled = True
-                    return
-                s.receive(data)
-
-        await t.gather([push(), collect()])
+        stalled = await push_and_collect(t, rank, rnd.pushes(rank), s)
         if stalled:
             try:
                 stats = {rank: await self.stats()}
@@ -394,29 +406,7 @@ class EngineRankDriver:
             r = self.barrier()
             if inspect.isawaitable(r):
                 await r
-        stalled = False
-
-        async def push():
-            for p in s.push_frames():
-                while s.results_received < p.after and not stalled:
-                    await t.idle(1)
-                if stalled:
-                    return
-                await t.send(rank, p.frame)
-
-        async def collect():
-            nonlocal stalled
-            while not s.done:
-                try:
-                    data = await t.recv(rank)
-                except TimeoutError:
-                    stalled = True
-                    return
-                if Header.unpack(data).opcode == Opcode.STATS:
-                    continue   # a late answer to an earlier request
-                s.receive(data)
-
-        await t.gather([push(), collect()])
+        stalled = await push_and_collect(t, rank, s.push_frames(), s, skip_stats=True)
         if stalled:
             try:
                 stats = {rank: await self.stats()}

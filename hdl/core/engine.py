@@ -521,8 +521,8 @@ class Engine(wiring.Component):
         # Output stage (timing): the accepted beats go through a register before the table, the
         # local buffer and the push counters (below), so none of them hangs off the gate's accept
         # decision. The host path is one cycle longer (no network hop is). ``quiet`` waits for it to
-        # empty; ``host_seen`` waits while it holds a first beat (so a push's ``push_seq``/``push_flow``
-        # are counted before the next header is checked against them).
+        # empty; ``host_seen`` waits while it holds a last beat (a push's ``push_seq``/``push_flow`` are
+        # counted when its last beat passes good, before the next header is checked against them).
         st_valid, st_sched = Signal(name="host_st_valid"), Signal(name="host_st_sched")
         st = Signal.like(hb, name="host_st")
         st_ready = Signal(name="host_st_ready")
@@ -537,7 +537,7 @@ class Engine(wiring.Component):
         # decisions, and the gate's FIFO reads behind them, are a few gates on registers.
         host_seen = Signal()
         host_gone = host_gate.drop | (host_gate.o.valid & host_gate.o.ready & hb.first)
-        m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone & ~(st_valid & st.first))
+        m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone & ~(st_valid & (st.first | st.last)))
         is_ctl, is_stats, is_sched = Signal(), Signal(), Signal()
         abort, refuse_hdr, sched_bad, cmd_hdr = Signal(), Signal(), Signal(), Signal()
         sched_streaming = Signal()
@@ -661,14 +661,19 @@ class Engine(wiring.Component):
         addr = Cat(st.index[:beat_bits], st_slot) if slot_bits else st.index[:beat_bits]
         for unit in units:
             m.d.comb += [unit.wr_addr.eq(addr), unit.wr_data.eq(st.data), unit.wr_en.eq(is_push)]
-        with m.If(is_push & st.first):
+        # A push counts, and fills its slot, only when its last beat passes good: one the frame gate
+        # marked bad (shorter or longer than its count says, spoilt on the host link) leaves the slot
+        # empty and the sequence number unused, so none of its beats reaches a sum and the host's
+        # next (good) push of the same chunk is taken.
+        push_good = is_push & st.last & ~st.bad
+        with m.If(push_good):
             m.d.sync += [push_seq.eq(push_seq + 1), push_flow.eq(Mux(push_flow + 1 >= run.flows, 0, push_flow + 1))]
             m.d.comb += events.flag("push_frames").eq(1)
         for k in range(S):
             released = Const(0, 1)
             for unit in units:
                 released = released | (unit.release & (unit.release_slot == k))
-            with m.If(is_push & st.last & (st_slot == k)):
+            with m.If(push_good & (st_slot == k)):
                 m.d.sync += [slot_valid[k].eq(1), slot_bad[k].eq(st.bad), slot_counts[k].eq(st.hdr.count),
                                  slot_seqs[k].eq(st.hdr.seq)]
             with m.Elif(released):

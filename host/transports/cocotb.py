@@ -14,7 +14,26 @@ from cocotb.triggers import ClockCycles, with_timeout
 from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
-__all__ = ["CocotbTransport"]
+__all__ = ["CocotbTransport", "start_network"]
+
+
+async def start_network(dut, nodes: int, period_ps: int) -> None:
+    """Reset ``wirereduce_net`` and start its clock (``period_ps``): every host input driven to a
+    known value first (Icarus is 4-state: undriven bus inputs would reach the gates as X), the
+    first clock edge after that, reset held 4 cycles, then 2 cycles before anything is sent."""
+    from cocotb.clock import Clock
+    from cocotb.triggers import Timer
+
+    dut.rst.value = 1
+    for k in range(nodes):
+        for name in ("tvalid", "tdata", "tkeep", "tlast"):
+            getattr(dut, f"host{k}_rx_{name}").value = 0
+        getattr(dut, f"host{k}_tx_tready").value = 0
+    await Timer(period_ps, "ps")
+    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
+    await ClockCycles(dut.clk, 4)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, 2)
 
 
 class CocotbTransport:

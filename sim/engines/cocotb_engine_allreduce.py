@@ -15,10 +15,9 @@ import time
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Event, Timer
+from cocotb.triggers import ClockCycles, Event
 from wirereduce.host.rank import EngineRankDriver
-from wirereduce.host.transports.cocotb import CocotbTransport
+from wirereduce.host.transports.cocotb import CocotbTransport, start_network
 
 from wirereduce import schedule as sched
 from wirereduce.config import EngineConfig
@@ -53,16 +52,7 @@ async def engine_allreduce(dut):
 
         arrays = [a.view(ml_dtypes.bfloat16) for a in arrays]
 
-    dut.rst.value = 1
-    for k in range(nodes):   # known values: Icarus is 4-state
-        for name in ("tvalid", "tdata", "tkeep", "tlast"):
-            getattr(dut, f"host{k}_rx_{name}").value = 0
-        getattr(dut, f"host{k}_tx_tready").value = 0
-    await Timer(period_ps, "ps")
-    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
-    await ClockCycles(dut.clk, 4)
-    dut.rst.value = 0
-    await ClockCycles(dut.clk, 2)
+    await start_network(dut, nodes, period_ps)
 
     transport = CocotbTransport(dut, nodes, timeout_cycles=spec["timeout_cycles"],
                                 clock_period_ns=period_ps / 1000)

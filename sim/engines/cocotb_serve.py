@@ -17,11 +17,10 @@ import os
 import select
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Timer
+from cocotb.triggers import ClockCycles
 from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiStreamFrame
-from wirereduce.host.transports.cocotb import CocotbTransport
+from wirereduce.host.transports.cocotb import CocotbTransport, start_network
 from wirereduce.host.transports.packet import format_mac
 from wirereduce.sim.engines.bridge import open_ports
 
@@ -37,16 +36,7 @@ async def serve(dut):
     period_ps = round(1e6 / spec["clock_mhz"])
     parent = os.getppid()
 
-    dut.rst.value = 1
-    for k in range(nodes):
-        for name in ("tvalid", "tdata", "tkeep", "tlast"):
-            getattr(dut, f"host{k}_rx_{name}").value = 0
-        getattr(dut, f"host{k}_tx_tready").value = 0
-    await Timer(period_ps, "ps")
-    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
-    await ClockCycles(dut.clk, 4)
-    dut.rst.value = 0
-    await ClockCycles(dut.clk, 2)
+    await start_network(dut, nodes, period_ps)
 
     transport = CocotbTransport(dut, nodes)
     ports = open_ports(nodes, spec["taps"], spec["unix"], spec["mtu"])
@@ -58,6 +48,8 @@ async def serve(dut):
     os.replace(tmp, spec["ready"])
 
     idle_cycles = spec["idle_cycles"]
+    #: Frames each node sent its host marked bad, dropped here as a NIC drops a stomped FCS.
+    stomped = [0] * nodes
     quiet = idle_cycles
     status = spec["ready"] + ".status"
     try:
@@ -65,8 +57,13 @@ async def serve(dut):
             moved = False
             for k, sink in enumerate(transport.sinks):
                 while not sink.empty():
-                    ports[k].write(bytes(sink.recv_nowait().tdata))
+                    f = sink.recv_nowait()
                     moved = True
+                    user = f.tuser if isinstance(f.tuser, list) else [f.tuser]
+                    if any(u for u in user if u):   # marked bad (a stomped FCS on a real link): a NIC drops it
+                        stomped[k] += 1
+                        continue
+                    ports[k].write(bytes(f.tdata))
             queued = any(not s.idle() for s in transport.sources)
             busy = moved or queued or quiet < idle_cycles
             readable, _, _ = select.select(ports, [], [], 0 if busy else 0.5)
@@ -90,7 +87,7 @@ async def serve(dut):
                     json.dump({"cycles": round(get_sim_time("ps") / period_ps),
                                "frames_in": [p.frames_in for p in ports],
                                "frames_out": [p.frames_out for p in ports],
-                               "ignored": [p.ignored for p in ports]}, f)
+                               "ignored": [p.ignored for p in ports], "stomped": stomped}, f)
     finally:
         for p in ports:
             p.close()
