@@ -440,4 +440,6 @@ def test_probing_node_elaborates():
     node = Node(NodeConfig(64, 1500, 4, codec=True), probe=True)
     assert len(node.probe) == 2 * len(PROBE_POINTS)
     Fragment.get(node, None)
-    assert Node(NodeConfig(64, 1500, 4)).probe is None
+    plain = Node(NodeConfig(64, 1500, 4))
+    assert plain.probe is None
+    Fragment.get(plain, None)
