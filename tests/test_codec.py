@@ -335,3 +335,25 @@ def test_ring_allreduce_compressed_host_compressed():
         p = C.decode(C.encode(np.add(p, xq, dtype=np.float32), k), 500, k)
     assert bit_mismatches(got, p).size == 0
     assert bit_mismatches(got, G.ring_allreduce_compressed(arrays, k)).size > 0  # the option matters
+
+
+def test_ring_payloads_host_compressed():
+    """``ring_payloads(..., host_compressed=True)``: the hops of the ring whose hosts push Q(x_r),
+    what the compressed bench runs; its broadcast hops carry that ring's result, and its sums
+    differ from those of raw pushes (so do their compressed sizes, which the bench's ratio and
+    link bound count)."""
+    rng = np.random.default_rng(4)
+    k = 9
+    arrays = [(rng.standard_normal(500) * 10.0 ** rng.integers(-5, 2, 500)).astype(np.float32) for _ in range(4)]
+    hops = G.ring_payloads(arrays, k, host_compressed=True)
+    assert len(hops) == 6
+    want = G.ring_allreduce_compressed(arrays, k, host_compressed=True)
+    for h in hops[3:]:
+        assert bit_mismatches(C.quantize(h, k), want).size == 0
+    p = C.quantize(arrays[0], k)
+    assert bit_mismatches(hops[0], p).size == 0
+    for r, x in enumerate(arrays[1:-1], start=1):
+        p = np.add(C.quantize(p, k), C.quantize(x, k), dtype=np.float32)
+        assert bit_mismatches(hops[r], p).size == 0
+    plain = G.ring_payloads(arrays, k)
+    assert bit_mismatches(plain[-1], hops[-1]).size > 0  # the option matters

