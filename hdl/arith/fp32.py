@@ -296,14 +296,18 @@ class FloatAdder(wiring.Component):
         # ------------------------------------------------------------------------------------
         # Stage 2: align the smaller significand, folding shifted-out bits into the sticky bit.
         # ------------------------------------------------------------------------------------
-        # A shift of SIG or more moves every bit into the sticky bit, so clamp it to SIG.
+        # A shift of SIG or more moves every bit into the sticky bit. So does a shift by d mod 2^SHB
+        # for any d from SIG to 2^SHB - 1 (2^SHB > SIG), so the shifter takes the difference's low SHB
+        # bits as they are and only a difference of 2^SHB or more (``far``: its high bits) is told
+        # apart, with no clamp (compare and select) in front of the shifter (timing).
         shift = Signal(SHB, name="s2_align_shift")
-        m.d.comb += shift.eq(Mux(s1_diff >= SIG, SIG, s1_diff[:SHB]))
+        m.d.comb += shift.eq(s1_diff[:SHB])
+        far = s1_diff[SHB:].any() if E > SHB else Const(0, 1)
         small_ext = Cat(Const(0, _EXTRA), s1_small)                 # 27 bits, G/R/S zero
-        aligned = (small_ext >> shift)[:SIG]
+        aligned = Mux(far, 0, (small_ext >> shift)[:SIG])
         # Bit i of small_ext is lost iff i < shift. The mask is built from the shift amount
         # directly, in parallel with the shifter, rather than from the shifter's output.
-        lost_mask = Cat(*(shift > i for i in range(SIG)))
+        lost_mask = Cat(*(far | (shift > i) for i in range(SIG)))
         sticky = (small_ext & lost_mask) != 0
 
         s2_big = Signal(SIG, name="s2_big")

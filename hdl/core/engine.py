@@ -99,10 +99,17 @@ class FrameQueue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         tagged = tagged_layout(self._w)
-        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=tagged.size, depth=self._frames * self._mb)
-        m.submodules.hdrs = hdrs = fifo.SyncFIFOBuffered(width=56, depth=self._frames + 1)
+        # One entry more than the frames need in each FIFO: ``i.ready`` is "room for a beat",
+        # registered (timing: no level compare behind the gate's ``o.ready``). It says at least two
+        # entries were free at the edge before, so one is free now whatever was written since; with
+        # the extra entry the queue still takes ``frames`` frames of ``max_beats`` beats.
+        beats_depth, hdrs_depth = self._frames * self._mb + 1, self._frames + 2
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=tagged.size, depth=beats_depth)
+        m.submodules.hdrs = hdrs = fifo.SyncFIFOBuffered(width=56, depth=hdrs_depth)
+        room = Signal(init=1)
+        m.d.sync += room.eq((beats.level <= beats_depth - 2) & (hdrs.level <= hdrs_depth - 2))
         m.d.comb += [
-            self.i.ready.eq(beats.w_rdy & hdrs.w_rdy),
+            self.i.ready.eq(room),
             beats.w_data.eq(self.i.payload.as_value()),
             beats.w_en.eq(self.i.valid & self.i.ready),
             hdrs.w_data.eq(Cat(self.i_seq, self.i_flow, self.i_count)),
@@ -142,13 +149,18 @@ class PacketFifo(wiring.Component):
         wrote = self.i.valid & self.i.ready & self.i.payload.last
         read = self.o.valid & self.o.ready & self.o.payload.last
         m.d.sync += frames.eq(frames + wrote - read)
+        # ``frames != 0`` and ``frames == 1`` as registers (timing: no count compare in front of the
+        # output's ``valid``, which goes through the host port's arbiter into the FIFO's read).
+        some, one = Signal(), Signal()
+        m.d.sync += one.eq(Mux(wrote, Mux(read, one, ~some), Mux(read, frames == 2, one)))
+        m.d.sync += some.eq(Mux(wrote, 1, Mux(read, ~one, some)))
         m.d.comb += [
             self.i.ready.eq(beats.w_rdy),
             beats.w_data.eq(self.i.payload.as_value()),
             beats.w_en.eq(self.i.valid & self.i.ready),
-            self.o.valid.eq(beats.r_rdy & (frames != 0)),
+            self.o.valid.eq(beats.r_rdy & some),
             self.o.payload.eq(beats.r_data),
-            beats.r_en.eq(self.o.ready & (frames != 0)),
+            beats.r_en.eq(self.o.ready & some),
         ]
         return m
 

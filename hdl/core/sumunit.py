@@ -192,16 +192,35 @@ class SumUnit(wiring.Component):
         slot_seqs = Array(self.slot_seqs[k] for k in range(S))
         slot_counts = Array(self.slot_counts[k] for k in range(S))
         depth = Signal(range(T), name="depth")
-        chain_empty = Signal()
+        chain_empty = Signal(init=1)   # registered: see its update at the end
+
+        def decode(ent):
+            """What readiness needs of an entry, worked out as it is loaded (timing: registered with the
+            entry, so a candidate's readiness is a few gates on registers): whether the entry can be
+            summed here at all (every term fits the chain and is a known code, the first is a term and
+            one is the local chunk), the ports it has terms on, and the chain depth it needs."""
+            codes = [ent[3 + 3 * i:6 + 3 * i] for i in range(MAX_TERMS)]
+            ok = codes[0] != NONE
+            for i in range(T, MAX_TERMS):
+                ok = ok & (codes[i] == NONE)
+            has_local = Const(0, 1)
+            for i in range(T):
+                ok = ok & ((codes[i] == NONE) | (codes[i] == LOCAL) | (codes[i] < P))
+                has_local = has_local | (codes[i] == LOCAL)
+            need = Cat(*(reduce(operator.or_, (codes[i] == p for i in range(T))) for p in range(P)))
+            nd = sum((codes[i] != NONE for i in range(T)), Const(0, range(T + 1))) - 1
+            return ok & has_local, need, nd
+
+        # The decoded entry of each candidate (``decode``), valid while its ``ld`` is up.
+        cand_ok = Signal(D, name="ent_ok")
+        cand_need = [Signal(P, name=f"c{k}_needs") for k in range(D)]
+        cand_depth = [Signal(range(T + 1), name=f"c{k}_depth") for k in range(D)]
 
         def candidate(idx, g, ent, loaded):
             """Whether chunk g (entry ``ent``) of candidate ``idx`` can start now, its counts agree, and
             what it starts with."""
             name = f"c{idx}"
             codes = [ent[3 + 3 * i:6 + 3 * i] for i in range(MAX_TERMS)]
-            fits = Const(1, 1)
-            for i in range(T, MAX_TERMS):
-                fits = fits & (codes[i] == NONE)
             slot = g[:slot_bits] if slot_bits else Const(0, 1)
             qslot = g[:qbits] if qbits else Const(0, 1)
             count = slot_counts[slot]
@@ -227,33 +246,27 @@ class SumUnit(wiring.Component):
                     here[p].eq((b.valid >> qslot)[0] & (Array(b.seq[k] for k in range(Q))[qslot] == g)),
                     same[p].eq(Array(b.count[k] for k in range(Q))[qslot] == count),
                 ]
-            ready = fits & loaded & below & fresh
+            # Every term in (the local chunk, each port it has a term on) and the counts agree; the
+            # entry's own conditions are ``cand_ok`` (``decode``).
+            need = cand_need[idx]
+            ready = cand_ok[idx] & loaded & below & fresh & slot_ok
             count_ok = Const(1, 1)
-            has_local = Const(0, 1)
-            for i in range(T):
-                c = codes[i]
-                r = (c == NONE) | ((c == LOCAL) & slot_ok)
-                ok = Const(1, 1)
-                for p in range(P):
-                    r = r | ((c == p) & here[p])
-                    ok = ok & ((c != p) | same[p])
-                ready = ready & r
-                count_ok = count_ok & ok
-                has_local = has_local | (c == LOCAL)
-            ready = ready & has_local & (codes[0] != NONE)
-            new_depth = Signal(range(T + 1), name=f"{name}_depth")
-            m.d.comb += new_depth.eq(sum((codes[i] != NONE for i in range(T)), Const(0, range(T + 1))) - 1)
+            for p in range(P):
+                ready = ready & (~need[p] | here[p])
+                count_ok = count_ok & (~need[p] | same[p])
+            new_depth = cand_depth[idx]
             # Frames in the chain all leave at one tap (``depth`` adders in): a frame with another
             # number of terms joins only once the chain is empty.
             rdy = Signal(name=f"{name}_ready")
             m.d.comb += rdy.eq(ready & ((new_depth == depth) | chain_empty))
             good = Signal(name=f"{name}_count_ok")
             m.d.comb += good.eq(count_ok)
-            return rdy, good, (codes, slot, qslot, count, new_depth, ent)
+            return rdy, good, (codes, slot, qslot, count, new_depth, ent, need)
 
         # changed[k]: candidate k's chunk, entry or state changes at this clock edge (set below).
         changed = Signal(D, name="changed")
         cands = [candidate(k, cand_g[k], cand_ent[k], ld[k]) for k in range(D)]
+        dec_ok, dec_need, dec_depth = decode(self.tab_data)
 
         # --- streaming state -----------------------------------------------------------------------
         streaming = Signal()
@@ -266,6 +279,16 @@ class SumUnit(wiring.Component):
         cur_bad = Signal()
         cur_req = Signal(P + 1)
         bad_acc = Signal()
+
+        # A chunk's first cycle, the last beat, the ports it has terms on and the registered fill
+        # compares (see "Operands of the beat now" below).
+        is_last = Signal(name="is_last_q")
+        started = Signal()
+        fired_q = Signal()
+        gt0_q, gt1_q, done_q = Signal(P, name="gt0_q"), Signal(P, name="gt1_q"), Signal(P, name="done_q")
+        used = Signal(P, name="ports_used")   # the ports the chunk being summed has terms on
+        fire = Signal()
+        m.d.sync += [started.eq(0), fired_q.eq(fire)]
 
         # The whole chain advances together; it stalls only when its output is held.
         en = Signal()
@@ -292,7 +315,7 @@ class SumUnit(wiring.Component):
                 m.d.comb += self.mismatch.eq(1)
                 m.d.sync += stuck[k].eq(1)
 
-        def begin(codes, slot, qslot, count, new_depth, ent):
+        def begin(codes, slot, qslot, count, new_depth, ent, need):
             nbytes = HEADER_BYTES + 4 * count
             fwd_req = Cat(ent[40:40 + P], ent[46])
             m.d.sync += [
@@ -301,6 +324,10 @@ class SumUnit(wiring.Component):
                 last_keep.eq(Cat(*((nbytes - (((nbytes + bpb - 1) >> shift) - 1 << shift)) > k for k in range(bpb)))),
                 cur_slot.eq(slot), cur_qslot.eq(qslot), cur_bad.eq((self.slot_bad >> slot)[0]),
                 cur_req.eq(fwd_req if self._req is None else self._req), depth.eq(new_depth),
+                started.eq(1),
+                used.eq(need),
+                # one beat (header and elements) only where a beat holds more than the header
+                is_last.eq(count <= (bpb - HEADER_BYTES) // 4 if bpb >= HEADER_BYTES else 0),
             ] + [cur[i].eq(codes[i]) for i in range(T)]
 
         def move_down(t):
@@ -309,7 +336,8 @@ class SumUnit(wiring.Component):
             for j in range(t, D - 1):
                 m.d.sync += [cand_g[j].eq(cand_g[j + 1]), cand_f[j].eq(cand_f[j + 1]),
                              cand_ent[j].eq(cand_ent[j + 1]), known[j].eq(known[j + 1]), ld[j].eq(ld[j + 1]),
-                             stuck[j].eq(stuck[j + 1])]
+                             stuck[j].eq(stuck[j + 1]), cand_ok[j].eq(cand_ok[j + 1]),
+                             cand_need[j].eq(cand_need[j + 1]), cand_depth[j].eq(cand_depth[j + 1])]
             z = D - 1
             m.d.sync += [cand_g[z].eq(cand_g[z] + cand_ent[z][32:40]), cand_f[z].eq(cand_ent[z][24:32]),
                          known[z].eq(ld[z]), ld[z].eq(0), stuck[z].eq(0)]
@@ -329,7 +357,8 @@ class SumUnit(wiring.Component):
                 # the candidate after the last loaded one (never both: known and ld are prefixes).
                 for k in range(D):
                     with (m.Elif if k else m.If)(tab_for[k]):
-                        m.d.sync += [cand_ent[k].eq(self.tab_data), ld[k].eq(1)]
+                        m.d.sync += [cand_ent[k].eq(self.tab_data), ld[k].eq(1), cand_ok[k].eq(dec_ok),
+                                     cand_need[k].eq(dec_need), cand_depth[k].eq(dec_depth)]
                         m.d.comb += changed[k].eq(1)
                     if k + 1 < D:
                         with m.Elif(ld[k] & ~known[k + 1]):
@@ -339,27 +368,49 @@ class SumUnit(wiring.Component):
 
         # Operands of the beat now: each port term's beat from its buffer slot (or padding once its
         # frame ended short).
-        is_last = beat == nbeats - 1
+        #
+        # What the slot being read holds is registered a beat ahead (timing: a 16-way select of the
+        # slots' fill counts and compares used to sit in front of ``fire``, which enables the whole
+        # chain, and of the bad flags): for each port, whether the fill count exceeded ``beat`` /
+        # ``beat + 1`` (``gt0_q``/``gt1_q``) and equalled ``beat + 1`` / ``beat + 2`` (``eq0_q``/``eq1_q``)
+        # at the edge before, whether the last beat was in (``done_q``) and marked bad (``bad_q``); the
+        # ones for this beat are picked by whether a beat was read at that edge (``fired_q``). A slot
+        # read by the unit only fills (it is freed by this unit, after the sum), so the beat is in if it
+        # was a cycle ago (stale the safe way: a beat written a cycle ago reads as not yet in), and once
+        # ``done_q`` is up the count is final and the compares exact. A beat is never read in the cycle
+        # after it was written, so a frame whose last beat came in at the edge before has not ended at
+        # the beat read (``done_q`` low reads as not ended, correctly). In the first cycle of a chunk
+        # (``started``, beat 0, the registers are the slot before's) every port term's beat 0 is in (the
+        # unit took the chunk with each term's first beat in: ``here``), and its frame ends there only
+        # if it is a frame of one beat, a flag per slot (``single``) known since that beat was written.
+        # ``is_last_q`` is ``beat == nbeats - 1``, decided as the beat before it is read.
+        gone, end_here, bad_now = [], [], []
+        for p, b in enumerate(bufs):
+            filled = Array(b.filled[k] for k in range(Q))[cur_qslot]
+            eq0_q, eq1_q, bad_q = Signal(name=f"eq0_q{p}"), Signal(name=f"eq1_q{p}"), Signal(name=f"bad_q{p}")
+            single = Signal(Q, name=f"single{p}")
+            m.d.sync += [gt0_q[p].eq(filled > beat), gt1_q[p].eq(filled > beat + 1),
+                         eq0_q.eq(filled == beat + 1), eq1_q.eq(filled == beat + 2),
+                         done_q[p].eq((b.done >> cur_qslot)[0]), bad_q.eq((b.bad >> cur_qslot)[0]),
+                         single.eq(Cat(*(b.done[k] & (b.filled[k] == 1) for k in range(Q))))]
+            gt = Mux(fired_q, gt1_q[p], gt0_q[p])
+            eqm1 = Mux(fired_q, eq1_q, eq0_q)   # beat == filled - 1
+            bad = (b.bad >> cur_qslot)[0]
+            gone.append(~started & done_q[p] & ~gt)                 # ended before this beat: pad
+            end_here.append(Mux(started, (single >> cur_qslot)[0], done_q[p] & eqm1))   # ends at this beat
+            bad_now.append(Mux(started, bad, bad_q))
         term_valid = Const(1, 1)
+        for p in range(P):
+            avail = started | done_q[p] | Mux(fired_q, gt1_q[p], gt0_q[p])
+            term_valid = term_valid & (~used[p] | avail)
         early = Const(0, 1)   # a term's frame ended at or before this beat (not its expected last)
         now_bad = Const(0, 1)
+        for p in range(P):
+            early = early | (used[p] & (gone[p] | (end_here[p] & ~is_last)))
+            now_bad = now_bad | (used[p] & end_here[p] & bad_now[p])
         ended_now = []
         for i in range(T):
-            v = (cur[i] == NONE) | (cur[i] == LOCAL)
-            ended = Const(0, 1)
-            for p, b in enumerate(bufs):
-                filled = Array(b.filled[k] for k in range(Q))[cur_qslot]
-                done = (b.done >> cur_qslot)[0]
-                bad = (b.bad >> cur_qslot)[0]
-                mine = cur[i] == p
-                gone = done & (beat >= filled)            # ended before this beat: pad
-                v = v | (mine & ((filled > beat) | gone))
-                ended = ended | (mine & gone)
-                early = early | (mine & (gone | (done & (beat == filled - 1) & ~is_last)))
-                now_bad = now_bad | (mine & done & (beat == filled - 1) & bad)
-            term_valid = term_valid & v
-            ended_now.append(ended)
-        fire = Signal()
+            ended_now.append(reduce(operator.or_, ((cur[i] == p) & gone[p] for p in range(P)), Const(0, 1)))
         m.d.comb += fire.eq(streaming & en & term_valid)
         for b in bufs:
             m.d.comb += [b.rd_addr.eq(cur_qslot * MB + beat if qbits else beat), b.rd_en.eq(en)]
@@ -375,15 +426,10 @@ class SumUnit(wiring.Component):
         for p, b in enumerate(bufs):
             m.d.comb += [b.free.eq(free_q[p]), b.free_slot.eq(free_slot_q)]
         with m.If(fire):
-            m.d.sync += [beat.eq(beat + 1), bad_acc.eq(bad_acc | early | now_bad)]
+            m.d.sync += [beat.eq(beat + 1), bad_acc.eq(bad_acc | early | now_bad), is_last.eq(beat + 2 == nbeats)]
             with m.If(is_last):
                 m.d.sync += [streaming.eq(0), release_q.eq(1), release_slot_q.eq(cur_slot),
-                             free_slot_q.eq(cur_qslot)]
-                for p in range(P):
-                    used = Const(0, 1)
-                    for i in range(T):
-                        used = used | (cur[i] == p)
-                    m.d.sync += free_q[p].eq(used)
+                             free_slot_q.eq(cur_qslot), free_q.eq(used)]
 
         # Local chunk: read this beat from the buffer (data next cycle, like the buffers' reads).
         addr = Cat(beat[:beat_bits], cur_slot) if slot_bits else beat[:beat_bits]
@@ -456,6 +502,11 @@ class SumUnit(wiring.Component):
             acc = nacc
             taps.append((acc, stage_meta))
 
+        # The chain is empty, registered (timing: an OR of every stage's valid in front of ``take``): it
+        # was empty at the edge before and no beat entered then, so it is empty now (a beat enters
+        # only while streaming, and the unit takes a chunk only while not). A chain that has just
+        # emptied reads as not empty for a cycle: a chunk of another depth waits a cycle more.
+        m.d.sync += chain_empty.eq(~Cat(*valids).any() & ~fire)
         busy_q = Signal()
         m.d.sync += busy_q.eq(streaming | release_q | Cat(*valids).any())
         # The frames in the chain leave at the tap after their last term: 1 + L·(terms − 1) cycles.
@@ -473,6 +524,5 @@ class SumUnit(wiring.Component):
             # busy: a cycle late at the end (timing: the chain's valids through a register; whatever is
             # in the chain or released now was in it or streaming the cycle before).
             self.busy.eq(streaming | busy_q),
-            chain_empty.eq(~Cat(*valids).any()),
         ]
         return m
