@@ -307,9 +307,8 @@ class Engine(wiring.Component):
             reading = Signal(name=f"gate{p}_reading")
             # Where the head frame goes, one-hot (bit 0 the broadcast queue, bit 1 + u unit u's reduce
             # buffer), and whether its entry names a unit that cannot sum it: registered with the
-            # look-up; ``dest`` holds the route of the frame passing.
+            # look-up.
             route = Signal(1 + nunits, name=f"gate{p}_route")
-            dest = Signal(1 + nunits, name=f"gate{p}_dest")
             unit_bad = Signal(name=f"gate{p}_unit_bad")
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
@@ -324,10 +323,13 @@ class Engine(wiring.Component):
                              route.eq(Cat(~red, *(red & (code == (ROOT if u == P else u)) for u in range(nunits))))]
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
-            sel = Signal(1 + nunits, name=f"gate{p}_sel")
-            m.d.comb += sel.eq(Mux(g.o.payload.first, route, dest))
+            # The route is looked up (and written) only while the head waits in the gate's START state,
+            # and the gate leaves START only as that frame's first beat leaves (or it is dropped), so
+            # ``route`` holds the passing frame's route until its last beat (timing: no select by
+            # ``first`` in front of the gate's ``o.ready``). The gate sends no placeholders here
+            # (``lost_ok`` is 0), so every beat it sends is an accepted frame's.
+            sel = route
             with m.If(g.o.valid & g.o.ready & g.o.payload.first):
-                m.d.sync += dest.eq(route)
                 m.d.comb += events.flag("reduce_frames").eq(is_red)
                 m.d.comb += events.flag("broadcast_frames").eq(~is_red)
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))

@@ -12,8 +12,8 @@ FCS so that the next hop drops it (like the ``tuser`` error bit of an AXI4-Strea
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth import Array, Cat, Const, Elaboratable, Module, Mux, Signal
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import reject, rejecting
 
@@ -109,6 +109,41 @@ def gated_layout(width: int, index_bits: int) -> data.StructLayout:
         "data": width, "keep": width // 8, "last": 1, "bad": 1,
         "first": 1, "index": index_bits, "hdr": header_layout(),
     })
+
+
+class _Fifo(Elaboratable):
+    """A :class:`amaranth.lib.fifo.SyncFIFO` (first word falls through, ``r_data`` read from the
+    storage combinationally) whose ``r_rdy`` and ``w_rdy`` are registers, updated from the reads and
+    writes (timing: no level compare in front of the decisions that read the FIFO)."""
+
+    def __init__(self, width: int, depth: int):
+        self.width, self.depth = width, depth
+        self.w_data, self.w_en = Signal(width, name="w_data"), Signal(name="w_en")
+        self.w_rdy = Signal(init=1, name="w_rdy")
+        self.r_data, self.r_en, self.r_rdy = Signal(width, name="r_data"), Signal(name="r_en"), Signal(name="r_rdy")
+        self.level = Signal(range(depth + 1), name="level")
+
+    def elaborate(self, platform):
+        m = Module()
+        depth = self.depth
+        do_read = self.r_rdy & self.r_en
+        do_write = self.w_rdy & self.w_en
+        storage = m.submodules.storage = memory.Memory(shape=self.width, depth=depth, init=[])
+        w_port = storage.write_port()
+        r_port = storage.read_port(domain="comb")
+        produce = Signal(range(depth))
+        consume = Signal(range(depth))
+        m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data), w_port.en.eq(do_write),
+                     r_port.addr.eq(consume), self.r_data.eq(r_port.data)]
+        with m.If(do_write):
+            m.d.sync += produce.eq(Mux(produce == depth - 1, 0, produce + 1))
+        with m.If(do_read):
+            m.d.sync += consume.eq(Mux(consume == depth - 1, 0, consume + 1))
+        with m.If(do_write & ~do_read):
+            m.d.sync += [self.level.eq(self.level + 1), self.r_rdy.eq(1), self.w_rdy.eq(self.level != depth - 1)]
+        with m.If(do_read & ~do_write):
+            m.d.sync += [self.level.eq(self.level - 1), self.r_rdy.eq(self.level != 1), self.w_rdy.eq(1)]
+        return m
 
 
 class FrameGate(wiring.Component):
@@ -227,9 +262,10 @@ class FrameGate(wiring.Component):
 
         # Beats wait here until their header is decided; deep enough to hold a whole header
         # plus slack so the input never stalls on a frame-start decision that is already made.
-        m.submodules.beats = beats = fifo.SyncFIFO(width=blay.size, depth=hb + 4)
+        # (Both FIFOs with registered ready flags: ``_Fifo``.)
+        m.submodules.beats = beats = _Fifo(width=blay.size, depth=hb + 4)
         # One entry per frame: the header bits and a flag for frames shorter than a header.
-        m.submodules.hdrs = hdrs = fifo.SyncFIFO(width=hwidth + 1, depth=4)
+        m.submodules.hdrs = hdrs = _Fifo(width=hwidth + 1, depth=4)
 
         # Input side: count beats and collect the header bits.
         in_idx = Signal(range(hb + 1))
