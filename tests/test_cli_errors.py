@@ -257,7 +257,7 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
     (["--topology", "ring:4"], ["--algorithm"]),
     (["--topology", "ring:4", "--algorithm", "biring", "--compress", "10"], ["--compress", "schedule engine"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth"], ["--links", "schedule engine"]),
-    (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb"], ["--engine fast"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb", "--sim-threads", "2"], ["--sim-threads"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--nodes", "3"], ["disagrees", "ring:4"]),
     (["--topology", "cube:4", "--algorithm", "ring"], ["unknown topology"]),
     (["--topology", "torus:4x4", "--algorithm", "multitree", "--ports", "2"], ["ports"]),
