@@ -134,6 +134,24 @@ async def push_and_collect(transport, rank: int, pushes, session, skip_stats: bo
     return stalled
 
 
+async def _barrier_push_collect(driver, session, pushes, skip_stats: bool = False) -> None:
+    """What a rank's driver does once its node took the CONTROL: call ``driver.barrier`` (awaited
+    if it returns an awaitable), :func:`push_and_collect`, and on a stall raise
+    :class:`~wirereduce.host.driver.ChunksLost` with the node's counters (``driver.stats()``)."""
+    rank = driver.rank
+    if driver.barrier is not None:
+        r = driver.barrier()
+        if inspect.isawaitable(r):
+            await r
+    if await push_and_collect(driver.transport, rank, pushes, session, skip_stats=skip_stats):
+        try:
+            stats = {rank: await driver.stats()}
+        except (TimeoutError, ProtocolError):
+            stats = {rank: None}
+        what = f"rank {rank}: node {rank} sent no result in time (a frame was lost or another rank stopped)"
+        raise ChunksLost(loss_report([session], stats, what), [session], stats)
+
+
 class RankDriver:
     """Rank ``rank``'s host: allreduces its own gradient through its own node.
 
@@ -243,18 +261,7 @@ class RankDriver:
             if Header.unpack(data).opcode == Opcode.STATS and s.is_answer(data):
                 break
         s.check_ack(data)
-        if self.barrier is not None:
-            r = self.barrier()
-            if inspect.isawaitable(r):
-                await r
-        stalled = await push_and_collect(t, rank, rnd.pushes(rank), s)
-        if stalled:
-            try:
-                stats = {rank: await self.stats()}
-            except (TimeoutError, ProtocolError):
-                stats = {rank: None}
-            what = f"rank {rank}: node {rank} sent no result in time (a frame was lost or another rank stopped)"
-            raise ChunksLost(loss_report([s], stats, what), [s], stats)
+        await _barrier_push_collect(self, s, rnd.pushes(rank))
 
 
 class EngineRankDriver:
@@ -395,22 +402,10 @@ class EngineRankDriver:
                 return data
 
     async def _run(self, s) -> None:
-        t, rank = self.transport, self.rank
         s.last_stats = await self.stats()   # the baseline the acknowledgements are checked against
         if not self.table_loaded:
             for i, fr in enumerate(s.schedule_frames()):
                 s.check_ack(await self._request(fr, s.schedule_tag(i)), s.schedule_tag(i))
             self.table_loaded = True
         s.check_ack(await self._request(s.control_frame(), s.tag), s.tag)
-        if self.barrier is not None:
-            r = self.barrier()
-            if inspect.isawaitable(r):
-                await r
-        stalled = await push_and_collect(t, rank, s.push_frames(), s, skip_stats=True)
-        if stalled:
-            try:
-                stats = {rank: await self.stats()}
-            except (TimeoutError, ProtocolError):
-                stats = {rank: None}
-            what = f"rank {rank}: node {rank} sent no result in time (a frame was lost or another rank stopped)"
-            raise ChunksLost(loss_report([s], stats, what), [s], stats)
+        await _barrier_push_collect(self, s, s.push_frames(), skip_stats=True)
