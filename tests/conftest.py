@@ -6,8 +6,13 @@ optimised builds were most of the suite's time (a 4-node Ethernet codec ring: 86
 ``-O2``). The build caches are keyed by the level, so ``make bench`` never reuses these models.
 """
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 _TB = str(Path(__file__).with_name("cocotb"))
@@ -26,6 +31,59 @@ def shared_tmp(tmp_path_factory, name: str) -> Path:
     path = root / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def sim_serve(args: list[str], *, build_dir: Path | None = None, timeout: float = 900):
+    """``wirereduce sim serve ARGS --build-dir build/sim`` in a subprocess, until its ``serving``
+    line (a cold Verilator build takes minutes: at most ``timeout`` seconds); yields
+    ``(process, lines)``, the lines it printed so far. Stops it with SIGTERM on exit (killed after
+    30 s) and fails the test if it ends before serving."""
+    import pytest
+
+    build_dir = ROOT / "build" / "sim" if build_dir is None else build_dir
+    proc = subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "sim", "serve", *args,
+                             "--build-dir", str(build_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        lines = []
+        deadline = time.monotonic() + timeout
+        while not any(line.startswith("serving") for line in lines):
+            line = proc.stdout.readline()
+            if not line:
+                pytest.fail("sim serve stopped:\n" + "".join(lines))
+            lines.append(line)
+            assert time.monotonic() < deadline, "sim serve did not come up:\n" + "".join(lines)
+        yield proc, lines
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def per_rank(nodes: int, fn, join_timeout: float = 600) -> dict:
+    """``fn(k)`` for every rank k in its own thread; returns rank → its return value, or the
+    exception it raised (for the caller to report)."""
+    out: dict = {}
+
+    def rank(k):
+        try:
+            out[k] = fn(k)
+        except Exception as e:  # reported by the caller
+            out[k] = e
+
+    threads = [threading.Thread(target=rank, args=(k,)) for k in range(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=join_timeout)
+    return out
 
 
 #: Test modules in falling order of their cost (seconds on 2 cores, most of it Verilator builds of

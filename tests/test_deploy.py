@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import per_rank, sim_serve
 from wirereduce.host.rank import FileBarrier, RankDriver
 from wirereduce.host.transports import packet
 from wirereduce.host.transports.packet import PacketTransport, eth_frame, parse_eth_frame, strip_padding
@@ -205,33 +206,16 @@ def cluster(tmp_path_factory):
     except subprocess.CalledProcessError as e:
         pytest.skip(f"cannot create network namespaces here: {e.stderr.decode().strip()}")
     tmp = tmp_path_factory.mktemp("deploy")
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "wirereduce.cli", "sim", "serve", "--nodes", str(NODES), "--tap", *taps,
-         "--build-dir", str(ROOT / "build" / "sim")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     made = []
     try:
-        lines = []
-        deadline = time.monotonic() + 900  # a cold Verilator build of the 4-node ring
-        while not any(line.startswith("serving") for line in lines):
-            line = serve.stdout.readline()
-            if not line:
-                pytest.fail("sim serve stopped:\n" + "".join(lines))
-            lines.append(line)
-            assert time.monotonic() < deadline, "sim serve did not come up"
-        for tap, ns in zip(taps, spaces):
-            _run(f"ip netns add {ns}")
-            made.append(ns)
-            _run(f"ip link set {tap} netns {ns} && ip netns exec {ns} sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
-                 f"&& ip -n {ns} link set {tap} up")
-        yield {"taps": taps, "spaces": spaces, "tmp": tmp, "serve": serve}
+        with sim_serve(["--nodes", str(NODES), "--tap", *taps]) as (serve, _):
+            for tap, ns in zip(taps, spaces):
+                _run(f"ip netns add {ns}")
+                made.append(ns)
+                _run(f"ip link set {tap} netns {ns} && ip netns exec {ns} sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
+                     f"&& ip -n {ns} link set {tap} up")
+            yield {"taps": taps, "spaces": spaces, "tmp": tmp, "serve": serve}
     finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait()
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         for tap in taps:  # gone with the simulator's file descriptors; make sure
@@ -322,7 +306,6 @@ def test_killed_rank_others_fail_bounded(cluster):
 def test_unix_sockets_without_root(tmp_path):
     """``sim serve --unix``: the same ranks over UNIX datagram sockets (no root, no TAP), one
     RankDriver per rank in threads; every rank gets the golden sum bit for bit."""
-    import threading
 
     from wirereduce.sim.engines.runner import available_simulators
     from wirereduce.sim.golden.allreduce import ring_allreduce
@@ -330,43 +313,19 @@ def test_unix_sockets_without_root(tmp_path):
     if "verilator" not in available_simulators():
         pytest.skip("needs Verilator")
     socks = tmp_path / "socks"
-    serve = subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "sim", "serve", "--nodes", str(NODES),
-                              "--unix", str(socks), "--build-dir", str(ROOT / "build" / "sim")],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        lines = []
-        while not any(line.startswith("serving") for line in lines):
-            line = serve.stdout.readline()
-            assert line, "sim serve stopped:\n" + "".join(lines)
-            lines.append(line)
+    with sim_serve(["--nodes", str(NODES), "--unix", str(socks)]):
         rng = np.random.default_rng(5)
         arrays = [rng.standard_normal(1200).astype(np.float32) for _ in range(NODES)]
-        out: dict = {}
 
         def rank(k):
-            try:
-                with PacketTransport.unix(socks, k, NODES, timeout=20) as tr:
-                    out[k] = RankDriver(tr, k, NODES, barrier=FileBarrier(tmp_path / "bar", k, NODES)).allreduce(
-                        arrays[k])
-            except Exception as e:  # reported below
-                out[k] = e
+            with PacketTransport.unix(socks, k, NODES, timeout=20) as tr:
+                return RankDriver(tr, k, NODES, barrier=FileBarrier(tmp_path / "bar", k, NODES)).allreduce(arrays[k])
 
-        threads = [threading.Thread(target=rank, args=(k,)) for k in range(NODES)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=600)
+        out = per_rank(NODES, rank)
         want = ring_allreduce(arrays).view(np.uint32)
         for k in range(NODES):
             assert isinstance(out.get(k), np.ndarray), f"rank {k}: {out.get(k)!r}"
             assert np.array_equal(out[k].view(np.uint32), want), f"rank {k} differs from the golden sum"
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait()
     assert not list(socks.glob("*.sock"))
 
 

@@ -9,15 +9,14 @@ at run time. Every result is compared bit for bit with the golden model in the s
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import per_rank, sim_serve
 from wirereduce.host.rank import EngineRankDriver, FileBarrier, served_engine_config
 from wirereduce.host.transports.packet import PacketTransport
 from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
@@ -108,46 +107,20 @@ def server(tmp_path_factory):
         pytest.skip("needs Verilator")
     tmp = tmp_path_factory.mktemp("engine-serve")
     socks = tmp / "socks"
-    proc = subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "sim", "serve", "--topology", TOPOLOGY,
-                             "--unix", str(socks), "--build-dir",
-                             str(ROOT / "build" / "sim")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    try:
-        lines = []
-        while not any(line.startswith("serving") for line in lines):
-            line = proc.stdout.readline()
-            if not line:
-                pytest.fail("sim serve --topology stopped:\n" + "".join(lines))
-            lines.append(line)
+    with sim_serve(["--topology", TOPOLOGY, "--unix", str(socks)]) as (_, lines):
         assert "schedule engines" in lines[-1]
         yield {"socks": socks, "tmp": tmp}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     assert not list(socks.glob("*.sock"))
 
 
 def _ranks(server, calls, first_collective: int, name: str, timeout: float = 20):
     """Run ``calls(k, transport, barrier)`` for every rank in its own thread (its own UNIX socket,
     ``timeout`` seconds per receive); returns rank → list of results."""
-    out: dict = {}
-
     def rank(k):
-        try:
-            with PacketTransport.unix(server["socks"], k, NODES, timeout=timeout) as tr:
-                out[k] = calls(k, tr, FileBarrier(server["tmp"] / name, k, NODES))
-        except Exception as e:  # reported below
-            out[k] = e
+        with PacketTransport.unix(server["socks"], k, NODES, timeout=timeout) as tr:
+            return calls(k, tr, FileBarrier(server["tmp"] / name, k, NODES))
 
-    threads = [threading.Thread(target=rank, args=(k,)) for k in range(NODES)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=600)
+    out = per_rank(NODES, rank)
     for k in range(NODES):
         assert isinstance(out.get(k), list), f"rank {k}: {out.get(k)!r}"
     return out
