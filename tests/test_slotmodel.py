@@ -9,7 +9,13 @@ import json
 from itertools import product
 
 import pytest
-from wirereduce.sim.bench.slotmodel import PRIORITIES, link_frames_per_round, run_slot_model, slot_model
+from wirereduce.sim.bench.slotmodel import (
+    PRIORITIES,
+    link_frames_per_round,
+    run_drift_model,
+    run_slot_model,
+    slot_model,
+)
 
 from wirereduce import schedule as sched
 
@@ -95,7 +101,8 @@ def test_run_writes_records(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,msg", [(["--topologies", "torus:4x4/foo"], "ALGORITHM one of"),
                                       (["--topologies", "torus:9/multitree"], "torus:9"),
-                                      (["--rounds", "0"], "--rounds"), (["--window", "0"], "--window")])
+                                      (["--rounds", "0"], "--rounds"), (["--window", "0"], "--window"),
+                                      (["--drift", "--topologies", "ring:4/biring"], "--drift")])
 def test_cli_errors(argv, msg, tmp_path, capsys):
     from wirereduce.cli import main
 
@@ -109,3 +116,52 @@ def test_cli_runs(tmp_path, capsys):
 
     assert main(["slot-model", "--topologies", "ring:4/biring", "--rounds", "4", "--out-dir", str(tmp_path)]) == 0
     assert len(json.loads((tmp_path / "slot-model.json").read_text())) == 12
+
+
+TORUS_KW = dict(in_order=False, lookahead=2, priority="broadcast", window=32)
+
+
+@pytest.mark.parametrize("topo, alg", [("ring:4", "biring"), ("torus:4x4", "multitree-balanced"),
+                                       ("hypercube:8", "multitree")])
+def test_ticks_on_the_grid_are_the_slot_model(topo, alg):
+    """Frames of ``ticks`` ticks with no hop latency never leave the slot grid: the same slots."""
+    s = sched.build(topo, alg)
+    for mc in ("all", "each"):
+        grid = slot_model(s, 6, multicast=mc, **TORUS_KW)
+        assert slot_model(s, 6, ticks=8, latency=0, multicast=mc, **TORUS_KW).slots == grid.slots
+
+
+def test_one_port_multicast_is_the_same_either_way():
+    """On a ring every broadcast goes out on one port: output queues change nothing on the grid."""
+    s = sched.build("ring:4", "biring")
+    a = slot_model(s, 8, in_order=False, lookahead=2, ticks=16, latency=1, multicast="all")
+    b = slot_model(s, 8, in_order=False, lookahead=2, ticks=16, latency=1, multicast="each")
+    assert a.slots == b.slots and a.slots >= a.bound_slots
+
+
+def test_drift_costs_the_all_or_nothing_multicast():
+    """Off the grid (a hop latency of 1/16 frame) the 4x4 torus's balanced trees lose over a tenth
+    with the engine's all-or-nothing multicast and keep within a few percent with output queues
+    (docs/architecture.md "Multicast off the slot grid")."""
+    s = sched.build("torus:4x4", "multitree-balanced")
+    grid = slot_model(s, 12, **TORUS_KW)
+    drift_all = slot_model(s, 12, ticks=16, latency=1, multicast="all", **TORUS_KW)
+    drift_each = slot_model(s, 12, ticks=16, latency=1, multicast="each", **TORUS_KW)
+    assert drift_all.slots > 1.1 * grid.slots
+    assert drift_each.slots < 1.03 * grid.slots
+    assert min(drift_all.slots, drift_each.slots) >= grid.bound_slots
+
+
+def test_drift_arguments():
+    s = sched.build("ring:4", "biring")
+    for kw, msg in [({"ticks": 0}, "ticks"), ({"ticks": 4, "latency": 5}, "latency"),
+                    ({"multicast": "some"}, "multicast")]:
+        with pytest.raises(ValueError, match=msg):
+            slot_model(s, 2, **kw)
+
+
+def test_drift_records(tmp_path, capsys):
+    out = tmp_path / "d.json"
+    recs = run_drift_model((("ring:4", "biring", 16),), rounds=4, ticks=8, latencies=(0, 1), out=str(out))
+    assert len(recs) == 4 and json.loads(out.read_text()) == recs
+    assert {(r["latency"], r["multicast"]) for r in recs} == {(0, "all"), (0, "each"), (1, "all"), (1, "each")}

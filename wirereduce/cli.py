@@ -620,6 +620,13 @@ def cmd_slot_model(args) -> int:
         raise CliError(f"--rounds must be at least 1, not {args.rounds}")
     if args.window is not None and args.window < 1:
         raise CliError(f"--window must be at least 1, not {args.window}")
+    if args.drift:
+        if args.topologies:
+            raise CliError("--drift runs its own rows (sim/bench/slotmodel.py DRIFT_ROWS); leave out --topologies")
+        out = Path(args.out_dir) / "slot-model-drift.json"
+        slotmodel.run_drift_model(rounds=args.rounds, out=str(out))
+        print(f"# wrote {out}")
+        return 0
     rows = slotmodel.MODEL_ROWS
     if args.topologies:
         rows = []
@@ -1301,6 +1308,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=None,
                    help="host window: chunks a host pushes ahead of its results (the engines' slots; "
                         "default: unlimited)")
+    p.add_argument("--drift", action="store_true",
+                   help="instead: frames off the slot grid (a hop latency of 0, 1, 2 sixty-fourths of a frame), "
+                        "the engine's all-or-nothing multicast against output queues; writes "
+                        "OUT_DIR/slot-model-drift.json (docs/architecture.md \"Multicast off the slot grid\")")
     p.add_argument("--out-dir", default="bench/results", help="where the JSON goes (default: bench/results)")
     p.set_defaults(func=cmd_slot_model)
 

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 
 from wirereduce.schedule import Schedule
 
-__all__ = ["SlotResult", "link_frames_per_round", "slot_model", "run_slot_model", "PRIORITIES", "MODEL_ROWS"]
+__all__ = ["SlotResult", "link_frames_per_round", "slot_model", "run_slot_model", "run_drift_model", "PRIORITIES",
+           "MODEL_ROWS", "DRIFT_ROWS"]
 
 #: Allocator priorities the model knows.
 PRIORITIES = ("unit", "broadcast")
@@ -53,7 +54,7 @@ class SlotResult:
 
     Attributes
     ----------
-    slots : int
+    slots : int or float
         Slots (frame times) until every node holds every chunk's result.
     rounds : int
         Chunks per flow (K).
@@ -87,7 +88,7 @@ def link_frames_per_round(schedule: Schedule) -> dict[tuple[int, int], int]:
 
 def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_through: bool = True,
                priority: str = "unit", lookahead: int | None = None, window: int | None = None,
-               max_slots: int = 1_000_000) -> SlotResult:
+               ticks: int = 1, latency: int = 0, multicast: str = "all", max_slots: int = 1_000_000) -> SlotResult:
     """Play ``rounds`` chunks of every flow of ``schedule`` through the model (module docstring).
 
     ``lookahead`` (with ``in_order=False``): a unit considers only its ``lookahead`` oldest chunks not
@@ -98,11 +99,26 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
     engine's local buffer has as many slots); ``None``: always there. Results reach the host in the
     slot they reach the node (no host-link time).
 
+    ``ticks``, ``latency`` (the misaligned model): a frame time is ``ticks`` ticks, and a frame may
+    start at any tick; a cut-through frame can be summed or forwarded by the next node ``latency``
+    ticks after it started on the link (the hop latency; store and forward: ``ticks``). A link, a
+    unit and a broadcast queue carry one frame at a time. With ``latency`` ≥ 1 the frames drift
+    off the slot grid, as the engine's do (its frames start at any cycle), and an all-or-nothing
+    multicast (a root's result, a forwarded broadcast) waits until *every* port it goes out on is
+    free, idling the ports that freed up first. ``ticks = 1, latency = 0`` is the slot model above.
+    ``slots`` is then the ticks taken ÷ ``ticks`` (a float).
+
+    ``multicast``: ``"all"`` (the engine's rule: a frame that goes out on several ports starts on
+    all of them at once, from the queue of the port it came in on) or ``"each"`` (output queues: a
+    broadcast that arrives, or a root's result, is queued once per port it goes out on, and each
+    port sends it when that port is free, in arrival order; a root unit no longer waits for its
+    ports).
+
     Raises
     ------
     ValueError
-        ``rounds`` < 1, an unknown ``priority``, or no progress within ``max_slots`` (a model
-        deadlock: that cannot happen with these rules, so it would be a bug).
+        ``rounds`` < 1, an unknown ``priority``, bad ``ticks``/``latency``, or no progress within
+        ``max_slots`` (a model deadlock: that cannot happen with these rules, so it would be a bug).
     """
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, not {rounds!r}")
@@ -110,6 +126,10 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
         raise ValueError(f"window must be a positive int or None, not {window!r}")
     if lookahead is not None and (not isinstance(lookahead, int) or lookahead < 1):
         raise ValueError(f"lookahead must be a positive int or None, not {lookahead!r}")
+    if multicast not in ("all", "each"):
+        raise ValueError(f"multicast must be 'all' or 'each', not {multicast!r}")
+    if not isinstance(ticks, int) or ticks < 1 or not isinstance(latency, int) or not 0 <= latency <= ticks:
+        raise ValueError(f"ticks must be an int ≥ 1 and latency 0 … ticks, not {ticks!r} and {latency!r}")
     look = 1 if in_order else lookahead
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
@@ -121,29 +141,30 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
         unit_flows[(u, e.parent.port if e.parent else "root")].append(f)
     todo = {k: sorted(r * F + f for r in range(rounds) for f in fl) for k, fl in unit_flows.items()}
     arrived: dict[tuple[int, int, int], int] = {}   # (node, g, in port) -> slot the partial sum started
-    bq: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)   # (node, in port) -> [(g, slot)]
+    # Broadcast queues: (node, in port) ("all") or (node, out port) ("each") -> [(g, tick it may start)]
+    bq: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     results = 0
     got = [0] * schedule.nodes   # results each node holds (the window)
     want = schedule.nodes * F * rounds
     bound = max(link_frames_per_round(schedule).values()) * rounds
     unit_rank, bcast_rank = (0, 1) if priority == "unit" else (1, 0)
-    t = 0
+    free_at: dict = defaultdict(int)   # link (node, port) or source (kind, key) -> first tick it is free
+    delay = latency if cut_through else ticks
+    t = -1
     while results < want:
         t += 1
-        if t > max_slots:
+        if t > max_slots * ticks:
             raise ValueError(f"no progress after {max_slots} slots ({results} of {want} results)")
-        used: set[tuple[int, int]] = set()
-        sent: set = set()   # sources that started a frame in this slot
 
         def ready(a: int, now: int = t) -> bool:
-            return a < now or (cut_through and a == now)
+            return a + delay <= now
 
         progress = True
         while progress:
             progress = False
             cands = []
             for key, gs in todo.items():
-                if ("unit", key) in sent or not gs:
+                if free_at[("unit", key)] > t or not gs:
                     continue
                 u = key[0]
                 for g in (gs if look is None else gs[:look]):
@@ -151,21 +172,24 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
                         break   # not pushed yet (the window); later chunks are not either
                     e = entry[(u, g % F)]
                     if all((u, g, c.port) in arrived and ready(arrived[(u, g, c.port)]) for c in e.children):
-                        ports = [e.parent.port] if e.parent else [p.port for p in e.forward]
+                        ports = ([e.parent.port] if e.parent else
+                                 [p.port for p in e.forward] if multicast == "all" else [])
                         cands.append((unit_rank, g, "unit", key, ports))
                         break
             for key, q in bq.items():
-                if ("bcast", key) in sent or not q or not ready(q[0][1]):
+                if free_at[("bcast", key)] > t or not q or q[0][1] > t:
                     continue
                 g = q[0][0]
-                cands.append((bcast_rank, g, "bcast", key, [p.port for p in entry[(key[0], g % F)].forward]))
+                ports = [p.port for p in entry[(key[0], g % F)].forward] if multicast == "all" else [key[1]]
+                cands.append((bcast_rank, g, "bcast", key, ports))
             cands.sort(key=lambda c: (c[0], c[1]))
             for _, g, kind, key, ports in cands:
                 u = key[0]
-                if (kind, key) in sent or any((u, p) in used for p in ports):
+                if free_at[(kind, key)] > t or any(free_at[(u, p)] > t for p in ports):
                     continue
-                sent.add((kind, key))
-                used.update((u, p) for p in ports)
+                free_at[(kind, key)] = t + ticks
+                for p in ports:
+                    free_at[(u, p)] = t + ticks
                 progress = True
                 e = entry[(u, g % F)]
                 if kind == "unit":
@@ -176,17 +200,24 @@ def slot_model(schedule: Schedule, rounds: int, *, in_order: bool = True, cut_th
                         continue
                     results += 1   # the root holds the result
                     got[u] += 1
+                    if multicast == "each":
+                        for p in e.forward:
+                            bq[(u, p.port)].append((g, t))
                 else:
                     bq[key].pop(0)
                 for p in ports:
                     v, q = topo.links[u][p]
                     results += 1
                     got[v] += 1
-                    if entry[(v, g % F)].forward:
-                        bq[(v, q)].append((g, t))
-            if not cut_through:
+                    fwd = entry[(v, g % F)].forward
+                    if fwd and multicast == "all":
+                        bq[(v, q)].append((g, t + delay))
+                    for f in (fwd if multicast == "each" else ()):
+                        bq[(v, f.port)].append((g, t + delay))
+            if delay:
                 break
-    return SlotResult(t, rounds, bound)
+    t += ticks   # ticks taken: the last frame started in tick t and takes a frame time
+    return SlotResult(t if ticks == 1 else t / ticks, rounds, bound)
 
 
 #: (topology, algorithm, rounds) the model runs by default (``wirereduce slot-model``).
@@ -228,6 +259,53 @@ def run_slot_model(rows=MODEL_ROWS, out: str | None = "bench/results/slot-model.
             print(f"{s.topology.name:>12} {alg:>18} {units:>12} "
                   f"{'cut-through' if ct else 'store-forward':>14} {prio:>9} {r.slots:>6} {r.bound_slots:>6} "
                   f"{r.of_bound:>8.2f} {rec['vs_ring']:>7.2f}")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(recs, indent=1) + "\n")
+    return recs
+
+
+#: (topology, algorithm, host window) the drift study runs by default (``wirereduce slot-model --drift``):
+#: the windows are the engines' slots in the schedule benchmark.
+DRIFT_ROWS = (("ring:4", "biring", 16), ("ring:8", "biring", 16), ("torus:4x4", "multitree", 32),
+              ("torus:4x4", "multitree-balanced", 32), ("hypercube:8", "multitree", 16),
+              ("hypercube:8", "multitree-balanced", 16))
+
+
+def run_drift_model(rows=DRIFT_ROWS, rounds: int = 32, ticks: int = 64, latencies=(0, 1, 2),
+                    out: str | None = "bench/results/slot-model-drift.json") -> list[dict]:
+    """Frames off the slot grid (:func:`slot_model` with ``ticks``/``latency``), with the engine's
+    all-or-nothing multicast and with output queues (``multicast="each"``): print a table, write
+    JSON records to ``out``.
+
+    Every run has lookahead-2 units, the engine's allocator priority (``"auto"``: partial sums first
+    at P = 2, broadcasts first above) and the row's host window. ``latency`` is the hop latency in
+    ticks of a frame time of ``ticks`` (the engine's 16-cycle hop is about 1/60 of a 1,500-byte
+    frame at 10 Gbit/s behind a 50G host: ``latency = 1`` of 64). Each record: ``topology``,
+    ``algorithm``, ``rounds``, ``window``, ``ticks``, ``latency``, ``multicast``, ``slots``,
+    ``bound_slots``, ``of_bound``.
+    """
+    import json
+    from pathlib import Path
+
+    from wirereduce import schedule as sched
+
+    recs = []
+    print(f"{'topology':>12} {'algorithm':>18} {'window':>6} {'latency':>7} {'multicast':>9} {'slots':>8} "
+          f"{'bound':>6} {'of bound':>8}")
+    for topo, alg, window in rows:
+        s = sched.build(topo, alg)
+        prio = "unit" if s.topology.degree <= 2 else "broadcast"
+        for lat in latencies:
+            for mc in ("all", "each"):
+                r = slot_model(s, rounds, in_order=False, lookahead=2, priority=prio, window=window,
+                               ticks=ticks, latency=lat, multicast=mc)
+                recs.append({"kind": "slot-model-drift", "topology": s.topology.name, "algorithm": alg,
+                             "rounds": rounds, "window": window, "priority": prio, "ticks": ticks, "latency": lat,
+                             "multicast": mc, "slots": r.slots, "bound_slots": r.bound_slots,
+                             "of_bound": r.of_bound})
+                print(f"{s.topology.name:>12} {alg:>18} {window:>6} {f'{lat}/{ticks}':>7} {mc:>9} "
+                      f"{r.slots:>8.2f} {r.bound_slots:>6} {r.of_bound:>8.3f}")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(recs, indent=1) + "\n")
