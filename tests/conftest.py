@@ -95,7 +95,7 @@ def per_rank(nodes: int, fn, join_timeout: float = 600) -> dict:
 #: usual order. The order never changes which tests run or what they check.
 HEAVY_FIRST = (
     "test_engine.py", "test_ethring.py", "test_engine_deploy.py", "test_system.py", "test_ethcodec.py",
-    "test_fastsim.py",
+    "test_fastsim.py", "test_engine_eth.py",
     "test_torch.py", "test_engine_system.py", "test_pause.py", "test_codecring.py", "test_pcie.py",
     "test_lanes_exhaustive.py", "test_ethport.py", "test_cmacring.py", "test_guard.py",
     "test_deploy.py", "test_fuzz.py", "test_mac.py", "test_wirespeed.py", "test_boards.py",

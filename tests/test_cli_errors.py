@@ -256,7 +256,11 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
 @pytest.mark.parametrize("extra,needles", [
     (["--topology", "ring:4"], ["--algorithm"]),
     (["--topology", "ring:4", "--algorithm", "biring", "--compress", "10"], ["--compress", "schedule engine"]),
-    (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth"], ["--links", "schedule engine"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--links", "cmac"], ["--links cmac", "schedule engine"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth", "--engine", "cocotb"],
+     ["--links eth with --engine cocotb", "schedule engine"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth", "--host-link-gbps", "50"],
+     ["links='eth'", "host link"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb", "--sim-threads", "2"], ["--sim-threads"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--nodes", "3"], ["disagrees", "ring:4"]),
     (["--topology", "cube:4", "--algorithm", "ring"], ["unknown topology"]),

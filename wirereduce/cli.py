@@ -333,7 +333,7 @@ def simulate_schedule(arrays, args, progress=True):
     t0 = time.perf_counter()
     try:
         sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
-                            build_root=args.build_dir, threads=args.sim_threads)
+                            build_root=args.build_dir, threads=args.sim_threads, links=getattr(args, "links", "model"))
     except ValueError as e:
         raise CliError(str(e)) from e
     r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args), op=getattr(args, "op", "sum"))
@@ -370,7 +370,9 @@ def _check_schedule_args(args) -> None:
     if args.engine == "cocotb" and getattr(args, "engine_given", False) and args.sim_threads != 1:
         raise CliError("--sim-threads is a fast-engine option; drop it with --engine cocotb")
     for flag, bad in (("--compress", getattr(args, "compress", None) is not None),
-                      ("--links eth/cmac", getattr(args, "links", "model") != "model"),
+                      ("--links cmac", getattr(args, "links", "model") == "cmac"),
+                      ("--links eth with --engine cocotb", getattr(args, "links", "model") == "eth"
+                       and args.engine == "cocotb" and getattr(args, "engine_given", False)),
                       ("--corrupt", getattr(args, "corrupt", None) is not None),
                       ("--corrupt-header", getattr(args, "corrupt_header", None) is not None),
                       ("--late", getattr(args, "late", None) is not None),
@@ -1106,7 +1108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--links", choices=("model", "eth", "cmac"), default="model",
                    help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
                         "MAC + 10GBASE-R PCS (64 bit only); cmac: the 100G CMAC glue on every ring link, "
-                        "with a model of the CMAC's AXI4-Stream user side (512 bit only)")
+                        "with a model of the CMAC's AXI4-Stream user side (512 bit only). With --topology: "
+                        "model or eth (the fast engine; eth needs a host link no faster than 10G)")
     p.add_argument("--pcap", metavar="FILE", default=None,
                    help="write the Ethernet frames node 0 sends node 1 (cw link) to a pcap file "
                         "(needs --engine fast --links eth)")

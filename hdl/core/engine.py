@@ -134,12 +134,22 @@ class PacketFifo(wiring.Component):
     width : int
     depth : int
         Beats it holds (at least one longest frame).
+    frame_beats : int, optional
+        Beats of the longest frame: ``room`` says whether one more fits whole.
+
+    Attributes
+    ----------
+    room : Out(1)
+        Room for a whole frame of ``frame_beats`` beats, registered (a cycle late, with two beats of
+        margin for that cycle's writes): a source that starts a frame only with ``room`` up never
+        waits on this FIFO in the middle of it.
     """
 
-    def __init__(self, width: int, depth: int):
+    def __init__(self, width: int, depth: int, frame_beats: int | None = None):
         self._w, self._depth = width, depth
+        self._frame_beats = depth if frame_beats is None else frame_beats
         tagged = tagged_layout(width)
-        super().__init__({"i": In(stream.Signature(tagged)), "o": Out(stream.Signature(tagged))})
+        super().__init__({"i": In(stream.Signature(tagged)), "o": Out(stream.Signature(tagged)), "room": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -154,6 +164,7 @@ class PacketFifo(wiring.Component):
         some, one = Signal(), Signal()
         m.d.sync += one.eq(Mux(wrote, Mux(read, one, ~some), Mux(read, frames == 2, one)))
         m.d.sync += some.eq(Mux(wrote, 1, Mux(read, ~one, some)))
+        m.d.sync += self.room.eq(beats.level + 2 <= self._depth - self._frame_beats)
         m.d.comb += [
             self.i.ready.eq(beats.w_rdy),
             beats.w_data.eq(self.i.payload.as_value()),
@@ -425,6 +436,16 @@ class Engine(wiring.Component):
         # queues whose first beats they were (the units are idle then). The order, the reservations
         # and all-or-nothing are unchanged (docs/architecture.md "Why the engine cannot deadlock");
         # each frame waits one cycle more.
+        # Host copies: one store-and-forward FIFO per multicast source (root, broadcasts). A source
+        # that delivers to the host requests its ports only while its FIFO has room for a whole frame
+        # (``room``), so once granted it never waits on the host in the middle of a frame: a frame
+        # that left on an Ethernet port cannot pause (the MAC would underrun and end it with /E/),
+        # and with a host link slower than the results arriving (biring behind a 10G host) the
+        # host FIFOs do fill.
+        host_fifos = []
+        for i in range(1 + P):
+            hf = m.submodules[f"host_fifo{i}"] = PacketFifo(w, 2 * MB, MB)
+            host_fifos.append(hf)
         req_q = Signal(nsrc)
         reqs_q = [Signal(P + 1, name=f"req_ports{i}") for i in range(nsrc)]
         for i in prio:
@@ -447,18 +468,14 @@ class Engine(wiring.Component):
             nxt_blocked = Signal(P, name=f"blocked{i}")
             m.d.comb += nxt_blocked.eq(blocked | Mux(request, want, 0))
             blocked = nxt_blocked
-            m.d.sync += req_q[i].eq(s.valid & s.payload.first & ~active[i] & ~start)
+            host_room = (host_fifos[i].room | ~sources[i][1][P]) if i < 1 + P else 1
+            m.d.sync += req_q[i].eq(s.valid & s.payload.first & ~active[i] & ~start & host_room)
             with m.If(can):
                 m.d.sync += [active[i].eq(1), mask[i].eq(req)]
                 for o in range(P):
                     with m.If(want[o]):
                         m.d.sync += [out_busy[o].eq(1), owner[o].eq(i)]
 
-        # Host copies: one store-and-forward FIFO per multicast source (root, broadcasts).
-        host_fifos = []
-        for i in range(1 + P):
-            hf = m.submodules[f"host_fifo{i}"] = PacketFifo(w, 2 * MB)
-            host_fifos.append(hf)
 
         outs = [getattr(self, f"net{o}_out") for o in range(P)]
         valids = Array(s.valid for s, _, _ in sources)

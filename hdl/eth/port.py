@@ -964,6 +964,12 @@ class EthPort10G(_EthPort):
         about 70 m of fibre plus the transceivers at 156.25 MHz).
     pause_quanta : int
         pause_time of the XOFF frames (1 … 65535 quanta of 512 bit times; default 65535).
+    tx_start : int, optional
+        A :class:`TxStartBuffer` in front of the MAC that starts a frame once this many beats of it
+        (1 … 32), or all of it, are in: its source may then fall behind by that many cycles in all
+        without the MAC underrunning, at that many cycles of latency. For a source that feeds
+        several ports in lock-step (a schedule engine's multicast). Ports with ``flow_control`` have
+        one of 32 beats anyway.
 
     Attributes
     ----------
@@ -999,7 +1005,10 @@ class EthPort10G(_EthPort):
     def __init__(self, mtu: int, *, local_mac: int = DEFAULT_LOCAL_MAC, peer_mac: int = DEFAULT_PEER_MAC,
                  rx_frames: int = 2, cut_through: bool = False, flow_control: bool = False,
                  cable_cycles: int = 64, pause_quanta: int = PAUSE_MAX, role: str | None = None,
-                 mac_prefix: int = DEFAULT_MAC_PREFIX):
+                 mac_prefix: int = DEFAULT_MAC_PREFIX, tx_start: int | None = None):
+        if tx_start is not None and (not isinstance(tx_start, int) or not 1 <= tx_start <= 32):
+            raise ValueError(f"tx_start must be None or 1 … 32 beats, not {tx_start!r}")
+        self.tx_start = tx_start
         super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
                          cut_through=cut_through, flow_control=flow_control, cable_cycles=cable_cycles,
                          pause_quanta=pause_quanta, role=role, mac_prefix=mac_prefix,
@@ -1009,8 +1018,9 @@ class EthPort10G(_EthPort):
         m = Module()
         eth_tx, eth_rx = self._framing(m)
         m.submodules.mac_pcs_tx, m.submodules.mac_pcs_rx = tx, rx = self._mac_pcs()
-        if self.flow_control:  # PAUSE frames delay data frames: give the source slack (TxStartBuffer)
-            m.submodules.tx_start = start = TxStartBuffer()
+        if self.flow_control or self.tx_start:  # give the source slack (TxStartBuffer): PAUSE frames
+            # delay data frames; a multicast source feeds several ports in lock-step
+            m.submodules.tx_start = start = TxStartBuffer(threshold=self.tx_start or 32)
             wiring.connect(m, eth_tx, start.i)
             eth_tx = start.o
         wiring.connect(m, eth_tx, tx.i)

@@ -24,7 +24,7 @@ from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
 __all__ = ["LinkModel", "CmacCable", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "bytes_per_cycle",
-           "line_bytes_per_cycle", "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac"]
+           "line_bytes_per_cycle", "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac", "delayed"]
 
 # Link timing, defined here once for the network, the engines and the benchmark.
 
@@ -479,6 +479,15 @@ def eth_mac(node: int, port: int) -> int:
     return ETH_MAC_PREFIX | (node << 8) | port
 
 
+def delayed(m, value, cycles: int):
+    """``value`` through ``cycles`` registers (a cable's latency); ``value`` itself for 0."""
+    for _ in range(cycles):
+        r = Signal(len(value))
+        m.d.sync += r.eq(value)
+        value = r
+    return value
+
+
 def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     """Cable ``ring`` with single-clock :class:`~wirereduce.hdl.eth.port.EthPort10G` ports.
 
@@ -555,11 +564,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
             hit_header = flip_block[31] & (this_run == flip_block[:31]) & (this_block == 3)
             hit_payload = ~flip_block[31] & (data_blocks + 1 == flip_block)
             ab = ab ^ ((is_data & flip & (hit_header | hit_payload)) << 7)
-        for _ in range(latency):
-            ab_r, ba_r = Signal(66), Signal(66)
-            m.d.sync += [ab_r.eq(ab), ba_r.eq(ba)]
-            ab, ba = ab_r, ba_r
-        m.d.comb += [b.line_rx.eq(ab), a.line_rx.eq(ba)]
+        m.d.comb += [b.line_rx.eq(delayed(m, ab, latency)), a.line_rx.eq(delayed(m, ba, latency))]
 
     for k in range(n):
         nxt = (k + 1) % n

@@ -20,10 +20,14 @@ from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.hdl.params import rejecting
 from wirereduce.sim.cluster.network import (
+    ETH_MAC_PREFIX,
     LinkModel,
     Network,
     bytes_per_cycle,
+    check_links,
     clock_mhz,
+    delayed,
+    eth_mac,
     line_bytes_per_cycle,
     line_rate_gbps,
 )
@@ -32,6 +36,12 @@ from wirereduce.config import EngineConfig
 from wirereduce.schedule import Topology, parse_topology
 
 __all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "EngineBox", "engine_rates"]
+
+#: Beats an engine's Ethernet port buffers before it starts a frame on the wire
+#: (:class:`~wirereduce.hdl.eth.port.TxStartBuffer`): a multicast feeds its ports in lock-step, and
+#: a port whose MAC is still ending its last frame (FCS, inter-frame gap) holds the others back by a
+#: few cycles at a frame's start; a frame that has started on an Ethernet wire cannot wait.
+ETH_TX_START = 8
 
 #: Verilog module name of the engine a :class:`EngineBox` instantiates.
 ENGINE_MODULE = "wirereduce_engine"
@@ -84,16 +94,31 @@ class ScheduleNetwork(wiring.Component):
         Wire bytes per cycle of the network cables and of the host links; default the width's line
         rate (:func:`~wirereduce.sim.cluster.network.line_bytes_per_cycle`). A host link faster than
         the network's is what lets tree schedules beat the ring.
+    links : str
+        ``"model"`` (default): every cable a :class:`~wirereduce.sim.cluster.network.LinkModel`.
+        ``"eth"``: real 10G Ethernet, 64 bit only: every cabled network port of every engine is an
+        :class:`~wirereduce.hdl.eth.port.EthPort10G` (Ethernet II framing, MAC with FCS, 10GBASE-R
+        PCS, cut-through receive: a frame found bad at its FCS is passed on marked ``bad`` and sent
+        on with a stomped FCS), addressed ``eth_mac(node, port)``, and every cable carries one
+        scrambled 66-bit block a cycle each way, delayed by the link's latency. The MAC and PCS run
+        at the datapath clock, so the cables are 10G only at 156.25 MHz: ``link_rate`` must be the
+        line rate and ``host_rate`` at most that. Host links stay link models. Each port starts a
+        frame on the wire once :data:`ETH_TX_START` beats of it are in (a multicast's ports run in
+        lock-step); a multicast source that also delivers to its host starts only with room for the
+        whole frame in its host FIFO (:class:`~wirereduce.hdl.core.engine.PacketFifo` ``room``), so no
+        engine output pauses in the middle of a frame.
 
     Raises
     ------
     ValueError
-        A topology node with more ports than the engines have, a bad latency or rate.
+        A topology node with more ports than the engines have, a bad latency or rate, ``links``
+        not "model" or "eth" ("cmac" is the ring node's only), "eth" at a width other than 64 bit or
+        with a host link faster than the network's.
     """
 
     def __init__(self, topology: Topology | str, config: EngineConfig | None = None,
                  link_latency: int | dict = 4, link_rate: Fraction | int | None = None,
-                 host_rate: Fraction | int | None = None, boxed: bool = False):
+                 host_rate: Fraction | int | None = None, boxed: bool = False, links: str = "model"):
         self.boxed = bool(boxed)
         with rejecting(self):
             self.topology = parse_topology(topology)
@@ -118,6 +143,15 @@ class ScheduleNetwork(wiring.Component):
             for name, r in (("link_rate", self.link_rate), ("host_rate", self.host_rate)):
                 if not 0 < r <= w // 8:
                     raise ValueError(f"{name} must be in (0, {w // 8}] bytes a cycle, not {r}")
+            self.links = check_links(links, w)
+            if self.links == "cmac":
+                raise ValueError("links='cmac' (100G CMAC glue) is built for the ring node only, not for schedule "
+                                 "engines; use links='model' at 512 bit")
+            if self.links == "eth" and (self.link_rate != line_bytes_per_cycle(w) or self.host_rate > self.link_rate):
+                raise ValueError("links='eth' runs the MAC and PCS at the datapath clock (10G at 156.25 MHz): the "
+                                 "network links are at the line rate and a host link cannot be faster than them "
+                                 f"(link_rate {self.link_rate}, host_rate {self.host_rate} bytes a cycle); use "
+                                 "links='model' for a faster host link")
         self.nodes = self.topology.nodes
         members = {}
         for k in range(self.nodes):
@@ -144,21 +178,45 @@ class ScheduleNetwork(wiring.Component):
             wiring.connect(m, e.host_tx, tx.i)
             Network._host_wires(self, m, u, rx.i, tx.o)
             for p, (v, q) in enumerate(topo.links[u]):
+                if self.links == "eth":
+                    continue
                 link = m.submodules[f"link{u}_{p}"] = LinkModel(w, self.latencies[(u, p)], self.link_rate)
                 wiring.connect(m, getattr(e, f"net{p}_out"), link.i)
                 wiring.connect(m, link.o, getattr(engines[v], f"net{q}_in"))
             for p in range(len(topo.links[u]), cfg.ports):
                 m.d.comb += [getattr(e, f"net{p}_out").ready.eq(1), getattr(e, f"net{p}_in").valid.eq(0)]
+        if self.links == "eth":
+            self._eth_ports(m, engines)
         return m
+
+    def _eth_ports(self, m, engines):
+        """An :class:`~wirereduce.hdl.eth.port.EthPort10G` at every cabled network port, and the
+        cables between them (class docstring, ``links``)."""
+        from wirereduce.hdl.eth.port import EthPort10G
+
+        topo = self.topology
+        ports = {}
+        for u, e in enumerate(engines):
+            for p, (v, q) in enumerate(topo.links[u]):
+                eth = m.submodules[f"eth{u}_{p}"] = EthPort10G(
+                    self.config.mtu, local_mac=eth_mac(u, p), peer_mac=eth_mac(v, q), cut_through=True,
+                    mac_prefix=ETH_MAC_PREFIX, cable_cycles=self.latencies[(u, p)], tx_start=ETH_TX_START)
+                wiring.connect(m, getattr(e, f"net{p}_out"), eth.tx)
+                wiring.connect(m, eth.rx, getattr(e, f"net{p}_in"))
+                ports[(u, p)] = eth
+        for (u, p), eth in ports.items():
+            v, q = topo.links[u][p]
+            m.d.comb += ports[(v, q)].line_rx.eq(delayed(m, eth.line_tx.as_value(), self.latencies[(u, p)]))
 
 
 def schednet_verilog(topology: Topology | str, config: EngineConfig | None = None, link_latency: int | dict = 4,
-                     link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None) -> str:
+                     link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
+                     links: str = "model") -> str:
     """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``; the engine is
     converted once, as module :data:`ENGINE_MODULE`, and instantiated at every node."""
     from amaranth.back import verilog
 
-    top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate, boxed=True)
+    top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate, boxed=True, links=links)
     net = verilog.convert(top, name="wirereduce_net", emit_src=False)
     engine = verilog.convert(Engine(top.config), name=ENGINE_MODULE, emit_src=False)
     return net + "\n" + engine

