@@ -371,7 +371,6 @@ class FrameGate(wiring.Component):
                 with m.If(out_beat.last & self.mark_bad):
                     m.d.comb += o.bad.eq(1)
                 with m.If(self.o.valid & self.o.ready):
-                    m.d.comb += [beats.r_en.eq(1), hdrs.r_en.eq(1)]
                     m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
                                  at_end_q.eq(accept_last == 1),
                                  exp_keep.eq(accept_keep), exp_mark.eq(self.mark_bad)]
@@ -387,7 +386,6 @@ class FrameGate(wiring.Component):
                         with m.If(~out_beat.last):
                             m.next = "PASS"
                 with m.Elif(self.head_valid & self.drop):
-                    m.d.comb += [beats.r_en.eq(1), hdrs.r_en.eq(1)]
                     m.d.sync += track.eq(self.drop_track)
                     with m.If(~out_beat.last):
                         m.next = "DROP"
@@ -407,7 +405,6 @@ class FrameGate(wiring.Component):
                 with m.If(out_beat.last & exp_mark):
                     m.d.comb += o.bad.eq(1)
                 with m.If(self.o.valid & self.o.ready):
-                    m.d.comb += beats.r_en.eq(1)
                     m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
                     if chk is not None:
                         with m.If(cut):
@@ -422,7 +419,6 @@ class FrameGate(wiring.Component):
                             m.next = "START"
             with m.State("TRUNC"):
                 # The rest of a cut-off frame: dropped; its length tells oversize from a length error.
-                m.d.comb += beats.r_en.eq(beats.r_rdy)
                 with m.If(beats.r_rdy):
                     with m.If(trunc_beats < trunc_max):
                         m.d.sync += trunc_beats.eq(trunc_beats + 1)
@@ -438,7 +434,6 @@ class FrameGate(wiring.Component):
                             m.d.comb += self.length_error.eq(1)
                         m.next = "START"
             with m.State("DROP"):
-                m.d.comb += beats.r_en.eq(beats.r_rdy)
                 with m.If(beats.r_rdy & out_beat.last):
                     with m.If(track & out_beat.bad):
                         m.next = "INJECT"
@@ -470,6 +465,19 @@ class FrameGate(wiring.Component):
                         m.next = "START"
                     with m.Else():
                         m.d.sync += inj_idx.eq(inj_idx + 1)
+        # The FIFO reads as flat expressions on the state (timing: not assigned in several states
+        # behind the decisions and the length check): in START the head frame's header and first beat
+        # leave when it is accepted and taken or dropped (``accept`` and ``drop`` both read it; the
+        # header FIFO's ``r_rdy`` is ``head_valid``); in PASS a beat leaves when taken; in TRUNC and
+        # DROP every beat there is leaves; in INJECT nothing is read.
+        in_start, in_pass = fsm.ongoing("START"), fsm.ongoing("PASS")
+        in_flush = fsm.ongoing("TRUNC") | fsm.ongoing("DROP")
+        head_read = Signal()
+        m.d.comb += [
+            head_read.eq(in_start & hdrs.r_rdy & ((self.accept & self.o.ready) | self.drop)),
+            hdrs.r_en.eq(head_read),
+            beats.r_en.eq(head_read | (beats.r_rdy & ((in_pass & self.o.ready) | in_flush))),
+        ]
         return m
 
 
