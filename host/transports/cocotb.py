@@ -17,10 +17,11 @@ from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStream
 __all__ = ["CocotbTransport", "start_network"]
 
 
-async def start_network(dut, nodes: int, period_ps: int) -> None:
-    """Reset ``wirereduce_net`` and start its clock (``period_ps``): every host input driven to a
-    known value first (Icarus is 4-state: undriven bus inputs would reach the gates as X), the
-    first clock edge after that, reset held 4 cycles, then 2 cycles before anything is sent."""
+async def start_network(dut, nodes: int, period_ps: int, inputs: tuple[str, ...] = ()) -> None:
+    """Reset ``wirereduce_net`` and start its clock (``period_ps``): every host input, and the other
+    top inputs named in ``inputs``, driven to 0 first (Icarus is 4-state: undriven bus inputs would
+    reach the gates as X), the first clock edge after that, reset held 4 cycles, then 2 cycles
+    before anything is sent."""
     from cocotb.clock import Clock
     from cocotb.triggers import Timer
 
@@ -29,6 +30,8 @@ async def start_network(dut, nodes: int, period_ps: int) -> None:
         for name in ("tvalid", "tdata", "tkeep", "tlast"):
             getattr(dut, f"host{k}_rx_{name}").value = 0
         getattr(dut, f"host{k}_tx_tready").value = 0
+    for name in inputs:
+        getattr(dut, name).value = 0
     await Timer(period_ps, "ps")
     cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
     await ClockCycles(dut.clk, 4)

@@ -16,11 +16,10 @@ import os
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Timer
+from cocotb.triggers import ClockCycles
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
 from wirereduce.host.driver import ChunksLost, Cluster, DriverError, default_window
-from wirereduce.host.transports.cocotb import CocotbTransport
+from wirereduce.host.transports.cocotb import CocotbTransport, start_network
 from wirereduce.sim.fuzz.cases import FuzzCase, build_frame
 
 from wirereduce.config import NodeConfig
@@ -35,20 +34,9 @@ async def fuzz(dut):
     period_ps = round(1e6 / spec["clock_mhz"])
     inputs = np.load(spec["inputs"])
 
-    dut.rst.value = 1
-    for k in range(nodes):
-        for name in ("tvalid", "tdata", "tkeep", "tlast"):
-            getattr(dut, f"host{k}_rx_{name}").value = 0
-            for port in ("cw", "ccw"):
-                getattr(dut, f"inj{k}_{port}_{name}").value = 0
-        for port in ("cw", "ccw"):
-            getattr(dut, f"inj{k}_{port}_tuser").value = 0
-        getattr(dut, f"host{k}_tx_tready").value = 0
-    await Timer(period_ps, "ps")
-    cocotb.start_soon(Clock(dut.clk, period_ps, unit="ps").start())
-    await ClockCycles(dut.clk, 4)
-    dut.rst.value = 0
-    await ClockCycles(dut.clk, 2)
+    await start_network(dut, nodes, period_ps, tuple(
+        f"inj{k}_{port}_{name}" for k in range(nodes) for port in ("cw", "ccw")
+        for name in ("tvalid", "tdata", "tkeep", "tlast", "tuser")))
 
     transport = CocotbTransport(dut, nodes, timeout_cycles=spec["timeout_cycles"], clock_period_ns=period_ps / 1000)
     inject = {(k, port): AxiStreamSource(AxiStreamBus.from_prefix(dut, f"inj{k}_{port}"), dut.clk, dut.rst)

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Timer
+from cocotb.triggers import ClockCycles
 from wirereduce.host.driver import Cluster, ControlRefused, default_window, parse_stats
-from wirereduce.host.transports.cocotb import CocotbTransport
+from wirereduce.host.transports.cocotb import CocotbTransport, start_network
 from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
 
 from wirereduce.config import NodeConfig
@@ -64,16 +63,7 @@ class TapTransport(CocotbTransport):
 
 
 async def _reset(dut):
-    dut.rst.value = 1
-    for k in range(NODES):
-        for name in ("tvalid", "tdata", "tkeep", "tlast"):
-            getattr(dut, f"host{k}_rx_{name}").value = 0
-        getattr(dut, f"host{k}_tx_tready").value = 0
-    await Timer(PERIOD_PS, "ps")
-    cocotb.start_soon(Clock(dut.clk, PERIOD_PS, unit="ps").start())
-    await ClockCycles(dut.clk, 4)
-    dut.rst.value = 0
-    await ClockCycles(dut.clk, 2)
+    await start_network(dut, NODES, PERIOD_PS)
 
 
 def _exact(results, arrays, what: str):
