@@ -31,7 +31,7 @@ verilog: $(STAMP)  ## write build/verilog/wirereduce_node.v (10G: 64 bit, MTU 15
 	$(WR) verilog -o build/verilog/wirereduce_node.v
 
 test: $(STAMP)  ## the whole test suite: block tests, then cocotb system tests on Verilator (and Icarus if installed)
-	$(PY) -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder -ra --durations=25
+	WR_VERILOG_CACHE=$(CURDIR)/build/verilog-cache $(PY) -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder -ra --durations=25
 
 test-fast: $(STAMP)  ## block tests only (no Verilog simulation)
 	$(PY) -m pytest -n $(JOBS) -ra -m "not cocotb and not verilator"

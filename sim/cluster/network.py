@@ -670,6 +670,12 @@ def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: 
                     inject: bool = False, probe: bool = False) -> str:
     """Verilog text of a :class:`Network` with top module ``wirereduce_net``."""
     from amaranth.back import verilog
+    from wirereduce.sim.cluster.vcache import cached_verilog
 
-    top = Network(nodes, config, link_latency, host_links, links, link_rate, inject, probe)
-    return verilog.convert(top, name="wirereduce_net", emit_src=False)
+    def make():
+        top = Network(nodes, config, link_latency, host_links, links, link_rate, inject, probe)
+        return verilog.convert(top, name="wirereduce_net", emit_src=False)
+
+    args = (nodes, config if config is not None else NodeConfig(), link_latency, host_links, links,
+            None if link_rate is None else Fraction(link_rate), inject, probe)
+    return cached_verilog("network", args, make)

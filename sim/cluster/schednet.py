@@ -215,11 +215,20 @@ def schednet_verilog(topology: Topology | str, config: EngineConfig | None = Non
     """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``; the engine is
     converted once, as module :data:`ENGINE_MODULE`, and instantiated at every node."""
     from amaranth.back import verilog
+    from wirereduce.sim.cluster.vcache import cached_verilog
 
     top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate, boxed=True, links=links)
-    net = verilog.convert(top, name="wirereduce_net", emit_src=False)
-    engine = verilog.convert(Engine(top.config), name=ENGINE_MODULE, emit_src=False)
-    return net + "\n" + engine
+    top._MustUse__silence = True   # a cached text leaves it unconverted
+
+    def make():
+        net = verilog.convert(top, name="wirereduce_net", emit_src=False)
+        engine = verilog.convert(Engine(top.config), name=ENGINE_MODULE, emit_src=False)
+        return net + "\n" + engine
+
+    # The key is what the network was built from after its checks and defaults (the topology's
+    # links, every directed link's latency, the rates as fractions).
+    args = (top.topology, top.config, top.latencies, top.link_rate, top.host_rate, links)
+    return cached_verilog("schednet", args, make)
 
 
 def engine_rates(width: int, host_gbps: float | None, link_gbps: float | None = None):
