@@ -46,6 +46,19 @@ class SimulationError(RuntimeError):
         self.waves = waves
 
 
+def check_simulator(name: str) -> str:
+    """``name`` if it is one of :data:`SIMULATORS`.
+
+    Raises
+    ------
+    ValueError
+        Otherwise, naming the choices.
+    """
+    if name not in SIMULATORS:
+        raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {name!r}")
+    return name
+
+
 def available_simulators() -> list[str]:
     """Simulators usable on this machine, default first."""
     setup_verilator_env()
@@ -98,8 +111,7 @@ class SimSetup:
     clock_mhz: float | None = None
 
     def __post_init__(self):
-        if self.simulator not in SIMULATORS:
-            raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {self.simulator!r}")
+        check_simulator(self.simulator)
         if not isinstance(self.nodes, int) or not 2 <= self.nodes <= 255:
             raise ValueError(f"nodes must be 2 … 255, not {self.nodes!r}")
         if not isinstance(self.config, NodeConfig):
@@ -192,8 +204,7 @@ class EngineSetup:
 
         from wirereduce.schedule import parse_topology
 
-        if self.simulator not in SIMULATORS:
-            raise ValueError(f"simulator must be one of {', '.join(SIMULATORS)}, not {self.simulator!r}")
+        check_simulator(self.simulator)
         topo = parse_topology(self.topology)   # ValueError on a bad name
         if self.config is None:
             object.__setattr__(self, "config", EngineConfig(ports=max(2, topo.degree)))
