@@ -28,12 +28,13 @@ MTU = 256
 
 class _Gate(wiring.Component):
     """A FrameGate whose parent accepts every frame with a whole header, expecting 16 + 4·count
-    bytes, and drops runts."""
+    bytes, and drops runts. ``raw_ok``: ``head_raw``/``head_raw_short`` are ``head``/``head_short``
+    (or ``head_valid`` is low)."""
 
     def __init__(self, width):
         self._w = width
         super().__init__({"i": In(FrameStream(width)), "o": Out(FrameStream(width)),
-                          "length_error": Out(1), "oversize": Out(1)})
+                          "length_error": Out(1), "oversize": Out(1), "raw_ok": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -48,6 +49,8 @@ class _Gate(wiring.Component):
             self.o.payload.data.eq(gate.o.payload.data), self.o.payload.keep.eq(gate.o.payload.keep),
             self.o.payload.last.eq(gate.o.payload.last), self.o.payload.bad.eq(gate.o.payload.bad),
             self.length_error.eq(gate.length_error), self.oversize.eq(gate.oversize),
+            self.raw_ok.eq(~gate.head_valid | ((gate.head_raw.as_value() == gate.head.as_value())
+                                               & (gate.head_raw_short == gate.head_short))),
         ]
         return m
 
@@ -127,8 +130,9 @@ def test_length_check_every_case(width, pressure):
     pulses = []
 
     async def count(ctx):
-        async for _, _, le, ov in ctx.tick().sample(dut.length_error, dut.oversize):
+        async for _, _, le, ov, raw_ok in ctx.tick().sample(dut.length_error, dut.oversize, dut.raw_ok):
             assert not (le and ov)
+            assert raw_ok, "head_raw differs from head while head_valid"
             if le or ov:
                 pulses.append("length_error" if le else "oversize")
 

@@ -25,8 +25,11 @@ the 512-bit datapath (≤ 5 LUT levels at 322.27 MHz on xcup, docs/architecture.
 estimate 5, against 8 for the six-stage lanes at 512 bit). The deep lanes are built of deep
 :class:`~wirereduce.hdl.arith.fp32.FloatAdder` s, and their MAX/MIN registers the raw comparisons
 (the NaN test, the signs, ``|a| < |b|``, ``|a| > |b|``; int32 ``a < b`` and ``a > b``) and picks
-the operand in the select's cycle. :func:`wirereduce.config.deep_lanes` decides the depth from the
-datapath width.
+the operand in the select's cycle. At both depths MAX/MIN registers its operands before it compares
+them (the decisions are made from registered operands, then registered with them once more), so
+no compare sits right behind the lanes' inputs, which in a summation unit's chain are the adder
+before's output select. :func:`wirereduce.config.deep_lanes` decides the depth from the datapath
+width.
 
 An unknown ``dtype`` byte (0, an unknown format or operation, or a format the lanes are not built
 with: all of them bytes the engine refuses at CONTROL) computes fp32 SUM, which is why fp32 is
@@ -174,11 +177,15 @@ class ReduceLanes(wiring.Component):
         for j in range(self.lanes):
             word = slice(32 * j, 32 * j + 32)
             a, b = self.a[word], self.b[word]
-            # MAX/MIN in two registered stages: each format's decisions (NaN, which operand) with
-            # the operands, then the selected format's result.
+            # MAX/MIN in three registered stages: the operands, then each format's decisions (NaN,
+            # which operand) from the registered operands with them once more, then the selected
+            # format's result (timing: no compare right behind the lanes' inputs, which in a
+            # summation unit's chain are the adder before's output select).
+            a_r, b_r = Signal(32, name=f"cmp_ar{j}"), Signal(32, name=f"cmp_br{j}")
+            m.d.sync += [a_r.eq(a), b_r.eq(b)]
             a_q, b_q = Signal(32, name=f"cmp_a{j}"), Signal(32, name=f"cmp_b{j}")
-            m.d.sync += [a_q.eq(a), b_q.eq(b)]
-            sums, cmps = {}, {}   # per format: its SUM (latency L), its MAX/MIN (after one register)
+            m.d.sync += [a_q.eq(a_r), b_q.eq(b_r)]
+            sums, cmps = {}, {}   # per format: its SUM (latency L), its MAX/MIN (after two registers)
             for f in built:
                 elements = [slice(f.bits * h, f.bits * (h + 1)) for h in range(f.per_word)]
                 if f.is_float:    # one adder per element: element 2i in bits 0-15, 2i + 1 in bits 16-31
@@ -192,21 +199,21 @@ class ReduceLanes(wiring.Component):
                     sums[f.name] = Cat(*(fa.s for fa in fas))
                     parts = []
                     for h, el in enumerate(elements):
-                        flags, result = _minmax(a[el], b[el], f.exp_bits, f.frac_bits, is_max, self.deep)
+                        flags, result = _minmax(a_r[el], b_r[el], f.exp_bits, f.frac_bits, is_max, self.deep)
                         parts.append(result(*decided(flags, f"{f.name}_{j}_{h}_cmp"), a_q[el], b_q[el]))
                     cmps[f.name] = Cat(*parts)
                 else:             # int32: one registered stage, then a delay to the adders' latency
                     isum = Signal(32, name=f"int_sum{j}")
                     m.d.sync += isum.eq((a + b)[:32])
                     sums[f.name] = delayed(isum, f"int_sum{j}")
-                    a_lt_b = a.as_signed() < b.as_signed()
+                    a_lt_b = a_r.as_signed() < b_r.as_signed()
                     if self.deep:     # both comparisons (carry chains) registered, picked in the select's cycle
-                        lt, gt = decided([a_lt_b, b.as_signed() < a.as_signed()], f"int_{j}_cmp")
+                        lt, gt = decided([a_lt_b, b_r.as_signed() < a_r.as_signed()], f"int_{j}_cmp")
                         pick = Mux(is_max, lt, gt)     # MIN takes b iff a > b (the same as ~lt & (a != b))
                     else:
-                        pick, = decided([Mux(is_max, a_lt_b, ~a_lt_b & (a != b))], f"int_{j}_cmp")
+                        pick, = decided([Mux(is_max, a_lt_b, ~a_lt_b & (a_r != b_r))], f"int_{j}_cmp")
                     cmps[f.name] = Mux(pick, b_q, a_q)
-            # The comparator of the selected format: a second registered stage, then the same delay.
+            # The comparator of the selected format: a third registered stage, then the same delay.
             cmp = Signal(32, name=f"cmp{j}")
             with m.Switch(cmp_fmt):
                 for f in others:
@@ -214,7 +221,7 @@ class ReduceLanes(wiring.Component):
                         m.d.sync += cmp.eq(cmps[f.name])
                 with m.Default():
                     m.d.sync += cmp.eq(cmps["fp32"])
-            words.append((sums, delayed(cmp, f"cmp{j}", L - 2)))
+            words.append((sums, delayed(cmp, f"cmp{j}", L - 3)))
 
         # Everything above registers only on enabled edges (a stall freezes the lanes).
         out.submodules.lanes = EnableInserter(self.en)(m)

@@ -548,6 +548,11 @@ class Engine(wiring.Component):
 
         # --- host input -------------------------------------------------------------------------
         hh = host_gate.head
+        # The header FIFO's head in every state of the gate (timing: no select by the gate's state in
+        # front of the header checks). Each check below that reads it is registered and acted on only
+        # with ``host_seen``, which implies the gate showed this head the cycle before (``head_valid``,
+        # in START), when ``head_raw`` is ``head``: every decision sees the same values as before.
+        hr = host_gate.head_raw
         hb = host_gate.o.payload
         # Output stage (timing): the accepted beats go through a register before the table, the
         # local buffer and the push counters (below), so none of them hangs off the gate's accept
@@ -574,18 +579,18 @@ class Engine(wiring.Component):
         sched_streaming = Signal()
         fmt_ok = Const(0, 1)
         for code in supported_dtype_bytes(cfg.formats):   # a format the lanes lack is refused here
-            fmt_ok = fmt_ok | (hh.dtype == code)
+            fmt_ok = fmt_ok | (hr.dtype == code)
         m.d.sync += [
-            is_ctl.eq(hh.opcode == Opcode.CONTROL),
-            is_stats.eq(hh.opcode == Opcode.STATS_REQUEST),
-            is_sched.eq(hh.opcode == Opcode.SCHEDULE),
-            abort.eq((hh.flags & int(Flag.ABORT)) != 0),
-            refuse_hdr.eq(((hh.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok | (hh.codec != Codec.NONE)
-                          | (hh.eb_k != 0) | (hh.hop == 0) | (hh.hop > FM) | (hh.seq == 0)),
-            sched_bad.eq((hh.count == 0) | hh.count[0] | ((hh.seq + (hh.count >> 1)) > FM) | (hh.flags != 0)),
-            cmd_hdr.eq(~host_gate.head_short & (hh.version == VERSION)
-                       & ((hh.opcode == Opcode.CONTROL) | (hh.opcode == Opcode.STATS_REQUEST)
-                          | (hh.opcode == Opcode.SCHEDULE))),
+            is_ctl.eq(hr.opcode == Opcode.CONTROL),
+            is_stats.eq(hr.opcode == Opcode.STATS_REQUEST),
+            is_sched.eq(hr.opcode == Opcode.SCHEDULE),
+            abort.eq((hr.flags & int(Flag.ABORT)) != 0),
+            refuse_hdr.eq(((hr.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok | (hr.codec != Codec.NONE)
+                          | (hr.eb_k != 0) | (hr.hop == 0) | (hr.hop > FM) | (hr.seq == 0)),
+            sched_bad.eq((hr.count == 0) | hr.count[0] | ((hr.seq + (hr.count >> 1)) > FM) | (hr.flags != 0)),
+            cmd_hdr.eq(~host_gate.head_raw_short & (hr.version == VERSION)
+                       & ((hr.opcode == Opcode.CONTROL) | (hr.opcode == Opcode.STATS_REQUEST)
+                          | (hr.opcode == Opcode.SCHEDULE))),
         ]
         # ``quiet`` and ``running``, registered (timing: an OR over every gate, unit and source, and a
         # 32-bit compare). CONTROL and SCHEDULE, the frames that need them, are taken only with
@@ -597,12 +602,12 @@ class Engine(wiring.Component):
         refuse = (running_q & ~abort) | refuse_hdr | ~table_ok
         # A SCHEDULE frame's length, registered with the header checks (timing; applied with them).
         sched_bytes = Signal(16)
-        m.d.sync += sched_bytes.eq(HEADER_BYTES + 4 * hh.count)
+        m.d.sync += sched_bytes.eq(HEADER_BYTES + 4 * hr.count)
         # The push's slot check, registered (timing) and applied with the verdict (``host_seen``: the
         # same head as the cycle before, and the gate in START then, so no beat of a push left the
         # gate in between; the output stage's last beat of a push, which fills its slot a cycle
         # later, counts as busy; a slot released in between still reads busy for a cycle, the safe way).
-        push_slot = hh.seq[:slot_bits] if slot_bits else Const(0, 1)
+        push_slot = hr.seq[:slot_bits] if slot_bits else Const(0, 1)
         push_busy = Signal()
         st_fill = st_valid & st_push & st.last   # fills slot st_slot at the next edge
         m.d.sync += push_busy.eq((slot_valid >> push_slot)[0] | (st_fill & (st_slot == push_slot)))
@@ -633,10 +638,10 @@ class Engine(wiring.Component):
                                 run.dtype.eq(hh.dtype), push_seq.eq(0), push_flow.eq(0), slot_valid.eq(0),
                             ]
         with m.Else():
-            count_bad = (hh.count == 0) | (hh.count > cfg.max_elements) | (hh.hop != push_flow)
-            check_header(m, host_gate, run, events, hh.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
+            count_bad = (hr.count == 0) | (hr.count > cfg.max_elements) | (hr.hop != push_flow)
+            check_header(m, host_gate, run, events, hr.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
                          opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0,
-                         apply=host_seen)
+                         apply=host_seen, raw_head=True)
 
         # Accepted frames: SCHEDULE entries into the table (one 64-bit word a cycle), pushes into
         # every unit's copy of the local buffer.

@@ -23,7 +23,7 @@ __all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
 
 def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
                  opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait,
-                 apply=None, late_count_bad=None):
+                 apply=None, late_count_bad=None, raw_head=False):
     """The checks every input makes of the header waiting in ``gate``, in order (docs/protocol.md
     "Drop rules"): runt, version, ``opcode_ok``, collective (``run``), ``flags``
     (``flags_allowed``), ``dtype`` (the collective's), ``codec``/``eb_k`` (the collective's, and
@@ -46,8 +46,15 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     (a register the caller keeps: ``head_valid`` is then left out of the decision, for timing);
     ``expect_bytes`` and ``mark_bad`` are registered likewise. ``late_count_bad`` is then one more
     count check made at that time (after the registered ones, counted as ``drop_count``; the engine
-    gives a register); ``wait`` stays combinational."""
-    h = gate.head
+    gives a register); ``wait`` stays combinational. ``raw_head`` (with ``apply``): the registered
+    checks read the header FIFO's head in every state (``gate.head_raw``/``head_raw_short``, no select
+    by the gate's state in front of them; timing), for a caller whose ``apply`` also implies that
+    ``head_valid`` was high the cycle before, when those are the same as ``head``/``head_short``; the
+    caller's ``count_bad`` must read it too."""
+    if raw_head and apply is None:
+        raise ValueError("raw_head needs apply")
+    h = gate.head_raw if raw_head else gate.head
+    head_short = gate.head_raw_short if raw_head else gate.head_short
     lost = (h.flags & Flag.LOST) != 0
     expect_bytes = Mux(lost, HEADER_BYTES, HEADER_BYTES + 4 * h.count)
     if apply is not None:   # registered, as the verdict below: the header has not changed when applied
@@ -73,7 +80,7 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         codec_bad = codec_bad | (h.codec != Codec.NONE)
     # The checks in order (docs/protocol.md "Drop rules"): the first that fails names the counter.
     reasons = [
-        ("drop_short", gate.head_short),
+        ("drop_short", head_short),
         ("drop_version", h.version != VERSION),
         ("drop_opcode", ~opcode_ok),
         ("drop_collective", ~run.active | (h.collective != run.collective)),

@@ -208,6 +208,11 @@ class FrameGate(wiring.Component):
     o : Out(stream.Signature(gated_layout(width, ...)))
         Beats of accepted frames with ``first``, ``index`` and the frame's ``hdr``.
     head : Out(header_layout()); head_valid, head_short : Out(1)
+    head_raw : Out(header_layout()); head_raw_short : Out(1)
+        The header FIFO's head in every state, not only in START (``head`` and ``head_short`` are
+        0 outside it): the same values as ``head``/``head_short`` whenever ``head_valid`` is high,
+        meaningless otherwise. For checks registered from it and applied only after a cycle with
+        ``head_valid`` (timing: no select by the state in front of them; the engine's host gate).
     accept, drop : In(1)
     expect_bytes : In(16); mark_bad : In(1)
         With ``accept``: the frame's length by its header, and whether to mark it bad anyway.
@@ -238,6 +243,8 @@ class FrameGate(wiring.Component):
             "head": Out(header_layout()),
             "head_valid": Out(1),
             "head_short": Out(1),
+            "head_raw": Out(header_layout()),
+            "head_raw_short": Out(1),
             "accept": In(1),
             "drop": In(1),
             "expect_bytes": In(16),
@@ -304,6 +311,7 @@ class FrameGate(wiring.Component):
         out_idx = Signal(self._index_bits)
         o = self.o.payload
         m.d.comb += [
+            self.head_raw.eq(head), self.head_raw_short.eq(hdrs.r_data[hwidth]),
             o.data.eq(out_beat.data), o.keep.eq(out_beat.keep), o.last.eq(out_beat.last),
             o.bad.eq(out_beat.bad),
         ]
@@ -346,6 +354,16 @@ class FrameGate(wiring.Component):
                 m.d.comb += o.keep.eq(out_beat.keep & cur_keep)
             return cut, err
 
+        # The state in one-hot registers beside the FSM's (timing: the FIFO reads below hang off one
+        # register each, not a decode of the state register): every transition sets both (``goto``),
+        # so they always agree.
+        st_start, st_pass, st_flush = Signal(init=1, name="st_start"), Signal(name="st_pass"), Signal(name="st_flush")
+
+        def goto(state):
+            m.next = state
+            m.d.sync += [st_start.eq(state == "START"), st_pass.eq(state == "PASS"),
+                         st_flush.eq(state in ("TRUNC", "DROP"))]
+
         with m.FSM() as fsm:
             m.d.comb += self.busy.eq(~fsm.ongoing("START"))
             with m.State("START"):
@@ -377,20 +395,20 @@ class FrameGate(wiring.Component):
                     if chk is not None:
                         with m.If(cut):
                             m.d.sync += trunc_beats.eq(1)
-                            m.next = "TRUNC"
+                            goto("TRUNC")
                         with m.Elif(~out_beat.last):
-                            m.next = "PASS"
+                            goto("PASS")
                         with m.If(err):
                             m.d.comb += self.length_error.eq(1)
                     else:
                         with m.If(~out_beat.last):
-                            m.next = "PASS"
+                            goto("PASS")
                 with m.Elif(self.head_valid & self.drop):
                     m.d.sync += track.eq(self.drop_track)
                     with m.If(~out_beat.last):
-                        m.next = "DROP"
+                        goto("DROP")
                     with m.Elif(self.drop_track & out_beat.bad):
-                        m.next = "INJECT"
+                        goto("INJECT")
             with m.State("PASS"):
                 m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr),
                              self.o.valid.eq(beats.r_rdy),
@@ -409,14 +427,14 @@ class FrameGate(wiring.Component):
                     if chk is not None:
                         with m.If(cut):
                             m.d.sync += trunc_beats.eq(out_idx + 1)
-                            m.next = "TRUNC"
+                            goto("TRUNC")
                         with m.Elif(out_beat.last):
-                            m.next = "START"
+                            goto("START")
                         with m.If(err):
                             m.d.comb += self.length_error.eq(1)
                     else:
                         with m.If(out_beat.last):
-                            m.next = "START"
+                            goto("START")
             with m.State("TRUNC"):
                 # The rest of a cut-off frame: dropped; its length tells oversize from a length error.
                 with m.If(beats.r_rdy):
@@ -432,13 +450,13 @@ class FrameGate(wiring.Component):
                             m.d.comb += self.oversize.eq(1)
                         with m.Else():
                             m.d.comb += self.length_error.eq(1)
-                        m.next = "START"
+                        goto("START")
             with m.State("DROP"):
                 with m.If(beats.r_rdy & out_beat.last):
                     with m.If(track & out_beat.bad):
-                        m.next = "INJECT"
+                        goto("INJECT")
                     with m.Else():
-                        m.next = "START"
+                        goto("START")
             with m.State("INJECT"):
                 # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad.
                 ph_hdr = Mux(inj_idx == 0, self.lost_hdr.as_value(), lost_hdr.as_value())
@@ -455,14 +473,14 @@ class FrameGate(wiring.Component):
                 ]
                 with m.If((inj_idx == 0) & ~self.lost_ok):
                     m.d.sync += inj_idx.eq(0)
-                    m.next = "START"
+                    goto("START")
                 with m.Elif(self.o.valid & self.o.ready):
                     with m.If(inj_idx == 0):
                         m.d.sync += lost_hdr.eq(self.lost_hdr)
                         m.d.comb += self.lost.eq(1)
                     with m.If(inj_idx == hb - 1):
                         m.d.sync += inj_idx.eq(0)
-                        m.next = "START"
+                        goto("START")
                     with m.Else():
                         m.d.sync += inj_idx.eq(inj_idx + 1)
         # The FIFO reads as flat expressions on the state (timing: not assigned in several states
@@ -470,8 +488,7 @@ class FrameGate(wiring.Component):
         # leave when it is accepted and taken or dropped (``accept`` and ``drop`` both read it; the
         # header FIFO's ``r_rdy`` is ``head_valid``); in PASS a beat leaves when taken; in TRUNC and
         # DROP every beat there is leaves; in INJECT nothing is read.
-        in_start, in_pass = fsm.ongoing("START"), fsm.ongoing("PASS")
-        in_flush = fsm.ongoing("TRUNC") | fsm.ongoing("DROP")
+        in_start, in_pass, in_flush = st_start, st_pass, st_flush
         head_read = Signal()
         m.d.comb += [
             head_read.eq(in_start & hdrs.r_rdy & ((self.accept & self.o.ready) | self.drop)),
