@@ -496,9 +496,15 @@ class Engine(wiring.Component):
         blocked = wbusy
         for i, s in enumerate(writers):
             req = wreqs[i]
-            want_now = req[:P]
-            rooms = ((want_now & ~oq_room) == 0) & (host_fifos[i].room | ~req[P])
-            m.d.sync += [wreq_q[i].eq(s.valid & s.payload.first & ~wactive[i] & ~start & rooms), wreqs_q[i].eq(req)]
+            rooms = ((req[:P] & ~oq_room) == 0) & (host_fifos[i].room | ~req[P])
+            wants = s.valid & s.payload.first & ~wactive[i] & ~start & rooms
+            if i == 0:
+                # the root's request, registered: its valid and ports come from the unit's output tap
+                m.d.sync += [wreq_q[i].eq(wants), wreqs_q[i].eq(req)]
+            else:
+                # a broadcast source's valid, first flag and entry are registers already (the input
+                # queue's output register, ``looked``, the looked-up entry): its request is live
+                m.d.comb += [wreq_q[i].eq(wants), wreqs_q[i].eq(req)]
             want = wreqs_q[i][:P]
             request = Signal(name=f"wrequest{i}")
             m.d.comb += request.eq(wreq_q[i] & ~wactive[i] & ~ctl_hold)
@@ -583,12 +589,12 @@ class Engine(wiring.Component):
                     out.payload.data[8:16].eq(Mux(sel, Opcode.REDUCE, Opcode.BROADCAST)),
                     out.payload.data[40:48].eq(run.rank),
                 ]
-            qfire = oq.o.valid & oq.o.ready
+            # the queue's head is its FIFO's output register: its request is live; the unit's valid and
+            # first flag come from its output tap (a select by depth), so its request is registered (a
+            # first beat at the head, not taken nor granted in that cycle: never stale)
             ufire = u.valid & u.ready
-            m.d.sync += [
-                qreq.eq(oq.o.valid & oq.o.payload.first & ~qfire & ~qgrant & ~start),
-                ureq.eq(u.valid & u.payload.first & ~ufire & ~ugrant & ~start),
-            ]
+            m.d.comb += qreq.eq(oq.o.valid & oq.o.payload.first)
+            m.d.sync += ureq.eq(u.valid & u.payload.first & ~ufire & ~ugrant & ~start)
             with m.If(qgrant | ugrant):
                 m.d.sync += [pactive[o].eq(1), psel[o].eq(ugrant)]
             with m.Elif(out.valid & out.ready & out.payload.last):
