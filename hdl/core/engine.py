@@ -10,10 +10,11 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
     host_rx ─▶ host gate ─┬─ SCHEDULE ─▶ table (F entries)
                           ├─ CONTROL / STATS_REQUEST ─▶ STATS
                           └─ HOST_PUSH ─▶ local buffer (one copy per unit)
-    net{p}_in ─▶ gate p ─┬─ REDUCE ────▶ reduce buffer (p, unit), by chunk ──┐
-                         └─ BROADCAST ─▶ broadcast queue p ┼─▶ bcast source p ──┐
-                    summation units: one per parent port q ─▶ up source q       ├─▶ allocator ─▶ net{o}_out
-                                     and the root unit ────▶ root source ───────┘        └──▶ host FIFOs ─▶ host_tx
+    net{p}_in ─▶ gate p ─┬─ REDUCE ────▶ reduce buffer (p, unit), by chunk ─▶ summation units
+                         └─ BROADCAST ─▶ input broadcast queue p ─▶ writer 1 + p ─┐
+                              root unit ─────────────────────────▶ writer 0 ──────┤
+                 writers ─▶ output queue o ─┐  writers ─▶ host FIFOs ─▶ host_tx   │
+                 unit o ────────────────────┴─▶ port o ─▶ net{o}_out  ◀───────────┘
 
 - **Gates**: every input is a :class:`~wirereduce.hdl.stream.frame.FrameGate` with the length
   check; headers are checked by :func:`~wirereduce.hdl.core.gates.check_header` (collective,
@@ -34,15 +35,18 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
   whose terms are all in, so a chunk whose output or terms are late does not hold up the unit
   (docs/architecture.md "Why the engine stays at the ring's rate"). It sums the terms in the
   table's order, cut-through. Several units work at once, so every port can run at line rate.
-- **Broadcast**: a BROADCAST frame at the head of its queue looks up its flow's entry and is
+- **Broadcast**: a BROADCAST frame at the head of its input queue looks up its flow's entry and is
   forwarded to the entry's ``forward`` ports and delivered to the host.
-- **Allocator**: every frame that leaves (a unit's sum, a forwarded broadcast) needs a set of
-  output ports at once; it gets all of them in one cycle or none (a fixed priority,
-  ``EngineConfig.priority``: root, then broadcasts, then units on P ≥ 3 engines, units first on
-  rings; a waiting source
-  reserves its ports against lower ones), so two multicasts can never each hold a port the other
-  waits for.
-- **Host output**: the root's and every broadcast source's copies for the host go through a
+- **Writers and output queues**: every multicast (the root's result, a forwarded broadcast) is
+  written once into the :class:`OutQueue` of each of its ``forward`` ports and into its host FIFO,
+  starting only when all of them have room for a whole frame (so it never waits mid-frame); writers
+  are allocated per frame with a fixed priority (root, then broadcast sources by port), all or
+  nothing over their target queues, a waiting writer reserving its queues against later ones.
+- **Ports**: port o sends whole frames from its output queue (BROADCAST) or from unit o (REDUCE),
+  by ``EngineConfig.priority`` ("broadcast": the queue first, the default on P ≥ 3 engines;
+  "unit": the unit first, rings), so a multicast leaves on each port when that port is free
+  (docs/architecture.md "Multicast off the slot grid").
+- **Host output**: every writer's copies for the host go through a
   store-and-forward FIFO each, and leave whole frames at the host port's rate, which may be
   faster than a network port (``docs/architecture.md`` "Host link").
 
@@ -259,12 +263,12 @@ class Engine(wiring.Component):
         As :class:`~wirereduce.hdl.core.node.Node`.
 
     Hop latency (first beat in to first beat out, cut-through): the gate's header beats, one
-    queue cycle, two allocation cycles (the request is registered, then granted) and, for a REDUCE
-    hop, a cycle of registered candidate readiness and the unit's :attr:`SumUnit.latency`
-    (1 + L·(terms − 1), L = 6, or 7 with the deep lanes of 512 bit and up:
-    :func:`wirereduce.config.deep_lanes`); for a BROADCAST hop the table look-up instead of the
-    unit. At 64 bit: 16 cycles for a two-term reduce hop, 10 for a broadcast hop; at 512 bit: 16
-    and 9 (``sim/bench/latency.py`` ``engine_hop_latency``).
+    queue cycle and, for a REDUCE hop, a cycle of registered candidate readiness, the unit's
+    :attr:`SumUnit.latency` (1 + L·(terms − 1), L = 6, or 7 with the deep lanes of 512 bit and up:
+    :func:`wirereduce.config.deep_lanes`) and two cycles of the port's grant (the request is
+    registered, then granted); for a BROADCAST hop the table look-up, the writer's grant, the
+    output queue's two cycles and the port's grant. At 64 bit: 16 cycles for a two-term reduce hop,
+    12 for a broadcast hop (``sim/bench/latency.py`` ``engine_hop_latency``).
     """
 
     def __init__(self, config: EngineConfig | None = None):
@@ -296,8 +300,8 @@ class Engine(wiring.Component):
         # it fans out to every register of every unit). They take nothing from the cycle after a
         # CONTROL (or SCHEDULE) frame shows at the host gate (``ctl_hold``, registered) until their
         # reset, and the frame is taken only with ``ctl_hold`` up the cycle before as well, so no unit
-        # starts a chunk in between. Nor does a network gate pass a frame's first beat or the allocator
-        # grant a source while ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing
+        # starts a chunk in between. Nor does a network gate pass a frame's first beat, a writer or a
+        # port get a grant while ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing
         # starts into them, and ``quiet`` can be registered (``quiet_q``, below).
         start_q = Signal()
         ctl_hold = Signal()
@@ -480,7 +484,7 @@ class Engine(wiring.Component):
         # root, then the broadcast sources by port), all-or-nothing on the targets (now only queues
         # with room, free unless another writer is writing a frame into one), and a waiting writer
         # reserves its queues against the ones after it, so it is never starved and two writers never
-        # each hold a queue the other waits for. Two-cycle grant (timing), as the old allocator: the
+        # each hold a queue the other waits for. Two-cycle grant for the root (timing): the
         # request (a first beat waiting, the writer not active, room in every target) and its targets
         # are registered, and the grant works on the registered requests. A request stays up until
         # granted (a writer holds its first beat, and room only grows while no other writer writes
