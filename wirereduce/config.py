@@ -177,7 +177,8 @@ class EngineConfig(NodeConfig):
     priority : {"auto", "broadcast", "unit"}
         Who wins an output port two frames want at once (each port's fixed order between its
         output queue and its unit): ``"broadcast"`` the output queue (the root's results and
-        forwarded BROADCAST frames) first, then the summation unit's partial sums; ``"unit"`` the partial sums first; ``"auto"`` (default)
+        forwarded BROADCAST frames) first, then the summation unit's partial sums; ``"unit"`` the
+        partial sums first; ``"auto"`` (default)
         becomes ``"unit"`` for ``ports`` ≤ 2 (rings) and ``"broadcast"`` above (tori, meshes,
         hypercubes). Results never depend on it, only the time. In the slot model
         (docs/architecture.md "Balanced trees and broadcasts first") broadcasts first is much
