@@ -501,13 +501,14 @@ class Engine(wiring.Component):
         for i, s in enumerate(writers):
             req = wreqs[i]
             rooms = ((req[:P] & ~oq_room) == 0) & (host_fifos[i].room | ~req[P])
-            wants = s.valid & s.payload.first & ~wactive[i] & ~start & rooms
+            wants = s.valid & s.payload.first & ~wactive[i] & rooms
             if i == 0:
                 # the root's request, registered: its valid and ports come from the unit's output tap
-                m.d.sync += [wreq_q[i].eq(wants), wreqs_q[i].eq(req)]
+                m.d.sync += [wreq_q[i].eq(wants & ~start), wreqs_q[i].eq(req)]
             else:
                 # a broadcast source's valid, first flag and entry are registers already (the input
-                # queue's output register, ``looked``, the looked-up entry): its request is live
+                # queue's output register, ``looked``, the looked-up entry): its request is live (no
+                # ``start`` in it: ``ctl_hold``, below, is up in the cycle CONTROL is taken)
                 m.d.comb += [wreq_q[i].eq(wants), wreqs_q[i].eq(req)]
             want = wreqs_q[i][:P]
             request = Signal(name=f"wrequest{i}")
@@ -523,14 +524,13 @@ class Engine(wiring.Component):
                     with m.If(want[o]):
                         m.d.sync += [wbusy[o].eq(1), wowner[o].eq(i)]
         # A granted writer writes every beat into all its targets at once, at its own rate; the
-        # targets had room for the whole frame, so it waits on none of them (their ``ready`` is in
-        # the AND for safety only).
+        # output queues had room for the whole frame (and no other writer writes into them until it
+        # is done), so it does not look at their ``ready`` (timing: no level compare in front of the
+        # writes). Its host FIFO's ``ready`` stays in, as before.
         fires = []
         deliveries = []
         for i, s in enumerate(writers):
             ok = wactive[i]
-            for o in range(P):
-                ok = ok & (~wmask[i][o] | oqs[o].i.ready)
             hf = host_fifos[i]
             m.d.comb += [hf.i.valid.eq(s.valid & wactive[i] & wmask[i][P]), hf.i.payload.eq(s.payload)]
             with m.If(s.payload.first):
