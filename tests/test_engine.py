@@ -327,3 +327,50 @@ def test_unit_takes_the_third_chunk_with_lookahead_three(lookahead, order):
     chunk) the unit sums chunk 2 while the two oldest wait; with D = 2 it can reach chunk 2 only once chunk 0
     is summed, in order (D = 1) only after chunk 1."""
     assert unit_order(3, [2, 0, 1], lookahead) == order
+
+
+def test_multicast_goes_out_on_a_free_port_while_another_waits():
+    """Output queues: a root's result for ports 0 and 1 and the host leaves on port 0, and reaches the host,
+    while port 1's link holds its ``ready`` low; port 1 sends it (and the next chunk's) once its link
+    takes frames again. With the old all-or-nothing allocator the multicast fed its ports in lock-step,
+    so port 0 got no whole frame while port 1 was stalled."""
+    from wirereduce.table import LOCAL, EngineEntry, encode_entry
+
+    cfg = EngineConfig(64, 1500, slots=4, ports=2, max_flows=8)
+    dut = Engine(cfg)
+    n, chunks = 9, 2
+    rng = np.random.default_rng(8)
+    local = [rng.standard_normal(n).astype(np.float32) for _ in range(chunks)]
+    payload = encode_entry(EngineEntry(table.ROOT, (LOCAL,), 0, 1, 0b11, True)).to_bytes(8, "little")
+    got = {"host": [], "p0": [], "p1": []}
+    when = {}
+
+    async def host(ctx):
+        await stream_send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=2).pack() + payload, 64)
+        st = parse_stats(await stream_recv(ctx, dut.host_tx, 64))
+        assert st["drop_count"] == 0 and st["control_refused"] == 0, st
+        await stream_send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=5, src=3, hop=1, seq=chunks,
+                                                   count=7).pack(), 64)
+        assert parse_stats(await stream_recv(ctx, dut.host_tx, 64))["control_refused"] == 0
+        for g in range(chunks):
+            await stream_send(ctx, dut.host_rx, frame(Header(opcode=Opcode.HOST_PUSH, collective=5, seq=g, hop=0,
+                                                             count=n, src=3), local[g]), 64)
+        for _ in range(chunks):
+            got["host"].append(await stream_recv(ctx, dut.host_tx, 64, max_cycles=2000))
+
+    async def net(ctx):
+        # port 1's link takes nothing (``ready`` low) until port 0 has sent both results whole
+        for _ in range(chunks):
+            got["p0"].append(await stream_recv(ctx, dut.net0_out, 64, max_cycles=3000))
+        when["p0_done"] = True
+        for _ in range(chunks):
+            got["p1"].append(await stream_recv(ctx, dut.net1_out, 64, max_cycles=2000))
+
+    simulate(dut, [host, net])
+    assert when.get("p0_done")
+    for key, opcode in (("p0", Opcode.BROADCAST), ("p1", Opcode.BROADCAST), ("host", Opcode.HOST_RESULT)):
+        hs = [Header.unpack(f) for f in got[key]]
+        assert [h.seq for h in hs] == list(range(chunks)) and all(h.opcode == opcode for h in hs), (key, hs)
+        assert all(h.src == 3 for h in hs) or key == "host"
+        for h, f in zip(hs, got[key]):
+            assert np.array_equal(np.frombuffer(f[HEADER_BYTES:], dtype="<u4"), local[h.seq].view(np.uint32))

@@ -153,7 +153,7 @@ class NodeConfig:
         return f"NodeConfig(width={self.width}, mtu={self.mtu}, slots={self.slots}{codec})"
 
 
-#: Allocator priorities of :class:`EngineConfig` (who wins a contended output port).
+#: Port priorities of :class:`EngineConfig` (who wins a contended output port).
 PRIORITIES = ("broadcast", "unit")
 #: Largest lookahead of a summation unit (:class:`EngineConfig`): the slot model's range (docs/architecture.md
 #: "Why the engine stays at the ring's rate"); each candidate costs its own readiness logic.
@@ -175,9 +175,10 @@ class EngineConfig(NodeConfig):
     max_flows : int
         Table entries (flows) the engine holds, a power of two ≤ 256.
     priority : {"auto", "broadcast", "unit"}
-        Who wins an output port two frames want at once (the allocator's fixed order):
-        ``"broadcast"`` the root's results and forwarded BROADCAST frames first, then the
-        summation units' partial sums; ``"unit"`` the partial sums first; ``"auto"`` (default)
+        Who wins an output port two frames want at once (each port's fixed order between its
+        output queue and its unit): ``"broadcast"`` the output queue (the root's results and
+        forwarded BROADCAST frames) first, then the summation unit's partial sums; ``"unit"`` the
+        partial sums first; ``"auto"`` (default)
         becomes ``"unit"`` for ``ports`` ≤ 2 (rings) and ``"broadcast"`` above (tori, meshes,
         hypercubes). Results never depend on it, only the time. In the slot model
         (docs/architecture.md "Balanced trees and broadcasts first") broadcasts first is much

@@ -10,10 +10,11 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
     host_rx ─▶ host gate ─┬─ SCHEDULE ─▶ table (F entries)
                           ├─ CONTROL / STATS_REQUEST ─▶ STATS
                           └─ HOST_PUSH ─▶ local buffer (one copy per unit)
-    net{p}_in ─▶ gate p ─┬─ REDUCE ────▶ reduce buffer (p, unit), by chunk ──┐
-                         └─ BROADCAST ─▶ broadcast queue p ┼─▶ bcast source p ──┐
-                    summation units: one per parent port q ─▶ up source q       ├─▶ allocator ─▶ net{o}_out
-                                     and the root unit ────▶ root source ───────┘        └──▶ host FIFOs ─▶ host_tx
+    net{p}_in ─▶ gate p ─┬─ REDUCE ────▶ reduce buffer (p, unit), by chunk ─▶ summation units
+                         └─ BROADCAST ─▶ input broadcast queue p ─▶ writer 1 + p ─┐
+                              root unit ─────────────────────────▶ writer 0 ──────┤
+                 writers ─▶ output queue o ─┐  writers ─▶ host FIFOs ─▶ host_tx   │
+                 unit o ────────────────────┴─▶ port o ─▶ net{o}_out  ◀───────────┘
 
 - **Gates**: every input is a :class:`~wirereduce.hdl.stream.frame.FrameGate` with the length
   check; headers are checked by :func:`~wirereduce.hdl.core.gates.check_header` (collective,
@@ -34,15 +35,18 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
   whose terms are all in, so a chunk whose output or terms are late does not hold up the unit
   (docs/architecture.md "Why the engine stays at the ring's rate"). It sums the terms in the
   table's order, cut-through. Several units work at once, so every port can run at line rate.
-- **Broadcast**: a BROADCAST frame at the head of its queue looks up its flow's entry and is
+- **Broadcast**: a BROADCAST frame at the head of its input queue looks up its flow's entry and is
   forwarded to the entry's ``forward`` ports and delivered to the host.
-- **Allocator**: every frame that leaves (a unit's sum, a forwarded broadcast) needs a set of
-  output ports at once; it gets all of them in one cycle or none (a fixed priority,
-  ``EngineConfig.priority``: root, then broadcasts, then units on P ≥ 3 engines, units first on
-  rings; a waiting source
-  reserves its ports against lower ones), so two multicasts can never each hold a port the other
-  waits for.
-- **Host output**: the root's and every broadcast source's copies for the host go through a
+- **Writers and output queues**: every multicast (the root's result, a forwarded broadcast) is
+  written once into the :class:`OutQueue` of each of its ``forward`` ports and into its host FIFO,
+  starting only when all of them have room for a whole frame (so it never waits mid-frame); writers
+  are allocated per frame with a fixed priority (root, then broadcast sources by port), all or
+  nothing over their target queues, a waiting writer reserving its queues against later ones.
+- **Ports**: port o sends whole frames from its output queue (BROADCAST) or from unit o (REDUCE),
+  by ``EngineConfig.priority`` ("broadcast": the queue first, the default on P ≥ 3 engines;
+  "unit": the unit first, rings), so a multicast leaves on each port when that port is free
+  (docs/architecture.md "Multicast off the slot grid").
+- **Host output**: every writer's copies for the host go through a
   store-and-forward FIFO each, and leave whole frames at the host port's rate, which may be
   faster than a network port (``docs/architecture.md`` "Host link").
 
@@ -67,7 +71,7 @@ from wirereduce.formats import supported_dtype_bytes
 from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode
 from wirereduce.table import ROOT
 
-__all__ = ["Engine", "FrameQueue", "PacketFifo"]
+__all__ = ["Engine", "FrameQueue", "OutQueue", "PacketFifo"]
 
 
 class FrameQueue(wiring.Component):
@@ -176,6 +180,52 @@ class PacketFifo(wiring.Component):
         return m
 
 
+class OutQueue(wiring.Component):
+    """An output queue: a FIFO of beats, cut-through (a beat is readable as soon as it is written),
+    that says whether a whole frame more fits.
+
+    Parameters
+    ----------
+    width : int
+    frames, max_beats : int
+        Capacity: ``frames`` frames of up to ``max_beats`` beats.
+    margin : int
+        Beats of margin in ``room`` for the writes of the cycles it is late.
+
+    Attributes
+    ----------
+    i, o : In/Out(stream.Signature(tagged_layout(width)))
+    room : Out(1)
+        Room for ``max_beats`` more beats, registered (with ``margin`` beats to spare): a writer that
+        starts a frame only with ``room`` up, a cycle or two later, never waits on the queue.
+    busy : Out(1)
+        The queue holds a beat.
+    """
+
+    def __init__(self, width: int, frames: int, max_beats: int, margin: int = 4):
+        self._w, self._frames, self._mb, self._margin = width, frames, max_beats, margin
+        tagged = tagged_layout(width)
+        super().__init__({"i": In(stream.Signature(tagged)), "o": Out(stream.Signature(tagged)),
+                          "room": Out(1), "busy": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        tagged = tagged_layout(self._w)
+        depth = self._frames * self._mb + self._margin
+        m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=tagged.size, depth=depth)
+        m.d.sync += self.room.eq(beats.level + self._margin <= depth - self._mb)
+        m.d.comb += [
+            self.i.ready.eq(beats.w_rdy),
+            beats.w_data.eq(self.i.payload.as_value()),
+            beats.w_en.eq(self.i.valid),
+            self.o.valid.eq(beats.r_rdy),
+            self.o.payload.eq(beats.r_data),
+            beats.r_en.eq(self.o.ready),
+            self.busy.eq(beats.level != 0),
+        ]
+        return m
+
+
 class _Run:
     """The run-time registers a CONTROL frame sets (the subset :func:`check_header` reads)."""
 
@@ -213,12 +263,12 @@ class Engine(wiring.Component):
         As :class:`~wirereduce.hdl.core.node.Node`.
 
     Hop latency (first beat in to first beat out, cut-through): the gate's header beats, one
-    queue cycle, two allocation cycles (the request is registered, then granted) and, for a REDUCE
-    hop, a cycle of registered candidate readiness and the unit's :attr:`SumUnit.latency`
-    (1 + L·(terms − 1), L = 6, or 7 with the deep lanes of 512 bit and up:
-    :func:`wirereduce.config.deep_lanes`); for a BROADCAST hop the table look-up instead of the
-    unit. At 64 bit: 16 cycles for a two-term reduce hop, 10 for a broadcast hop; at 512 bit: 16
-    and 9 (``sim/bench/latency.py`` ``engine_hop_latency``).
+    queue cycle and, for a REDUCE hop, a cycle of registered candidate readiness, the unit's
+    :attr:`SumUnit.latency` (1 + L·(terms − 1), L = 6, or 7 with the deep lanes of 512 bit and up:
+    :func:`wirereduce.config.deep_lanes`) and two cycles of the port's grant (the request is
+    registered, then granted); for a BROADCAST hop the table look-up, the writer's grant, the
+    output queue's two cycles and the port's grant. At 64 bit: 16 cycles for a two-term reduce hop,
+    12 for a broadcast hop (``sim/bench/latency.py`` ``engine_hop_latency``).
     """
 
     def __init__(self, config: EngineConfig | None = None):
@@ -250,8 +300,8 @@ class Engine(wiring.Component):
         # it fans out to every register of every unit). They take nothing from the cycle after a
         # CONTROL (or SCHEDULE) frame shows at the host gate (``ctl_hold``, registered) until their
         # reset, and the frame is taken only with ``ctl_hold`` up the cycle before as well, so no unit
-        # starts a chunk in between. Nor does a network gate pass a frame's first beat or the allocator
-        # grant a source while ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing
+        # starts a chunk in between. Nor does a network gate pass a frame's first beat, a writer or a
+        # port get a grant while ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing
         # starts into them, and ``quiet`` can be registered (``quiet_q``, below).
         start_q = Signal()
         ctl_hold = Signal()
@@ -403,138 +453,157 @@ class Engine(wiring.Component):
             m.d.comb += bq.pop.eq(s.valid & s.ready & s.payload.last)
             bsrc.append((s, req))
 
-        # --- sources, allocator and outputs --------------------------------------------------
+        # --- writers, output queues and ports ------------------------------------------------
+        # Output queues (docs/architecture.md "Multicast off the slot grid"): every frame that is
+        # forwarded (the root's result, a BROADCAST at the head of an input broadcast queue) is written
+        # once into the output queue of each of its ``forward`` ports (and its host FIFO if it
+        # delivers), cut-through, and each network port then sends, a frame at a time, either the head
+        # of its output queue or the partial sum of unit o (which sends only on port o). A multicast
+        # no longer waits for the last of its ports: each port takes its copy when it is free.
         root = units[P]
-        sources = [(root.o, root.o_req, False)] + [(s, r, False) for s, r in bsrc] + \
-                  [(units[q].o, units[q].o_req, True) for q in range(P)]
-        nsrc = len(sources)
-        out_busy = Signal(P)
-        owner = [Signal(range(nsrc), name=f"owner{o}") for o in range(P)]
-        active = Signal(nsrc)
-        mask = [Signal(P + 1, name=f"mask{i}") for i in range(nsrc)]
-        done = Signal(P)
-        hdone = Signal(nsrc)
-        blocked = out_busy   # ports busy, or taken or reserved by a source before in priority order
-        grants = []
-        # Priority (config.priority, "auto" resolved by EngineConfig): "broadcast", the root's results
-        # and forwarded broadcasts first
-        # (a result that waits holds up every subtree below it and frees no buffer), then the units'
-        # partial sums; "unit", the partial sums first. In the slot model (docs/architecture.md "Why
-        # the engine stays at the ring's rate") broadcasts first is within 2 % on rings and far
-        # ahead on tori and meshes.
-        if self.config.priority == "broadcast":
-            prio = list(range(1 + P)) + list(range(1 + P, nsrc))
-        else:
-            prio = list(range(1 + P, nsrc)) + list(range(1 + P))
-        # Two-cycle grant (timing): a source's request (a first beat waiting, the source not active) and
-        # its ports (a unit's come from its output tap, a select by its depth) are registered, and the
-        # grant chain below works on the registered requests, so the chain starts at registers instead
-        # of behind each source's output logic. A request stays up until it is granted (a source holds
-        # its first beat until it is taken), so the registered one is the same request a cycle later; a
-        # source granted at the edge before is active, which masks its registered request, so it is
-        # never granted twice. CONTROL (``start``) clears the requests, since it flushes the broadcast
-        # queues whose first beats they were (the units are idle then). The order, the reservations
-        # and all-or-nothing are unchanged (docs/architecture.md "Why the engine cannot deadlock");
-        # each frame waits one cycle more.
-        # Host copies: one store-and-forward FIFO per multicast source (root, broadcasts). A source
-        # that delivers to the host requests its ports only while its FIFO has room for a whole frame
-        # (``room``), so once granted it never waits on the host in the middle of a frame: a frame
-        # that left on an Ethernet port cannot pause (the MAC would underrun and end it with /E/),
-        # and with a host link slower than the results arriving (biring behind a 10G host) the
-        # host FIFOs do fill.
+        writers = [root.o] + [s for s, _ in bsrc]        # writer 0 the root, 1 + p broadcast source p
+        wreqs = [root.o_req] + [r for _, r in bsrc]
+        nw = len(writers)
+        margin = 4
+        oqs = []
+        for o in range(P):
+            oq = m.submodules[f"oq{o}"] = ResetInserter(flush)(OutQueue(w, S, MB, margin=margin))
+            oqs.append(oq)
+        oq_room = Cat(*(oq.room for oq in oqs))
+        # Host copies: one store-and-forward FIFO per writer. A writer starts a frame only when every
+        # target (its output queues and its host FIFO) has room for a whole frame (``room``,
+        # registered with a few beats of margin for the writes in the cycles it is late), so once
+        # granted it never waits in the middle of a frame: a frame that left on an Ethernet port
+        # cannot pause (the MAC would underrun and end it with /E/), and with a host link slower than
+        # the results arriving (biring behind a 10G host) the host FIFOs do fill.
         host_fifos = []
-        for i in range(1 + P):
+        for i in range(nw):
             hf = m.submodules[f"host_fifo{i}"] = PacketFifo(w, 2 * MB, MB)
             host_fifos.append(hf)
-        req_q = Signal(nsrc)
-        reqs_q = [Signal(P + 1, name=f"req_ports{i}") for i in range(nsrc)]
-        for i in prio:
-            s, req, _ = sources[i]
-            m.d.sync += reqs_q[i].eq(req)
-            req = reqs_q[i]
-            want = req[:P]
-            request = Signal(name=f"request{i}")
-            # granted the cycle before: gone; none while a CONTROL frame waits (``ctl_hold``), so no
-            # source is granted in the cycle CONTROL flushes the queues
-            m.d.comb += request.eq(req_q[i] & ~active[i] & ~ctl_hold)
-            # A requesting source either gets its ports (taken) or reserves them against the sources
-            # after it, so what it leaves the ones after it is the same either way: ports blocked for
-            # them are a flat OR of the requests before (no chain through the grants). Each step's
-            # result is a named signal: as nested expressions the sources before would be expanded
-            # anew at every use.
-            can = Signal(name=f"grant{i}")
+        # Writer allocation, per frame, over the output queues' write sides: a fixed priority (the
+        # root, then the broadcast sources by port), all-or-nothing on the targets (now only queues
+        # with room, free unless another writer is writing a frame into one), and a waiting writer
+        # reserves its queues against the ones after it, so it is never starved and two writers never
+        # each hold a queue the other waits for. Two-cycle grant for the root (timing): the
+        # request (a first beat waiting, the writer not active, room in every target) and its targets
+        # are registered, and the grant works on the registered requests. A request stays up until
+        # granted (a writer holds its first beat, and room only grows while no other writer writes
+        # into the queue), so the registered one is the same request a cycle later; a writer granted
+        # at the edge before is active, which masks its registered request. CONTROL (``start``)
+        # clears the requests, since it flushes the queues whose first beats they were.
+        wbusy = Signal(P)                        # output queue o is being written by a writer
+        wowner = [Signal(range(nw), name=f"wowner{o}") for o in range(P)]
+        wactive = Signal(nw)
+        wmask = [Signal(P + 1, name=f"wmask{i}") for i in range(nw)]
+        wreq_q = Signal(nw)
+        wreqs_q = [Signal(P + 1, name=f"wreq_ports{i}") for i in range(nw)]
+        blocked = wbusy
+        for i, s in enumerate(writers):
+            req = wreqs[i]
+            rooms = ((req[:P] & ~oq_room) == 0) & (host_fifos[i].room | ~req[P])
+            wants = s.valid & s.payload.first & ~wactive[i] & rooms
+            if i == 0:
+                # the root's request, registered: its valid and ports come from the unit's output tap
+                m.d.sync += [wreq_q[i].eq(wants & ~start), wreqs_q[i].eq(req)]
+            else:
+                # a broadcast source's valid, first flag and entry are registers already (the input
+                # queue's output register, ``looked``, the looked-up entry): its request is live (no
+                # ``start`` in it: ``ctl_hold``, below, is up in the cycle CONTROL is taken)
+                m.d.comb += [wreq_q[i].eq(wants), wreqs_q[i].eq(req)]
+            want = wreqs_q[i][:P]
+            request = Signal(name=f"wrequest{i}")
+            m.d.comb += request.eq(wreq_q[i] & ~wactive[i] & ~ctl_hold)
+            can = Signal(name=f"wgrant{i}")
             m.d.comb += can.eq(request & ((want & blocked) == 0))
-            grants.append(can)
-            nxt_blocked = Signal(P, name=f"blocked{i}")
+            nxt_blocked = Signal(P, name=f"wblocked{i}")
             m.d.comb += nxt_blocked.eq(blocked | Mux(request, want, 0))
             blocked = nxt_blocked
-            host_room = (host_fifos[i].room | ~sources[i][1][P]) if i < 1 + P else 1
-            m.d.sync += req_q[i].eq(s.valid & s.payload.first & ~active[i] & ~start & host_room)
             with m.If(can):
-                m.d.sync += [active[i].eq(1), mask[i].eq(req)]
+                m.d.sync += [wactive[i].eq(1), wmask[i].eq(wreqs_q[i])]
                 for o in range(P):
                     with m.If(want[o]):
-                        m.d.sync += [out_busy[o].eq(1), owner[o].eq(i)]
-
-
-        outs = [getattr(self, f"net{o}_out") for o in range(P)]
-        valids = Array(s.valid for s, _, _ in sources)
-        payloads = Array(s.payload for s, _, _ in sources)
-        is_up = Array(Const(int(up), 1) for _, _, up in sources)
-        for o, out in enumerate(outs):
-            sel = owner[o]
-            pl = payloads[sel]
-            m.d.comb += [
-                out.valid.eq(out_busy[o] & valids[sel] & ~done[o]),
-                out.payload.data.eq(pl.data), out.payload.keep.eq(pl.keep),
-                out.payload.last.eq(pl.last), out.payload.bad.eq(pl.bad),
-            ]
-            with m.If(pl.first):
-                m.d.comb += [
-                    out.payload.data[8:16].eq(Mux(is_up[sel], Opcode.REDUCE, Opcode.BROADCAST)),
-                    out.payload.data[40:48].eq(run.rank),
-                ]
+                        m.d.sync += [wbusy[o].eq(1), wowner[o].eq(i)]
+        # A granted writer writes every beat into all its targets at once, at its own rate; the
+        # output queues had room for the whole frame (and no other writer writes into them until it
+        # is done), so it does not look at their ``ready`` (timing: no level compare in front of the
+        # writes). Its host FIFO's ``ready`` stays in, as before.
+        fires = []
         deliveries = []
-        for i, (s, _, _) in enumerate(sources):
-            ok = active[i]
-            for o in range(P):
-                ok = ok & (~mask[i][o] | done[o] | (outs[o].ready & (owner[o] == i)))
-            if i < 1 + P:
-                hf = host_fifos[i]
-                m.d.comb += [
-                    hf.i.valid.eq(s.valid & active[i] & mask[i][P] & ~hdone[i]),
-                    hf.i.payload.eq(s.payload),
-                ]
-                with m.If(s.payload.first):
-                    m.d.comb += [hf.i.payload.data[8:16].eq(Opcode.HOST_RESULT),
-                                 hf.i.payload.data[40:48].eq(run.rank)]
-                ok = ok & (~mask[i][P] | hdone[i] | hf.i.ready)
-                delivered = events.flag("result_frames")
-                m.d.comb += delivered.eq(hf.i.valid & hf.i.ready & hf.i.payload.first)
-                deliveries.append(delivered)
+        for i, s in enumerate(writers):
+            ok = wactive[i]
+            hf = host_fifos[i]
+            m.d.comb += [hf.i.valid.eq(s.valid & wactive[i] & wmask[i][P]), hf.i.payload.eq(s.payload)]
+            with m.If(s.payload.first):
+                m.d.comb += [hf.i.payload.data[8:16].eq(Opcode.HOST_RESULT), hf.i.payload.data[40:48].eq(run.rank)]
+            ok = ok & (~wmask[i][P] | hf.i.ready)
+            delivered = events.flag("result_frames")
+            m.d.comb += delivered.eq(hf.i.valid & hf.i.ready & hf.i.payload.first)
+            deliveries.append(delivered)
             m.d.comb += s.ready.eq(ok)
-            with m.If(s.valid & s.ready):
-                m.d.sync += hdone[i].eq(0)
+            fire = Signal(name=f"wfire{i}")
+            m.d.comb += fire.eq(s.valid & ok)
+            fires.append(fire)
+            with m.If(fire & s.payload.last):
+                m.d.sync += wactive[i].eq(0)
                 for o in range(P):
-                    with m.If(mask[i][o]):
-                        m.d.sync += done[o].eq(0)
-                with m.If(s.payload.last):
-                    m.d.sync += active[i].eq(0)
-                    for o in range(P):
-                        with m.If(mask[i][o]):
-                            m.d.sync += out_busy[o].eq(0)
-            with m.Elif(active[i]):
-                if i < 1 + P:
-                    with m.If(host_fifos[i].i.valid & host_fifos[i].i.ready):
-                        m.d.sync += hdone[i].eq(1)
-        fires = Array(s.valid & s.ready for s, _, _ in sources)
-        for o, out in enumerate(outs):
-            with m.If(out.valid & out.ready & ~fires[owner[o]]):
-                m.d.sync += done[o].eq(1)
+                    with m.If(wmask[i][o]):
+                        m.d.sync += wbusy[o].eq(0)
+        wpayloads = Array(s.payload for s in writers)
+        for o, oq in enumerate(oqs):
+            en = Const(0, 1)
+            for i in range(nw):
+                en = en | (fires[i] & wmask[i][o])
+            m.d.comb += [oq.i.valid.eq(en), oq.i.payload.eq(wpayloads[wowner[o]])]
         total = deliveries[0]
         for d in deliveries[1:]:
             total = total + d
         m.d.sync += run.delivered.eq(run.delivered + total)
+
+        # Network ports: port o sends, a whole frame at a time, the head of its output queue
+        # (BROADCAST) or unit o's partial sum (REDUCE), by ``EngineConfig.priority`` ("broadcast":
+        # the queue first; "unit": the unit first). Two-cycle grant (timing): each request (a first
+        # beat at the head, not taken nor granted in that cycle) is registered, and the port grants
+        # one when it is idle. A frame on the port pauses only where its source does (the unit, or
+        # the queue's writer, which never waits mid-frame).
+        outs = [getattr(self, f"net{o}_out") for o in range(P)]
+        pactive = Signal(P)
+        psel = Signal(P)   # 1: unit o's frame, 0: the output queue's
+        for o, out in enumerate(outs):
+            oq, u = oqs[o], units[o].o
+            qreq, ureq = Signal(name=f"p{o}_qreq"), Signal(name=f"p{o}_ureq")
+            qgrant, ugrant = Signal(name=f"p{o}_qgrant"), Signal(name=f"p{o}_ugrant")
+            idle = ~pactive[o] & ~ctl_hold
+            if self.config.priority == "broadcast":
+                m.d.comb += [qgrant.eq(idle & qreq), ugrant.eq(idle & ureq & ~qreq)]
+            else:
+                m.d.comb += [ugrant.eq(idle & ureq), qgrant.eq(idle & qreq & ~ureq)]
+            sel = psel[o]
+            pl = Mux(sel, u.payload.as_value(), oq.o.payload.as_value())
+            plv = Signal(tagged, name=f"p{o}_payload")
+            m.d.comb += plv.eq(pl)
+            m.d.comb += [
+                out.valid.eq(pactive[o] & Mux(sel, u.valid, oq.o.valid)),
+                out.payload.data.eq(plv.data), out.payload.keep.eq(plv.keep),
+                out.payload.last.eq(plv.last), out.payload.bad.eq(plv.bad),
+                oq.o.ready.eq(pactive[o] & ~sel & out.ready),
+                u.ready.eq(pactive[o] & sel & out.ready),
+            ]
+            with m.If(plv.first):
+                m.d.comb += [
+                    out.payload.data[8:16].eq(Mux(sel, Opcode.REDUCE, Opcode.BROADCAST)),
+                    out.payload.data[40:48].eq(run.rank),
+                ]
+            # the queue's head is its FIFO's output register: its request is live; the unit's valid and
+            # first flag come from its output tap (a select by depth), so its request is registered (a
+            # first beat at the head, not taken nor granted in that cycle: never stale)
+            ufire = u.valid & u.ready
+            m.d.comb += qreq.eq(oq.o.valid & oq.o.payload.first)
+            m.d.sync += ureq.eq(u.valid & u.payload.first & ~ufire & ~ugrant & ~start)
+            with m.If(qgrant | ugrant):
+                m.d.sync += [pactive[o].eq(1), psel[o].eq(ugrant)]
+            with m.Elif(out.valid & out.ready & out.payload.last):
+                m.d.sync += pactive[o].eq(0)
+        active = Cat(wactive, pactive, *(oq.busy for oq in oqs))
 
         m.submodules.tx_arb = tx_arb = FrameArbiter(beat_layout(w), P + 2)
         for i, hf in enumerate(host_fifos):
