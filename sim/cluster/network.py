@@ -672,10 +672,13 @@ def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: 
     from amaranth.back import verilog
     from wirereduce.sim.cluster.vcache import cached_verilog
 
+    top = Network(nodes, config, link_latency, host_links, links, link_rate, inject, probe)
+    top._MustUse__silence = True   # a cached text leaves it unconverted
+
     def make():
-        top = Network(nodes, config, link_latency, host_links, links, link_rate, inject, probe)
         return verilog.convert(top, name="wirereduce_net", emit_src=False)
 
-    args = (nodes, config if config is not None else NodeConfig(), link_latency, host_links, links,
-            None if link_rate is None else Fraction(link_rate), inject, probe)
+    # The key is what the network was built from after its checks and defaults, as schednet_verilog's.
+    args = (top.nodes, top.config, top.link_latency, top.host_links, top.links, top.link_rate, top.inject,
+            top._probing)
     return cached_verilog("network", args, make)
