@@ -374,3 +374,42 @@ def test_multicast_goes_out_on_a_free_port_while_another_waits():
         assert all(h.src == 3 for h in hs) or key == "host"
         for h, f in zip(hs, got[key]):
             assert np.array_equal(np.frombuffer(f[HEADER_BYTES:], dtype="<u4"), local[h.seq].view(np.uint32))
+
+
+def test_out_queue_room_and_overflow():
+    """OutQueue: ``room`` (registered) falls once a whole frame of ``max_beats`` more would not fit with the
+    margin to spare; beats offered to a full queue are lost and each pulses ``overflow`` (what STATS
+    ``drop_queue`` counts); the beats kept come out in order, cut-through."""
+    from wirereduce.hdl.core.engine import OutQueue
+
+    frames, mb, margin = 2, 5, 2
+    depth = frames * mb + margin
+    dut = OutQueue(64, frames, mb, margin=margin)
+    seen = {"room": [], "overflow": 0, "out": []}
+
+    async def tb(ctx):
+        ctx.set(dut.o.ready, 0)
+        for k in range(depth + 3):
+            ctx.set(dut.i.valid, 1)
+            ctx.set(dut.i.payload.data, 1000 + k)
+            _, _, room, ovf = await ctx.tick().sample(dut.room, dut.overflow)
+            seen["room"].append(room)
+            seen["overflow"] += ovf
+        ctx.set(dut.i.valid, 0)
+        await ctx.tick().repeat(2)
+        assert not ctx.get(dut.room)
+        ctx.set(dut.o.ready, 1)
+        for _ in range(depth + 5):
+            _, _, v, d = await ctx.tick().sample(dut.o.valid, dut.o.payload.data)
+            if v:
+                seen["out"].append(d)
+        await ctx.tick().repeat(2)
+        assert ctx.get(dut.room) and not ctx.get(dut.busy)
+
+    simulate(dut, [tb])
+    assert seen["overflow"] == 3, seen
+    assert seen["out"] == [1000 + k for k in range(depth)], seen["out"]
+    # room is registered (0 out of reset) from the level a cycle earlier: at the edge of write k it is up
+    # while (k - 1) + margin <= depth - max_beats, i.e. k <= 6 (and 6 + max_beats = 11 <= depth: a frame
+    # started then fits), down from k = 7 on
+    assert seen["room"] == [0] + [1] * 6 + [0] * (depth + 3 - 7), seen["room"]

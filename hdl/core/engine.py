@@ -200,13 +200,16 @@ class OutQueue(wiring.Component):
         starts a frame only with ``room`` up, a cycle or two later, never waits on the queue.
     busy : Out(1)
         The queue holds a beat.
+    overflow : Out(1)
+        A beat offered while the queue is full, and lost: the writers never start a frame without
+        ``room``, so this is never expected; the engine counts it in STATS ``drop_queue``.
     """
 
     def __init__(self, width: int, frames: int, max_beats: int, margin: int = 4):
         self._w, self._frames, self._mb, self._margin = width, frames, max_beats, margin
         tagged = tagged_layout(width)
         super().__init__({"i": In(stream.Signature(tagged)), "o": Out(stream.Signature(tagged)),
-                          "room": Out(1), "busy": Out(1)})
+                          "room": Out(1), "busy": Out(1), "overflow": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -222,6 +225,7 @@ class OutQueue(wiring.Component):
             self.o.payload.eq(beats.r_data),
             beats.r_en.eq(self.o.ready),
             self.busy.eq(beats.level != 0),
+            self.overflow.eq(self.i.valid & ~beats.w_rdy),
         ]
         return m
 
@@ -554,6 +558,7 @@ class Engine(wiring.Component):
             for i in range(nw):
                 en = en | (fires[i] & wmask[i][o])
             m.d.comb += [oq.i.valid.eq(en), oq.i.payload.eq(wpayloads[wowner[o]])]
+            m.d.comb += events.flag("drop_queue").eq(oq.overflow)
         total = deliveries[0]
         for d in deliveries[1:]:
             total = total + d
