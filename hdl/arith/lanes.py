@@ -24,8 +24,10 @@ LUT levels between registers at 156.25 MHz on xc7; yosys estimate 8) and the sev
 the 512-bit datapath (≤ 5 LUT levels at 322.27 MHz on xcup, docs/architecture.md "Timing budgets";
 estimate 5, against 8 for the six-stage lanes at 512 bit). The deep lanes are built of deep
 :class:`~wirereduce.hdl.arith.fp32.FloatAdder` s, and their MAX/MIN registers the raw comparisons
-(the NaN test, the signs, ``|a| < |b|``, ``|a| > |b|``; int32 ``a < b`` and ``a > b``) and picks
-the operand in the select's cycle. At both depths MAX/MIN registers its operands before it compares
+(the NaN test, the signs, ``|a| < |b|``, ``|a| > |b|``; int32 ``a < b`` and ``a > b``), picks
+the operand in the next cycle and registers each format's result before the select by format
+(at 16 lanes the pick, the NaN select and the format select were 6 levels).
+At both depths MAX/MIN registers its operands before it compares
 them (the decisions are made from registered operands, then registered with them once more), so
 no compare sits right behind the lanes' inputs, which in a summation unit's chain are the adder
 before's output select. :func:`wirereduce.config.deep_lanes` decides the depth from the datapath
@@ -213,7 +215,15 @@ class ReduceLanes(wiring.Component):
                     else:
                         pick, = decided([Mux(is_max, a_lt_b, ~a_lt_b & (a_r != b_r))], f"int_{j}_cmp")
                     cmps[f.name] = Mux(pick, b_q, a_q)
-            # The comparator of the selected format: a third registered stage, then the same delay.
+            if self.deep:
+                # deep: each format's MAX/MIN result is registered before the format select (timing: the
+                # pick, the NaN select and the select by format were 6 LUT levels at 512 bit on xcup)
+                for name, v in list(cmps.items()):
+                    r = Signal(32, name=f"{name}_cmp_res{j}")
+                    m.d.sync += r.eq(v)
+                    cmps[name] = r
+            # The comparator of the selected format: a third (deep: fourth) registered stage, then the
+            # delay to the adders' latency.
             cmp = Signal(32, name=f"cmp{j}")
             with m.Switch(cmp_fmt):
                 for f in others:
@@ -221,7 +231,7 @@ class ReduceLanes(wiring.Component):
                         m.d.sync += cmp.eq(cmps[f.name])
                 with m.Default():
                     m.d.sync += cmp.eq(cmps["fp32"])
-            words.append((sums, delayed(cmp, f"cmp{j}", L - 3)))
+            words.append((sums, delayed(cmp, f"cmp{j}", L - (4 if self.deep else 3))))
 
         # Everything above registers only on enabled edges (a stall freezes the lanes).
         out.submodules.lanes = EnableInserter(self.en)(m)
