@@ -69,7 +69,7 @@ from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, be
 from wirereduce.config import EngineConfig
 from wirereduce.formats import supported_dtype_bytes
 from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode
-from wirereduce.table import ROOT
+from wirereduce.table import MAX_TERMS, ROOT
 
 __all__ = ["Engine", "FrameQueue", "OutQueue", "PacketFifo"]
 
@@ -375,6 +375,7 @@ class Engine(wiring.Component):
             # look-up.
             route = Signal(1 + nunits, name=f"gate{p}_route")
             unit_bad = Signal(name=f"gate{p}_unit_bad")
+            port_bad = Signal(name=f"gate{p}_port_bad")   # the table says this frame cannot come on port p
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
                 m.d.sync += [looked.eq(0), reading.eq(0)]
@@ -383,8 +384,16 @@ class Engine(wiring.Component):
             with m.Elif(reading):
                 code = trp.data[0:3]
                 red = h.opcode == Opcode.REDUCE
-                m.d.sync += [looked.eq(1), reading.eq(0),
-                             unit_bad.eq(red & (code != ROOT) & ((code >= P) | (code == p))),
+                # A REDUCE is a child's partial sum: valid only on a port among the flow's terms. A
+                # BROADCAST is the flow's result: valid only on the port to the parent (the unit's
+                # port; never at the root). Anything else is a hostile or misrouted frame: dropped
+                # whole (``drop_opcode``) before a beat of it is summed, forwarded or delivered.
+                on_terms = Const(0, 1)
+                for t in range(MAX_TERMS):
+                    on_terms = on_terms | (trp.data[3 + 3 * t:6 + 3 * t] == p)
+                wrong_port = Mux(red, ~on_terms, code != p)
+                m.d.sync += [looked.eq(1), reading.eq(0), port_bad.eq(wrong_port),
+                             unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port),
                              route.eq(Cat(~red, *(red & (code == (ROOT if u == P else u)) for u in range(nunits))))]
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
@@ -436,7 +445,7 @@ class Engine(wiring.Component):
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
                          h.seq, count_bad, ~looked | slot_wait | ctl_hold, opcode=Opcode.REDUCE, flags_allowed=0,
                          codec_built=False, lost_ok=0, lost_wait=0,
-                         apply=looked, late_count_bad=unit_bad)
+                         apply=looked, late_count_bad=unit_bad, late_opcode=port_bad)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------
         bsrc = []

@@ -23,7 +23,7 @@ __all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
 
 def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
                  opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait,
-                 apply=None, late_count_bad=None, raw_head=False):
+                 apply=None, late_count_bad=None, late_opcode=None, raw_head=False):
     """The checks every input makes of the header waiting in ``gate``, in order (docs/protocol.md
     "Drop rules"): runt, version, ``opcode_ok``, collective (``run``), ``flags``
     (``flags_allowed``), ``dtype`` (the collective's), ``codec``/``eb_k`` (the collective's, and
@@ -46,7 +46,9 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     (a register the caller keeps: ``head_valid`` is then left out of the decision, for timing);
     ``expect_bytes`` and ``mark_bad`` are registered likewise. ``late_count_bad`` is then one more
     count check made at that time (after the registered ones, counted as ``drop_count``; the engine
-    gives a register); ``wait`` stays combinational. ``raw_head`` (with ``apply``): the registered
+    gives a register), counted as ``drop_opcode`` instead when ``late_opcode`` (a register too) is high
+    with it (the engine: a frame its table says cannot arrive on that port); ``wait`` stays
+    combinational. ``raw_head`` (with ``apply``): the registered
     checks read the header FIFO's head in every state (``gate.head_raw``/``head_raw_short``, no select
     by the gate's state in front of them; timing), for a caller whose ``apply`` also implies that
     ``head_valid`` was high the cycle before, when those are the same as ``head``/``head_short``; the
@@ -109,8 +111,14 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         on = apply   # implies head_valid (above)
         m.d.comb += [gate.drop.eq(on & (bad_q | late)), gate.drop_track.eq(on & (bad_q | late)),
                      gate.accept.eq(on & ~bad_q & ~late & ~wait)]
+        late_op = Const(0, 1) if late_opcode is None else late_opcode
         for k, (flag, _) in enumerate(reasons):
-            hit = why_q[k] | (late & ~bad_q) if flag == "drop_count" else why_q[k]
+            if flag == "drop_count":
+                hit = why_q[k] | (late & ~bad_q & ~late_op)
+            elif flag == "drop_opcode":
+                hit = why_q[k] | (late & ~bad_q & late_op)
+            else:
+                hit = why_q[k]
             m.d.comb += events.flag(flag).eq(on & hit)
         return gate.o.valid & gate.o.ready & gate.o.payload.first
     with m.If(gate.head_valid):

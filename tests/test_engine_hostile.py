@@ -1,0 +1,145 @@
+"""Hostile and malformed frames on a schedule engine's network ports (amaranth.sim): a frame is
+checked against its header fields, the collective, the table and its own length before any beat of
+it is summed; the good frame after it sums exactly (docs/protocol.md "Drop rules")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth_harness import simulate
+from test_hostile import no_frame, recv, send
+from wirereduce.hdl.core.engine import Engine
+from wirereduce.host.driver import parse_stats
+
+from wirereduce.config import EngineConfig
+from wirereduce.protocol import Codec, Flag, Header, Opcode, frame
+from wirereduce.table import LOCAL, EngineEntry, encode_entry
+
+COLL, RANK = 9, 2
+LOCAL_CHUNKS = [np.array([1.0, -2.5, 1e-45], np.float32), np.array([0.25, 7.0, -1.0], np.float32)]
+CHILD = [np.array([3.0, 0.5, 1e-45], np.float32), np.array([-1.0, 2.0, 3.0], np.float32)]
+RESULT = [np.array([9.0, -8.0, 0.5], np.float32), np.array([1.5, 2.5, -3.5], np.float32)]
+
+
+def reduce_hdr(seq=0, **kw):
+    return Header(opcode=Opcode.REDUCE, collective=COLL, seq=seq, count=3, src=1, hop=0).replace(**kw)
+
+
+def bcast_hdr(seq=0, **kw):
+    return Header(opcode=Opcode.BROADCAST, collective=COLL, seq=seq, count=3, src=3, hop=0).replace(**kw)
+
+
+async def stats(ctx, dut):
+    await send(ctx, dut.host_rx, Header(opcode=Opcode.STATS_REQUEST).pack())
+    data, _ = await recv(ctx, dut.host_tx)
+    return parse_stats(data)
+
+
+def run_engine(testbench, chunks=2):
+    """One engine at rank RANK of one flow: its unit sums the child's frame (port 0) then the local
+    chunk and sends the partial sum to the parent on port 1; the result comes back on port 1 and is
+    forwarded on port 0 and delivered to the host. The host pushes LOCAL_CHUNKS first."""
+    dut = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8))
+    entry = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")
+
+    async def tb(ctx):
+        await send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=2).pack() + entry)
+        st = parse_stats((await recv(ctx, dut.host_tx))[0])
+        assert st["drop_count"] == 0 and st["control_refused"] == 0, st
+        await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL, src=RANK, hop=1,
+                                            seq=chunks).pack())
+        assert parse_stats((await recv(ctx, dut.host_tx))[0])["control_refused"] == 0
+        for g in range(chunks):
+            await send(ctx, dut.host_rx, frame(Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=0,
+                                                      count=3), LOCAL_CHUNKS[g]))
+        await testbench(ctx, dut)
+
+    simulate(dut, [tb])
+
+
+def words(a):
+    return np.asarray(a, np.float32).view(np.uint32).tolist()
+
+
+def check_partial(data, seq):
+    h = Header.unpack(data)
+    assert (h.opcode, h.seq, h.hop, h.count, h.flags, h.src) == (Opcode.REDUCE, seq, 0, 3, 0, RANK), h
+    want = (CHILD[seq] + LOCAL_CHUNKS[seq]).astype(np.float32)   # the table's order: child, then local
+    assert words(np.frombuffer(data[16:], "<f4")) == words(want)
+
+
+GOOD0 = frame(reduce_hdr(0), CHILD[0])
+
+CASES = {
+    # Frames for chunk 0, each wrong in one way: (bytes, network port it arrives on, counter). Port 0
+    # faces the flow's child (REDUCE comes in, BROADCAST goes out), port 1 its parent.
+    "runt": (GOOD0[:9], 0, "drop_short"),
+    "version": (frame(reduce_hdr(0, version=2), CHILD[0]), 0, "drop_version"),
+    "host_push_on_network": (frame(reduce_hdr(0, opcode=Opcode.HOST_PUSH), CHILD[0]), 0, "drop_opcode"),
+    "control_on_network": (reduce_hdr(0, opcode=Opcode.CONTROL).pack(), 0, "drop_opcode"),
+    "broadcast_from_the_child": (frame(bcast_hdr(0), CHILD[0]), 0, "drop_opcode"),
+    "reduce_from_the_parent": (GOOD0, 1, "drop_opcode"),
+    "collective": (frame(reduce_hdr(0, collective=COLL + 1), CHILD[0]), 0, "drop_collective"),
+    "flags": (frame(reduce_hdr(0, flags=0x80), CHILD[0]), 0, "drop_flags"),
+    "abort_flag": (frame(reduce_hdr(0, flags=Flag.ABORT), CHILD[0]), 0, "drop_flags"),
+    "dtype": (frame(reduce_hdr(0, dtype=7), CHILD[0]), 0, "drop_dtype"),
+    "codec": (frame(reduce_hdr(0, codec=Codec.INCEPTIONN_V1, eb_k=10), CHILD[0]), 0, "drop_codec"),
+    "seq_past_chunks": (frame(reduce_hdr(5), CHILD[0]), 0, "drop_seq"),
+    "flow_not_loaded": (frame(reduce_hdr(0, hop=3), CHILD[0]), 0, "drop_count"),
+    "count_zero": (reduce_hdr(0, count=0).pack(), 0, "drop_count"),
+    "count_too_large": (frame(reduce_hdr(0, count=400), np.zeros(400, np.float32)), 0, "drop_count"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_frame_dropped_whole_then_good_one_sums_exactly(case):
+    """Each malformed or misrouted frame is dropped whole and counted once; the child's good frame
+    after it is summed exactly, and no beat of the bad one reaches an output or the host."""
+    data, port, counter = CASES[case]
+    seen = {}
+
+    async def tb(ctx, dut):
+        await send(ctx, getattr(dut, f"net{port}_in"), data)
+        await send(ctx, dut.net0_in, GOOD0)
+        seen["out"] = await recv(ctx, dut.net1_out)
+        seen["quiet_child"] = await no_frame(ctx, dut.net0_out, 100)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb)
+    out, bad_out = seen["out"]
+    assert not bad_out
+    check_partial(out, 0)
+    assert seen["quiet_child"], "a frame went out towards the child"
+    st = seen["stats"]
+    drops = {k: v for k, v in st.items() if k.startswith("drop_") and v}
+    assert drops == {counter: 1}, (case, drops)
+    assert st["reduce_frames"] == 1 and st["broadcast_frames"] == 0 and st["result_frames"] == 0
+
+
+def test_forged_broadcast_from_the_child_never_reaches_the_host():
+    """A BROADCAST of chunk 0 that arrives from the child (the port the result is sent on, not the
+    one it comes from) is dropped: the host gets chunk 0's result once, the parent's, bit for bit,
+    and the child gets it forwarded."""
+    seen = {}
+    forged = frame(bcast_hdr(0), np.full(3, 666.0, np.float32))
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, forged)
+        await send(ctx, dut.net0_in, GOOD0)
+        seen["partial"] = await recv(ctx, dut.net1_out)
+        await send(ctx, dut.net1_in, frame(bcast_hdr(0), RESULT[0]))
+        seen["host"] = await recv(ctx, dut.host_tx)
+        seen["child"] = await recv(ctx, dut.net0_out)
+        seen["no_more"] = await no_frame(ctx, dut.host_tx, 100)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb)
+    check_partial(seen["partial"][0], 0)
+    for key, opcode in (("host", Opcode.HOST_RESULT), ("child", Opcode.BROADCAST)):
+        data, bad = seen[key]
+        h = Header.unpack(data)
+        assert not bad and (h.opcode, h.seq, h.hop, h.count) == (opcode, 0, 0, 3), (key, h)
+        assert words(np.frombuffer(data[16:], "<f4")) == words(RESULT[0]), key
+    assert seen["no_more"]
+    st = seen["stats"]
+    assert st["drop_opcode"] == 1 and st["broadcast_frames"] == 1 and st["result_frames"] == 1, st
