@@ -143,3 +143,34 @@ def test_forged_broadcast_from_the_child_never_reaches_the_host():
     assert seen["no_more"]
     st = seen["stats"]
     assert st["drop_opcode"] == 1 and st["broadcast_frames"] == 1 and st["result_frames"] == 1, st
+
+
+def test_result_only_for_a_partial_sum_out():
+    """A BROADCAST is taken only for a chunk whose partial sum this node has sent and whose result
+    has not come yet: one before the partial sum (early) and a second one (a replay with other
+    values) are dropped and counted in ``drop_seq``; the host gets chunk 0's genuine result once."""
+    seen = {}
+    other = frame(bcast_hdr(0), np.full(3, 666.0, np.float32))
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net1_in, other)                       # early: no partial sum out yet
+        seen["early"] = await no_frame(ctx, dut.host_tx, 150)
+        await send(ctx, dut.net0_in, GOOD0)
+        seen["partial"] = await recv(ctx, dut.net1_out)
+        await send(ctx, dut.net1_in, frame(bcast_hdr(0), RESULT[0]))
+        seen["host"] = await recv(ctx, dut.host_tx)
+        seen["child"] = await recv(ctx, dut.net0_out)
+        await send(ctx, dut.net1_in, other)                       # a second result for chunk 0
+        seen["again"] = await no_frame(ctx, dut.host_tx, 150)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb)
+    assert seen["early"] and seen["again"]
+    check_partial(seen["partial"][0], 0)
+    for key in ("host", "child"):
+        data, bad = seen[key]
+        assert not bad and Header.unpack(data).seq == 0
+        assert words(np.frombuffer(data[16:], "<f4")) == words(RESULT[0]), key
+    st = seen["stats"]
+    drops = {k: v for k, v in st.items() if k.startswith("drop_") and v}
+    assert drops == {"drop_seq": 2} and st["broadcast_frames"] == 1 and st["result_frames"] == 1, st

@@ -68,7 +68,7 @@ from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, be
 
 from wirereduce.config import EngineConfig
 from wirereduce.formats import supported_dtype_bytes
-from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode
+from wirereduce.protocol import HEADER_BYTES, HEADER_FIELDS, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode
 from wirereduce.table import MAX_TERMS, ROOT
 
 __all__ = ["Engine", "FrameQueue", "OutQueue", "PacketFifo"]
@@ -228,6 +228,16 @@ class OutQueue(wiring.Component):
             self.overflow.eq(self.i.valid & ~beats.w_rdy),
         ]
         return m
+
+
+def _field_offset(name: str) -> int:
+    """Bit offset of header field ``name`` in the header (:data:`~wirereduce.protocol.HEADER_FIELDS`)."""
+    off = 0
+    for field, bits in HEADER_FIELDS:
+        if field == name:
+            return off
+        off += bits
+    raise KeyError(name)
 
 
 class _ReplicatedTable:
@@ -401,6 +411,15 @@ class Engine(wiring.Component):
             units.append(unit)
         busy_units = Cat(*(u.busy for u in units)).any()
 
+        # Results this node waits for (docs/protocol.md "Schedule engine frames"): bit g mod 2S is set
+        # when one of its units sends chunk g's partial sum to the parent and cleared when chunk g's
+        # BROADCAST is accepted; a BROADCAST whose bit is clear (early, a duplicate, forged) is dropped
+        # (``drop_seq``). The host window (W <= S) keeps two chunks with the same bit out of flight.
+        qbits = (2 * S - 1).bit_length()
+        pending = Signal(2 * S)
+        pending_set = []
+        pending_clr = []
+
         # --- queues ---------------------------------------------------------------------------
         flush = Signal()
         m.d.comb += flush.eq(start)
@@ -419,6 +438,7 @@ class Engine(wiring.Component):
             route = Signal(1 + nunits, name=f"gate{p}_route")
             unit_bad = Signal(name=f"gate{p}_unit_bad")
             port_bad = Signal(name=f"gate{p}_port_bad")   # the table says this frame cannot come on port p
+            seq_bad = Signal(name=f"gate{p}_seq_bad")     # a BROADCAST for a chunk with no partial sum out
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
                 m.d.sync += [looked.eq(0), reading.eq(0)]
@@ -435,8 +455,10 @@ class Engine(wiring.Component):
                 for t in range(MAX_TERMS):
                     on_terms = on_terms | (trp.data[3 + 3 * t:6 + 3 * t] == p)
                 wrong_port = Mux(red, ~on_terms, code != p)
-                m.d.sync += [looked.eq(1), reading.eq(0), port_bad.eq(wrong_port),
-                             unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port),
+                not_pending = ~red & ~(pending >> h.seq[:qbits])[0]
+                m.d.sync += [looked.eq(1), reading.eq(0), port_bad.eq(wrong_port), seq_bad.eq(not_pending),
+                             unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port
+                                         | not_pending),
                              route.eq(Cat(~red, *(red & (code == (ROOT if u == P else u)) for u in range(nunits))))]
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
@@ -449,6 +471,10 @@ class Engine(wiring.Component):
             with m.If(g.o.valid & g.o.ready & g.o.payload.first):
                 m.d.comb += events.flag("reduce_frames").eq(is_red)
                 m.d.comb += events.flag("broadcast_frames").eq(~is_red)
+            clr = Signal(2 * S, name=f"gate{p}_pending_clr")
+            with m.If(g.o.valid & g.o.ready & g.o.payload.first & ~is_red):
+                m.d.comb += clr.eq(1 << hdr.seq[:qbits])
+            pending_clr.append(clr)
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
             targets = [(bq, sel[0])]
             # Whether the head frame's slot is taken in each unit's reduce buffer, registered (timing:
@@ -457,7 +483,6 @@ class Engine(wiring.Component):
             # registered value can only be stale the safe way (a slot freed a cycle ago still reads
             # taken); the head waits while its route's slot is taken, which the window rule makes
             # impossible in any case (docs/architecture.md "Why the engine cannot deadlock").
-            qbits = (2 * S - 1).bit_length()
             slot_taken = Signal(1 + nunits, name=f"gate{p}_slot_taken")
             for u, unit in enumerate(units):
                 ub = getattr(unit, f"b{p}")
@@ -488,7 +513,7 @@ class Engine(wiring.Component):
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
                          h.seq, count_bad, ~looked | slot_wait | ctl_hold, opcode=Opcode.REDUCE, flags_allowed=0,
                          codec_built=False, lost_ok=0, lost_wait=0,
-                         apply=looked, late_count_bad=unit_bad, late_opcode=port_bad)
+                         apply=looked, late_count_bad=unit_bad, late_opcode=port_bad, late_seq=seq_bad)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------
         bsrc = []
@@ -625,6 +650,7 @@ class Engine(wiring.Component):
         outs = [getattr(self, f"net{o}_out") for o in range(P)]
         pactive = Signal(P)
         psel = Signal(P)   # 1: unit o's frame, 0: the output queue's
+        pafter = Signal(P)  # the port's last beat out was a frame's first (and not its last)
         for o, out in enumerate(outs):
             oq, u = oqs[o], units[o].o
             qreq, ureq = Signal(name=f"p{o}_qreq"), Signal(name=f"p{o}_ureq")
@@ -660,6 +686,22 @@ class Engine(wiring.Component):
                 m.d.sync += [pactive[o].eq(1), psel[o].eq(ugrant)]
             with m.Elif(out.valid & out.ready & out.payload.last):
                 m.d.sync += pactive[o].eq(0)
+            # chunk g's partial sum leaves on port o: set its pending bit (the seq field's beat)
+            seq_off = _field_offset("seq")
+            on_beat = plv.first if seq_off // w == 0 else pafter[o]
+            setm = Signal(2 * S, name=f"p{o}_pending_set")
+            with m.If(out.valid & out.ready & sel & on_beat):
+                m.d.comb += setm.eq(1 << plv.data[seq_off % w:seq_off % w + qbits])
+            pending_set.append(setm)
+            with m.If(out.valid & out.ready):
+                m.d.sync += pafter[o].eq(plv.first & ~plv.last)
+        clr_all = Const(0, 2 * S)
+        for c in pending_clr:
+            clr_all = clr_all | c
+        set_all = Const(0, 2 * S)
+        for c in pending_set:
+            set_all = set_all | c
+        m.d.sync += pending.eq(Mux(start, 0, (pending & ~clr_all) | set_all))
         active = Cat(wactive, pactive, *(oq.busy for oq in oqs))
 
         m.submodules.tx_arb = tx_arb = FrameArbiter(beat_layout(w), P + 2)

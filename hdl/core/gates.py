@@ -23,7 +23,7 @@ __all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
 
 def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
                  opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait,
-                 apply=None, late_count_bad=None, late_opcode=None, raw_head=False):
+                 apply=None, late_count_bad=None, late_opcode=None, late_seq=None, raw_head=False):
     """The checks every input makes of the header waiting in ``gate``, in order (docs/protocol.md
     "Drop rules"): runt, version, ``opcode_ok``, collective (``run``), ``flags``
     (``flags_allowed``), ``dtype`` (the collective's), ``codec``/``eb_k`` (the collective's, and
@@ -47,7 +47,8 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     ``expect_bytes`` and ``mark_bad`` are registered likewise. ``late_count_bad`` is then one more
     count check made at that time (after the registered ones, counted as ``drop_count``; the engine
     gives a register), counted as ``drop_opcode`` instead when ``late_opcode`` (a register too) is high
-    with it (the engine: a frame its table says cannot arrive on that port); ``wait`` stays
+    with it (the engine: a frame its table says cannot arrive on that port), else as ``drop_seq``
+    when ``late_seq`` is (the engine: a result it has no partial sum out for); ``wait`` stays
     combinational. ``raw_head`` (with ``apply``): the registered
     checks read the header FIFO's head in every state (``gate.head_raw``/``head_raw_short``, no select
     by the gate's state in front of them; timing), for a caller whose ``apply`` also implies that
@@ -112,11 +113,14 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         m.d.comb += [gate.drop.eq(on & (bad_q | late)), gate.drop_track.eq(on & (bad_q | late)),
                      gate.accept.eq(on & ~bad_q & ~late & ~wait)]
         late_op = Const(0, 1) if late_opcode is None else late_opcode
+        late_sq = Const(0, 1) if late_seq is None else late_seq
         for k, (flag, _) in enumerate(reasons):
             if flag == "drop_count":
-                hit = why_q[k] | (late & ~bad_q & ~late_op)
+                hit = why_q[k] | (late & ~bad_q & ~late_op & ~late_sq)
             elif flag == "drop_opcode":
                 hit = why_q[k] | (late & ~bad_q & late_op)
+            elif flag == "drop_seq":
+                hit = why_q[k] | (late & ~bad_q & ~late_op & late_sq)
             else:
                 hit = why_q[k]
             m.d.comb += events.flag(flag).eq(on & hit)
