@@ -2,12 +2,19 @@
 
 A four-node ring behind 10G Ethernet holds four identical nodes and sixteen Ethernet ports of
 four kinds. Converted as they are, each is a module of its own in the Verilog text (Amaranth
-names every submodule by its place), so Yosys converts, and Verilator compiles, the same logic
-four or sixteen times: minutes of CPU for the larger networks. A :class:`Box` stands in for a
-component in the network: the same signature, around an ``Instance`` of one Verilog module that
-is converted on its own once (:meth:`Boxes.verilog`) and instantiated wherever the network has
-such a component. Only the Verilog path boxes (``network_verilog``, ``schednet_verilog``); a
-network simulated in Python (``amaranth.sim``) elaborates its components as they are.
+names every submodule by its place), so Amaranth and Yosys convert the same logic four or sixteen
+times: minutes of CPU for the larger networks. A :class:`Box` stands in for a component in the
+network: the same signature, around an ``Instance`` of one Verilog module that is converted on its
+own once (:meth:`Boxes.verilog`) and instantiated wherever the network has such a component. Only
+the Verilog path boxes (``network_verilog``, ``schednet_verilog``); a network simulated in Python
+(``amaranth.sim``) elaborates its components as they are.
+
+What this saves is the conversion: a four-node codec ring behind Ethernet converts in about a
+fifth of the time (32 instead of 177 s, on a loaded machine). Verilator compiles about as much as
+before: it inlines the boxes into their parent, and it generates C++ per instance even where it
+does not (``/* verilator no_inline_module */`` on the boxes of a four-node Ethernet ring: 45
+instead of 53 MB of C++, the same build CPU; hierarchical Verilation, ``hier_block``: no less
+CPU either).
 
 What makes two components the same design is their parameters: :meth:`Boxes.box` takes a key of
 them (``vcache.canonical`` form) and builds the component once per distinct key. A component must
