@@ -949,7 +949,7 @@ class EthPort10G(_EthPort):
         received frames are then not filtered by address. ``local_mac`` is also the source of the
         PAUSE frames sent and a PAUSE destination honoured, role or not. None: the address is an
         ``In(48)`` member of the same name, driven by whoever builds the port, so that ports that
-        differ only in their addresses are one design: the simulated networks convert and compile
+        differ only in their addresses are one design: the simulated networks convert
         it once for all their ports (``sim/cluster/box.py``), not once per port.
     role : None, "host", "next" or "prev"
         The port's place at its node (:data:`PORT_ROLES`). With a role, the addresses follow the

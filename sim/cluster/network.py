@@ -324,7 +324,7 @@ class Network(wiring.Component):
         Build the Verilog path's network (:func:`network_verilog`): every node and every Ethernet
         port a :class:`~wirereduce.sim.cluster.box.Box` of its design, collected in ``boxes``
         (:class:`~wirereduce.sim.cluster.box.Boxes`, filled as the network elaborates), so that
-        identical ones are converted and compiled once. Default False: the components themselves,
+        identical ones are converted once. Default False: the components themselves,
         for simulating the network in Python.
 
     Every host output also has ``host{k}_tx_tuser``: the frame's ``bad`` on its last beat (a
@@ -510,7 +510,7 @@ def eth_port(m, boxes, mtu: int, local_mac: int, peer_mac: int, **params):
     with ``boxes`` (a :class:`~wirereduce.sim.cluster.box.Boxes`) a box of the port built with its
     addresses as inputs (``local_mac=None, peer_mac=None``), which this ties to ``local_mac`` and
     ``peer_mac`` in ``m``: the ports of a network that differ only in their addresses are then one
-    design, converted and compiled once. Frames and counters are those of the port itself."""
+    design, converted once. Frames and counters are those of the port itself."""
     from wirereduce.hdl.eth.port import EthPort10G
 
     if boxes is None:
@@ -706,7 +706,7 @@ def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: 
     (``Network(boxed=True)``): the node is converted once, as module ``wirereduce_node``, and so is
     each kind of Ethernet port (``wirereduce_ethport``, ``wirereduce_ethport1``, …), each
     instantiated wherever the network has one; their texts follow the network's. A four-node
-    Ethernet ring is then one node and four ports to convert and compile instead of four and sixteen."""
+    Ethernet ring is then one node and four ports to convert instead of four and sixteen."""
     from amaranth.back import verilog
     from wirereduce.sim.cluster.vcache import cached_verilog
 

@@ -52,7 +52,7 @@ ENGINE_MODULE = "wirereduce_engine"
 class EngineBox(Box):
     """An :class:`~wirereduce.hdl.core.engine.Engine`'s ports around an ``Instance`` of the Verilog
     module :data:`ENGINE_MODULE`, converted once: sixteen identical engines are then one module to
-    convert and compile, not sixteen. (A boxed :class:`ScheduleNetwork` gets its engine boxes from
+    convert, not sixteen. (A boxed :class:`ScheduleNetwork` gets its engine boxes from
     its :class:`~wirereduce.sim.cluster.box.Boxes`, as this module name.)"""
 
     def __init__(self, config: EngineConfig):
@@ -100,7 +100,7 @@ class ScheduleNetwork(wiring.Component):
     boxed : bool
         The Verilog path's network (:func:`schednet_verilog`): every engine and every Ethernet port a
         :class:`~wirereduce.sim.cluster.box.Box` of its design, collected in ``boxes`` as the network
-        elaborates, so that identical ones are converted and compiled once (compile time). Default
+        elaborates, so that identical ones are converted once (conversion time). Default
         False: the components themselves, for simulating in Python.
 
     Raises
