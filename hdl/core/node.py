@@ -91,21 +91,27 @@ class Node(wiring.Component):
         already the new ones while ``control_taken`` is high. With ``control_taken`` they let
         the ports in front (e.g. the Ethernet ports' source filter, ``hdl/eth/port.py``) follow the
         node's configuration without the node knowing what they are.
+    probe : Out(2 * len(PROBE_POINTS)), or None
+        Simulation only (``probe=True``): one (start, end) pair of bits per point of
+        :data:`PROBE_POINTS`, high in the cycle a frame's first / last beat passes there; None
+        without ``probe``.
     """
 
     def __init__(self, config: NodeConfig | None = None, *, probe: bool = False):
         self.config = config if config is not None else NodeConfig()
-        #: Simulation only (``probe=True``): one (start, end) pair of bits per point of
-        #: :data:`PROBE_POINTS`, high in the cycle a frame's first / last beat passes there.
-        self.probe = Signal(2 * len(PROBE_POINTS), name="probe") if probe else None
         beat = FrameStream(self.config.width)
-        super().__init__({
+        members = {
             "host_rx": In(beat), "host_tx": Out(beat),
             "cw_in": In(beat), "cw_out": Out(beat),
             "ccw_in": In(beat), "ccw_out": Out(beat),
             "port_counters": In(port_counters_layout()),
             "control_taken": Out(1), "rank": Out(8), "nodes": Out(8),
-        })
+        }
+        if probe:
+            members["probe"] = Out(2 * len(PROBE_POINTS))
+        super().__init__(members)
+        if not probe:
+            self.probe = None
 
     def elaborate(self, platform):
         m = Module()

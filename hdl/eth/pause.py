@@ -29,7 +29,7 @@ Blocks
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.eth.mac import rx_beat_layout
@@ -58,6 +58,14 @@ _OPCODE_LE = int.from_bytes(PAUSE_OPCODE.to_bytes(2, "big"), "little")
 def _mac_le(mac: int) -> int:
     """A MAC address as the 48 low bits of a beat (first byte on the wire in bits 0..7)."""
     return int.from_bytes(mac.to_bytes(6, "big"), "little")
+
+
+def _mac_le_value(mac) -> Value:
+    """:func:`_mac_le` of an int, or of a 48-bit value (an address the port takes as an input)."""
+    if isinstance(mac, int):
+        return Const(_mac_le(mac), 48)
+    mac = Value.cast(mac)
+    return Cat(*(mac[8 * k:8 * k + 8] for k in reversed(range(6))))
 
 
 def pause_frame(src: int, quanta: int, dst: int = PAUSE_DST) -> bytes:
@@ -108,8 +116,10 @@ class PauseRx(wiring.Component):
 
     Parameters
     ----------
-    local_mac : int
-        The port's own address, also honoured as a PAUSE destination (31B.3.3).
+    local_mac : int or Value
+        The port's own address, also honoured as a PAUSE destination (31B.3.3); a 48-bit value
+        when the port takes its address as an input (:class:`~wirereduce.hdl.eth.port.EthPort10G`
+        with ``local_mac=None``).
 
     Attributes
     ----------
@@ -119,7 +129,7 @@ class PauseRx(wiring.Component):
         Good PAUSE frames received (wrapping).
     """
 
-    def __init__(self, local_mac: int):
+    def __init__(self, local_mac):
         self.local_mac = local_mac
         sig = stream.Signature(rx_beat_layout(), always_ready=True)
         super().__init__({"i": In(sig), "o": Out(sig), "pause": Out(1), "quanta": Out(16), "frames": Out(32)})
@@ -136,7 +146,7 @@ class PauseRx(wiring.Component):
         drop_now = Signal()
         quanta = Signal(16)
         dst = s2.data[:48]
-        header_is_pause = ((dst == _mac_le(PAUSE_DST)) | (dst == _mac_le(self.local_mac))) \
+        header_is_pause = ((dst == _mac_le(PAUSE_DST)) | (dst == _mac_le_value(self.local_mac))) \
             & (s1.data[32:48] == _ETHERTYPE_LE) & (s1.data[48:64] == _OPCODE_LE)
         m.d.comb += drop_now.eq(Mux(idx == 0, s1_v & ~s2.last & header_is_pause, drop))
         # pause_time: frame bytes 16-17, most significant first, in lanes 0-1 of beat 2.
@@ -178,8 +188,8 @@ class PauseTx(wiring.Component):
 
     Parameters
     ----------
-    local_mac : int
-        Source address of the PAUSE frames sent.
+    local_mac : int or Value
+        Source address of the PAUSE frames sent (a 48-bit value: an address taken as an input).
     quanta : int
         pause_time of an XOFF, 1 … 65535 (default :data:`PAUSE_MAX`).
     refresh : int or None
@@ -211,10 +221,11 @@ class PauseTx(wiring.Component):
             refresh = quanta * COLUMNS_PER_QUANTUM // 2
         if not isinstance(refresh, int) or isinstance(refresh, bool) or not 1 <= refresh < quanta * COLUMNS_PER_QUANTUM:
             raise ValueError(f"PauseTx refresh must be 1 … {quanta * COLUMNS_PER_QUANTUM - 1} columns, not {refresh!r}")
+        if isinstance(local_mac, int):
+            pause_frame(local_mac, 0)   # raises on an address that is not 48 bits
         self.local_mac = local_mac
         self.quanta = quanta
         self.refresh = refresh
-        self.header = pause_frame(local_mac, 0)[:16]
         super().__init__({
             "i": In(FrameStream(64)), "o": Out(FrameStream(64)),
             "xoff": In(1), "xon": In(1), "enable": In(1, init=1),
@@ -256,8 +267,10 @@ class PauseTx(wiring.Component):
         q = Signal(16)                   # pause_time of the PAUSE frame in flight
         q_now = Signal(16)
         m.d.comb += q_now.eq(Mux(committed, q, Mux(send_xoff, self.quanta, 0)))
-        hdr = int.from_bytes(self.header, "little")
-        pause_beats = [Const(hdr & (2**64 - 1), 64), Const(hdr >> 64, 64), Cat(q_now[8:16], q_now[:8], Const(0, 48))]
+        # Header: PAUSE_DST, local_mac, 88-08, opcode 00-01 (pause_frame's first 16 bytes).
+        hdr = Cat(Const(_mac_le(PAUSE_DST), 48), _mac_le_value(self.local_mac),
+                  Const(int.from_bytes(pause_frame(0, 0)[12:16], "little"), 32))
+        pause_beats = [hdr[:64], hdr[64:], Cat(q_now[8:16], q_now[:8], Const(0, 48))]
         pause_data = Signal(64)
         with m.Switch(beat):
             for k, value in enumerate(pause_beats):

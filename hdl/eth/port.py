@@ -804,13 +804,16 @@ class _EthPort(wiring.Component):
     """What :class:`EthPort10G` and :class:`EthPort10GCdc` share: the parameters, the node-side
     members and, in ``sync``, the framing (:meth:`_framing`). ``line`` adds the line members."""
 
-    def __init__(self, mtu: int, *, local_mac: int, peer_mac: int, rx_frames: int, cut_through: bool,
+    def __init__(self, mtu: int, *, local_mac: int | None, peer_mac: int | None, rx_frames: int, cut_through: bool,
                  flow_control: bool, cable_cycles: int, pause_quanta: int, line: dict,
                  role: str | None = None, mac_prefix: int = DEFAULT_MAC_PREFIX):
         with rejecting(self):
             check_mtu(mtu)
-            check_mac("local_mac", local_mac)
-            check_mac("peer_mac", peer_mac)
+            # An address given as None is an In(48) member of the same name instead (EthPort10G).
+            addresses = {name: mac for name, mac in (("local_mac", local_mac), ("peer_mac", peer_mac))
+                         if mac is not None}
+            for name, mac in addresses.items():
+                check_mac(name, mac)
             if not isinstance(rx_frames, int) or isinstance(rx_frames, bool) or rx_frames < 1:
                 raise ValueError(f"rx_frames must be an int ≥ 1, not {rx_frames!r}")
             if role is not None and role not in PORT_ROLES:
@@ -826,8 +829,8 @@ class _EthPort(wiring.Component):
         self.cable_cycles = cable_cycles
         self.pause_quanta = pause_quanta
         self.mtu = mtu
-        self.local_mac = local_mac
-        self.peer_mac = peer_mac
+        for name, mac in addresses.items():
+            setattr(self, name, mac)
         self.rx_frames = rx_frames
         self.cut_through = bool(cut_through)
         beat = FrameStream(64)
@@ -837,6 +840,7 @@ class _EthPort(wiring.Component):
             "stats": Out(eth_stats_layout()),
             "tx_tap": Out(beat_layout(64)), "tx_tap_valid": Out(1),
             "rank": In(8), "nodes": In(8), "control_taken": In(1),
+            **{name: In(48) for name in ("local_mac", "peer_mac") if name not in addresses},
             **line,
         })
 
@@ -867,7 +871,14 @@ class _EthPort(wiring.Component):
         and the MAC side, the tap, the deframer's counters and ``link_up`` (from ``block_lock``
         and ``hi_ber``, which the port drives); returns the framer's output and the deframer's
         input, the port's Ethernet frames out and in."""
-        m.submodules.framer = framer = EthFramer(self.peer_mac, self.local_mac)
+        fixed = lambda mac, default: mac if isinstance(mac, int) else default  # noqa: E731
+        m.submodules.framer = framer = EthFramer(fixed(self.peer_mac, DEFAULT_PEER_MAC),
+                                                 fixed(self.local_mac, DEFAULT_LOCAL_MAC))
+        if self.role is None:  # addresses taken as inputs (a role drives them in _addresses)
+            if not isinstance(self.peer_mac, int):
+                m.d.comb += framer.dst_mac.eq(self.peer_mac)
+            if not isinstance(self.local_mac, int):
+                m.d.comb += framer.src_mac.eq(self.local_mac)
         opened = (Opcode.CONTROL, Opcode.STATS_REQUEST) if self.role == "host" else ()
         m.submodules.deframer = deframer = EthDeframer(self.role is not None, opened)
         wiring.connect(m, wiring.flipped(self.tx), framer.i)
@@ -933,9 +944,13 @@ class EthPort10G(_EthPort):
     mtu : int
         The node's MTU (largest wirereduce frame, bytes); the MAC accepts frames up to
         :func:`max_frame_bytes` (mtu + 18) and drops longer ones as oversize.
-    local_mac, peer_mac : int
+    local_mac, peer_mac : int or None
         Source and destination addresses put on transmitted frames when ``role`` is None;
-        received frames are then not filtered by address.
+        received frames are then not filtered by address. ``local_mac`` is also the source of the
+        PAUSE frames sent and a PAUSE destination honoured, role or not. None: the address is an
+        ``In(48)`` member of the same name, driven by whoever builds the port, so that ports that
+        differ only in their addresses are one design: the simulated networks convert
+        it once for all their ports (``sim/cluster/box.py``), not once per port.
     role : None, "host", "next" or "prev"
         The port's place at its node (:data:`PORT_ROLES`). With a role, the addresses follow the
         node's CONTROL (``rank``, ``nodes``, ``control_taken``) and the port drops, and counts in
@@ -993,6 +1008,8 @@ class EthPort10G(_EthPort):
         Scrambled 66-bit block sent this cycle (bit 0 of ``header`` first on the line).
     line_rx : In(block_layout)
         The block received this cycle.
+    local_mac, peer_mac : In(48)
+        Only for an address given as None: the address, constant in practice.
 
     Raises
     ------
@@ -1128,6 +1145,9 @@ class EthPort10GCdc(_EthPort):
                  rx_frames: int = 2, cut_through: bool = False, flow_control: bool = False,
                  cable_cycles: int = 64, pause_quanta: int = PAUSE_MAX, role: str | None = None,
                  mac_prefix: int = DEFAULT_MAC_PREFIX):
+        with rejecting(self):  # its MAC runs in the transceiver's domains: addresses are constants
+            check_mac("local_mac", local_mac)
+            check_mac("peer_mac", peer_mac)
         super().__init__(mtu, local_mac=local_mac, peer_mac=peer_mac, rx_frames=rx_frames,
                          cut_through=cut_through, flow_control=flow_control, cable_cycles=cable_cycles,
                          pause_quanta=pause_quanta, role=role, mac_prefix=mac_prefix,

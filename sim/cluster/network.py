@@ -19,12 +19,13 @@ from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.node import Node
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameStream, beat_layout
+from wirereduce.sim.cluster.box import Boxes
 
 from wirereduce.config import NodeConfig, check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
 __all__ = ["LinkModel", "CmacCable", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "bytes_per_cycle",
-           "line_bytes_per_cycle", "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac", "delayed"]
+           "line_bytes_per_cycle", "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac", "eth_port", "delayed"]
 
 # Link timing, defined here once for the network, the engines and the benchmark.
 
@@ -319,6 +320,13 @@ class Network(wiring.Component):
         ``inj{k}_{cw,ccw}_t{data,keep,last,valid,ready,user}`` (``tuser`` = ``bad``): frames put
         there enter node ``k``'s ring input as if the link had delivered them (the fuzz suite).
 
+    boxed : bool
+        Build the Verilog path's network (:func:`network_verilog`): every node and every Ethernet
+        port a :class:`~wirereduce.sim.cluster.box.Box` of its design, collected in ``boxes``
+        (:class:`~wirereduce.sim.cluster.box.Boxes`, filled as the network elaborates), so that
+        identical ones are converted once. Default False: the components themselves,
+        for simulating the network in Python.
+
     Every host output also has ``host{k}_tx_tuser``: the frame's ``bad`` on its last beat (a
     host NIC drops such a frame, as it would one with a stomped FCS).
 
@@ -331,7 +339,9 @@ class Network(wiring.Component):
 
     def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
                  host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None,
-                 inject: bool = False, probe: bool = False):
+                 inject: bool = False, probe: bool = False, boxed: bool = False):
+        self.boxed = bool(boxed)
+        self.boxes = Boxes() if self.boxed else None
         with rejecting(self):
             self.inject = bool(inject)
             self._probing = bool(probe) and not self.inject
@@ -376,8 +386,15 @@ class Network(wiring.Component):
         n = self.nodes
         w = self.config.width
         rate = self.link_rate
-        ring = [InjectableNode(self.config) if self.inject else Node(self.config, probe=self._probing)
-                for _ in range(n)]
+        cfg, probing = self.config, self._probing
+        if self.boxed:  # one node design for all (rank and ring size come from CONTROL at run time)
+            self.boxes = boxes = Boxes()
+            if self.inject:
+                ring = [boxes.box("node", ("inject", cfg), lambda: InjectableNode(cfg)) for _ in range(n)]
+            else:
+                ring = [boxes.box("node", (cfg, probing), lambda: Node(cfg, probe=probing)) for _ in range(n)]
+        else:
+            ring = [InjectableNode(cfg) if self.inject else Node(cfg, probe=probing) for _ in range(n)]
         if self._probing:
             m.d.comb += self.probe.eq(Cat(*(node.probe for node in ring)))
         if self.inject:
@@ -394,7 +411,7 @@ class Network(wiring.Component):
             for k, node in enumerate(ring):
                 m.submodules[f"node{k}"] = node
             hosts = _eth_links(m, ring, self.config.mtu, self.link_latency, self.host_links,
-                               self.flip_link, self.flip_block)
+                               self.flip_link, self.flip_block, self.boxes)
             for k, (rx, tx) in enumerate(hosts):
                 self._host_wires(m, k, rx, tx)
             tap = m.submodules["eth_cw0"]
@@ -488,7 +505,22 @@ def delayed(m, value, cycles: int):
     return value
 
 
-def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
+def eth_port(m, boxes, mtu: int, local_mac: int, peer_mac: int, **params):
+    """An :class:`~wirereduce.hdl.eth.port.EthPort10G` ``(mtu, local_mac=…, peer_mac=…, **params)``;
+    with ``boxes`` (a :class:`~wirereduce.sim.cluster.box.Boxes`) a box of the port built with its
+    addresses as inputs (``local_mac=None, peer_mac=None``), which this ties to ``local_mac`` and
+    ``peer_mac`` in ``m``: the ports of a network that differ only in their addresses are then one
+    design, converted once. Frames and counters are those of the port itself."""
+    from wirereduce.hdl.eth.port import EthPort10G
+
+    if boxes is None:
+        return EthPort10G(mtu, local_mac=local_mac, peer_mac=peer_mac, **params)
+    port = boxes.box("ethport", (mtu, params), lambda: EthPort10G(mtu, local_mac=None, peer_mac=None, **params))
+    m.d.comb += [port.local_mac.eq(local_mac), port.peer_mac.eq(peer_mac)]
+    return port
+
+
+def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block, boxes=None):
     """Cable ``ring`` with single-clock :class:`~wirereduce.hdl.eth.port.EthPort10G` ports.
 
     Node k's port ``eth_cw{k}`` (tx: ``cw_out``, rx: ``ccw_in``) faces node k+1's ``eth_ccw{k+1}``
@@ -523,18 +555,20 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block):
     descrambler (x^58 + x^39 + 1, IEEE 802.3 clause 49.2.6) bits 5, 44 and 63 of that block are
     wrong, i.e. ``dtype``, ``flags`` and ``collective``, so the frame fails its header check.
 
+    With ``boxes``, every port is a box (:func:`eth_port`): four port designs for any ring size.
+
     Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
     """
     from wirereduce.hdl.eth.pcs import SYNC_DATA
-    from wirereduce.hdl.eth.port import EthPort10G, port_counters
+    from wirereduce.hdl.eth.port import port_counters
 
     n = len(ring)
     stats = [{} for _ in ring]  # each node's Ethernet ports' stats, by ETH_PORTS name
 
     def port(name, node, idx, peer_node, peer_idx, cut_through=False, role=None, flow_control=False):
-        p = EthPort10G(mtu, local_mac=eth_mac(node, idx), peer_mac=eth_mac(peer_node, peer_idx),
-                       cut_through=cut_through, role=role, mac_prefix=ETH_MAC_PREFIX,
-                       flow_control=flow_control, cable_cycles=latency)
+        p = eth_port(m, boxes, mtu, eth_mac(node, idx), eth_mac(peer_node, peer_idx),
+                     cut_through=cut_through, role=role, mac_prefix=ETH_MAC_PREFIX,
+                     flow_control=flow_control, cable_cycles=latency)
         m.submodules[name] = p
         if role is not None:  # the node's ports follow its CONTROL: addresses and source filter
             m.d.comb += [p.rank.eq(ring[node].rank), p.nodes.eq(ring[node].nodes),
@@ -668,15 +702,20 @@ def _cmac_host_tx(m, k, src, mtu, latency, rate):
 def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
                     host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None,
                     inject: bool = False, probe: bool = False) -> str:
-    """Verilog text of a :class:`Network` with top module ``wirereduce_net``."""
+    """Verilog text of a :class:`Network` with top module ``wirereduce_net``, boxed
+    (``Network(boxed=True)``): the node is converted once, as module ``wirereduce_node``, and so is
+    each kind of Ethernet port (``wirereduce_ethport``, ``wirereduce_ethport1``, …), each
+    instantiated wherever the network has one; their texts follow the network's. A four-node
+    Ethernet ring is then one node and four ports to convert instead of four and sixteen."""
     from amaranth.back import verilog
     from wirereduce.sim.cluster.vcache import cached_verilog
 
-    top = Network(nodes, config, link_latency, host_links, links, link_rate, inject, probe)
+    top = Network(nodes, config, link_latency, host_links, links, link_rate, inject, probe, boxed=True)
     top._MustUse__silence = True   # a cached text leaves it unconverted
 
     def make():
-        return verilog.convert(top, name="wirereduce_net", emit_src=False)
+        net = verilog.convert(top, name="wirereduce_net", emit_src=False)
+        return net + top.boxes.verilog()
 
     # The key is what the network was built from after its checks and defaults, as schednet_verilog's.
     args = (top.nodes, top.config, top.link_latency, top.host_links, top.links, top.link_rate, top.inject,

@@ -14,11 +14,12 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from amaranth import ClockSignal, Instance, Module, ResetSignal
+from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.hdl.params import rejecting
+from wirereduce.sim.cluster.box import Box, Boxes
 from wirereduce.sim.cluster.network import (
     ETH_MAC_PREFIX,
     LinkModel,
@@ -28,6 +29,7 @@ from wirereduce.sim.cluster.network import (
     clock_mhz,
     delayed,
     eth_mac,
+    eth_port,
     line_bytes_per_cycle,
     line_rate_gbps,
 )
@@ -47,28 +49,16 @@ ETH_TX_START = 8
 ENGINE_MODULE = "wirereduce_engine"
 
 
-class EngineBox(wiring.Component):
+class EngineBox(Box):
     """An :class:`~wirereduce.hdl.core.engine.Engine`'s ports around an ``Instance`` of the Verilog
-    module :data:`ENGINE_MODULE`, converted once (:func:`schednet_verilog`): sixteen identical
-    engines are then one module to convert and compile, not sixteen."""
+    module :data:`ENGINE_MODULE`, converted once: sixteen identical engines are then one module to
+    convert, not sixteen. (A boxed :class:`ScheduleNetwork` gets its engine boxes from
+    its :class:`~wirereduce.sim.cluster.box.Boxes`, as this module name.)"""
 
     def __init__(self, config: EngineConfig):
-        self._engine = Engine(config)
-        self._engine._MustUse__silence = True
-        super().__init__(self._engine.signature)
-
-    def elaborate(self, platform):
-        m = Module()
-        ports = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
-        for path, member in self.signature.members.flatten():
-            if not member.is_port:
-                continue
-            value = self
-            for part in path:
-                value = getattr(value, part)
-            ports[("i_" if member.flow == wiring.In else "o_") + "__".join(path)] = value
-        m.submodules.engine = Instance(ENGINE_MODULE, **ports)
-        return m
+        engine = Engine(config)
+        engine._MustUse__silence = True
+        super().__init__(engine.signature, ENGINE_MODULE)
 
 
 def link_latencies(topology: Topology, latency: int, jitter: int = 0, seed: int = 0) -> dict[tuple[int, int], int]:
@@ -107,6 +97,11 @@ class ScheduleNetwork(wiring.Component):
         lock-step); a multicast source that also delivers to its host starts only with room for the
         whole frame in its host FIFO (:class:`~wirereduce.hdl.core.engine.PacketFifo` ``room``), so no
         engine output pauses in the middle of a frame.
+    boxed : bool
+        The Verilog path's network (:func:`schednet_verilog`): every engine and every Ethernet port a
+        :class:`~wirereduce.sim.cluster.box.Box` of its design, collected in ``boxes`` as the network
+        elaborates, so that identical ones are converted once (conversion time). Default
+        False: the components themselves, for simulating in Python.
 
     Raises
     ------
@@ -120,6 +115,7 @@ class ScheduleNetwork(wiring.Component):
                  link_latency: int | dict = 4, link_rate: Fraction | int | None = None,
                  host_rate: Fraction | int | None = None, boxed: bool = False, links: str = "model"):
         self.boxed = bool(boxed)
+        self.boxes = Boxes() if self.boxed else None
         with rejecting(self):
             self.topology = parse_topology(topology)
             self.config = config if config is not None else EngineConfig(ports=self.topology.degree)
@@ -169,7 +165,11 @@ class ScheduleNetwork(wiring.Component):
         m = Module()
         topo, cfg = self.topology, self.config
         w = cfg.width
-        engines = [(EngineBox if self.boxed else Engine)(cfg) for _ in range(topo.nodes)]
+        if self.boxed:
+            self.boxes = Boxes()
+            engines = [self.boxes.box("engine", cfg, lambda: Engine(cfg)) for _ in range(topo.nodes)]
+        else:
+            engines = [Engine(cfg) for _ in range(topo.nodes)]
         for u, e in enumerate(engines):
             m.submodules[f"node{u}"] = e
             m.submodules[f"link_host{u}_rx"] = rx = LinkModel(w, self.link_latency, self.host_rate)
@@ -192,14 +192,12 @@ class ScheduleNetwork(wiring.Component):
     def _eth_ports(self, m, engines):
         """An :class:`~wirereduce.hdl.eth.port.EthPort10G` at every cabled network port, and the
         cables between them (class docstring, ``links``)."""
-        from wirereduce.hdl.eth.port import EthPort10G
-
         topo = self.topology
         ports = {}
         for u, e in enumerate(engines):
             for p, (v, q) in enumerate(topo.links[u]):
-                eth = m.submodules[f"eth{u}_{p}"] = EthPort10G(
-                    self.config.mtu, local_mac=eth_mac(u, p), peer_mac=eth_mac(v, q), cut_through=True,
+                eth = m.submodules[f"eth{u}_{p}"] = eth_port(
+                    m, self.boxes, self.config.mtu, eth_mac(u, p), eth_mac(v, q), cut_through=True,
                     mac_prefix=ETH_MAC_PREFIX, cable_cycles=self.latencies[(u, p)], tx_start=ETH_TX_START)
                 wiring.connect(m, getattr(e, f"net{p}_out"), eth.tx)
                 wiring.connect(m, eth.rx, getattr(e, f"net{p}_in"))
@@ -212,8 +210,11 @@ class ScheduleNetwork(wiring.Component):
 def schednet_verilog(topology: Topology | str, config: EngineConfig | None = None, link_latency: int | dict = 4,
                      link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
                      links: str = "model") -> str:
-    """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``; the engine is
-    converted once, as module :data:`ENGINE_MODULE`, and instantiated at every node."""
+    """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``, boxed: the
+    engine is converted once, as module :data:`ENGINE_MODULE`, and instantiated at every node; with
+    ``links="eth"`` so is each kind of Ethernet port (``wirereduce_ethport``, … : one per distinct
+    cable latency), their addresses tied to constants outside the boxes
+    (:func:`~wirereduce.sim.cluster.network.eth_port`)."""
     from amaranth.back import verilog
     from wirereduce.sim.cluster.vcache import cached_verilog
 
@@ -222,8 +223,7 @@ def schednet_verilog(topology: Topology | str, config: EngineConfig | None = Non
 
     def make():
         net = verilog.convert(top, name="wirereduce_net", emit_src=False)
-        engine = verilog.convert(Engine(top.config), name=ENGINE_MODULE, emit_src=False)
-        return net + "\n" + engine
+        return net + top.boxes.verilog()
 
     # The key is what the network was built from after its checks and defaults (the topology's
     # links, every directed link's latency, the rates as fractions).
