@@ -457,8 +457,7 @@ class Engine(wiring.Component):
                 wrong_port = Mux(red, ~on_terms, code != p)
                 not_pending = ~red & ~(pending >> h.seq[:qbits])[0]
                 m.d.sync += [looked.eq(1), reading.eq(0), port_bad.eq(wrong_port), seq_bad.eq(not_pending),
-                             unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port
-                                         | not_pending),
+                             unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port),
                              route.eq(Cat(~red, *(red & (code == (ROOT if u == P else u)) for u in range(nunits))))]
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
@@ -471,9 +470,9 @@ class Engine(wiring.Component):
             with m.If(g.o.valid & g.o.ready & g.o.payload.first):
                 m.d.comb += events.flag("reduce_frames").eq(is_red)
                 m.d.comb += events.flag("broadcast_frames").eq(~is_red)
+            # registered (timing): the bit clears a cycle after the result's first beat is taken
             clr = Signal(2 * S, name=f"gate{p}_pending_clr")
-            with m.If(g.o.valid & g.o.ready & g.o.payload.first & ~is_red):
-                m.d.comb += clr.eq(1 << hdr.seq[:qbits])
+            m.d.sync += clr.eq(Mux(g.o.valid & g.o.ready & g.o.payload.first & ~is_red, 1 << hdr.seq[:qbits], 0))
             pending_clr.append(clr)
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
             targets = [(bq, sel[0])]
@@ -689,9 +688,10 @@ class Engine(wiring.Component):
             # chunk g's partial sum leaves on port o: set its pending bit (the seq field's beat)
             seq_off = _field_offset("seq")
             on_beat = plv.first if seq_off // w == 0 else pafter[o]
+            # registered (timing): the bit is set a cycle after the beat with the seq field leaves
             setm = Signal(2 * S, name=f"p{o}_pending_set")
-            with m.If(out.valid & out.ready & sel & on_beat):
-                m.d.comb += setm.eq(1 << plv.data[seq_off % w:seq_off % w + qbits])
+            m.d.sync += setm.eq(Mux(out.valid & out.ready & sel & on_beat,
+                                    1 << plv.data[seq_off % w:seq_off % w + qbits], 0))
             pending_set.append(setm)
             with m.If(out.valid & out.ready):
                 m.d.sync += pafter[o].eq(plv.first & ~plv.last)
