@@ -439,6 +439,8 @@ class Engine(wiring.Component):
             unit_bad = Signal(name=f"gate{p}_unit_bad")
             port_bad = Signal(name=f"gate{p}_port_bad")   # the table says this frame cannot come on port p
             seq_bad = Signal(name=f"gate{p}_seq_bad")     # a BROADCAST for a chunk with no partial sum out
+            pend_q = Signal(name=f"gate{p}_pending")      # the head's pending bit, a cycle late (timing)
+            m.d.sync += pend_q.eq((pending >> h.seq[:qbits])[0])
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
                 m.d.sync += [looked.eq(0), reading.eq(0)]
@@ -455,9 +457,10 @@ class Engine(wiring.Component):
                 for t in range(MAX_TERMS):
                     on_terms = on_terms | (trp.data[3 + 3 * t:6 + 3 * t] == p)
                 wrong_port = Mux(red, ~on_terms, code != p)
-                not_pending = ~red & ~(pending >> h.seq[:qbits])[0]
+                not_pending = ~red & ~pend_q
                 m.d.sync += [looked.eq(1), reading.eq(0), port_bad.eq(wrong_port), seq_bad.eq(not_pending),
-                             unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port),
+                             unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port
+                                         | not_pending),
                              route.eq(Cat(~red, *(red & (code == (ROOT if u == P else u)) for u in range(nunits))))]
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE

@@ -47,9 +47,8 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     ``expect_bytes`` and ``mark_bad`` are registered likewise. ``late_count_bad`` is then one more
     count check made at that time (after the registered ones, counted as ``drop_count``; the engine
     gives a register), counted as ``drop_opcode`` instead when ``late_opcode`` (a register too) is high
-    with it (the engine: a frame its table says cannot arrive on that port); ``late_seq`` (a register)
-    drops the frame too, counted as ``drop_seq`` unless ``late_opcode`` (the engine: a result it has
-    no partial sum out for); ``wait`` stays
+    with it (the engine: a frame its table says cannot arrive on that port), or as ``drop_seq`` when
+    ``late_seq`` (a register) is (the engine: a result it has no partial sum out for); ``wait`` stays
     combinational. ``raw_head`` (with ``apply``): the registered
     checks read the header FIFO's head in every state (``gate.head_raw``/``head_raw_short``, no select
     by the gate's state in front of them; timing), for a caller whose ``apply`` also implies that
@@ -111,7 +110,6 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
             before = before | fail_q[k]
         late = Const(0, 1) if late_count_bad is None else late_count_bad
         late_sq = Const(0, 1) if late_seq is None else late_seq
-        late = late | late_sq     # two registers, ORed here (not one register behind their OR: timing)
         on = apply   # implies head_valid (above)
         m.d.comb += [gate.drop.eq(on & (bad_q | late)), gate.drop_track.eq(on & (bad_q | late)),
                      gate.accept.eq(on & ~bad_q & ~late & ~wait)]
