@@ -473,11 +473,12 @@ class Engine(wiring.Component):
             with m.If(g.o.valid & g.o.ready & g.o.payload.first):
                 m.d.comb += events.flag("reduce_frames").eq(is_red)
                 m.d.comb += events.flag("broadcast_frames").eq(~is_red)
-            # registered (timing): the bit clears a cycle after the result's first beat is taken
-            clr = Signal(2 * S, name=f"gate{p}_pending_clr")
-            m.d.sync += clr.eq(Mux(g.o.valid & g.o.ready & g.o.payload.first & ~is_red, 1 << hdr.seq[:qbits], 0))
-            pending_clr.append(clr)
             bq = m.submodules[f"bq{p}"] = ResetInserter(flush)(FrameQueue(w, S, MB))
+            # registered (timing): the bit clears a cycle after the result has left the port's broadcast
+            # queue (not as the gate takes it: one more load on the gate's handshake was a tenth level)
+            clr = Signal(2 * S, name=f"gate{p}_pending_clr")
+            m.d.sync += clr.eq(Mux(bq.pop & bq.head.valid, 1 << bq.head.seq[:qbits], 0))
+            pending_clr.append(clr)
             targets = [(bq, sel[0])]
             # Whether the head frame's slot is taken in each unit's reduce buffer, registered (timing:
             # the buffers take a first beat without looking, ``checked``). Only this gate's own first
