@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth_harness import simulate
-from test_hostile import no_frame, recv, send
+from test_hostile import no_frame, recv, send, stats
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.host.driver import parse_stats
 
@@ -27,12 +27,6 @@ def reduce_hdr(seq=0, **kw):
 
 def bcast_hdr(seq=0, **kw):
     return Header(opcode=Opcode.BROADCAST, collective=COLL, seq=seq, count=3, src=3, hop=0).replace(**kw)
-
-
-async def stats(ctx, dut):
-    await send(ctx, dut.host_rx, Header(opcode=Opcode.STATS_REQUEST).pack())
-    data, _ = await recv(ctx, dut.host_tx)
-    return parse_stats(data)
 
 
 def run_engine(testbench, chunks=2):

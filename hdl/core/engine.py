@@ -68,7 +68,7 @@ from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, be
 
 from wirereduce.config import EngineConfig
 from wirereduce.formats import supported_dtype_bytes
-from wirereduce.protocol import HEADER_BYTES, HEADER_FIELDS, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode
+from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode, header_layout
 from wirereduce.table import MAX_TERMS, ROOT
 
 __all__ = ["Engine", "FrameQueue", "OutQueue", "PacketFifo"]
@@ -228,16 +228,6 @@ class OutQueue(wiring.Component):
             self.overflow.eq(self.i.valid & ~beats.w_rdy),
         ]
         return m
-
-
-def _field_offset(name: str) -> int:
-    """Bit offset of header field ``name`` in the header (:data:`~wirereduce.protocol.HEADER_FIELDS`)."""
-    off = 0
-    for field, bits in HEADER_FIELDS:
-        if field == name:
-            return off
-        off += bits
-    raise KeyError(name)
 
 
 class _ReplicatedTable:
@@ -654,6 +644,7 @@ class Engine(wiring.Component):
         pactive = Signal(P)
         psel = Signal(P)   # 1: unit o's frame, 0: the output queue's
         pafter = Signal(P)  # the port's last beat out was a frame's first (and not its last)
+        seq_off = header_layout()["seq"].offset
         for o, out in enumerate(outs):
             oq, u = oqs[o], units[o].o
             qreq, ureq = Signal(name=f"p{o}_qreq"), Signal(name=f"p{o}_ureq")
@@ -690,7 +681,6 @@ class Engine(wiring.Component):
             with m.Elif(out.valid & out.ready & out.payload.last):
                 m.d.sync += pactive[o].eq(0)
             # chunk g's partial sum leaves on port o: set its pending bit (the seq field's beat)
-            seq_off = _field_offset("seq")
             on_beat = plv.first if seq_off // w == 0 else pafter[o]
             # registered (timing): the bit is set a cycle after the beat with the seq field leaves
             setm = Signal(2 * S, name=f"p{o}_pending_set")

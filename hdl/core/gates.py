@@ -46,9 +46,10 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     (a register the caller keeps: ``head_valid`` is then left out of the decision, for timing);
     ``expect_bytes`` and ``mark_bad`` are registered likewise. ``late_count_bad`` is then one more
     count check made at that time (after the registered ones, counted as ``drop_count``; the engine
-    gives a register), counted as ``drop_opcode`` instead when ``late_opcode`` (a register too) is high
-    with it (the engine: a frame its table says cannot arrive on that port), or as ``drop_seq`` when
-    ``late_seq`` (a register) is (the engine: a result it has no partial sum out for); ``wait`` stays
+    gives a register). ``late_opcode`` and ``late_seq`` (registers too) only name its counter: the
+    drop is ``late_count_bad``'s, which must include them, and it counts as ``drop_opcode`` with
+    ``late_opcode`` (the engine: a frame its table says cannot arrive on that port), else as
+    ``drop_seq`` with ``late_seq`` (the engine: a result it has no partial sum out for); ``wait`` stays
     combinational. ``raw_head`` (with ``apply``): the registered
     checks read the header FIFO's head in every state (``gate.head_raw``/``head_raw_short``, no select
     by the gate's state in front of them; timing), for a caller whose ``apply`` also implies that

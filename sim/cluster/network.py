@@ -388,7 +388,7 @@ class Network(wiring.Component):
         rate = self.link_rate
         cfg, probing = self.config, self._probing
         if self.boxed:  # one node design for all (rank and ring size come from CONTROL at run time)
-            self.boxes = boxes = Boxes()
+            boxes = self.boxes
             if self.inject:
                 ring = [boxes.box("node", ("inject", cfg), lambda: InjectableNode(cfg)) for _ in range(n)]
             else:

@@ -19,7 +19,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.hdl.params import rejecting
-from wirereduce.sim.cluster.box import Box, Boxes
+from wirereduce.sim.cluster.box import Boxes
 from wirereduce.sim.cluster.network import (
     ETH_MAC_PREFIX,
     LinkModel,
@@ -37,7 +37,7 @@ from wirereduce.sim.cluster.network import (
 from wirereduce.config import EngineConfig
 from wirereduce.schedule import Topology, parse_topology
 
-__all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "EngineBox", "engine_rates"]
+__all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "engine_rates"]
 
 #: Beats an engine's Ethernet port buffers before it starts a frame on the wire
 #: (:class:`~wirereduce.hdl.eth.port.TxStartBuffer`): a multicast feeds its ports in lock-step, and
@@ -45,20 +45,8 @@ __all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "EngineBox",
 #: few cycles at a frame's start; a frame that has started on an Ethernet wire cannot wait.
 ETH_TX_START = 8
 
-#: Verilog module name of the engine a :class:`EngineBox` instantiates.
+#: Verilog module name of the engine in a boxed :class:`ScheduleNetwork` (its ``Boxes`` kind "engine").
 ENGINE_MODULE = "wirereduce_engine"
-
-
-class EngineBox(Box):
-    """An :class:`~wirereduce.hdl.core.engine.Engine`'s ports around an ``Instance`` of the Verilog
-    module :data:`ENGINE_MODULE`, converted once: sixteen identical engines are then one module to
-    convert, not sixteen. (A boxed :class:`ScheduleNetwork` gets its engine boxes from
-    its :class:`~wirereduce.sim.cluster.box.Boxes`, as this module name.)"""
-
-    def __init__(self, config: EngineConfig):
-        engine = Engine(config)
-        engine._MustUse__silence = True
-        super().__init__(engine.signature, ENGINE_MODULE)
 
 
 def link_latencies(topology: Topology, latency: int, jitter: int = 0, seed: int = 0) -> dict[tuple[int, int], int]:
@@ -166,7 +154,6 @@ class ScheduleNetwork(wiring.Component):
         topo, cfg = self.topology, self.config
         w = cfg.width
         if self.boxed:
-            self.boxes = Boxes()
             engines = [self.boxes.box("engine", cfg, lambda: Engine(cfg)) for _ in range(topo.nodes)]
         else:
             engines = [Engine(cfg) for _ in range(topo.nodes)]
