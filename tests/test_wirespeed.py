@@ -16,7 +16,7 @@ from amaranth_harness import to_beats
 from wirereduce.hdl.arith.fp32 import CANONICAL_NAN
 from wirereduce.hdl.core.node import Node
 from wirereduce.host.driver import parse_stats
-from wirereduce.sim.bench.latency import hop_latency
+from wirereduce.sim.bench.latency import engine_hop_latency, hop_latency
 
 from wirereduce.config import NodeConfig
 from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame, max_elements
@@ -431,6 +431,14 @@ def test_hop_latency_within_target():
     assert got[512, "reduce"] <= got[64, "reduce"] and got[512, "broadcast"] <= got[64, "broadcast"], got
     # The hop does not wait for the frame: it cuts through, whatever the MTU.
     assert hop_latency(64, 9000, "reduce") == got[64, "reduce"]
+
+
+def test_engine_hop_latency_within_target():
+    # The schedule engine's hop (P = 4, a VC709 torus node): a two-term reduce and a forwarded
+    # broadcast (which the engine takes only after its own partial sum of the chunk left) both
+    # cut through within the 16 cycles.
+    got = {p: engine_hop_latency(64, 4, 2, p, 1500) for p in ("reduce", "broadcast")}
+    assert all(isinstance(v, int) and 0 < v <= 16 for v in got.values()), got
 
 
 def test_hop_latency_errors():

@@ -153,7 +153,7 @@ STATS_COUNTERS: tuple[str, ...] = (
     "drop_dtype",        # frames dropped: dtype not the collective's
     "drop_flags",        # frames dropped: a flag bit not valid for the opcode
     "control_refused",   # CONTROL frames refused: a collective is running and the frame has no ABORT flag
-    "drop_queue",        # beats lost: an engine output queue written while full (never expected; a bug to report)
+    "drop_queue",        # beats lost: an engine output queue or host FIFO written while full (never expected)
     "link_drop_host",    # frames that went bad on the host's link into this node (FCS, runt, oversize, code, overflow)
     "link_drop_cw",      # likewise on the link from rank-1 (cw input); stomped frames not counted
     "link_drop_ccw",     # likewise on the link from rank+1 (ccw input)

@@ -525,7 +525,15 @@ class Engine(wiring.Component):
             s = stream.Signature(tagged).create(path=(f"bc{p}",))
             m.d.comb += [s.valid.eq(bq.o.valid & looked), s.payload.eq(bq.o.payload), bq.o.ready.eq(s.ready & looked)]
             m.d.comb += bq.pop.eq(s.valid & s.ready & s.payload.last)
-            bsrc.append((s, req))
+            # For the writer's request (registered), the entry as the table gives it (``reading``) or
+            # as kept (``looked``): the request is registered in the cycle the entry comes, so the
+            # frame is granted no later than with a live request on ``looked`` (back-to-back
+            # forwarded frames keep their gap).
+            req_now = Signal(P + 1, name=f"bc{p}_req_now")
+            m.d.comb += req_now.eq(Mux(looked, req, Cat(rp.data[40:40 + P], rp.data[46])))
+            early = Signal(name=f"bc{p}_early")
+            m.d.comb += early.eq(bq.o.valid & bq.o.payload.first & (looked | reading))
+            bsrc.append((s, req_now, early))
 
         # --- writers, output queues and ports ------------------------------------------------
         # Output queues (docs/architecture.md "Multicast off the slot grid"): every frame that is
@@ -535,8 +543,9 @@ class Engine(wiring.Component):
         # of its output queue or the partial sum of unit o (which sends only on port o). A multicast
         # no longer waits for the last of its ports: each port takes its copy when it is free.
         root = units[P]
-        writers = [root.o] + [s for s, _ in bsrc]        # writer 0 the root, 1 + p broadcast source p
-        wreqs = [root.o_req] + [r for _, r in bsrc]
+        writers = [root.o] + [s for s, _, _ in bsrc]        # writer 0 the root, 1 + p broadcast source p
+        wreqs = [root.o_req] + [r for _, r, _ in bsrc]
+        wfirst = [root.o.valid & root.o.payload.first] + [e for _, _, e in bsrc]   # a first beat to write
         nw = len(writers)
         margin = 4
         oqs = []
@@ -558,49 +567,62 @@ class Engine(wiring.Component):
         # root, then the broadcast sources by port), all-or-nothing on the targets (now only queues
         # with room, free unless another writer is writing a frame into one), and a waiting writer
         # reserves its queues against the ones after it, so it is never starved and two writers never
-        # each hold a queue the other waits for. Two-cycle grant for the root (timing): the
+        # each hold a queue the other waits for. Two-cycle grant for every writer (timing): the
         # request (a first beat waiting, the writer not active, room in every target) and its targets
-        # are registered, and the grant works on the registered requests. A request stays up until
-        # granted (a writer holds its first beat, and room only grows while no other writer writes
-        # into the queue), so the registered one is the same request a cycle later; a writer granted
-        # at the edge before is active, which masks its registered request. CONTROL (``start``)
-        # clears the requests, since it flushes the queues whose first beats they were.
+        # are registered (room is late by up to three beats' writes: the queues' ``margin``), and the
+        # grant works on the registered requests. A request stays up until granted (a writer holds
+        # its first beat, and room only grows while no other writer writes into the queue), so the
+        # registered one is the same request a cycle later; a writer granted at the edge before is
+        # active, which masks its registered request. CONTROL (``start``) clears the requests, since
+        # it flushes the queues whose first beats they were.
         wbusy = Signal(P)                        # output queue o is being written by a writer
         wowner = [Signal(range(nw), name=f"wowner{o}") for o in range(P)]
         wactive = Signal(nw)
         wmask = [Signal(P + 1, name=f"wmask{i}") for i in range(nw)]
         wreq_q = Signal(nw)
         wreqs_q = [Signal(P + 1, name=f"wreq_ports{i}") for i in range(nw)]
-        blocked = wbusy
-        for i, s in enumerate(writers):
+        for i in range(nw):
             req = wreqs[i]
             rooms = ((req[:P] & ~oq_room) == 0) & (host_fifos[i].room | ~req[P])
-            wants = s.valid & s.payload.first & ~wactive[i] & rooms
-            if i == 0:
-                # the root's request, registered: its valid and ports come from the unit's output tap
-                m.d.sync += [wreq_q[i].eq(wants & ~start), wreqs_q[i].eq(req)]
-            else:
-                # a broadcast source's valid, first flag and entry are registers already (the input
-                # queue's output register, ``looked``, the looked-up entry): its request is live (no
-                # ``start`` in it: ``ctl_hold``, below, is up in the cycle CONTROL is taken)
-                m.d.comb += [wreq_q[i].eq(wants), wreqs_q[i].eq(req)]
+            wants = wfirst[i] & ~wactive[i] & rooms
+            # every writer's request registered (timing: the room compares and the source's valid
+            # stay out of the grant)
+            m.d.sync += [wreq_q[i].eq(wants & ~start), wreqs_q[i].eq(req)]
+        # The grant, flat (timing: no chain of selects over the writers): writer i is granted when its
+        # request stands (not masked by a grant at the edge before), none of its queues is being
+        # written, and no writer before it in priority requests one of them (``ctl_hold`` stops all
+        # grants, so it is left out of the reservations).
+        live = [Signal(name=f"wrequest{i}") for i in range(nw)]
+        for i in range(nw):
+            m.d.comb += live[i].eq(wreq_q[i] & ~wactive[i])
+        grants = []
+        for i in range(nw):
             want = wreqs_q[i][:P]
-            request = Signal(name=f"wrequest{i}")
-            m.d.comb += request.eq(wreq_q[i] & ~wactive[i] & ~ctl_hold)
+            blocked = wbusy
+            for j in range(i):
+                blocked = blocked | (wreqs_q[j][:P] & live[j].replicate(P))
             can = Signal(name=f"wgrant{i}")
-            m.d.comb += can.eq(request & ((want & blocked) == 0))
-            nxt_blocked = Signal(P, name=f"wblocked{i}")
-            m.d.comb += nxt_blocked.eq(blocked | Mux(request, want, 0))
-            blocked = nxt_blocked
+            m.d.comb += can.eq(live[i] & ~ctl_hold & ((want & blocked) == 0))
+            grants.append(can)
             with m.If(can):
                 m.d.sync += [wactive[i].eq(1), wmask[i].eq(wreqs_q[i])]
-                for o in range(P):
-                    with m.If(want[o]):
-                        m.d.sync += [wbusy[o].eq(1), wowner[o].eq(i)]
+        # At most one writer is granted a given queue in a cycle, so its owner is the OR of the
+        # granted writers' numbers (no priority select).
+        for o in range(P):
+            took = [grants[i] & wreqs_q[i][o] for i in range(nw)]
+            owner = Const(0, len(wowner[o]))
+            for i in range(1, nw):
+                owner = owner | Mux(took[i], i, 0)
+            any_took = Signal(name=f"wtake{o}")
+            m.d.comb += any_took.eq(Cat(*took).any())
+            with m.If(any_took):
+                m.d.sync += [wbusy[o].eq(1), wowner[o].eq(owner)]
         # A granted writer writes every beat into all its targets at once, at its own rate; the
         # output queues had room for the whole frame (and no other writer writes into them until it
         # is done), so it does not look at their ``ready`` (timing: no level compare in front of the
-        # writes). Its host FIFO's ``ready`` stays in, as before.
+        # writes). Nor at its host FIFO's: only this writer writes it, and it had room for the whole
+        # frame too (``PacketFifo.room``). A beat either refused would be lost and counted
+        # (``drop_queue``), which the room rule makes impossible.
         fires = []
         deliveries = []
         for i, s in enumerate(writers):
@@ -609,9 +631,9 @@ class Engine(wiring.Component):
             m.d.comb += [hf.i.valid.eq(s.valid & wactive[i] & wmask[i][P]), hf.i.payload.eq(s.payload)]
             with m.If(s.payload.first):
                 m.d.comb += [hf.i.payload.data[8:16].eq(Opcode.HOST_RESULT), hf.i.payload.data[40:48].eq(run.rank)]
-            ok = ok & (~wmask[i][P] | hf.i.ready)
+            m.d.comb += events.flag("drop_queue").eq(hf.i.valid & ~hf.i.ready)
             delivered = events.flag("result_frames")
-            m.d.comb += delivered.eq(hf.i.valid & hf.i.ready & hf.i.payload.first)
+            m.d.comb += delivered.eq(hf.i.valid & hf.i.payload.first)
             deliveries.append(delivered)
             m.d.comb += s.ready.eq(ok)
             fire = Signal(name=f"wfire{i}")

@@ -35,8 +35,8 @@ class EventCounters:
 
     Each part of the node that sees an event takes a one-cycle flag for it (:meth:`flag`); a
     counter adds up all its flags every cycle (:meth:`update`). With ``registered`` (the schedule
-    engine, for timing) the sum of a counter's flags is registered first, so the counters show an
-    event a cycle later; a :class:`StatusResponder` with ``settle=2`` snapshots them a cycle later
+    engine, for timing) every flag is registered first (no sum of flags in front of a register), so
+    the counters show an event a cycle later; a :class:`StatusResponder` with ``settle=2`` snapshots them a cycle later
     to match.
     """
 
@@ -55,13 +55,16 @@ class EventCounters:
         """Add every counter's flags to it (call once, after every part took its flags)."""
         for name, flags in self._flags.items():
             if flags:
+                if self._registered:   # each flag registered on its own, then summed into the counter
+                    regs = []
+                    for f in flags:
+                        f_q = Signal(name=f"{f.name}_q")
+                        m.d.sync += f_q.eq(f)
+                        regs.append(f_q)
+                    flags = regs
                 total = flags[0]
                 for f in flags[1:]:
                     total = total + f
-                if self._registered:
-                    total_q = Signal(range(len(flags) + 1), name=f"inc_{name}")
-                    m.d.sync += total_q.eq(total)
-                    total = total_q
                 m.d.sync += self.values[name].eq(self.values[name] + total)
 
 

@@ -155,8 +155,9 @@ def engine_hop_latency(width: int = 64, ports: int = 4, terms: int = 2, path: st
     A lone ``Engine(EngineConfig(width, mtu, ports=ports))`` is loaded with a one-flow table. For
     ``"reduce"`` the node sums ``terms`` terms — the local chunk and ``terms - 1`` children's
     frames, which arrive on ports 0, 2, 3, … in the same cycle — and sends the sum on port 1; for
-    ``"broadcast"`` a BROADCAST frame arrives on port 0 and is forwarded on port 1 (and delivered to
-    the host).
+    ``"broadcast"`` the node first sends its local chunk as the partial sum on port 0 (to its parent),
+    then the result, a BROADCAST frame, arrives on port 0 and is forwarded on port 1 (and delivered
+    to the host).
 
     Raises
     ------
@@ -207,10 +208,12 @@ def engine_hop_latency(width: int = 64, ports: int = 4, terms: int = 2, path: st
         control = Header(opcode=Opcode.CONTROL, collective=_COLLECTIVE, src=_RANK, hop=1, seq=1)
         await send(ctx, dut.host_rx, control.pack())
         await ctx.tick().repeat(40)
-        if path == "reduce":
-            push = Header(opcode=Opcode.HOST_PUSH, collective=_COLLECTIVE, seq=0, count=n, src=_RANK)
-            await send(ctx, dut.host_rx, frame(push, local))
-        await ctx.tick().repeat(8)
+        # the local chunk: the term of the reduce hop; for the broadcast hop, the partial sum the
+        # node sends to its parent on port 0 first (a result is taken only for a chunk whose partial
+        # sum is out: docs/protocol.md "Schedule engine frames")
+        push = Header(opcode=Opcode.HOST_PUSH, collective=_COLLECTIVE, seq=0, count=n, src=_RANK)
+        await send(ctx, dut.host_rx, frame(push, local))
+        await ctx.tick().repeat(8 if path == "reduce" else 200)
         seen["go"] = True
 
     async def net(ctx):
