@@ -168,3 +168,57 @@ def test_result_only_for_a_partial_sum_out():
     st = seen["stats"]
     drops = {k: v for k, v in st.items() if k.startswith("drop_") and v}
     assert drops == {"drop_seq": 2} and st["broadcast_frames"] == 1 and st["result_frames"] == 1, st
+
+
+def test_replayed_reduce_dropped_and_the_collective_goes_on():
+    """A child's REDUCE sent again after its chunk was summed (a replay) would take the chunk's
+    reduce-buffer slot and hold it: chunk g + 2S, which needs that slot, would wait at the gate for
+    ever. The gate drops it (``drop_seq``), and also a copy that arrives while the first copy still
+    waits in its slot for the local chunk; every partial sum of ten chunks (slots 4: 2S = 8) comes
+    out once, bit for bit."""
+    chunks = 10
+    rng = np.random.default_rng(7)
+    local = [rng.standard_normal(3).astype(np.float32) for _ in range(chunks)]
+    child = [rng.standard_normal(3).astype(np.float32) for _ in range(chunks)]
+    seen = {"partials": []}
+    dut = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8))
+    entry = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")
+
+    def push(g):
+        return frame(Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=0, count=3), local[g])
+
+    def child_frame(g):
+        return frame(reduce_hdr(g), child[g])
+
+    async def tb(ctx):
+        await send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=2).pack() + entry)
+        await recv(ctx, dut.host_tx)
+        await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL, src=RANK, hop=1,
+                                            seq=chunks).pack())
+        await recv(ctx, dut.host_tx)
+        for g in range(chunks - 1):
+            await send(ctx, dut.host_rx, push(g))
+            await send(ctx, dut.net0_in, child_frame(g))
+            seen["partials"].append(await recv(ctx, dut.net1_out))
+            if g == 0:
+                await send(ctx, dut.net0_in, child_frame(0))      # replay of a summed chunk (slot 0)
+        # chunk 9: its frame waits in slot 1 for the local chunk; a second copy arrives behind it
+        last = chunks - 1
+        await send(ctx, dut.net0_in, child_frame(last))
+        await send(ctx, dut.net0_in, child_frame(last))
+        await send(ctx, dut.host_rx, push(last))
+        seen["partials"].append(await recv(ctx, dut.net1_out))
+        seen["no_more"] = await no_frame(ctx, dut.net1_out, 300)
+        seen["stats"] = await stats(ctx, dut)
+
+    simulate(dut, [tb])
+    assert len(seen["partials"]) == chunks
+    for g, (data, bad) in enumerate(seen["partials"]):
+        h = Header.unpack(data)
+        assert not bad and (h.opcode, h.seq, h.count) == (Opcode.REDUCE, g, 3), (g, h)
+        assert words(np.frombuffer(data[16:], "<f4")) == words((child[g] + local[g]).astype(np.float32)), g
+    assert seen["no_more"], "a replayed chunk was summed again"
+    st = seen["stats"]
+    drops = {k: v for k, v in st.items() if k.startswith("drop_") and v}
+    assert drops == {"drop_seq": 2}, drops
+    assert st["reduce_frames"] == chunks

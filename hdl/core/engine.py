@@ -230,6 +230,23 @@ class OutQueue(wiring.Component):
         return m
 
 
+def _waited_for(seq, cand_chunk, cand_known, qbits: int):
+    """Whether a summation unit still waits for chunk ``seq`` (docs/protocol.md "Schedule engine
+    frames"): it is one of the unit's known candidates, or after the last known one by less than
+    2S = 2**``qbits``, and in any case less than 2S after C0. A chunk before C0 or between two known
+    candidates has been summed (the unit follows its chunks in increasing order and a taken candidate
+    is replaced by the chunk after the last); the window rule keeps every chunk in flight below
+    C0 + 2S (docs/architecture.md "Why the engine cannot deadlock")."""
+    D = len(cand_known)
+    d0 = (seq - cand_chunk[0])[:32]
+    ok = Const(0, 1)
+    for k in range(D):
+        dk = (seq - cand_chunk[k])[:32]
+        last = cand_known[k] & (~cand_known[k + 1] if k + 1 < D else Const(1, 1))
+        ok = ok | (cand_known[k] & (dk == 0)) | (last & (dk != 0) & (dk[qbits:] == 0))
+    return cand_known[0] & (d0[qbits:] == 0) & ok
+
+
 class _ReplicatedTable:
     """The schedule table as identical copies of one memory, each with at most
     :attr:`READ_PORTS` read ports, all written together through one write port's signals.
@@ -430,6 +447,11 @@ class Engine(wiring.Component):
             port_bad = Signal(name=f"gate{p}_port_bad")   # the table says this frame cannot come on port p
             seq_bad = Signal(name=f"gate{p}_seq_bad")     # a BROADCAST for a chunk with no partial sum out
             pend_q = Signal(name=f"gate{p}_pending")      # the head's pending bit, a cycle late (timing)
+            # Whether the head's chunk is one unit u still waits for (``inwin[1 + u]``, registered every
+            # cycle): C0 or a later known candidate, or after the last known one, and below C0 + 2S.
+            # A REDUCE for a chunk the unit has summed (a replay) or that cannot be in flight is
+            # dropped (``drop_seq``) before it takes a slot it would hold until the next CONTROL.
+            inwin = Signal(1 + nunits, name=f"gate{p}_inwin")
             m.d.sync += pend_q.eq((pending >> h.seq[:qbits])[0])
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
@@ -448,10 +470,22 @@ class Engine(wiring.Component):
                     on_terms = on_terms | (trp.data[3 + 3 * t:6 + 3 * t] == p)
                 wrong_port = Mux(red, ~on_terms, code != p)
                 not_pending = ~red & ~pend_q
-                m.d.sync += [looked.eq(1), reading.eq(0), port_bad.eq(wrong_port), seq_bad.eq(not_pending),
+                to_unit = [red & (code == (ROOT if u == P else u)) for u in range(nunits)]
+                not_waited = Const(0, 1)
+                for u in range(nunits):
+                    not_waited = not_waited | (to_unit[u] & ~inwin[1 + u])
+                m.d.sync += [looked.eq(1), reading.eq(0), port_bad.eq(wrong_port),
+                             seq_bad.eq(not_pending | not_waited),
                              unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port
-                                         | not_pending),
-                             route.eq(Cat(~red, *(red & (code == (ROOT if u == P else u)) for u in range(nunits))))]
+                                         | not_pending | not_waited),
+                             route.eq(Cat(~red, *to_unit))]
+            with m.Elif(looked):
+                # While the head waits, its unit may take the chunk (its first copy, in the slot the head
+                # waits for): the check is made again every cycle, and the slot reads taken for three
+                # cycles after it is freed (``slot_taken`` below), so a replay is dropped before then.
+                stale = (route[1:] & ~inwin[1:]).any()
+                with m.If(stale):
+                    m.d.sync += [unit_bad.eq(1), seq_bad.eq(1)]
             hdr = g.o.payload.hdr
             is_red = hdr.opcode == Opcode.REDUCE
             # The route is looked up (and written) only while the head waits in the gate's START state,
@@ -485,7 +519,11 @@ class Engine(wiring.Component):
                 rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB, checked=True))
                 targets.append((rq, sel[1 + u]))
                 wiring.connect(m, ub, rq.r)
-                m.d.sync += slot_taken[1 + u].eq((rq.r.valid >> h.seq[:qbits])[0])
+                # a slot reads taken until three cycles after it is freed (the replay check above)
+                v1, v2 = Signal(2 * S, name=f"rq{p}_{u}_valid1"), Signal(2 * S, name=f"rq{p}_{u}_valid2")
+                m.d.sync += [v1.eq(rq.r.valid), v2.eq(v1)]
+                m.d.sync += slot_taken[1 + u].eq(((rq.r.valid | v1 | v2) >> h.seq[:qbits])[0])
+                m.d.sync += inwin[1 + u].eq(_waited_for(h.seq, unit.cand_chunk, unit.cand_known, qbits))
             slot_wait = (slot_taken & route).any()
             ready = Const(0, 1)
             for q, on in targets:

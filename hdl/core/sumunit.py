@@ -113,6 +113,10 @@ class SumUnit(wiring.Component):
     o : Out(stream.Signature(tagged_layout(width))); o_req : Out(ports + 1)
         The sums; ``o_req`` is the frame's output request, valid with each beat.
     busy, mismatch : Out(1)
+    cand_chunk : Out(ArrayLayout(32, lookahead)); cand_known : Out(lookahead)
+        The candidates C0 … C(D-1) (chunk numbers, registers) and which of them are known (a prefix).
+        Every chunk of the unit's order before C0, and between two known candidates, has been summed;
+        the engine's gates drop a REDUCE frame for one of those (a replay) before it takes a slot.
     """
 
     def __init__(self, width: int, ports: int, terms: int, slots: int, slot_beats: int, req: int | None = None,
@@ -142,6 +146,7 @@ class SumUnit(wiring.Component):
             "start": In(1), "hold": In(1), "first": In(9), "chunks": In(32), "mode": In(8),
             "o": Out(stream.Signature(tagged_layout(width))), "o_req": Out(ports + 1),
             "busy": Out(1), "mismatch": Out(1),
+            "cand_chunk": Out(data.ArrayLayout(32, lookahead)), "cand_known": Out(lookahead),
         })
         super().__init__(members)
 
@@ -177,6 +182,7 @@ class SumUnit(wiring.Component):
         cand_f = [Signal(8, name=f"c{k}_f") for k in range(D)]
         cand_ent = [Signal(64, name=f"c{k}_ent") for k in range(D)]
         known, ld = Signal(D, name="known"), Signal(D, name="ld")
+        m.d.comb += [self.cand_known.eq(known)] + [self.cand_chunk[k].eq(cand_g[k]) for k in range(D)]
         stuck = Signal(D, name="stuck")   # a count mismatch was reported
         # Table reads: the address is the flow of the first candidate whose entry is not in; the data
         # is the entry of the address of the cycle before (an entry depends on its flow only).
