@@ -230,21 +230,47 @@ class OutQueue(wiring.Component):
         return m
 
 
-def _waited_for(seq, cand_chunk, cand_known, qbits: int):
-    """Whether a summation unit still waits for chunk ``seq`` (docs/protocol.md "Schedule engine
-    frames"): it is one of the unit's known candidates, or after the last known one by less than
-    2S = 2**``qbits``, and in any case less than 2S after C0. A chunk before C0 or between two known
-    candidates has been summed (the unit follows its chunks in increasing order and a taken candidate
-    is replaced by the chunk after the last); the window rule keeps every chunk in flight below
-    C0 + 2S (docs/architecture.md "Why the engine cannot deadlock")."""
-    D = len(cand_known)
-    d0 = (seq - cand_chunk[0])[:32]
-    ok = Const(0, 1)
+def _waited_window(m: Module, unit, qbits: int, name: str):
+    """The chunks a summation unit still waits for, as registers a gate can test a ``seq`` against in a
+    few LUT levels (docs/protocol.md "Schedule engine frames").
+
+    A unit waits for one of its known candidates, or a chunk after the last known one; every chunk
+    before C0, or between two known candidates, has been summed (the unit follows its chunks in
+    increasing order and a taken candidate is replaced by the chunk after the last); the window rule
+    keeps every chunk in flight below C0 + 2S, 2S = 2**``qbits`` (docs/architecture.md "Why the
+    engine cannot deadlock"). Within [C0, C0 + 2S) each residue r mod 2S is one chunk, so the set is
+    a mask ``mask[r]`` with the window's base: ``lo`` = C0 mod 2S, ``hi0``/``hi1`` = C0 // 2S and one
+    more. Two register stages (the candidates' offsets from C0, then the mask): a few cycles behind
+    the unit, which only ever means a chunk the unit has just taken still reads as waited for (the
+    gates hold a freed slot taken for as long); a legitimate frame cannot be ahead of the window by
+    then, since chunk C0 + 2S needs a result of a chunk after C0 first.
+
+    Returns ``(mask, lo, hi0, hi1)``."""
+    D = len(unit.cand_known)
+    Q = 1 << qbits
+    known = unit.cand_known
+    c0 = unit.cand_chunk[0]
+    # stage 1: each known candidate's offset from C0, or Q (beyond the window); the base of the window
+    offs = [Signal(range(Q + 1), name=f"{name}_off{k}") for k in range(D)]
+    known_q = Signal(D, name=f"{name}_known")
+    lo, hi0, hi1 = Signal(qbits, name=f"{name}_lo"), Signal(32 - qbits, name=f"{name}_hi0"), \
+        Signal(32 - qbits, name=f"{name}_hi1")
+    m.d.sync += [known_q.eq(known), lo.eq(c0[:qbits]), hi0.eq(c0[qbits:]), hi1.eq(c0[qbits:] + 1)]
     for k in range(D):
-        dk = (seq - cand_chunk[k])[:32]
-        last = cand_known[k] & (~cand_known[k + 1] if k + 1 < D else Const(1, 1))
-        ok = ok | (cand_known[k] & (dk == 0)) | (last & (dk != 0) & (dk[qbits:] == 0))
-    return cand_known[0] & (d0[qbits:] == 0) & ok
+        dk = (unit.cand_chunk[k] - c0)[:32]
+        m.d.sync += offs[k].eq(Mux(dk[qbits:] == 0, dk[:qbits], Q))
+    # stage 2: the mask by residue (offset of residue r from the base: (r - lo) mod Q)
+    mask = Signal(Q, name=f"{name}_mask")
+    bits = []
+    for r in range(Q):
+        off = (Const(r, qbits) - lo)[:qbits]
+        hit = Const(0, 1)
+        for k in range(D):
+            last = known_q[k] & (~known_q[k + 1] if k + 1 < D else Const(1, 1))
+            hit = hit | (known_q[k] & (offs[k] == off)) | (last & (off > offs[k]))
+        bits.append(known_q[0] & hit)
+    m.d.sync += mask.eq(Cat(*bits))
+    return mask, lo, hi0, hi1
 
 
 class _ReplicatedTable:
@@ -427,6 +453,9 @@ class Engine(wiring.Component):
         pending_set = []
         pending_clr = []
 
+        # what each unit still waits for, for the gates' replay check (``_waited_window``)
+        windows = [_waited_window(m, unit, qbits, f"unit{u}_win") for u, unit in enumerate(units)]
+
         # --- queues ---------------------------------------------------------------------------
         flush = Signal()
         m.d.comb += flush.eq(start)
@@ -481,7 +510,7 @@ class Engine(wiring.Component):
                              route.eq(Cat(~red, *to_unit))]
             with m.Elif(looked):
                 # While the head waits, its unit may take the chunk (its first copy, in the slot the head
-                # waits for): the check is made again every cycle, and the slot reads taken for three
+                # waits for): the check is made again every cycle, and the slot reads taken for four
                 # cycles after it is freed (``slot_taken`` below), so a replay is dropped before then.
                 stale = (route[1:] & ~inwin[1:]).any()
                 with m.If(stale):
@@ -519,11 +548,20 @@ class Engine(wiring.Component):
                 rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB, checked=True))
                 targets.append((rq, sel[1 + u]))
                 wiring.connect(m, ub, rq.r)
-                # a slot reads taken until three cycles after it is freed (the replay check above)
-                v1, v2 = Signal(2 * S, name=f"rq{p}_{u}_valid1"), Signal(2 * S, name=f"rq{p}_{u}_valid2")
-                m.d.sync += [v1.eq(rq.r.valid), v2.eq(v1)]
-                m.d.sync += slot_taken[1 + u].eq(((rq.r.valid | v1 | v2) >> h.seq[:qbits])[0])
-                m.d.sync += inwin[1 + u].eq(_waited_for(h.seq, unit.cand_chunk, unit.cand_known, qbits))
+                # a slot reads taken until four cycles after it is freed (the replay check above)
+                v1, v2, v3 = (Signal(2 * S, name=f"rq{p}_{u}_valid{k}") for k in (1, 2, 3))
+                m.d.sync += [v1.eq(rq.r.valid), v2.eq(v1), v3.eq(v2)]
+                m.d.sync += slot_taken[1 + u].eq(((rq.r.valid | v1 | v2 | v3) >> h.seq[:qbits])[0])
+                # from the header FIFO's head in every state (timing: no select by the gate's state in
+                # front of the compares); read only at ``reading`` and while ``looked``, when the gate
+                # showed this head in START the cycle before, so ``head_raw`` was ``head``
+                mask, lo, hi0, hi1 = windows[u]
+                seq = g.head_raw.seq
+                # the mask bit and the window's high bits, each registered (timing), then combined
+                in_mask, in_base = Signal(name=f"gate{p}_{u}_in_mask"), Signal(name=f"gate{p}_{u}_in_base")
+                m.d.sync += [in_mask.eq((mask >> seq[:qbits])[0]),
+                             in_base.eq(Mux(seq[:qbits] >= lo, seq[qbits:] == hi0, seq[qbits:] == hi1))]
+                m.d.comb += inwin[1 + u].eq(in_mask & in_base)
             slot_wait = (slot_taken & route).any()
             ready = Const(0, 1)
             for q, on in targets:
