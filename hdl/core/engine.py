@@ -455,6 +455,17 @@ class Engine(wiring.Component):
 
         # what each unit still waits for, for the gates' replay check (``_waited_window``)
         windows = [_waited_window(m, unit, qbits, f"unit{u}_win") for u, unit in enumerate(units)]
+        # The windows show a new collective's first chunks five cycles after CONTROL (the units reset a
+        # cycle late, then the window's two stages and the gate's register): the network gates start
+        # no look-up until seven cycles after it (``settling``), so no frame is judged on the last
+        # collective's window.
+        settle = Signal(range(8))
+        settling = Signal()
+        with m.If(start):
+            m.d.sync += settle.eq(7)
+        with m.Elif(settle != 0):
+            m.d.sync += settle.eq(settle - 1)
+        m.d.sync += settling.eq(start | (settle > 1))
 
         # --- queues ---------------------------------------------------------------------------
         flush = Signal()
@@ -485,7 +496,7 @@ class Engine(wiring.Component):
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
                 m.d.sync += [looked.eq(0), reading.eq(0)]
-            with m.Elif(g.head_valid & ~looked & ~reading):
+            with m.Elif(g.head_valid & ~looked & ~reading & ~settling):
                 m.d.sync += reading.eq(1)
             with m.Elif(reading):
                 code = trp.data[0:3]
