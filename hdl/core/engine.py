@@ -240,7 +240,8 @@ def _waited_window(m: Module, unit, qbits: int, name: str):
     keeps every chunk in flight below C0 + 2S, 2S = 2**``qbits`` (docs/architecture.md "Why the
     engine cannot deadlock"). Within [C0, C0 + 2S) each residue r mod 2S is one chunk, so the set is
     a mask ``mask[r]`` with the window's base: ``lo`` = C0 mod 2S, ``hi0``/``hi1`` = C0 // 2S and one
-    more. Two register stages (the candidates' offsets from C0, then the mask): a few cycles behind
+    more (registered with the mask, so both are of the same C0). Two register stages (the
+    candidates' offsets from C0, then the mask): a few cycles behind
     the unit, which only ever means a chunk the unit has just taken still reads as waited for (the
     gates hold a freed slot taken for as long); a legitimate frame cannot be ahead of the window by
     then, since chunk C0 + 2S needs a result of a chunk after C0 first.
@@ -270,7 +271,11 @@ def _waited_window(m: Module, unit, qbits: int, name: str):
             hit = hit | (known_q[k] & (offs[k] == off)) | (last & (off > offs[k]))
         bits.append(known_q[0] & hit)
     m.d.sync += mask.eq(Cat(*bits))
-    return mask, lo, hi0, hi1
+    # the base once more, so the gates test the mask and the base of the same C0
+    lo2, hi02, hi12 = Signal.like(lo, name=f"{name}_lo2"), Signal.like(hi0, name=f"{name}_hi02"), \
+        Signal.like(hi1, name=f"{name}_hi12")
+    m.d.sync += [lo2.eq(lo), hi02.eq(hi0), hi12.eq(hi1)]
+    return mask, lo2, hi02, hi12
 
 
 class _ReplicatedTable:
