@@ -29,10 +29,11 @@ def bcast_hdr(seq=0, **kw):
     return Header(opcode=Opcode.BROADCAST, collective=COLL, seq=seq, count=3, src=3, hop=0).replace(**kw)
 
 
-def run_engine(testbench, chunks=2):
+def run_engine(testbench, chunks=2, local=LOCAL_CHUNKS):
     """One engine at rank RANK of one flow: its unit sums the child's frame (port 0) then the local
     chunk and sends the partial sum to the parent on port 1; the result comes back on port 1 and is
-    forwarded on port 0 and delivered to the host. The host pushes LOCAL_CHUNKS first."""
+    forwarded on port 0 and delivered to the host. The host pushes ``local`` first (None: the
+    testbench pushes)."""
     dut = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8))
     entry = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")
 
@@ -43,12 +44,16 @@ def run_engine(testbench, chunks=2):
         await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL, src=RANK, hop=1,
                                             seq=chunks).pack())
         assert parse_stats((await recv(ctx, dut.host_tx))[0])["control_refused"] == 0
-        for g in range(chunks):
-            await send(ctx, dut.host_rx, frame(Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=0,
-                                                      count=3), LOCAL_CHUNKS[g]))
+        if local is not None:
+            for g in range(chunks):
+                await send(ctx, dut.host_rx, push_frame(g, local[g]))
         await testbench(ctx, dut)
 
     simulate(dut, [tb])
+
+
+def push_frame(g, values):
+    return frame(Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=0, count=3), values)
 
 
 def words(a):
@@ -181,23 +186,13 @@ def test_replayed_reduce_dropped_and_the_collective_goes_on():
     local = [rng.standard_normal(3).astype(np.float32) for _ in range(chunks)]
     child = [rng.standard_normal(3).astype(np.float32) for _ in range(chunks)]
     seen = {"partials": []}
-    dut = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8))
-    entry = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")
-
-    def push(g):
-        return frame(Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=0, count=3), local[g])
 
     def child_frame(g):
         return frame(reduce_hdr(g), child[g])
 
-    async def tb(ctx):
-        await send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=2).pack() + entry)
-        await recv(ctx, dut.host_tx)
-        await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL, src=RANK, hop=1,
-                                            seq=chunks).pack())
-        await recv(ctx, dut.host_tx)
+    async def tb(ctx, dut):
         for g in range(chunks - 1):
-            await send(ctx, dut.host_rx, push(g))
+            await send(ctx, dut.host_rx, push_frame(g, local[g]))
             await send(ctx, dut.net0_in, child_frame(g))
             seen["partials"].append(await recv(ctx, dut.net1_out))
             if g == 0:
@@ -206,12 +201,12 @@ def test_replayed_reduce_dropped_and_the_collective_goes_on():
         last = chunks - 1
         await send(ctx, dut.net0_in, child_frame(last))
         await send(ctx, dut.net0_in, child_frame(last))
-        await send(ctx, dut.host_rx, push(last))
+        await send(ctx, dut.host_rx, push_frame(last, local[last]))
         seen["partials"].append(await recv(ctx, dut.net1_out))
         seen["no_more"] = await no_frame(ctx, dut.net1_out, 300)
         seen["stats"] = await stats(ctx, dut)
 
-    simulate(dut, [tb])
+    run_engine(tb, chunks, local=None)
     assert len(seen["partials"]) == chunks
     for g, (data, bad) in enumerate(seen["partials"]):
         h = Header.unpack(data)
