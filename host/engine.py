@@ -23,7 +23,7 @@ from wirereduce.host.driver import DriverError, parse_stats
 
 from wirereduce.config import EngineConfig
 from wirereduce.formats import CANONICAL_NAN, Op, dtype_byte, format_of, from_words, to_words
-from wirereduce.protocol import HEADER_BYTES, Flag, Header, Opcode, frame
+from wirereduce.protocol import HEADER_BYTES, Codec, Flag, Header, Opcode, frame
 from wirereduce.schedule import Schedule
 from wirereduce.table import ENTRY_BYTES, plan, table_frames_payloads
 
@@ -71,13 +71,20 @@ class EngineSession:
     abort : bool
         The CONTROL carries ``Flag.ABORT``: the engine drops a collective it still runs (the
         host's last one did not finish) instead of refusing this one.
+    compression : int, optional
+        Error-bound exponent k (4 … 24) of the INCEPTIONN-style codec (docs/codec.md): pushes
+        are sent compressed (``codec = INCEPTIONN_V1``, ``eb_k = k``), results arrive compressed
+        and are decoded; chunks hold at most :func:`wirereduce.codec.max_elements_compressed`
+        elements, so even an incompressible one fits a frame. fp32 arrays on engines built with
+        ``EngineConfig(codec=True)`` only. ``None`` (default): uncompressed.
 
     Raises
     ------
     ValueError
         A rank outside the schedule, a bad window, an unsupported dtype or operation, a dtype whose
         format the engines are not built with (``config.formats``: they would refuse the CONTROL),
-        a schedule with more flows than the engine holds.
+        a schedule with more flows than the engine holds; ``compression`` out of range, on
+        another format than fp32, or for engines built without the codec.
     """
 
     rank: int
@@ -89,6 +96,7 @@ class EngineSession:
     tag: int = 1
     op: str | Op = "sum"
     abort: bool = False
+    compression: int | None = None
     result_words: np.ndarray = field(init=False)
     received: set = field(init=False, default_factory=set)
     last_stats: dict | None = field(init=False, default=None)
@@ -103,8 +111,19 @@ class EngineSession:
                              f"{', '.join(self.config.formats)} only (EngineConfig.formats); they would refuse "
                              f"the CONTROL")
         self.dtype = dtype_byte(self.format, self.op)
+        per_chunk = self.config.max_elements
+        if self.compression is not None:
+            from wirereduce.codec import check_k, max_elements_compressed
+
+            self.compression = check_k(self.compression)
+            if not self.config.codec:
+                raise ValueError("compression needs engines built with the codec (EngineConfig(codec=True)); "
+                                 "these have no codec")
+            if self.format.name != "fp32":
+                raise ValueError(f"compression is fp32-only (docs/codec.md); the array is {self.format.name}")
+            per_chunk = max_elements_compressed(self.config.mtu)
         self.words = to_words(self.array, self.format)
-        self.chunks = plan(self.words.size, self.schedule, self.config.max_elements)
+        self.chunks = plan(self.words.size, self.schedule, per_chunk)
         if len(self.schedule.flows) > self.config.max_flows:
             raise ValueError(f"the schedule has {len(self.schedule.flows)} flows; the engine holds "
                              f"{self.config.max_flows}: build it with max_flows ≥ {len(self.schedule.flows)}")
@@ -136,18 +155,33 @@ class EngineSession:
         """Request tag of SCHEDULE frame ``i``."""
         return (self.tag + 1 + i) & 0xFFFF
 
+    @property
+    def codec(self) -> int:
+        """The ``codec`` field of this collective's frames."""
+        return Codec.NONE if self.compression is None else Codec.INCEPTIONN_V1
+
+    @property
+    def eb_k(self) -> int:
+        """The ``eb_k`` field of this collective's frames (0 uncompressed)."""
+        return 0 if self.compression is None else self.compression
+
     def control_frame(self) -> bytes:
         return Header(opcode=Opcode.CONTROL, collective=self.collective, src=self.rank, dtype=self.dtype,
                       hop=len(self.schedule.flows), seq=len(self.chunks), count=self.tag & 0xFFFF,
-                      flags=int(Flag.ABORT) if self.abort else 0).pack()
+                      codec=self.codec, eb_k=self.eb_k, flags=int(Flag.ABORT) if self.abort else 0).pack()
 
     def push_frames(self) -> list[EnginePush]:
         """Every HOST_PUSH, in chunk order, with the results its host must hold first (the window)."""
         out = []
         for c in self.chunks:
             hdr = Header(opcode=Opcode.HOST_PUSH, collective=self.collective, seq=c.seq, hop=c.flow,
-                         count=c.count, src=self.rank, dtype=self.dtype)
-            payload = self.words[c.start:c.start + c.count].astype("<u4").tobytes()
+                         count=c.count, src=self.rank, dtype=self.dtype, codec=self.codec, eb_k=self.eb_k)
+            if self.compression is None:
+                payload = self.words[c.start:c.start + c.count].astype("<u4").tobytes()
+            else:
+                from wirereduce.codec import encode
+
+                payload = encode(self.words[c.start:c.start + c.count].view(np.float32), self.compression)
             out.append(EnginePush(c.seq, max(0, c.seq - self.window + 1), frame(hdr, payload)))
         return out
 
@@ -182,12 +216,23 @@ class EngineSession:
         if not 0 <= h.seq < len(self.chunks):
             raise DriverError(f"node {self.rank}: result for chunk {h.seq} of {len(self.chunks)}")
         c = self.chunks[h.seq]
-        if h.hop != c.flow or h.count != c.count or len(data) != HEADER_BYTES + 4 * c.count or h.dtype != self.dtype:
+        raw_len = self.compression is not None or len(data) == HEADER_BYTES + 4 * c.count
+        if (h.hop != c.flow or h.count != c.count or not raw_len or h.dtype != self.dtype
+                or (h.codec, h.eb_k) != (self.codec, self.eb_k)):
             raise DriverError(f"node {self.rank}: result {h!r} does not match chunk {c} ({len(data)} bytes, "
-                              f"dtype byte 0x{self.dtype:02x})")
+                              f"dtype byte 0x{self.dtype:02x}, codec {int(self.codec)}, eb_k {self.eb_k})")
         if h.seq in self.received:
             raise DriverError(f"node {self.rank}: chunk {h.seq} received twice")
-        self.result_words[c.start:c.start + c.count] = np.frombuffer(data[HEADER_BYTES:], dtype="<u4")
+        if self.compression is None:
+            words = np.frombuffer(data[HEADER_BYTES:], dtype="<u4")
+        else:
+            from wirereduce.codec import decode
+
+            try:
+                words = decode(data[HEADER_BYTES:], c.count, self.compression).view(np.uint32)
+            except ValueError as e:
+                raise DriverError(f"node {self.rank}: compressed result chunk {h.seq} is malformed: {e}") from e
+        self.result_words[c.start:c.start + c.count] = words
         self.received.add(h.seq)
 
     @property

@@ -330,13 +330,13 @@ class EngineRankDriver:
         #: The last allreduce did not finish: the next CONTROL carries ``Flag.ABORT``.
         self.unfinished = False
 
-    def session(self, array: np.ndarray, op: str = "sum"):
+    def session(self, array: np.ndarray, op: str = "sum", compression: int | None = None):
         """The :class:`~wirereduce.host.engine.EngineSession` of the next allreduce of ``array``
         (checked, nothing sent; takes a collective id and request tags)."""
         from wirereduce.host.engine import EngineSession
 
         s = EngineSession(self.rank, self.schedule, self.config, self.ids.next, np.asarray(array), self.window,
-                          tag=self.tags.next, op=op, abort=self.unfinished)
+                          tag=self.tags.next, op=op, abort=self.unfinished, compression=compression)
         self.ids.take()
         for _ in range(1 + len(s.schedule_frames())):
             self.tags.take()
@@ -350,14 +350,16 @@ class EngineRankDriver:
         ----------
         bucket : numpy.ndarray, shape (n,), float32, ml_dtypes.bfloat16, float16 or int32
             This rank's array; every rank passes the same length and dtype.
-        compression : None
-            The engine has no codec: anything but None raises ValueError.
+        compression : int, optional
+            Error-bound exponent k (4 … 24) of INCEPTIONN-compressed pushes and results (fp32,
+            engines built with ``EngineConfig(codec=True)``; anything else raises ValueError).
         op : {"sum", "max", "min"}
 
         Returns
         -------
         numpy.ndarray, shape (n,), the bucket's dtype
-            Bit for bit :func:`wirereduce.sim.golden.schedule.allreduce` of every rank's array.
+            Bit for bit :func:`wirereduce.sim.golden.schedule.allreduce` of every rank's array
+            (with ``compression``, its compressed form).
 
         Raises
         ------
@@ -375,9 +377,7 @@ class EngineRankDriver:
     async def allreduce_async(self, bucket: np.ndarray, compression: int | None = None,
                               op: str = "sum") -> np.ndarray:
         """:meth:`allreduce` in a running event loop."""
-        if compression is not None:
-            raise ValueError("the schedule engine has no codec: compression must be None")
-        s = self.session(bucket, op)
+        s = self.session(bucket, op, compression)
         try:
             await self._run(s)
         except BaseException:

@@ -333,7 +333,9 @@ def test_demo_topology_bf16_on_the_cocotb_engine(tmp_path, capsys):
     (["demo", "--dtype", "bf16"], "need --topology"),
     (["demo", "--topology", TOPOLOGY], "--algorithm"),
     (["demo", "--topology", TOPOLOGY, "--nodes", "3", "--algorithm", "ring"], "disagrees"),
-    (["demo", "--topology", TOPOLOGY, "--algorithm", "ring", "--compress", "8"], "--compress"),
+    (["demo", "--topology", TOPOLOGY, "--algorithm", "ring", "--compress", "3"], "--compress"),
+    (["demo", "--topology", TOPOLOGY, "--algorithm", "ring", "--compress", "8", "--engine", "cocotb"],
+     "--compress with --engine cocotb"),
 ])
 def test_demo_topology_errors(argv, message, capsys, tmp_path):
     assert main([*argv, "--build-dir", str(tmp_path / "b")]) == 2

@@ -11,6 +11,7 @@ from test_hostile import no_frame, recv, send, stats
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.host.driver import parse_stats
 
+from wirereduce.codec import encode
 from wirereduce.config import EngineConfig
 from wirereduce.protocol import Codec, Flag, Header, Opcode, frame
 from wirereduce.table import LOCAL, EngineEntry, encode_entry
@@ -29,31 +30,37 @@ def bcast_hdr(seq=0, **kw):
     return Header(opcode=Opcode.BROADCAST, collective=COLL, seq=seq, count=3, src=3, hop=0).replace(**kw)
 
 
-def run_engine(testbench, chunks=2, local=LOCAL_CHUNKS):
+def run_engine(testbench, chunks=2, local=LOCAL_CHUNKS, k=None):
     """One engine at rank RANK of one flow: its unit sums the child's frame (port 0) then the local
     chunk and sends the partial sum to the parent on port 1; the result comes back on port 1 and is
     forwarded on port 0 and delivered to the host. The host pushes ``local`` first (None: the
-    testbench pushes)."""
-    dut = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8))
+    testbench pushes). ``k``: an engine built with the codec runs a collective compressed with
+    error bound 2^-k (the pushes compressed)."""
+    dut = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8, codec=k is not None))
     entry = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")
+    codec = {} if k is None else {"codec": Codec.INCEPTIONN_V1, "eb_k": k}
 
     async def tb(ctx):
         await send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=2).pack() + entry)
         st = parse_stats((await recv(ctx, dut.host_tx))[0])
         assert st["drop_count"] == 0 and st["control_refused"] == 0, st
         await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL, src=RANK, hop=1,
-                                            seq=chunks).pack())
+                                            seq=chunks, **codec).pack())
         assert parse_stats((await recv(ctx, dut.host_tx))[0])["control_refused"] == 0
         if local is not None:
             for g in range(chunks):
-                await send(ctx, dut.host_rx, push_frame(g, local[g]))
+                await send(ctx, dut.host_rx, push_frame(g, local[g], k))
         await testbench(ctx, dut)
 
     simulate(dut, [tb])
 
 
-def push_frame(g, values):
-    return frame(Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=0, count=3), values)
+def push_frame(g, values, k=None):
+    """HOST_PUSH of chunk ``g`` (compressed with error bound 2^-k where ``k`` is given)."""
+    hdr = Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=0, count=3)
+    if k is None:
+        return frame(hdr, values)
+    return frame(hdr.replace(codec=Codec.INCEPTIONN_V1, eb_k=k), encode(np.asarray(values, np.float32), k))
 
 
 def words(a):

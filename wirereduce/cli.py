@@ -315,9 +315,11 @@ def simulate_schedule(arrays, args, progress=True):
     except ValueError as e:
         raise CliError(str(e)) from e
     ports = args.ports if args.ports is not None else s.topology.degree
+    k = getattr(args, "compress", None)
     try:
         cfg = EngineConfig(args.width, args.mtu, args.slots, ports=ports, max_flows=max(8, 1 << (len(s.flows) - 1)
-                                                                                      .bit_length()))
+                                                                                      .bit_length()),
+                           codec=k is not None)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     if len(arrays) != s.nodes:
@@ -336,9 +338,13 @@ def simulate_schedule(arrays, args, progress=True):
                             build_root=args.build_dir, threads=args.sim_threads, links=getattr(args, "links", "model"))
     except ValueError as e:
         raise CliError(str(e)) from e
-    r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args), op=getattr(args, "op", "sum"))
+    try:
+        r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args),
+                          op=getattr(args, "op", "sum"), compression=k)
+    except ValueError as e:
+        raise CliError(str(e)) from e
     rec = {"cycles": r.cycles, "bytes": r.bytes, "elements": r.elements, "chunks": r.chunks, "wall_s": r.wall_s,
-           "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum")}
+           "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum"), "compression": k}
     return r.results, rec, s, cfg, mhz, time.perf_counter() - t0
 
 
@@ -349,8 +355,10 @@ def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
     us = rec["cycles"] / mhz
     algbw = rec["bytes"] * 8 / (us * 1e3)
     op = rec.get("op", "sum")
-    bad = golden_check(arrays, s, results, op)
-    print(f"topology={s.topology.name} algorithm={s.algorithm} dtype={arrays[0].dtype} op={op} "
+    k = rec.get("compression")
+    bad = golden_check(arrays, s, results, op, k)
+    codec = "" if k is None else f" compression=k{k}"
+    print(f"topology={s.topology.name} algorithm={s.algorithm} dtype={arrays[0].dtype} op={op}{codec} "
           f"flows={len(s.flows)} nodes={s.nodes} "
           f"ports={cfg.ports} elements={rec['elements']} bytes={rec['bytes']} chunks={rec['chunks']} "
           f"width={cfg.width} mtu={cfg.mtu}")
@@ -359,7 +367,7 @@ def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
           f"wall-clock second (verilator; {wall:.1f} s wall in all, build included)")
     for k, b in enumerate(bad):
         print(f"node{k}: {'bit-exact' if b == 0 else f'{b} elements differ'} vs the golden {s.algorithm} "
-              f"allreduce in table order")
+              f"allreduce in table order{codec}")
     return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
 
 
@@ -369,7 +377,17 @@ def _check_schedule_args(args) -> None:
         raise CliError("--topology needs --algorithm (ring, biring or multitree)")
     if args.engine == "cocotb" and getattr(args, "engine_given", False) and args.sim_threads != 1:
         raise CliError("--sim-threads is a fast-engine option; drop it with --engine cocotb")
-    for flag, bad in (("--compress", getattr(args, "compress", None) is not None),
+    k = getattr(args, "compress", None)
+    if k is not None:
+        from wirereduce.codec import check_k
+
+        try:
+            check_k(k)
+        except ValueError as e:
+            raise CliError(f"--compress: {e}") from e
+    for flag, bad in (("--compress with --engine cocotb", k is not None and args.engine == "cocotb"
+                       and getattr(args, "engine_given", False)),
+                      ("--compress with --links eth", k is not None and getattr(args, "links", "model") == "eth"),
                       ("--links cmac", getattr(args, "links", "model") == "cmac"),
                       ("--links eth with --engine cocotb", getattr(args, "links", "model") == "eth"
                        and args.engine == "cocotb" and getattr(args, "engine_given", False)),

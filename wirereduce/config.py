@@ -164,8 +164,11 @@ MAX_LOOKAHEAD = 4
 class EngineConfig(NodeConfig):
     """Elaboration-time parameters of a schedule engine (:mod:`wirereduce.hdl.core.engine`).
 
-    Everything of :class:`NodeConfig` (``codec`` must stay False: the engine has no codec yet),
-    plus:
+    Everything of :class:`NodeConfig` (``codec``: a
+    :class:`~wirereduce.hdl.codec.port.CodecIn` behind the host port and every network input and a
+    :class:`~wirereduce.hdl.codec.port.CodecOut` in front of every output, as on the ring node, so
+    every hop of a compressed collective decompresses, sums and recompresses; docs/codec.md
+    "On the schedule engine"), plus:
 
     Parameters
     ----------
@@ -213,7 +216,7 @@ class EngineConfig(NodeConfig):
     ------
     ValueError, TypeError
         Everything :class:`NodeConfig` raises; ``ports``, ``max_flows`` or ``lookahead`` out of range;
-        ``codec``; ``formats`` (:func:`~wirereduce.formats.check_formats`).
+        ``formats`` (:func:`~wirereduce.formats.check_formats`).
     """
 
     ports: int = 4
@@ -238,11 +241,11 @@ class EngineConfig(NodeConfig):
         if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= MAX_LOOKAHEAD:
             raise ValueError(f"lookahead must be an int from 1 to {MAX_LOOKAHEAD} (chunks a summation unit "
                              f"may choose from), not {d!r}")
-        if self.codec:
-            raise ValueError("the schedule engine has no codec yet; build it with codec=False")
         object.__setattr__(self, "formats", check_formats(self.formats))   # frozen: the canonical order
 
     def __repr__(self):
         formats = f", formats={self.formats!r}" if self.formats != tuple(FORMATS) else ""
+        codec = ", codec=True" if self.codec else ""
         return (f"EngineConfig(width={self.width}, ports={self.ports}, mtu={self.mtu}, slots={self.slots}, "
-                f"max_flows={self.max_flows}, priority={self.priority!r}, lookahead={self.lookahead}{formats})")
+                f"max_flows={self.max_flows}, priority={self.priority!r}, lookahead={self.lookahead}{formats}"
+                f"{codec})")

@@ -109,8 +109,9 @@ class TrainConfig:
             if self.backend == "gloo":
                 raise ValueError("--topology runs the wirereduce hook: it needs --backend sim or loopback")
             if self.compress is not None:
-                raise ValueError("the schedule engine has no codec: --compress needs ring nodes (leave out "
-                                 "--topology)")
+                raise ValueError("train serves schedule engines built with no codec (the codec engine runs in "
+                                 "`wirereduce sim allreduce --topology … --compress K`): --compress needs ring "
+                                 "nodes here (leave out --topology)")
         if self.wire_dtype is not None:
             names = {"bf16": "bfloat16", "fp16": "float16"}
             self.wire_dtype = names.get(self.wire_dtype, self.wire_dtype)

@@ -60,12 +60,14 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
+from wirereduce.hdl.codec.port import CodecIn, CodecOut
 from wirereduce.hdl.core.chunkbuf import ChunkBuffer
 from wirereduce.hdl.core.gates import check_header
 from wirereduce.hdl.core.status import EventCounters, StatusResponder, port_counters_layout, report_status
 from wirereduce.hdl.core.sumunit import SumUnit, queue_head_layout
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, beat_layout, tagged_layout
 
+from wirereduce.codec import K_MAX, K_MIN
 from wirereduce.config import EngineConfig
 from wirereduce.formats import supported_dtype_bytes
 from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode, header_layout
@@ -322,9 +324,10 @@ class _ReplicatedTable:
 
 
 class _Run:
-    """The run-time registers a CONTROL frame sets (the subset :func:`check_header` reads)."""
+    """The run-time registers a CONTROL frame sets (the subset :func:`check_header` reads).
+    ``codec``/``eb_k`` are registers on an engine built with the codec, constants (NONE, 0) otherwise."""
 
-    def __init__(self):
+    def __init__(self, codec: bool = False):
         self.collective = Signal(16)
         self.rank = Signal(8)
         self.flows = Signal(9)
@@ -333,8 +336,8 @@ class _Run:
         self.tag = Signal(16)
         self.delivered = Signal(32)
         self.dtype = Signal(8, init=int(DType.FP32))   # format (bits 0-3) and operation (bits 4-7)
-        self.codec = Const(int(Codec.NONE), 8)
-        self.eb_k = Const(0, 8)
+        self.codec = Signal(8, init=int(Codec.NONE)) if codec else Const(int(Codec.NONE), 8)
+        self.eb_k = Signal(8) if codec else Const(0, 8)
         self.running = self.active & (self.delivered < self.chunks)
         self.nodes = self.flows  # what STATS reports as "nodes": the flow count
 
@@ -385,7 +388,7 @@ class Engine(wiring.Component):
         tagged = tagged_layout(w)
         slot_bits = (S - 1).bit_length()
         beat_bits = (SB - 1).bit_length()
-        run = _Run()
+        run = _Run(cfg.codec)
         events = EventCounters(registered=True)   # counts a cycle late (timing); STATS waits for it
         taken = Signal()
         m.d.sync += taken.eq(0)
@@ -415,12 +418,13 @@ class Engine(wiring.Component):
             g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu)
             return g
 
+        ports_in, ports_out = _port_stages(m, self, events)
         host_gate = gate("host")
-        wiring.connect(m, wiring.flipped(self.host_rx), host_gate.i)
+        wiring.connect(m, ports_in["host_rx"], host_gate.i)
         net_gates = []
         for p in range(P):
             g = gate(f"net{p}")
-            wiring.connect(m, wiring.flipped(getattr(self, f"net{p}_in")), g.i)
+            wiring.connect(m, ports_in[f"net{p}_in"], g.i)
             net_gates.append(g)
 
         # --- local buffer slots -------------------------------------------------------------
@@ -597,7 +601,7 @@ class Engine(wiring.Component):
             count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
                          h.seq, count_bad, ~looked | slot_wait | ctl_hold, opcode=Opcode.REDUCE, flags_allowed=0,
-                         codec_built=False, lost_ok=0, lost_wait=0,
+                         codec_built=cfg.codec, lost_ok=0, lost_wait=0,
                          apply=looked, late_count_bad=unit_bad, late_opcode=port_bad, late_seq=seq_bad)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------
@@ -754,7 +758,7 @@ class Engine(wiring.Component):
         # beat at the head, not taken nor granted in that cycle) is registered, and the port grants
         # one when it is idle. A frame on the port pauses only where its source does (the unit, or
         # the queue's writer, which never waits mid-frame).
-        outs = [getattr(self, f"net{o}_out") for o in range(P)]
+        outs = [ports_out[f"net{o}_out"] for o in range(P)]
         pactive = Signal(P)
         psel = Signal(P)   # 1: unit o's frame, 0: the output queue's
         pafter = Signal(P)  # the port's last beat out was a frame's first (and not its last)
@@ -820,7 +824,7 @@ class Engine(wiring.Component):
                 a.payload.last.eq(hf.o.payload.last), a.payload.bad.eq(hf.o.payload.bad), hf.o.ready.eq(a.ready),
             ]
         wiring.connect(m, status.o, getattr(tx_arb, f"i{P + 1}"))
-        wiring.connect(m, tx_arb.o, wiring.flipped(self.host_tx))
+        wiring.connect(m, tx_arb.o, ports_out["host_tx"])
 
         # --- host input -------------------------------------------------------------------------
         hh = host_gate.head
@@ -856,13 +860,19 @@ class Engine(wiring.Component):
         fmt_ok = Const(0, 1)
         for code in supported_dtype_bytes(cfg.formats):   # a format the lanes lack is refused here
             fmt_ok = fmt_ok | (hr.dtype == code)
+        # uncompressed, or (an engine built with the codec) INCEPTIONN_V1 with 4 <= eb_k <= 24 on fp32
+        # (any operation): the codec is fp32-only (docs/codec.md)
+        codec_ok = (hr.codec == Codec.NONE) & (hr.eb_k == 0)
+        if cfg.codec:
+            codec_ok = codec_ok | ((hr.codec == Codec.INCEPTIONN_V1) & (hr.eb_k >= K_MIN) & (hr.eb_k <= K_MAX)
+                                   & (hr.dtype[:4] == DType.FP32))
         m.d.sync += [
             is_ctl.eq(hr.opcode == Opcode.CONTROL),
             is_stats.eq(hr.opcode == Opcode.STATS_REQUEST),
             is_sched.eq(hr.opcode == Opcode.SCHEDULE),
             abort.eq((hr.flags & int(Flag.ABORT)) != 0),
-            refuse_hdr.eq(((hr.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok | (hr.codec != Codec.NONE)
-                          | (hr.eb_k != 0) | (hr.hop == 0) | (hr.hop > FM) | (hr.seq == 0)),
+            refuse_hdr.eq(((hr.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok | ~codec_ok
+                          | (hr.hop == 0) | (hr.hop > FM) | (hr.seq == 0)),
             sched_bad.eq((hr.count == 0) | hr.count[0] | ((hr.seq + (hr.count >> 1)) > FM) | (hr.flags != 0)),
             cmd_hdr.eq(~host_gate.head_raw_short & (hr.version == VERSION)
                        & ((hr.opcode == Opcode.CONTROL) | (hr.opcode == Opcode.STATS_REQUEST)
@@ -913,10 +923,12 @@ class Engine(wiring.Component):
                                 run.chunks.eq(hh.seq), run.active.eq(1), taken.eq(1), run.delivered.eq(0),
                                 run.dtype.eq(hh.dtype), push_seq.eq(0), push_flow.eq(0), slot_valid.eq(0),
                             ]
+                            if cfg.codec:
+                                m.d.sync += [run.codec.eq(hh.codec), run.eb_k.eq(hh.eb_k)]
         with m.Else():
             count_bad = (hr.count == 0) | (hr.count > cfg.max_elements) | (hr.hop != push_flow)
             check_header(m, host_gate, run, events, hr.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
-                         opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=False, lost_ok=0, lost_wait=0,
+                         opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=cfg.codec, lost_ok=0, lost_wait=0,
                          apply=host_seen, raw_head=True)
 
         # Accepted frames: SCHEDULE entries into the table (one 64-bit word a cycle), pushes into
@@ -997,3 +1009,36 @@ class Engine(wiring.Component):
         report_status(m, status, run, events, port_counters)
         events.update(m)
         return m
+
+
+def _port_stages(m: Module, engine: Engine, events: EventCounters):
+    """The engine's ports as its gates and outputs see them: straight, or (``EngineConfig.codec``)
+    through a :class:`~wirereduce.hdl.codec.port.CodecIn` behind every input (``host_rx``,
+    ``net{p}_in``) and a :class:`~wirereduce.hdl.codec.port.CodecOut` in front of every output
+    (``host_tx``, ``net{p}_out``), as on the ring node: compressed frames (``codec =
+    INCEPTIONN_V1``) are decompressed on arrival and recompressed with their header's ``eb_k`` as
+    they leave, so every hop decompresses, sums and recompresses (docs/codec.md); a compressed frame
+    whose length does not match its tags is dropped whole by its ``CodecIn`` and counted in
+    ``drop_length``. Returns two dicts by port name: the inputs as sources, the outputs as sinks."""
+    cfg = engine.config
+    w = cfg.width
+    names_in = ["host_rx"] + [f"net{p}_in" for p in range(cfg.ports)]
+    names_out = ["host_tx"] + [f"net{p}_out" for p in range(cfg.ports)]
+    if not cfg.codec:
+        return ({n: wiring.flipped(getattr(engine, n)) for n in names_in},
+                {n: wiring.flipped(getattr(engine, n)) for n in names_out})
+    beat = FrameStream(w)
+    ins, outs = {}, {}
+    for name in names_in:
+        stage = m.submodules[f"codec_{name}"] = CodecIn(w, cfg.max_elements, cfg.max_beats)
+        wiring.connect(m, wiring.flipped(getattr(engine, name)), stage.i)
+        m.d.comb += events.flag("drop_length").eq(stage.dropped)
+        ins[name] = beat.create()
+        wiring.connect(m, stage.o, wiring.flipped(ins[name]))
+    for name in names_out:
+        stage = m.submodules[f"codec_{name}"] = CodecOut(w, cfg.max_elements, cfg.max_beats)
+        wiring.connect(m, stage.o, wiring.flipped(getattr(engine, name)))
+        inner = beat.create()
+        wiring.connect(m, inner, stage.i)
+        outs[name] = wiring.flipped(inner)
+    return ins, outs

@@ -179,13 +179,15 @@ class FastEngineSim(FastSim):
     def allreduce(self, arrays, schedule: Schedule, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,
                   progress: bool = False, collective: int = 1, op: str = "sum",
-                  final_stats: bool = False) -> EngineResult:
+                  final_stats: bool = False, compression: int | None = None) -> EngineResult:
         """Allreduce ``arrays`` (one array per node, all of one dtype: float32, ml_dtypes.bfloat16,
         float16 or int32) with ``schedule`` and ``op`` (``"sum"``, ``"max"``, ``"min"``) on the simulated network.
 
         ``window`` defaults to the engines' ``slots``. ``final_stats``: every host asks its engine
         for STATS once it holds its last result (:attr:`EngineResult.final_stats`: the drop
-        counters of the whole run). Raises ValueError on bad inputs (before
+        counters of the whole run). ``compression``: error-bound exponent k of a compressed
+        collective (fp32, engines built with ``EngineConfig(codec=True)``;
+        :class:`~wirereduce.host.engine.EngineSession`). Raises ValueError on bad inputs (before
         anything runs; a dtype of a format the engines are not built with, ``config.formats``,
         among them), :class:`EngineStalled` if results are missing at the deadline,
         :class:`~wirereduce.host.driver.DriverError` on a malformed or duplicated result.
@@ -197,7 +199,8 @@ class FastEngineSim(FastSim):
         dtype_byte(_fmt, op)   # a bad op raises here, before anything runs
         check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
         window = check_window(self.config.slots if window is None else window, self.config)
-        sessions = [EngineSession(k, schedule, self.config, collective, a, window, tag=100 + 10 * k, op=op)
+        sessions = [EngineSession(k, schedule, self.config, collective, a, window, tag=100 + 10 * k, op=op,
+                                  compression=compression)
                     for k, a in enumerate(arrays)]
         c = len(sessions[0].chunks)
         if timeout_cycles is None:
@@ -257,11 +260,11 @@ class FastEngineSim(FastSim):
                             final_stats=[stalled[k] for k in range(n)] if final_stats else None)
 
 
-def golden_check(arrays, schedule: Schedule, results, op: str = "sum") -> list[int]:
+def golden_check(arrays, schedule: Schedule, results, op: str = "sum", compression: int | None = None) -> list[int]:
     """Elements per node that differ from the golden model bit for bit (NaNs canonical on both sides)."""
     from wirereduce.sim.golden.schedule import allreduce, mismatches
 
-    want = allreduce(arrays, schedule, op)
+    want = allreduce(arrays, schedule, op, compression)
     return [int(mismatches(r, w).size) for r, w in zip(results, want)]
 
 

@@ -12,6 +12,12 @@ Every format and operation of :mod:`wirereduce.formats` (fp32, bf16, fp16, int32
 is computed the same way, on the payload words the frames carry: flows split the message by
 32-bit words (two bf16/fp16 elements each) and each word's elements are combined with
 :func:`wirereduce.formats.combine` (NaNs canonical, as the lanes give them).
+
+With ``compression=k`` (fp32 only) it is the compressed collective of codec engines
+(``EngineConfig(codec=True)``, docs/codec.md "On the schedule engine"): the hosts push
+``quantize(x, k)``, every partial sum leaves its node compressed, so its parent adds
+``quantize(partial, k)``, and the root's sum is compressed once more on its way to every host
+(``quantize`` is idempotent, so the broadcast hops change nothing).
 """
 
 from __future__ import annotations
@@ -26,14 +32,25 @@ from wirereduce.schedule import Schedule
 __all__ = ["allreduce", "flow_result", "mismatches"]
 
 
+def _quantized(w: np.ndarray, k: int) -> np.ndarray:
+    """fp32 payload words (uint32) as a receiver of them compressed with ``k`` sees them."""
+    from wirereduce.codec import quantize
+
+    return quantize(w.view(np.float32), k).view(np.uint32)
+
+
 def flow_result(words: Sequence[np.ndarray], schedule: Schedule, flow: int, fmt="fp32",
-                op: Op | str = Op.SUM) -> np.ndarray:
+                op: Op | str = Op.SUM, compression: int | None = None) -> np.ndarray:
     """The finished result of one flow (its share of the payload words), as its root computes it.
 
     ``words`` are the nodes' payload words (uint32, :func:`wirereduce.formats.to_words`), one
-    array per node; returns uint32 words.
+    array per node; returns uint32 words. ``compression``: as :func:`allreduce` (the root's sum
+    before its last compression).
     """
     op = Op[op.upper()] if isinstance(op, str) else Op(op)
+    k = compression
+    if k is not None:
+        words = [_quantized(w, k) for w in words]   # the hosts push compressed
     sl = schedule.split(words[0].size)[flow]
     entries = [t.entries[flow] for t in schedule.tables]
     partial: dict[int, np.ndarray] = {}
@@ -45,7 +62,12 @@ def flow_result(words: Sequence[np.ndarray], schedule: Schedule, flow: int, fmt=
             raise ValueError(f"flow {flow}: the tables' children form a cycle")
         acc = None
         for term in entries[u].terms():
-            x = words[u][sl] if term is None else compute(term.node, depth + 1)
+            if term is None:
+                x = words[u][sl]
+            else:   # a child's partial sum arrives compressed
+                x = compute(term.node, depth + 1)
+                if k is not None:
+                    x = _quantized(x, k)
             acc = x.copy() if acc is None else combine_words(acc, x, fmt, op)
         if acc is None:
             raise ValueError(f"flow {flow}: node {u} adds nothing (no children, no local chunk)")
@@ -58,7 +80,8 @@ def flow_result(words: Sequence[np.ndarray], schedule: Schedule, flow: int, fmt=
     return compute(roots[0], 0)
 
 
-def allreduce(arrays: Sequence[np.ndarray], schedule: Schedule, op: Op | str = Op.SUM) -> list[np.ndarray]:
+def allreduce(arrays: Sequence[np.ndarray], schedule: Schedule, op: Op | str = Op.SUM,
+              compression: int | None = None) -> list[np.ndarray]:
     """Every node's result of the allreduce ``schedule`` runs on ``arrays`` (one array per node).
 
     Parameters
@@ -66,6 +89,9 @@ def allreduce(arrays: Sequence[np.ndarray], schedule: Schedule, op: Op | str = O
     arrays : sequence of numpy.ndarray, shape (n,), all float32, ml_dtypes.bfloat16, float16 or int32
     schedule : Schedule
     op : ``"sum"``, ``"max"``, ``"min"`` or :class:`~wirereduce.formats.Op`
+    compression : int, optional
+        Error-bound exponent k (4 … 24) of a compressed collective (module docstring): the hosts
+        push ``quantize(x, k)``, every hop decompresses, combines and recompresses. fp32 only.
 
     Returns
     -------
@@ -77,14 +103,23 @@ def allreduce(arrays: Sequence[np.ndarray], schedule: Schedule, op: Op | str = O
     ------
     ValueError
         Bad inputs (:func:`wirereduce.formats.check_typed_inputs`, one array per node), or tables that
-        do not describe a reduce and a gather reaching every node once.
+        do not describe a reduce and a gather reaching every node once; ``compression`` out of
+        range or on another format than fp32.
     """
     fmt, arrays = check_typed_inputs(arrays, schedule.nodes)
+    if compression is not None:
+        from wirereduce.codec import check_k
+
+        compression = check_k(compression)
+        if fmt.name != "fp32":
+            raise ValueError(f"compression is fp32-only (docs/codec.md); the arrays are {fmt.name}")
     words = [to_words(a, fmt) for a in arrays]
     n = words[0].size
     out = [np.empty(n, dtype=np.uint32) for _ in range(schedule.nodes)]
     for f, sl in enumerate(schedule.split(n)):
-        result = flow_result(words, schedule, f, fmt, op)
+        result = flow_result(words, schedule, f, fmt, op, compression)
+        if compression is not None:
+            result = _quantized(result, compression)   # the root's sum leaves it compressed
         entries = [t.entries[f] for t in schedule.tables]
         root = next(u for u, e in enumerate(entries) if e.parent is None)
         got = {root: result}

@@ -1,0 +1,206 @@
+"""Compressed collectives on schedule engines built with the codec (``EngineConfig(codec=True)``).
+
+Every input of a codec engine decompresses what arrives compressed and every output compresses
+what leaves (:class:`~wirereduce.hdl.codec.port.CodecIn` / ``CodecOut``, as on the ring node), so
+each hop of a tree decompresses its children's partial sums, sums them with its local chunk in the
+table's order and recompresses (docs/codec.md "On the schedule engine"). The results must equal
+:func:`wirereduce.sim.golden.schedule.allreduce` with ``compression=k`` bit for bit, whatever the
+back-pressure; a malformed compressed frame is dropped whole before any value of it is summed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from amaranth_harness import simulate
+from conftest import shared_tmp
+from test_codec_hdl import gradients
+from test_engine_hostile import COLL, LOCAL_CHUNKS, RANK, reduce_hdr, run_engine
+from test_hostile import no_frame, recv, send, stats
+from wirereduce.hdl.core.engine import Engine
+from wirereduce.host.driver import parse_stats
+from wirereduce.host.engine import EngineSession
+from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
+from wirereduce.sim.golden import codec as G
+from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
+
+from wirereduce import codec
+from wirereduce import schedule as sched
+from wirereduce.config import EngineConfig
+from wirereduce.protocol import Codec, DType, Flag, Header, Opcode, frame
+from wirereduce.table import LOCAL, EngineEntry, encode_entry
+
+CFG = EngineConfig(64, 1500, 8, ports=2, max_flows=8, codec=True)
+TOPOLOGY = "ring:3"   # multitree on it: node 0 sums two children, in the table's order
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    # One build for every xdist worker (FastEngineSim locks it); every algorithm on ring:3 runs on it.
+    return FastEngineSim(TOPOLOGY, CFG, 4, build_root=shared_tmp(tmp_path_factory, "codecengine"))
+
+
+def check(arrays, s, res, k):
+    bad = golden_check(arrays, s, res.results, compression=k)
+    assert bad == [0] * len(arrays), f"elements differing from the golden compressed allreduce per node: {bad}"
+
+
+@pytest.mark.verilator
+@pytest.mark.parametrize("alg,k,rx,tx", [("multitree", 8, 1.0, 1.0), ("multitree", 12, 0.6, 0.4),
+                                         ("biring", 10, 0.8, 0.7), ("ring", 10, 1.0, 1.0)])
+def test_compressed_allreduce_bitexact(net, alg, k, rx, tx):
+    """Gradient-like values, 12 chunks a node, each hop decompressing, summing and recompressing."""
+    s = sched.build(TOPOLOGY, alg)
+    rng = np.random.default_rng(k)
+    n = 12 * codec.max_elements_compressed(1500) - 31
+    arrays = [(rng.standard_normal(n) * 10.0 ** rng.uniform(-4, -1, n)).astype(np.float32) for _ in range(3)]
+    res = net.allreduce(arrays, s, compression=k, rx_valid_prob=rx, tx_ready_prob=tx, seed=k, final_stats=True)
+    check(arrays, s, res, k)
+    for st in res.final_stats:
+        assert not {c: v for c, v in st.items() if c.startswith("drop_") and v}, st
+
+
+@pytest.mark.verilator
+@pytest.mark.parametrize("k", [4, 24])
+def test_edge_values(net, k):
+    """Every tag, the tag boundaries, ±0, subnormals, ±Inf, NaN payloads and values ≥ 1."""
+    s = sched.build(TOPOLOGY, "multitree")
+    rng = np.random.default_rng(k)
+    arrays = [gradients(rng, 1000, k) for _ in range(3)]
+    check(arrays, s, net.allreduce(arrays, s, compression=k, rx_valid_prob=0.8, tx_ready_prob=0.7, seed=k), k)
+
+
+@pytest.mark.verilator
+def test_bound_travels_per_collective(net):
+    """Uncompressed, then k = 6, then k = 20 on the same engines: an uncompressed collective passes
+    the codec untouched, and each compressed one takes its k from its frames' headers."""
+    s = sched.build(TOPOLOGY, "multitree")
+    rng = np.random.default_rng(5)
+    arrays = [(rng.standard_normal(900) * 1e-2).astype(np.float32) for _ in range(3)]
+    assert golden_check(arrays, s, net.allreduce(arrays, s, collective=11).results) == [0, 0, 0]
+    for coll, k in ((12, 6), (13, 20)):
+        check(arrays, s, net.allreduce(arrays, s, compression=k, collective=coll), k)
+
+
+def test_golden_ring_schedule_is_the_compressed_ring():
+    """Two independent golden models agree: the schedule model's compressed ring schedule and the
+    ring node's compressed ring (``ring_allreduce_compressed``)."""
+    rng = np.random.default_rng(3)
+    for nodes in (2, 3, 5):
+        s = sched.build(f"ring:{nodes}", "ring")
+        arrays = [gradients(rng, 777, 9) for _ in range(nodes)]
+        want = G.ring_allreduce_compressed(arrays, 9, host_compressed=True).view(np.uint32)
+        for r in golden_allreduce(arrays, s, compression=9):
+            got = r.view(np.uint32)
+            nan = np.isnan(r) & np.isnan(want.view(np.float32))
+            assert np.array_equal(got[~nan], want[~nan])
+
+
+def test_session_compression_checks():
+    """Compression is refused before anything is sent: k out of range, engines without the codec,
+    a format other than fp32; compressed chunks hold the worst-case count (349 at MTU 1500)."""
+    s = sched.build(TOPOLOGY, "multitree")
+    a = np.ones(1000, np.float32)
+    with pytest.raises(ValueError, match="k must be"):
+        EngineSession(0, s, CFG, 1, a, 4, compression=3)
+    with pytest.raises(ValueError, match="codec"):
+        EngineSession(0, s, EngineConfig(64, 1500, 8, ports=2, max_flows=8), 1, a, 4, compression=8)
+    with pytest.raises(ValueError, match="fp32-only"):
+        EngineSession(0, s, CFG, 1, np.ones(8, np.int32), 4, compression=8)
+    with pytest.raises(ValueError, match="fp32-only"):
+        golden_allreduce([np.ones(8, np.int32)] * 3, s, compression=8)
+    sess = EngineSession(0, s, CFG, 1, a, 4, compression=8)
+    assert max(c.count for c in sess.chunks) <= codec.max_elements_compressed(1500) == 349
+    h = Header.unpack(sess.control_frame())
+    assert (h.codec, h.eb_k) == (Codec.INCEPTIONN_V1, 8)
+
+
+# --- one codec engine in amaranth.sim: hostile compressed frames ---------------------------------
+
+K = 10
+CHILD0 = np.array([3.0, 0.5, 1e-45], np.float32)
+GOOD0 = frame(reduce_hdr(0, codec=Codec.INCEPTIONN_V1, eb_k=K), codec.encode(CHILD0, K))
+
+BAD = {
+    # (bytes, counter): a compressed REDUCE for chunk 0 from the child, wrong in one way
+    "truncated": (GOOD0[:-1], "drop_length"),
+    "one_byte_too_long": (GOOD0 + b"\0", "drop_length"),
+    "another_bound": (frame(reduce_hdr(0, codec=Codec.INCEPTIONN_V1, eb_k=K + 1), codec.encode(CHILD0, K + 1)),
+                      "drop_codec"),
+    "uncompressed_in_a_compressed_collective": (frame(reduce_hdr(0), CHILD0), "drop_codec"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_compressed_frame_dropped_whole(case):
+    """A malformed or mismatched compressed frame is dropped whole and counted once; the good
+    compressed frame after it is summed exactly and its partial sum leaves compressed."""
+    data, counter = BAD[case]
+    seen = {}
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, data)
+        await send(ctx, dut.net0_in, GOOD0)
+        seen["out"] = await recv(ctx, dut.net1_out)
+        seen["quiet_child"] = await no_frame(ctx, dut.net0_out, 100)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb, k=K)
+    out, bad_out = seen["out"]
+    assert not bad_out
+    h = Header.unpack(out)
+    assert (h.opcode, h.seq, h.count, h.src, h.codec, h.eb_k) == (Opcode.REDUCE, 0, 3, RANK, Codec.INCEPTIONN_V1, K)
+    q = codec.quantize
+    want = q(np.add(q(CHILD0, K), q(LOCAL_CHUNKS[0], K), dtype=np.float32), K)  # the table's order: child, local
+    assert codec.decode(out[16:], 3, K).view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert seen["quiet_child"]
+    drops = {c: v for c, v in seen["stats"].items() if c.startswith("drop_") and v}
+    assert drops == {counter: 1}, (case, drops)
+
+
+ENTRY = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")
+
+
+def test_control_codec_rules():
+    """A codec engine takes a compressed fp32 collective with 4 ≤ k ≤ 24 and refuses one with
+    another format or k out of range; an engine without the codec refuses every compressed one."""
+    got = {}
+
+    def run(cfg, ctls, key):
+        dut = Engine(cfg)
+
+        async def tb(ctx):
+            await send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=2).pack() + ENTRY)
+            assert parse_stats((await recv(ctx, dut.host_tx))[0])["drop_count"] == 0
+            for i, kw in enumerate(ctls):
+                await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL, src=0, hop=1, seq=4,
+                                                    count=i, flags=Flag.ABORT, **kw).pack())
+                got.setdefault(key, []).append(parse_stats((await recv(ctx, dut.host_tx))[0])["control_refused"])
+        simulate(dut, [tb])
+
+    inc = {"codec": Codec.INCEPTIONN_V1}
+    ctls = [dict(inc, eb_k=3), dict(inc, eb_k=25), dict(inc, eb_k=10, dtype=DType.BF16),
+            dict(inc, eb_k=0), dict(eb_k=10), dict(inc, eb_k=10), dict(inc, eb_k=4, dtype=0x11)]
+    run(CFG, ctls, "codec")
+    run(EngineConfig(64, 1500, 8, ports=2, max_flows=8), [dict(inc, eb_k=10)], "plain")
+    # refused: k 3, k 25, bf16, k 0, NONE with k; taken: fp32 SUM k 10 and fp32 MAX k 4 (ABORT set)
+    assert got["codec"] == [1, 2, 3, 4, 5, 5, 5], got
+    assert got["plain"] == [1], got
+
+
+@pytest.mark.verilator
+def test_cli_sim_allreduce_compressed(net, tmp_path, tmp_path_factory, capsys):
+    """``wirereduce sim allreduce --topology ring:3 --algorithm multitree --compress 10 --check`` on
+    the fixture's build (the same engines: its model is reused) reports every node bit-exact against
+    the golden compressed allreduce."""
+    from wirereduce.cli import main
+
+    rng = np.random.default_rng(2)
+    np.savez(tmp_path / "in.npz", **{f"node{k}": (rng.standard_normal(2000) * 1e-2).astype(np.float32)
+                                     for k in range(3)})
+    code = main(["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "multitree", "--compress", "10",
+                 "--slots", "8", "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"),
+                 "--check", "--build-dir", str(shared_tmp(tmp_path_factory, "codecengine"))])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.count("bit-exact vs the golden multitree allreduce in table order compression=k10") == 3, out
