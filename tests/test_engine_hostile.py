@@ -30,21 +30,23 @@ def bcast_hdr(seq=0, **kw):
     return Header(opcode=Opcode.BROADCAST, collective=COLL, seq=seq, count=3, src=3, hop=0).replace(**kw)
 
 
-def run_engine(testbench, chunks=2, local=LOCAL_CHUNKS, k=None):
+def run_engine(testbench, chunks=2, local=LOCAL_CHUNKS, k=None, entries=None):
     """One engine at rank RANK of one flow: its unit sums the child's frame (port 0) then the local
     chunk and sends the partial sum to the parent on port 1; the result comes back on port 1 and is
     forwarded on port 0 and delivered to the host. The host pushes ``local`` first (None: the
     testbench pushes). ``k``: an engine built with the codec runs a collective compressed with
-    error bound 2^-k (the pushes compressed)."""
+    error bound 2^-k (the pushes compressed). ``entries``: another table (EngineEntry list, one per
+    flow)."""
     dut = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8, codec=k is not None))
-    entry = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")
+    entries = entries or [EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)]
+    entry = b"".join(encode_entry(e).to_bytes(8, "little") for e in entries)
     codec = {} if k is None else {"codec": Codec.INCEPTIONN_V1, "eb_k": k}
 
     async def tb(ctx):
-        await send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=2).pack() + entry)
+        await send(ctx, dut.host_rx, Header(opcode=Opcode.SCHEDULE, seq=0, count=2 * len(entries)).pack() + entry)
         st = parse_stats((await recv(ctx, dut.host_tx))[0])
         assert st["drop_count"] == 0 and st["control_refused"] == 0, st
-        await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL, src=RANK, hop=1,
+        await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL, src=RANK, hop=len(entries),
                                             seq=chunks, **codec).pack())
         assert parse_stats((await recv(ctx, dut.host_tx))[0])["control_refused"] == 0
         if local is not None:
@@ -55,9 +57,9 @@ def run_engine(testbench, chunks=2, local=LOCAL_CHUNKS, k=None):
     simulate(dut, [tb])
 
 
-def push_frame(g, values, k=None):
+def push_frame(g, values, k=None, flows=1):
     """HOST_PUSH of chunk ``g`` (compressed with error bound 2^-k where ``k`` is given)."""
-    hdr = Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=0, count=3)
+    hdr = Header(opcode=Opcode.HOST_PUSH, collective=COLL, seq=g, hop=g % flows, count=3)
     if k is None:
         return frame(hdr, values)
     return frame(hdr.replace(codec=Codec.INCEPTIONN_V1, eb_k=k), encode(np.asarray(values, np.float32), k))
@@ -224,3 +226,40 @@ def test_replayed_reduce_dropped_and_the_collective_goes_on():
     drops = {k: v for k, v in st.items() if k.startswith("drop_") and v}
     assert drops == {"drop_seq": 2}, drops
     assert st["reduce_frames"] == chunks
+
+
+def test_reduce_of_another_flows_chunk_dropped():
+    """Three flows on one unit (chunk g is flow g mod 3); only flow 0 has a child, on port 0. A
+    REDUCE on port 0 for chunk 1 claiming flow 0 (``hop`` 0: port 0 is among flow 0's terms, and
+    chunk 1 is one the unit waits for) belongs to no flow that takes a term from port 0. Taken, it
+    would sit in the reduce-buffer slot chunk 9 (flow 0, 9 mod 2S = 1) needs, and that chunk's
+    frame would wait at the gate for ever. The gate drops it (``drop_seq``: ``hop`` ≠ seq mod F);
+    every partial sum of ten chunks comes out, bit for bit."""
+    chunks, flows = 10, 3
+    entries = [EngineEntry(1, (0, LOCAL), 1, 1, 0b01, True), EngineEntry(1, (LOCAL,), 2, 1, 0, True),
+               EngineEntry(1, (LOCAL,), 0, 1, 0, True)]
+    rng = np.random.default_rng(11)
+    local = [rng.standard_normal(3).astype(np.float32) for _ in range(chunks)]
+    child = [rng.standard_normal(3).astype(np.float32) for _ in range(chunks)]
+    seen = {"partials": []}
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, frame(reduce_hdr(1, hop=0), child[1]))   # chunk 1 is flow 1's
+        for g in range(chunks):
+            await send(ctx, dut.host_rx, push_frame(g, local[g], flows=flows))
+            if g % flows == 0:
+                await send(ctx, dut.net0_in, frame(reduce_hdr(g, hop=0), child[g]))
+            try:
+                seen["partials"].append(await recv(ctx, dut.net1_out))
+            except TimeoutError:
+                raise AssertionError(f"chunk {g}'s partial sum never came (the port stalled)") from None
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb, chunks, local=None, entries=entries)
+    for g, (data, bad) in enumerate(seen["partials"]):
+        h = Header.unpack(data)
+        assert not bad and (h.opcode, h.seq, h.hop) == (Opcode.REDUCE, g, g % flows), (g, h)
+        want = (child[g] + local[g]).astype(np.float32) if g % flows == 0 else local[g]
+        assert words(np.frombuffer(data[16:], "<f4")) == words(want), g
+    drops = {k: v for k, v in seen["stats"].items() if k.startswith("drop_") and v}
+    assert drops == {"drop_seq": 1}, drops

@@ -450,6 +450,7 @@ class Engine(wiring.Component):
                 unit.mode.eq(run.dtype),
             ]
             m.d.comb += events.flag("drop_count").eq(unit.mismatch)
+            m.d.comb += events.flag("drop_seq").eq(unit.discarded)
             units.append(unit)
         busy_units = Cat(*(u.busy for u in units)).any()
 

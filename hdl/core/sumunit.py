@@ -113,6 +113,10 @@ class SumUnit(wiring.Component):
     o : Out(stream.Signature(tagged_layout(width))); o_req : Out(ports + 1)
         The sums; ``o_req`` is the frame's output request, valid with each beat.
     busy, mismatch : Out(1)
+    discarded : Out(1)
+        Pulses (a cycle after the slots are freed) when a summed chunk's slot held a frame in the
+        buffer of a port that is not among the chunk's terms: a REDUCE whose ``hop`` named another
+        flow than its chunk's (forged or misrouted), freed with the chunk's slots and never summed.
     cand_chunk : Out(ArrayLayout(32, lookahead)); cand_known : Out(lookahead)
         The candidates C0 … C(D-1) (chunk numbers, registers) and which of them are known (a prefix).
         Every chunk of the unit's order before C0, and between two known candidates, has been summed;
@@ -145,7 +149,7 @@ class SumUnit(wiring.Component):
             "tab_addr": Out(8), "tab_data": In(64),
             "start": In(1), "hold": In(1), "first": In(9), "chunks": In(32), "mode": In(8),
             "o": Out(stream.Signature(tagged_layout(width))), "o_req": Out(ports + 1),
-            "busy": Out(1), "mismatch": Out(1),
+            "busy": Out(1), "mismatch": Out(1), "discarded": Out(1),
             "cand_chunk": Out(data.ArrayLayout(32, lookahead)), "cand_known": Out(lookahead),
         })
         super().__init__(members)
@@ -422,7 +426,11 @@ class SumUnit(wiring.Component):
             m.d.comb += [b.rd_addr.eq(cur_qslot * MB + beat if qbits else beat), b.rd_en.eq(en)]
         # The slots are released and freed a cycle after the last beat is read (registered, for
         # timing): nothing reads them again, and no frame of a later chunk of that slot can be on its
-        # way yet (docs/architecture.md "Why the engine cannot deadlock", 2).
+        # way yet (docs/architecture.md "Why the engine cannot deadlock", 2). The chunk's slot is freed
+        # in every port's buffer, not only its terms': a frame there is one whose ``hop`` named another
+        # flow of this unit than its chunk's (a forged or misrouted REDUCE, which the gate's window
+        # check cannot tell from a waited-for one); it would hold the slot until chunk g + 2S needs it
+        # and stall that port. It is dropped here and counted (``discarded``).
         release_q = Signal()
         release_slot_q = Signal.like(self.release_slot)
         free_q = Signal(P)
@@ -435,7 +443,14 @@ class SumUnit(wiring.Component):
             m.d.sync += [beat.eq(beat + 1), bad_acc.eq(bad_acc | early | now_bad), is_last.eq(beat + 2 == nbeats)]
             with m.If(is_last):
                 m.d.sync += [streaming.eq(0), release_q.eq(1), release_slot_q.eq(cur_slot),
-                             free_slot_q.eq(cur_qslot), free_q.eq(used)]
+                             free_slot_q.eq(cur_qslot), free_q.eq((1 << P) - 1)]
+        # a frame in the freed slot of a port outside the chunk's terms (registered with the free)
+        stray = Signal(P)
+        for p, b in enumerate(bufs):
+            m.d.comb += stray[p].eq(~used[p] & ((b.valid >> cur_qslot)[0] if qbits else b.valid[0]))
+        discarded_q = Signal()
+        m.d.sync += discarded_q.eq(fire & is_last & stray.any())
+        m.d.comb += self.discarded.eq(discarded_q)
 
         # Local chunk: read this beat from the buffer (data next cycle, like the buffers' reads).
         addr = Cat(beat[:beat_bits], cur_slot) if slot_bits else beat[:beat_bits]
