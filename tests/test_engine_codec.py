@@ -204,3 +204,26 @@ def test_cli_sim_allreduce_compressed(net, tmp_path, tmp_path_factory, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.count("bit-exact vs the golden multitree allreduce in table order compression=k10") == 3, out
+
+
+def test_schedule_payloads_of_the_ring_are_the_rings():
+    """The compressed schedule benchmark's payloads (what its ratio counts) on the ``ring`` schedule
+    are the ring node's (``ring_payloads``), hop for hop, as the links carry them (compressed)."""
+    from wirereduce.sim.bench.schedules import schedule_payloads
+
+    rng = np.random.default_rng(4)
+    arrays = [(rng.standard_normal(500) * 1e-2).astype(np.float32) for _ in range(4)]
+    got = schedule_payloads(arrays, sched.build("ring:4", "ring"), 10)
+    want = G.ring_payloads(arrays, 10, host_compressed=True)
+    assert len(got) == len(want) == 6
+    for x, y in zip(got, want):
+        assert np.array_equal(codec.quantize(x, 10).view(np.uint32), codec.quantize(y, 10).view(np.uint32))
+
+
+def test_bench_schedules_compress_refuses_bad_k(tmp_path, capsys):
+    from wirereduce.cli import main
+
+    assert main(["bench-schedules", "--compress", "3", "--out-dir", str(tmp_path), "--build-dir",
+                 str(tmp_path / "b")]) == 2
+    assert "--compress" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()

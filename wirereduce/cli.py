@@ -602,6 +602,21 @@ def cmd_bench_schedules(args) -> int:
         EngineConfig(64, 1500, slots=args.slots, ports=2, lookahead=args.lookahead, priority=args.priority)
     except ValueError as e:
         raise CliError(f"--slots/--lookahead/--priority: {e}") from e
+    if args.compress:
+        from wirereduce.codec import check_k
+
+        try:
+            ks = [check_k(k) for k in args.compress]
+        except ValueError as e:
+            raise CliError(f"--compress: {e}") from e
+        crows = rows if args.topologies else schedules.CODEC_ROWS
+        csizes = sizes if args.sizes else (1 << 20,)
+        cname = args.name or "bench-schedules-codec"
+        recs = schedules.run_codec_schedule_bench(crows, csizes, ks, args.host_link_gbps[0], out_dir=args.out_dir,
+                                                  name=cname, build_root=args.build_dir, slots=args.slots,
+                                                  threads=args.sim_threads, progress=not args.no_progress)
+        print(f"# wrote {Path(args.out_dir) / (cname + '.json')}")
+        return 0 if all(r["bitexact"] for r in recs) else 1
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
                                         build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority,
                                         slots=args.slots, threads=args.sim_threads, progress=not args.no_progress)
@@ -1293,6 +1308,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cores each simulated network runs on (Verilator --threads; default 1). 2 threads ran "
                         "4 engines 1.4x faster on 2 cores; results and cycle counts do not depend on it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar per run")
+    p.add_argument("--compress", nargs="+", type=int, default=None, metavar="K",
+                   help="instead: compressed collectives on codec engines (EngineConfig(codec=True)) with these "
+                        "error bounds 2^-K, next to the uncompressed one on the same engines, real gradients of the "
+                        "demo CNN (default rows ring:4 ring,biring at 1M; the first --host-link-gbps; default name "
+                        "bench-schedules-codec); prints speed-up, compression ratio and speed-up / ratio")
     p.set_defaults(func=cmd_bench_schedules)
 
     p = sub.add_parser(

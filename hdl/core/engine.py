@@ -362,7 +362,7 @@ class Engine(wiring.Component):
 
     Hop latency (first beat in to first beat out, cut-through): the gate's header beats, one
     queue cycle and, for a REDUCE hop, a cycle of registered candidate readiness, the unit's
-    :attr:`SumUnit.latency` (1 + L·(terms − 1), L = 6, or 7 with the deep lanes of 512 bit and up:
+    :attr:`SumUnit.latency` (1 + L·(terms − 1) + max(0, terms − 2), L = 6, or 7 with the deep lanes of 512 bit and up:
     :func:`wirereduce.config.deep_lanes`) and two cycles of the port's grant (the request is
     registered, then granted); for a BROADCAST hop the table look-up, the writer's grant, the
     output queue's two cycles and the port's grant. At 64 bit: 16 cycles for a two-term reduce hop,
@@ -579,10 +579,13 @@ class Engine(wiring.Component):
                 mask, lo, hi0, hi1 = windows[u]
                 seq = g.head_raw.seq
                 # the mask bit and the window's high bits, each registered (timing), then combined
-                in_mask, in_base = Signal(name=f"gate{p}_{u}_in_mask"), Signal(name=f"gate{p}_{u}_in_base")
-                m.d.sync += [in_mask.eq((mask >> seq[:qbits])[0]),
-                             in_base.eq(Mux(seq[:qbits] >= lo, seq[qbits:] == hi0, seq[qbits:] == hi1))]
-                m.d.comb += inwin[1 + u].eq(in_mask & in_base)
+                # (the high-bit compares and the low-bit compare that chooses between them are registered
+                # apart: together they were 10 LUT levels in the P = 4 engine)
+                in_mask = Signal(name=f"gate{p}_{u}_in_mask")
+                in_lo, in_hi0, in_hi1 = (Signal(name=f"gate{p}_{u}_in_{k}") for k in ("lo", "hi0", "hi1"))
+                m.d.sync += [in_mask.eq((mask >> seq[:qbits])[0]), in_lo.eq(seq[:qbits] >= lo),
+                             in_hi0.eq(seq[qbits:] == hi0), in_hi1.eq(seq[qbits:] == hi1)]
+                m.d.comb += inwin[1 + u].eq(in_mask & Mux(in_lo, in_hi0, in_hi1))
             slot_wait = (slot_taken & route).any()
             ready = Const(0, 1)
             for q, on in targets:

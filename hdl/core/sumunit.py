@@ -17,11 +17,11 @@ It streams all the chunk's terms in lock step, beat by beat, through a chain of 
     ((t0 + t1) + t2) + …        (term i joins after i-1 adder stages)
 
 so the result's bits are fixed by the table and never by arrival order. It is cut-through: a
-beat is read from its buffer as soon as it is written and leaves ``1 + L·(terms - 1)`` cycles
-after it entered the chain (L the lanes' latency: 6, or 7 from 512 bit up, where the lanes are built
-deep for the 322.27 MHz timing budget: :func:`wirereduce.config.deep_lanes`), at the tap after its
-frame's last term (at most
-:attr:`SumUnit.latency`), while the frames are still arriving; a frame with another number of
+beat is read from its buffer as soon as it is written and leaves ``1 + L·(terms - 1) + max(0, terms - 2)``
+cycles after it entered the chain (L the lanes' latency: 6, or 7 from 512 bit up, where the lanes are
+built deep for the 322.27 MHz timing budget: :func:`wirereduce.config.deep_lanes`; each adder after
+the first takes the sum before it through a register), at the tap after its frame's last term (at
+most :attr:`SumUnit.latency`), while the frames are still arriving; a frame with another number of
 terms than the ones in the chain waits until the chain is empty. The header words pass through
 from term 0 (rewritten at the engine's outputs), as do lanes outside ``keep``.
 
@@ -156,9 +156,10 @@ class SumUnit(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Most cycles from a beat entering the adder chain to it leaving: 1 + L·(terms − 1), L = 6, or 7 with the
-        deep lanes of a datapath of 512 bit or more (:func:`wirereduce.config.deep_lanes`)."""
-        return 1 + self._lanes_latency * (self._t - 1)
+        """Most cycles from a beat entering the adder chain to it leaving: 1 + L·(terms − 1) + max(0, terms − 2),
+        L = 6, or 7 with the deep lanes of a datapath of 512 bit or more (:func:`wirereduce.config.deep_lanes`);
+        each adder after the first takes the sum before it through a register."""
+        return 1 + self._lanes_latency * (self._t - 1) + max(0, self._t - 2)
 
     def elaborate(self, platform):
         m = Module()
@@ -503,12 +504,22 @@ class SumUnit(wiring.Component):
         taps = [(acc, stage_meta)]
         for i in range(1, T):
             adder = m.submodules[f"add{i}"] = ReduceLanes(lanes, self._formats, deep=self._deep)
-            b = delay(terms[i], L * (i - 1), f"term{i}")
-            m.d.comb += [adder.a.eq(acc), adder.b.eq(b), adder.en.eq(en), adder.mode.eq(self.mode)]
-            through = delay(acc, L, f"acc{i}")
             # Beats of frames that leave at an earlier tap go no further.
             nmeta = Signal(meta, name=f"meta{i}_in")
             m.d.comb += [nmeta.eq(stage_meta), nmeta.valid.eq(stage_meta.valid & (depth > i - 1))]
+            if i >= 2:
+                # The sum of the adder before is registered on its way into this one (timing: its
+                # format select and the tap's select in front of this adder's operand classification
+                # were 10 LUT levels): one cycle more for each term after the second.
+                chain_meta = Signal(meta, name=f"meta{i}_chain")
+                chain_acc = Signal(w, name=f"acc{i}_chain")
+                with m.If(en):
+                    m.d.sync += [chain_meta.eq(nmeta), chain_acc.eq(acc)]
+                valids.append(chain_meta.valid)
+                nmeta, acc = chain_meta, chain_acc
+            b = delay(terms[i], (L + 1) * (i - 1), f"term{i}")
+            m.d.comb += [adder.a.eq(acc), adder.b.eq(b), adder.en.eq(en), adder.mode.eq(self.mode)]
+            through = delay(acc, L, f"acc{i}")
             for k in range(L):
                 nxt = Signal(meta, name=f"meta{i}_{k}")
                 with m.If(en):
@@ -530,7 +541,8 @@ class SumUnit(wiring.Component):
         m.d.sync += chain_empty.eq(~Cat(*valids).any() & ~fire)
         busy_q = Signal()
         m.d.sync += busy_q.eq(streaming | release_q | Cat(*valids).any())
-        # The frames in the chain leave at the tap after their last term: 1 + L·(terms − 1) cycles.
+        # The frames in the chain leave at the tap after their last term: 1 + L·(terms − 1) + max(0, terms − 2)
+        # cycles.
         tap_acc = Array(a for a, _ in taps)[depth]
         tap_meta = Array(t for _, t in taps)[depth]
         m.d.comb += [

@@ -43,7 +43,7 @@ from wirereduce.protocol import wire_bytes
 from wirereduce.table import plan
 
 __all__ = ["ROWS", "QUICK_ROWS", "SIZES", "QUICK_SIZES", "run_schedule_bench", "lower_bound_gbps",
-           "FORMAT_WIDTHS", "run_format_bench"]
+           "FORMAT_WIDTHS", "run_format_bench", "CODEC_ROWS", "schedule_payloads", "run_codec_schedule_bench"]
 
 #: (topology, algorithms) the full benchmark runs.
 ROWS = (("ring:4", ("ring", "biring")), ("ring:8", ("ring", "biring")), ("torus:4x4", ("ring", "multitree")),
@@ -215,6 +215,121 @@ def run_format_bench(topology: str = "ring:4", algorithm: str = "biring", elemen
             print(f"{s.topology.name:>10} {algorithm:>9} {width:>5} {link_gbps:>5g}G {host_gbps:>5g}G {fmt:>6} "
                   f"{elements:>9} {r.cycles:>10,} {rec['algbw_gbps']:>8.2f} {rate / 1e6:>9.1f} {vs:>7} "
                   f"{'yes' if rec['bitexact'] else 'NO':>5}", flush=True)
+    return records
+
+
+#: (topology, algorithms) of the compressed schedule benchmark.
+CODEC_ROWS = (("ring:4", ("ring", "biring")),)
+
+
+def schedule_payloads(arrays, schedule, k: int) -> list[np.ndarray]:
+    """Every payload a compressed collective of ``schedule`` sends on a network link, as fp32 values
+    before compression (encoding a value or its quantized form gives the same bytes): each non-root
+    node's partial sum of each flow (to its parent), and each flow's result once per tree edge (the
+    gather). The hosts push ``quantize(x, k)``, as :func:`wirereduce.sim.golden.schedule.allreduce`
+    with ``compression=k`` says."""
+    from wirereduce.codec import quantize
+    from wirereduce.formats import Op, combine_words
+
+    words = [quantize(np.asarray(a, np.float32), k).view(np.uint32) for a in arrays]
+
+    def compute(u, sl, entries, partial):
+        if u not in partial:
+            acc = None
+            for term in entries[u].terms():
+                if term is None:
+                    x = words[u][sl]
+                else:
+                    x = quantize(compute(term.node, sl, entries, partial).view(np.float32), k).view(np.uint32)
+                acc = x.copy() if acc is None else combine_words(acc, x, "fp32", Op.SUM)
+            partial[u] = acc
+        return partial[u]
+
+    out = []
+    for f, sl in enumerate(schedule.split(words[0].size)):
+        entries = [t.entries[f] for t in schedule.tables]
+        partial: dict[int, np.ndarray] = {}
+        root = next(u for u, e in enumerate(entries) if e.parent is None)
+        result = compute(root, sl, entries, partial)
+        out += [partial[u].view(np.float32) for u in range(schedule.nodes) if u != root]
+        out += [result.view(np.float32)] * (schedule.nodes - 1)
+    return out
+
+
+def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] = (1 << 20,),
+                             ks: Iterable[int] = (8, 10, 12), host_gbps: float = 50.0, *,
+                             out_dir: str | Path = "bench/results", name: str = "bench-schedules-codec",
+                             build_root: str | Path = "build/fastengine", seed: int = 0, slots: int = 16,
+                             threads: int = 1, progress: bool = False) -> list[dict]:
+    """Compressed collectives on codec schedule engines (``EngineConfig(codec=True)``), next to the
+    uncompressed one on the same engines and gradients.
+
+    For every (topology, algorithm) of ``rows`` and size, the demo CNN's real gradients
+    (:func:`wirereduce.sim.workloads.gradients.gradient_stream`) run once uncompressed and once per
+    k compressed (hosts push compressed, every hop decompresses, sums in table order and
+    recompresses), each checked bit for bit against :func:`wirereduce.sim.golden.schedule.allreduce`
+    (with ``compression=k``). Records ``speedup`` = uncompressed time ÷ compressed time, ``ratio``
+    = raw ÷ compressed bytes of every payload the links carry (:func:`schedule_payloads`) and
+    ``speedup_ratio`` = speedup ÷ ratio (the ring node's target is ≥ 0.9, docs/codec.md
+    "Performance"). algbw counts uncompressed bytes. Network links 10G, host link ``host_gbps``.
+    Prints a table; writes ``<name>.json`` in ``out_dir``; returns the records.
+
+    Raises
+    ------
+    ValueError
+        A bad k, size or slots, before anything is built.
+    """
+    from wirereduce.sim.cluster.schednet import engine_rates
+    from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
+    from wirereduce.sim.workloads.gradients import gradient_stream
+
+    from wirereduce.codec import check_k, compression_ratio
+
+    ks = [check_k(k) for k in ks]
+    sizes = sorted({int(x) for x in sizes})
+    if any(x < 4 or x % 4 for x in sizes):
+        raise ValueError(f"sizes must be positive multiples of 4 bytes, not {sizes}")
+    EngineConfig(64, 1500, slots=slots, ports=2)   # raises before any build
+    link_gbps = 10.0
+    mhz, link_rate, host_rate = engine_rates(64, host_gbps, link_gbps)
+    records: list[dict] = []
+    print(f"{'topology':>10} {'algorithm':>9} {'size':>8} {'k':>4} {'cycles':>10} {'algbw':>8} {'ratio':>6} "
+          f"{'speedup':>7} {'sp/ratio':>8} {'exact':>5}", flush=True)
+    for topo, algs in rows:
+        for alg in algs:
+            s = sched.build(topo, alg)
+            flows = len(s.flows)
+            cfg = EngineConfig(64, 1500, slots=slots, ports=s.topology.degree,
+                               max_flows=max(8, 1 << (flows - 1).bit_length()), formats=("fp32",), codec=True)
+            sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
+                                threads=threads)
+            for size in sizes:
+                elements = size // 4
+                arrays = gradient_stream(s.nodes, elements, seed=seed)
+                base = None
+                for k in [None, *ks]:
+                    r = sim.allreduce(arrays, s, progress=progress, compression=k)
+                    bad = golden_check(arrays, s, r.results, compression=k)
+                    us = r.cycles / mhz
+                    rec = {
+                        "kind": "schedule-codec", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
+                        "ports": cfg.ports, "slots": cfg.slots, "flows": flows, "bytes": size, "elements": elements,
+                        "chunks": r.chunks, "compression": k, "host_link_gbps": host_gbps, "link_gbps": link_gbps,
+                        "clock_mhz": mhz, "cycles": r.cycles, "us": us, "algbw_gbps": size * 8 / (us * 1e3),
+                        "bitexact": not any(bad),
+                    }
+                    if k is None:
+                        base = r.cycles
+                        rec.update(ratio=1.0, speedup=1.0, speedup_ratio=1.0)
+                    else:
+                        ratio = compression_ratio(np.concatenate(schedule_payloads(arrays, s, k)), k)
+                        rec.update(ratio=ratio, speedup=base / r.cycles, speedup_ratio=base / r.cycles / ratio)
+                    records.append(rec)
+                    _write(out_dir, name, records)
+                    kk = "none" if k is None else str(k)
+                    print(f"{s.topology.name:>10} {alg:>9} {size >> 10:>7}K {kk:>4} {r.cycles:>10,} "
+                          f"{rec['algbw_gbps']:>8.2f} {rec['ratio']:>6.2f} {rec['speedup']:>7.2f} "
+                          f"{rec['speedup_ratio']:>8.3f} {'yes' if rec['bitexact'] else 'NO':>5}", flush=True)
     return records
 
 
