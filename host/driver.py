@@ -332,8 +332,26 @@ def parse_stats(data: bytes) -> dict[str, int]:
     return dict(zip(STATS_COUNTERS, values))
 
 
+class CodecFields:
+    """The ``codec`` and ``eb_k`` header fields of a session's data frames, from its ``compression``
+    (the error-bound exponent k, or None uncompressed); mixed into :class:`NodeSession` and
+    :class:`~wirereduce.host.engine.EngineSession`."""
+
+    compression: int | None
+
+    @property
+    def codec(self) -> int:
+        """The ``codec`` field of this collective's data frames."""
+        return Codec.NONE if self.compression is None else Codec.INCEPTIONN_V1
+
+    @property
+    def eb_k(self) -> int:
+        """The ``eb_k`` field of this collective's data frames (0 uncompressed)."""
+        return 0 if self.compression is None else self.compression
+
+
 @dataclass
-class NodeSession:
+class NodeSession(CodecFields):
     """One node's part of one allreduce, sans-IO.
 
     Parameters
@@ -398,16 +416,6 @@ class NodeSession:
         self.result = np.zeros(self.data.size, dtype=np.float32)
         self.received = np.zeros(len(self.chunks), dtype=bool)
         self.lost = np.zeros(len(self.chunks), dtype=bool)
-
-    @property
-    def codec(self) -> int:
-        """The ``codec`` field of this collective's data frames."""
-        return Codec.NONE if self.compression is None else Codec.INCEPTIONN_V1
-
-    @property
-    def eb_k(self) -> int:
-        """The ``eb_k`` field of this collective's data frames (0 uncompressed)."""
-        return 0 if self.compression is None else self.compression
 
     def control_frame(self) -> bytes:
         """The CONTROL frame that starts the collective on this node: id, rank, node count, chunk

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from wirereduce.host.driver import DriverError, parse_stats
+from wirereduce.host.driver import CodecFields, DriverError, parse_stats
 
 from wirereduce.config import EngineConfig
 from wirereduce.formats import CANONICAL_NAN, Op, dtype_byte, format_of, from_words, to_words
-from wirereduce.protocol import HEADER_BYTES, Codec, Flag, Header, Opcode, frame
+from wirereduce.protocol import HEADER_BYTES, Flag, Header, Opcode, frame
 from wirereduce.schedule import Schedule
 from wirereduce.table import ENTRY_BYTES, plan, table_frames_payloads
 
@@ -47,7 +47,7 @@ class EnginePush:
 
 
 @dataclass
-class EngineSession:
+class EngineSession(CodecFields):
     """One rank's allreduce on a schedule engine.
 
     Parameters
@@ -154,16 +154,6 @@ class EngineSession:
     def schedule_tag(self, i: int) -> int:
         """Request tag of SCHEDULE frame ``i``."""
         return (self.tag + 1 + i) & 0xFFFF
-
-    @property
-    def codec(self) -> int:
-        """The ``codec`` field of this collective's frames."""
-        return Codec.NONE if self.compression is None else Codec.INCEPTIONN_V1
-
-    @property
-    def eb_k(self) -> int:
-        """The ``eb_k`` field of this collective's frames (0 uncompressed)."""
-        return 0 if self.compression is None else self.compression
 
     def control_frame(self) -> bytes:
         return Header(opcode=Opcode.CONTROL, collective=self.collective, src=self.rank, dtype=self.dtype,

@@ -141,14 +141,8 @@ def simulate_allreduce(arrays, args, progress=True):
 
     links = getattr(args, "links", "model")
     pcap = getattr(args, "pcap", None)
-    k = getattr(args, "compress", None)
+    k = _compress_arg(args)
     if k is not None:
-        from wirereduce.codec import check_k
-
-        try:
-            check_k(k)
-        except ValueError as e:
-            raise CliError(f"--compress: {e}") from e
         if links == "cmac":
             raise CliError("--compress runs on link models and 10G Ethernet: it does not combine with --links cmac")
     config = _node_config(args, codec=k is not None)
@@ -371,12 +365,8 @@ def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
     return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
 
 
-def _check_schedule_args(args) -> None:
-    """CliError for options the schedule engine does not take (before anything is built)."""
-    if args.algorithm is None:
-        raise CliError("--topology needs --algorithm (ring, biring or multitree)")
-    if args.engine == "cocotb" and getattr(args, "engine_given", False) and args.sim_threads != 1:
-        raise CliError("--sim-threads is a fast-engine option; drop it with --engine cocotb")
+def _compress_arg(args) -> int | None:
+    """``--compress K``, checked (4 … 24; CliError otherwise), or None."""
     k = getattr(args, "compress", None)
     if k is not None:
         from wirereduce.codec import check_k
@@ -385,6 +375,16 @@ def _check_schedule_args(args) -> None:
             check_k(k)
         except ValueError as e:
             raise CliError(f"--compress: {e}") from e
+    return k
+
+
+def _check_schedule_args(args) -> None:
+    """CliError for options the schedule engine does not take (before anything is built)."""
+    if args.algorithm is None:
+        raise CliError("--topology needs --algorithm (ring, biring or multitree)")
+    if args.engine == "cocotb" and getattr(args, "engine_given", False) and args.sim_threads != 1:
+        raise CliError("--sim-threads is a fast-engine option; drop it with --engine cocotb")
+    k = _compress_arg(args)
     for flag, bad in (("--compress with --engine cocotb", k is not None and args.engine == "cocotb"
                        and getattr(args, "engine_given", False)),
                       ("--compress with --links eth", k is not None and getattr(args, "links", "model") == "eth"),
