@@ -41,7 +41,7 @@ from wirereduce.hdl.stream.realign import Realigner
 from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode, header_layout
 
-__all__ = ["hdr_beat_layout", "StripHeader", "InsertHeader", "CodecIn", "CodecOut"]
+__all__ = ["hdr_beat_layout", "StripHeader", "InsertHeader", "CodecIn", "CodecOut", "codec_port_stages"]
 
 
 def hdr_beat_layout(width: int) -> data.StructLayout:
@@ -427,3 +427,47 @@ class CodecOut(_CodecStage):
             comp.o.ready.eq(dst.ready & hdrq.r_rdy),
             hdrq.r_en.eq(dst.valid & dst.ready & dst.payload.last),
         ]
+
+
+def codec_port_stages(m, component, config, inputs, outputs):
+    """A component's ports as its logic sees them: straight, or (``config.codec``) through a
+    :class:`CodecIn` behind each of ``inputs`` and a :class:`CodecOut` in front of each of
+    ``outputs`` (submodules ``codec_{name}``), as the ring node and the schedule engine put them.
+
+    Parameters
+    ----------
+    m : Module
+    component : wiring.Component
+        With an ``In(FrameStream)`` member for every name of ``inputs`` and an ``Out(FrameStream)``
+        for every name of ``outputs``.
+    config : NodeConfig
+        ``width``, ``max_elements``, ``max_beats`` and ``codec``.
+    inputs, outputs : sequence of str
+
+    Returns
+    -------
+    ins, outs : dict
+        By port name: the inputs as sources, the outputs as sinks of the component's logic.
+    dropped : list of Signal
+        Each ``CodecIn``'s ``dropped`` (a malformed compressed frame dropped whole); empty without
+        the codec. The caller counts them (``drop_length``).
+    """
+    if not config.codec:
+        return ({n: wiring.flipped(getattr(component, n)) for n in inputs},
+                {n: wiring.flipped(getattr(component, n)) for n in outputs}, [])
+    w = config.width
+    beat = FrameStream(w)
+    ins, outs, dropped = {}, {}, []
+    for name in inputs:
+        stage = m.submodules[f"codec_{name}"] = CodecIn(w, config.max_elements, config.max_beats)
+        wiring.connect(m, wiring.flipped(getattr(component, name)), stage.i)
+        dropped.append(stage.dropped)
+        ins[name] = beat.create()
+        wiring.connect(m, stage.o, wiring.flipped(ins[name]))
+    for name in outputs:
+        stage = m.submodules[f"codec_{name}"] = CodecOut(w, config.max_elements, config.max_beats)
+        wiring.connect(m, stage.o, wiring.flipped(getattr(component, name)))
+        inner = beat.create()
+        wiring.connect(m, inner, stage.i)
+        outs[name] = wiring.flipped(inner)
+    return ins, outs, dropped

@@ -60,7 +60,7 @@ from __future__ import annotations
 from amaranth import Array, Cat, Const, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.codec.port import CodecIn, CodecOut
+from wirereduce.hdl.codec.port import codec_port_stages
 from wirereduce.hdl.core.chunkbuf import ChunkBuffer
 from wirereduce.hdl.core.gates import check_header
 from wirereduce.hdl.core.status import EventCounters, StatusResponder, port_counters_layout, report_status
@@ -418,7 +418,15 @@ class Engine(wiring.Component):
             g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu)
             return g
 
-        ports_in, ports_out = _port_stages(m, self, events)
+        # The ports straight, or (``EngineConfig.codec``) through a CodecIn behind every input and a
+        # CodecOut in front of every output, as on the ring node: compressed frames are decompressed on
+        # arrival and recompressed with their header's ``eb_k`` as they leave, so every hop decompresses,
+        # sums and recompresses (docs/codec.md); a compressed frame whose length does not match its tags
+        # is dropped whole by its CodecIn (``drop_length``).
+        ports_in, ports_out, dropped = codec_port_stages(m, self, cfg, ["host_rx"] + [f"net{p}_in" for p in range(P)],
+                                                         ["host_tx"] + [f"net{p}_out" for p in range(P)])
+        for d in dropped:
+            m.d.comb += events.flag("drop_length").eq(d)
         host_gate = gate("host")
         wiring.connect(m, ports_in["host_rx"], host_gate.i)
         net_gates = []
@@ -1013,36 +1021,3 @@ class Engine(wiring.Component):
         report_status(m, status, run, events, port_counters)
         events.update(m)
         return m
-
-
-def _port_stages(m: Module, engine: Engine, events: EventCounters):
-    """The engine's ports as its gates and outputs see them: straight, or (``EngineConfig.codec``)
-    through a :class:`~wirereduce.hdl.codec.port.CodecIn` behind every input (``host_rx``,
-    ``net{p}_in``) and a :class:`~wirereduce.hdl.codec.port.CodecOut` in front of every output
-    (``host_tx``, ``net{p}_out``), as on the ring node: compressed frames (``codec =
-    INCEPTIONN_V1``) are decompressed on arrival and recompressed with their header's ``eb_k`` as
-    they leave, so every hop decompresses, sums and recompresses (docs/codec.md); a compressed frame
-    whose length does not match its tags is dropped whole by its ``CodecIn`` and counted in
-    ``drop_length``. Returns two dicts by port name: the inputs as sources, the outputs as sinks."""
-    cfg = engine.config
-    w = cfg.width
-    names_in = ["host_rx"] + [f"net{p}_in" for p in range(cfg.ports)]
-    names_out = ["host_tx"] + [f"net{p}_out" for p in range(cfg.ports)]
-    if not cfg.codec:
-        return ({n: wiring.flipped(getattr(engine, n)) for n in names_in},
-                {n: wiring.flipped(getattr(engine, n)) for n in names_out})
-    beat = FrameStream(w)
-    ins, outs = {}, {}
-    for name in names_in:
-        stage = m.submodules[f"codec_{name}"] = CodecIn(w, cfg.max_elements, cfg.max_beats)
-        wiring.connect(m, wiring.flipped(getattr(engine, name)), stage.i)
-        m.d.comb += events.flag("drop_length").eq(stage.dropped)
-        ins[name] = beat.create()
-        wiring.connect(m, stage.o, wiring.flipped(ins[name]))
-    for name in names_out:
-        stage = m.submodules[f"codec_{name}"] = CodecOut(w, cfg.max_elements, cfg.max_beats)
-        wiring.connect(m, stage.o, wiring.flipped(getattr(engine, name)))
-        inner = beat.create()
-        wiring.connect(m, inner, stage.i)
-        outs[name] = wiring.flipped(inner)
-    return ins, outs

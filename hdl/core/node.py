@@ -42,7 +42,7 @@ from __future__ import annotations
 from amaranth import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.codec.port import CodecIn, CodecOut
+from wirereduce.hdl.codec.port import codec_port_stages
 from wirereduce.hdl.core.control import RunState
 from wirereduce.hdl.core.gates import broadcast_input, host_input, reduce_input
 from wirereduce.hdl.core.reduce import ReducePipeline
@@ -184,27 +184,11 @@ PROBE_POINTS = ("host_rx", "cw_in", "ccw_in", "host_rx_dec", "cw_in_dec", "ccw_i
 def _port_stages(m: Module, node: Node, events: EventCounters):
     """The node's six ports as its gates and outputs see them: straight, or (codec nodes) through a
     :class:`~wirereduce.hdl.codec.port.CodecIn` / :class:`~wirereduce.hdl.codec.port.CodecOut`
-    each, whose drops count as ``drop_codec``. Returns ``host_rx, cw_in, ccw_in, host_tx, cw_out,
-    ccw_out``, inputs as sources and outputs as sinks of the node's logic."""
-    cfg = node.config
-    w = cfg.width
-    beat = FrameStream(w)
-    host_rx, cw_in, ccw_in = (wiring.flipped(p) for p in (node.host_rx, node.cw_in, node.ccw_in))
-    host_tx, cw_out, ccw_out = (wiring.flipped(p) for p in (node.host_tx, node.cw_out, node.ccw_out))
-    if not cfg.codec:
-        return host_rx, cw_in, ccw_in, host_tx, cw_out, ccw_out
-    ins = {}
-    for name in ("host_rx", "cw_in", "ccw_in"):
-        stage = m.submodules[f"codec_{name}"] = CodecIn(w, cfg.max_elements, cfg.max_beats)
-        wiring.connect(m, wiring.flipped(getattr(node, name)), stage.i)
-        m.d.comb += events.flag("drop_length").eq(stage.dropped)
-        ins[name] = beat.create()
-        wiring.connect(m, stage.o, wiring.flipped(ins[name]))
-    outs = {}
-    for name in ("host_tx", "cw_out", "ccw_out"):
-        stage = m.submodules[f"codec_{name}"] = CodecOut(w, cfg.max_elements, cfg.max_beats)
-        wiring.connect(m, stage.o, wiring.flipped(getattr(node, name)))
-        inner = beat.create()
-        wiring.connect(m, inner, stage.i)
-        outs[name] = wiring.flipped(inner)
+    each (:func:`~wirereduce.hdl.codec.port.codec_port_stages`), whose drops count as
+    ``drop_length``. Returns ``host_rx, cw_in, ccw_in, host_tx, cw_out, ccw_out``, inputs as
+    sources and outputs as sinks of the node's logic."""
+    ins, outs, dropped = codec_port_stages(m, node, node.config, ("host_rx", "cw_in", "ccw_in"),
+                                           ("host_tx", "cw_out", "ccw_out"))
+    for d in dropped:
+        m.d.comb += events.flag("drop_length").eq(d)
     return ins["host_rx"], ins["cw_in"], ins["ccw_in"], outs["host_tx"], outs["cw_out"], outs["ccw_out"]
