@@ -228,30 +228,15 @@ def schedule_payloads(arrays, schedule, k: int) -> list[np.ndarray]:
     node's partial sum of each flow (to its parent), and each flow's result once per tree edge (the
     gather). The hosts push ``quantize(x, k)``, as :func:`wirereduce.sim.golden.schedule.allreduce`
     with ``compression=k`` says."""
-    from wirereduce.codec import quantize
-    from wirereduce.formats import Op, combine_words
+    from wirereduce.sim.golden.schedule import flow_result
 
-    words = [quantize(np.asarray(a, np.float32), k).view(np.uint32) for a in arrays]
-
-    def compute(u, sl, entries, partial):
-        if u not in partial:
-            acc = None
-            for term in entries[u].terms():
-                if term is None:
-                    x = words[u][sl]
-                else:
-                    x = quantize(compute(term.node, sl, entries, partial).view(np.float32), k).view(np.uint32)
-                acc = x.copy() if acc is None else combine_words(acc, x, "fp32", Op.SUM)
-            partial[u] = acc
-        return partial[u]
-
+    words = [np.asarray(a, np.float32).view(np.uint32) for a in arrays]
     out = []
-    for f, sl in enumerate(schedule.split(words[0].size)):
-        entries = [t.entries[f] for t in schedule.tables]
-        partial: dict[int, np.ndarray] = {}
-        root = next(u for u, e in enumerate(entries) if e.parent is None)
-        result = compute(root, sl, entries, partial)
-        out += [partial[u].view(np.float32) for u in range(schedule.nodes) if u != root]
+    for f in range(len(schedule.flows)):
+        partials: dict[int, np.ndarray] = {}
+        result = flow_result(words, schedule, f, compression=k, partials=partials)
+        root = next(u for u, t in enumerate(schedule.tables) if t.entries[f].parent is None)
+        out += [partials[u].view(np.float32) for u in range(schedule.nodes) if u != root]
         out += [result.view(np.float32)] * (schedule.nodes - 1)
     return out
 

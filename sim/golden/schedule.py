@@ -40,20 +40,20 @@ def _quantized(w: np.ndarray, k: int) -> np.ndarray:
 
 
 def flow_result(words: Sequence[np.ndarray], schedule: Schedule, flow: int, fmt="fp32",
-                op: Op | str = Op.SUM, compression: int | None = None) -> np.ndarray:
+                op: Op | str = Op.SUM, compression: int | None = None,
+                partials: dict[int, np.ndarray] | None = None) -> np.ndarray:
     """The finished result of one flow (its share of the payload words), as its root computes it.
 
     ``words`` are the nodes' payload words (uint32, :func:`wirereduce.formats.to_words`), one
     array per node; returns uint32 words. ``compression``: as :func:`allreduce` (the root's sum
-    before its last compression).
+    before its last compression). ``partials``: if given, filled with every node's partial sum of
+    the flow (uint32 words, before it is compressed on its way to the parent), by node.
     """
     op = Op[op.upper()] if isinstance(op, str) else Op(op)
     k = compression
-    if k is not None:
-        words = [_quantized(w, k) for w in words]   # the hosts push compressed
     sl = schedule.split(words[0].size)[flow]
     entries = [t.entries[flow] for t in schedule.tables]
-    partial: dict[int, np.ndarray] = {}
+    partial: dict[int, np.ndarray] = {} if partials is None else partials
 
     def compute(u: int, depth: int) -> np.ndarray:
         if u in partial:
@@ -64,6 +64,8 @@ def flow_result(words: Sequence[np.ndarray], schedule: Schedule, flow: int, fmt=
         for term in entries[u].terms():
             if term is None:
                 x = words[u][sl]
+                if k is not None:
+                    x = _quantized(x, k)   # the hosts push compressed
             else:   # a child's partial sum arrives compressed
                 x = compute(term.node, depth + 1)
                 if k is not None:
