@@ -55,7 +55,7 @@ def served_engine_config(topology, **overrides) -> EngineConfig:
     """The :class:`~wirereduce.config.EngineConfig` ``wirereduce sim serve --topology`` builds unless
     told otherwise: ports = the topology's degree (at least 2), :data:`SERVED_ENGINE_SLOTS` slots, the
     rest EngineConfig's defaults; ``overrides`` (``width=``, ``mtu=``, ``slots=``, ``ports=``,
-    ``max_flows=``) replace them. Raises ValueError on a bad topology or value."""
+    ``max_flows=``, ``codec=``) replace them. Raises ValueError on a bad topology or value."""
     from wirereduce.schedule import parse_topology
 
     topo = parse_topology(topology)

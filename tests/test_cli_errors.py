@@ -256,10 +256,6 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
 @pytest.mark.parametrize("extra,needles", [
     (["--topology", "ring:4"], ["--algorithm"]),
     (["--topology", "ring:4", "--algorithm", "biring", "--compress", "3"], ["--compress", "4..24"]),
-    (["--topology", "ring:4", "--algorithm", "biring", "--compress", "10", "--engine", "cocotb"],
-     ["--compress with --engine cocotb", "schedule engine"]),
-    (["--topology", "ring:4", "--algorithm", "biring", "--compress", "10", "--links", "eth"],
-     ["--compress with --links eth", "schedule engine"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--links", "cmac"], ["--links cmac", "schedule engine"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth", "--engine", "cocotb"],
      ["--links eth with --engine cocotb", "schedule engine"]),

@@ -36,16 +36,17 @@ def _node_config(args, codec: bool = False):
         raise CliError(str(e)) from e
 
 
-def _serve_engine_config(args, topo):
+def _serve_engine_config(args, topo, codec: bool = False):
     """The :class:`~wirereduce.config.EngineConfig` ``sim serve --topology`` builds and ``rank
     allreduce --topology`` drives (``--width``, ``--mtu``, ``--slots``, ``--ports``, ``--max-flows``;
-    defaults: :func:`~wirereduce.host.rank.served_engine_config`); both sides must be given the
-    same. CliError if bad."""
+    ``codec``: ``sim serve --codec``, or a rank's ``--compress``; defaults:
+    :func:`~wirereduce.host.rank.served_engine_config`); both sides must be given the same. CliError
+    if bad."""
     from wirereduce.host.rank import served_engine_config
 
     try:
         return served_engine_config(topo.name, width=args.width, mtu=args.mtu, slots=args.slots, ports=args.ports,
-                                    max_flows=args.max_flows)
+                                    max_flows=args.max_flows, codec=codec)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
 
@@ -269,8 +270,9 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
     from wirereduce.sim.engines.runner import EngineSetup, SimulationError, run_engine_allreduce
 
     try:
+        k = _compress_arg(args)
         cfg = served_engine_config(s.topology.name, width=args.width, mtu=args.mtu, slots=args.slots,
-                                   ports=args.ports)
+                                   ports=args.ports, codec=k is not None)
         setup = EngineSetup(topology=s.topology.name, config=cfg, link_latency=args.link_latency,
                             host_gbps=args.host_link_gbps)
     except (TypeError, ValueError) as e:
@@ -281,17 +283,17 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
           flush=True)
     try:
         r = run_engine_allreduce(setup, arrays, s, op=op, build_root=args.build_dir, waves=args.waves,
-                                 timeout_cycles=_timeout_arg(args))
+                                 timeout_cycles=_timeout_arg(args), compression=k)
     except ValueError as e:
         raise CliError(str(e)) from e
     except SimulationError as e:
         raise CliError(str(e)) from e
     from wirereduce.host.engine import EngineSession
 
-    chunks = len(EngineSession(0, s, cfg, 1, np.asarray(arrays[0]), cfg.slots, op=op).chunks)
+    chunks = len(EngineSession(0, s, cfg, 1, np.asarray(arrays[0]), cfg.slots, op=op, compression=k).chunks)
     esize = np.asarray(arrays[0]).dtype.itemsize
     rec = {"cycles": r["cycles"], "bytes": r["elements"] * esize, "elements": r["elements"], "chunks": chunks,
-           "wall_s": r["wall_s"], "sim_cycles": r["cycles"], "op": op, "engine": "cocotb"}
+           "wall_s": r["wall_s"], "sim_cycles": r["cycles"], "op": op, "engine": "cocotb", "compression": k}
     return r["results"], rec, s, cfg, mhz, time.perf_counter() - t0
 
 
@@ -384,11 +386,8 @@ def _check_schedule_args(args) -> None:
         raise CliError("--topology needs --algorithm (ring, biring or multitree)")
     if args.engine == "cocotb" and getattr(args, "engine_given", False) and args.sim_threads != 1:
         raise CliError("--sim-threads is a fast-engine option; drop it with --engine cocotb")
-    k = _compress_arg(args)
-    for flag, bad in (("--compress with --engine cocotb", k is not None and args.engine == "cocotb"
-                       and getattr(args, "engine_given", False)),
-                      ("--compress with --links eth", k is not None and getattr(args, "links", "model") == "eth"),
-                      ("--links cmac", getattr(args, "links", "model") == "cmac"),
+    _compress_arg(args)   # checks k before anything is built
+    for flag, bad in (("--links cmac", getattr(args, "links", "model") == "cmac"),
                       ("--links eth with --engine cocotb", getattr(args, "links", "model") == "eth"
                        and args.engine == "cocotb" and getattr(args, "engine_given", False)),
                       ("--corrupt", getattr(args, "corrupt", None) is not None),
@@ -462,7 +461,8 @@ def _demo_schedule(args) -> int:
     _check_schedule_args(args)
     _timeout_arg(args)
     try:
-        cfg = served_engine_config(topo.name, width=args.width, mtu=args.mtu, slots=args.slots, ports=args.ports)
+        cfg = served_engine_config(topo.name, width=args.width, mtu=args.mtu, slots=args.slots, ports=args.ports,
+                                   codec=_compress_arg(args) is not None)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     out = Path(args.build_dir).parent / "verilog" / "wirereduce_engine.v"
@@ -887,17 +887,19 @@ def cmd_sim_serve(args) -> int:
                        "sim serve runs the cocotb engine")
     if args.topology is not None:
         topo = _parse_topology_arg(args)
-        if args.codec or args.links != "model":
-            raise CliError("--codec and --links eth are ring-node features; the schedule engine (--topology) serves "
-                           "over link models without the codec (leave them out, or leave out --topology)")
-        config = _serve_engine_config(args, topo)
+        if args.links != "model":
+            raise CliError("--links eth is a ring-node feature here; the schedule engine (--topology) serves over "
+                           "link models (leave it out, or leave out --topology; `sim allreduce --topology … "
+                           "--links eth --engine fast` runs engines over Ethernet)")
+        config = _serve_engine_config(args, topo, codec=args.codec)
         try:
             setup = EngineSetup(topology=topo.name, config=config, link_latency=args.link_latency,
                                 simulator=args.simulator or default_simulator(), host_gbps=args.host_link_gbps)
         except (TypeError, ValueError, SimulationError) as e:
             raise CliError(str(e)) from e
         what = (f"{topo.name} schedule engines (ports {config.ports}, max_flows {config.max_flows}, slots "
-                f"{config.slots}, formats {', '.join(config.formats)}): drive them with `wirereduce rank allreduce "
+                f"{config.slots}, formats {', '.join(config.formats)}{', codec' if config.codec else ''}): "
+                f"drive them with `wirereduce rank allreduce "
                 f"--topology {topo.name} --algorithm …` and the same --width/--mtu/--slots/--ports/--max-flows")
     else:
         if args.nodes is None:
@@ -938,6 +940,7 @@ def cmd_rank_allreduce(args) -> int:
 
     if (args.interface is None) == (args.unix is None):
         raise CliError("give --interface IF (raw Ethernet) or --unix DIR (wirereduce sim serve --unix)")
+    k = _compress_arg(args)
     if args.topology is not None:
         from wirereduce import schedule as sched
 
@@ -949,7 +952,7 @@ def cmd_rank_allreduce(args) -> int:
             schedule = sched.build(topo.name, args.algorithm)
         except ValueError as e:
             raise CliError(str(e)) from e
-        config = _serve_engine_config(args, topo)
+        config = _serve_engine_config(args, topo, codec=k is not None)
         nodes = topo.nodes
     else:
         if args.nodes is None:
@@ -957,7 +960,7 @@ def cmd_rank_allreduce(args) -> int:
         if args.algorithm is not None or args.ports is not None or args.max_flows != 64 or args.op != "sum":
             raise CliError("--algorithm, --ports, --max-flows and --op need --topology (the schedule engine; the "
                            "ring node sums fp32 only)")
-        config = _node_config(args)
+        config = _node_config(args, codec=k is not None)
         nodes = args.nodes
     if not 2 <= nodes <= 255 or not 0 <= args.rank < nodes:
         raise CliError(f"--rank must be 0 … N − 1 with 2 ≤ N ≤ 255, not rank {args.rank} of {nodes}")
@@ -966,9 +969,11 @@ def cmd_rank_allreduce(args) -> int:
         from wirereduce.host.engine import EngineSession
 
         try:   # the dtype against the engines' formats, the schedule's flows: before anything is opened
-            EngineSession(args.rank, schedule, config, 1, array, config.slots, op=args.op)
+            EngineSession(args.rank, schedule, config, 1, array, config.slots, op=args.op, compression=k)
         except ValueError as e:
             raise CliError(str(e)) from e
+    elif k is not None and array.dtype != np.float32:
+        raise CliError(f"--compress is fp32-only (docs/codec.md); node{args.rank} is {array.dtype}")
     try:
         if args.unix is not None:
             transport = PacketTransport.unix(args.unix, args.rank, nodes, timeout=args.timeout)
@@ -985,11 +990,11 @@ def cmd_rank_allreduce(args) -> int:
         if args.topology is not None:
             driver = EngineRankDriver(transport, args.rank, schedule, config, barrier=barrier,
                                       first_collective=args.collective)
-            run = lambda: driver.allreduce(array, op=args.op)  # noqa: E731
+            run = lambda: driver.allreduce(array, k, op=args.op)  # noqa: E731
         else:
             driver = RankDriver(transport, args.rank, nodes, config, barrier=barrier,
                                 first_collective=args.collective)
-            run = lambda: driver.allreduce(array)  # noqa: E731
+            run = lambda: driver.allreduce(array, k)  # noqa: E731
     except ValueError as e:
         transport.close()
         raise CliError(f"--collective: {e}") from e
@@ -1215,6 +1220,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a directory every rank shares: wait there for every rank's node to take the collective "
                         "before pushing (ranks on one machine; without it ranks must start together)")
     p.add_argument("--collective", type=int, default=1, help="collective id, the same at every rank (default 1)")
+    p.add_argument("--compress", type=int, default=None, metavar="K",
+                   help="INCEPTIONN-compressed allreduce, error bound 2^-K (4 … 24; fp32): the nodes must be "
+                        "served with the codec (`sim serve --codec`); the same K at every rank")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds without a frame before giving up (default 5)")
     _add_node_args(p)
     p.set_defaults(func=cmd_rank_allreduce)

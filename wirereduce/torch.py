@@ -416,7 +416,9 @@ class LoopbackBackend:
     (:func:`wirereduce.sim.golden.allreduce.ring_allreduce` for float32), or in ``schedule``'s table
     order, the schedule engine's; with ``compression`` (float32 only)
     :func:`wirereduce.sim.golden.codec.ring_allreduce_compressed` with ``host_compressed=True``
-    (what codec nodes return to ``RankDriver.allreduce(..., compression=k)``).
+    (what codec nodes return to ``RankDriver.allreduce(..., compression=k)``), or with ``schedule``
+    :func:`wirereduce.sim.golden.schedule.allreduce` with ``compression`` (what codec engines return
+    to ``EngineRankDriver.allreduce(..., compression=k)``).
 
     Parameters
     ----------
@@ -464,6 +466,10 @@ class LoopbackBackend:
         arrays = [_to_numpy(p) for p in parts]
         if compression is None:
             return golden_sum(arrays, self.rank, self.schedule)
+        if self.schedule is not None:
+            from wirereduce.sim.golden import schedule as golden_schedule
+
+            return golden_schedule.allreduce(arrays, self.schedule, "sum", compression)[self.rank]
         return ring_allreduce_compressed(arrays, compression, host_compressed=True)
 
 
@@ -475,7 +481,8 @@ class EngineGroup:
     :class:`State` has one worker), the group waits until every rank has handed over its array,
     runs one allreduce of all of them on ``sim`` (:meth:`FastEngineSim.allreduce
     <wirereduce.sim.engines.fastengine.FastEngineSim.allreduce>`, Verilator) and gives each rank
-    its own node's result. The arrays travel in their format (float32, bf16, fp16).
+    its own node's result. The arrays travel in their format (float32, bf16, fp16); with
+    ``compression`` (every rank the same k, float32, engines built with the codec) compressed.
 
     Parameters
     ----------
@@ -498,6 +505,7 @@ class EngineGroup:
         self.sim, self.schedule = sim, schedule
         self.nodes = sim.topology.nodes
         self._inputs: list = [None] * self.nodes
+        self._ks: list = [None] * self.nodes
         self._outputs: list = [None] * self.nodes
         self._error: BaseException | None = None
         self._barrier = threading.Barrier(self.nodes, action=self._run, timeout=timeout)
@@ -507,7 +515,10 @@ class EngineGroup:
     def _run(self) -> None:
         self._error = None
         try:
-            r = self.sim.allreduce(list(self._inputs), self.schedule)
+            if len(set(self._ks)) != 1:
+                raise ValueError(f"the ranks asked for different compressions {self._ks}: every rank of one "
+                                 f"allreduce must give the same k")
+            r = self.sim.allreduce(list(self._inputs), self.schedule, compression=self._ks[0])
             self.runs.append(r)
             self._outputs = list(r.results)
         except BaseException as e:  # noqa: B036 - handed to every rank
@@ -525,12 +536,13 @@ class _GroupRank:
         self.group, self.rank, self.nodes = group, rank, group.nodes
 
     def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
-        """This rank's result of the group's next allreduce (blocks until every rank has called)."""
-        if compression is not None:
-            raise ValueError("EngineGroup carries uncompressed buckets (compression=None)")
+        """This rank's result of the group's next allreduce (blocks until every rank has called).
+        Raises ValueError (every rank) if the ranks' ``compression`` differ, or one the engines cannot
+        take (:meth:`FastEngineSim.allreduce <wirereduce.sim.engines.fastengine.FastEngineSim.allreduce>`)."""
         _name, array = _as_format(array, "EngineGroup")
         g = self.group
         g._inputs[self.rank] = array
+        g._ks[self.rank] = compression
         g._barrier.wait()
         if g._error is not None:
             raise g._error

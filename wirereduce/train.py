@@ -108,10 +108,6 @@ class TrainConfig:
                 raise ValueError(f"{s.topology.name} has {s.nodes} nodes, not --nodes {self.nodes}")
             if self.backend == "gloo":
                 raise ValueError("--topology runs the wirereduce hook: it needs --backend sim or loopback")
-            if self.compress is not None:
-                raise ValueError("train serves schedule engines built with no codec (the codec engine runs in "
-                                 "`wirereduce sim allreduce --topology … --compress K`): --compress needs ring "
-                                 "nodes here (leave out --topology)")
         if self.wire_dtype is not None:
             names = {"bf16": "bfloat16", "fp16": "float16"}
             self.wire_dtype = names.get(self.wire_dtype, self.wire_dtype)
@@ -266,7 +262,7 @@ def _sim_config(cfg: TrainConfig):
     if cfg.topology is not None:
         from wirereduce.host.rank import served_engine_config
 
-        return served_engine_config(cfg.topology)
+        return served_engine_config(cfg.topology, codec=cfg.compress is not None)
     from wirereduce.config import NodeConfig
     return NodeConfig(codec=cfg.compress is not None)
 

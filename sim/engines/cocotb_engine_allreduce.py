@@ -61,7 +61,8 @@ async def engine_allreduce(dut):
     drivers = [EngineRankDriver(transport, k, schedule, config, window=spec["window"], barrier=barrier,
                                 first_collective=spec["collective"]) for k in range(nodes)]
     wall = time.perf_counter()
-    results = await transport.gather([d.allreduce_async(a, op=spec["op"]) for d, a in zip(drivers, arrays)])
+    k = spec.get("compression")
+    results = await transport.gather([d.allreduce_async(a, k, op=spec["op"]) for d, a in zip(drivers, arrays)])
     end = transport.now()
     wall = time.perf_counter() - wall
     await ClockCycles(dut.clk, 10)

@@ -507,7 +507,7 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
 
 def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum", window: int | None = None,
                          collective: int = 1, build_root: str | Path = "build/sim", waves: bool = False,
-                         timeout_cycles: int | None = None) -> dict:
+                         timeout_cycles: int | None = None, compression: int | None = None) -> dict:
     """One allreduce on a :class:`EngineSetup` network on the cocotb engine (Verilator or Icarus),
     every rank an :class:`~wirereduce.host.rank.EngineRankDriver`
     (:mod:`wirereduce.sim.engines.cocotb_engine_allreduce`): the other simulator of the schedule
@@ -526,6 +526,10 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
     timeout_cycles : int, optional
         The longest wait for any one frame (default 200,000 cycles): then ``TimeoutError`` in the
         simulation and :class:`SimulationError` here.
+    compression : int, optional
+        Error-bound exponent k (4 … 24) of a compressed collective: fp32 arrays on engines built with
+        the codec (``EngineConfig(codec=True)``); every host pushes its chunks compressed and gets
+        the result compressed (:class:`~wirereduce.host.engine.EngineSession`).
 
     Returns
     -------
@@ -537,7 +541,7 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
     ------
     ValueError
         Bad arrays, op, window, a schedule of another topology or with more flows than the
-        engines hold, before anything is built.
+        engines hold, a compression the engines or the arrays cannot take, before anything is built.
     SimulationError
         The simulation failed (log tail attached; the waveform path with ``waves``).
     """
@@ -559,7 +563,7 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
     window = setup.config.slots if window is None else check_engine_window(window, setup.config)
     check_timeout(timeout_cycles)
     for k, a in enumerate(arrays):   # dtype against the engines' formats, flows, op: before the build
-        EngineSession(k, schedule, setup.config, collective, a, window, op=op)
+        EngineSession(k, schedule, setup.config, collective, a, window, op=op, compression=compression)
     bf16 = fmt.name == "bf16"
     build_root = Path(build_root).resolve()
     runner, build_dir = _build(setup, build_root, waves)
@@ -573,10 +577,11 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
     spec_file.write_text(json.dumps({
         "config": {"width": cfg.width, "mtu": cfg.mtu, "slots": cfg.slots, "ports": cfg.ports,
                    "max_flows": cfg.max_flows, "priority": cfg.priority, "lookahead": cfg.lookahead,
-                   "formats": list(cfg.formats)},
+                   "formats": list(cfg.formats), "codec": cfg.codec},
         "topology": schedule.topology.name, "algorithm": schedule.algorithm, "op": op, "window": window,
         "collective": collective, "clock_mhz": setup.clock, "inputs": str(in_npz), "outputs": str(out_npz),
-        "record": str(rec), "bf16": bf16, "timeout_cycles": 200_000 if timeout_cycles is None else timeout_cycles,
+        "record": str(rec), "bf16": bf16, "compression": compression,
+        "timeout_cycles": 200_000 if timeout_cycles is None else timeout_cycles,
     }))
     env = {"WIREREDUCE_ENGINE_JOB": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
            "COCOTB_LOG_LEVEL": "WARNING"}
