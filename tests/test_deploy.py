@@ -189,7 +189,9 @@ def _run(cmd: str) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """``wirereduce sim serve`` with 4 TAPs, each moved into its own network namespace."""
+    """``wirereduce sim serve --codec`` with 4 TAPs, each moved into its own network namespace (codec
+    nodes pass uncompressed frames untouched: the build the UNIX-socket test's compressed ranks need
+    too, so one build serves both)."""
     if os.geteuid() != 0:
         pytest.skip("needs root to create network namespaces and TAP interfaces")
     if not shutil.which("ip") or not os.path.exists("/dev/net/tun"):
@@ -208,7 +210,7 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("deploy")
     made = []
     try:
-        with sim_serve(["--nodes", str(NODES), "--tap", *taps]) as (serve, _):
+        with sim_serve(["--nodes", str(NODES), "--codec", "--tap", *taps]) as (serve, _):
             for tap, ns in zip(taps, spaces):
                 _run(f"ip netns add {ns}")
                 made.append(ns)
@@ -304,8 +306,10 @@ def test_killed_rank_others_fail_bounded(cluster):
 
 @pytest.mark.cocotb
 def test_unix_sockets_without_root(tmp_path):
-    """``sim serve --unix``: the same ranks over UNIX datagram sockets (no root, no TAP), one
-    RankDriver per rank in threads; every rank gets the golden sum bit for bit."""
+    """``sim serve --codec --unix``: the same ranks over UNIX datagram sockets (no root, no TAP), one
+    RankDriver per rank in threads; every rank gets the golden sum bit for bit. Then one
+    ``wirereduce rank allreduce --nodes 4 --compress 10`` process per rank: every rank's .npy is the
+    golden compressed ring allreduce bit for bit."""
 
     from wirereduce.sim.engines.runner import available_simulators
     from wirereduce.sim.golden.allreduce import ring_allreduce
@@ -313,7 +317,7 @@ def test_unix_sockets_without_root(tmp_path):
     if "verilator" not in available_simulators():
         pytest.skip("needs Verilator")
     socks = tmp_path / "socks"
-    with sim_serve(["--nodes", str(NODES), "--unix", str(socks)]):
+    with sim_serve(["--nodes", str(NODES), "--codec", "--unix", str(socks)]):
         rng = np.random.default_rng(5)
         arrays = [rng.standard_normal(1200).astype(np.float32) for _ in range(NODES)]
 
@@ -326,6 +330,26 @@ def test_unix_sockets_without_root(tmp_path):
         for k in range(NODES):
             assert isinstance(out.get(k), np.ndarray), f"rank {k}: {out.get(k)!r}"
             assert np.array_equal(out[k].view(np.uint32), want), f"rank {k} differs from the golden sum"
+
+        from wirereduce.sim.golden.codec import ring_allreduce_compressed
+
+        grads = [(rng.standard_normal(2500) * 10.0 ** rng.uniform(-5, 0, 2500)).astype(np.float32)
+                 for _ in range(NODES)]
+        np.savez(tmp_path / "grads.npz", **{f"node{k}": a for k, a in enumerate(grads)})
+        procs = [subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "rank", "allreduce", "--nodes", str(NODES),
+                                   "--compress", "10", "--rank", str(k), "--unix", str(socks), "--input",
+                                   str(tmp_path / "grads.npz"), "--output", str(tmp_path / f"c{k}.npy"),
+                                   "--barrier", str(tmp_path / "bar-c"), "--collective", "7", "--timeout", "20"],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for k in range(NODES)]
+        for k, p in enumerate(procs):
+            o, e = p.communicate(timeout=600)
+            assert p.returncode == 0, f"rank {k}: {o}{e}"
+        want = ring_allreduce_compressed(grads, 10, host_compressed=True).view(np.uint32)
+        assert not np.array_equal(want, ring_allreduce(grads).view(np.uint32)), "k = 10 must change some bits"
+        for k in range(NODES):
+            got = np.load(tmp_path / f"c{k}.npy", allow_pickle=False)
+            assert np.array_equal(got.view(np.uint32), want), f"rank {k} differs from the golden compressed ring"
     assert not list(socks.glob("*.sock"))
 
 
