@@ -14,7 +14,7 @@ the window rule makes that impossible, so a pulse would be a bug, never lost dat
 
 from __future__ import annotations
 
-from amaranth import Array, Module, Mux, Signal
+from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.stream.frame import tagged_layout
@@ -37,6 +37,22 @@ def reader_signature(width: int, slots: int, max_beats: int) -> wiring.Signature
         "rd_addr": Out(range(slots * max_beats)), "rd_en": Out(1), "rd_data": In(width),
         "free": Out(1), "free_slot": Out(range(slots)),
     })
+
+
+#: Block RAM modes (depth, data bits) of a 36 Kbit Xilinx block RAM (7 series and UltraScale, UG473 /
+#: UG573 "Block RAM Port Aspect Ratios", parity bits left out).
+BRAM36_MODES = ((512, 64), (1024, 32), (2048, 16), (4096, 8), (8192, 4), (16384, 2), (32768, 1))
+
+
+def bram_column(width: int, depth: int) -> int:
+    """Bits of a column of a ``width`` × ``depth`` memory such that each column fits a single 36 Kbit
+    block RAM in depth (one RAM or a row of them, no read-data multiplexer): the widest mode of
+    :data:`BRAM36_MODES` at least ``depth`` deep, or ``width`` when one 512-deep RAM holds it (or the
+    memory is deeper than any mode, left to the tools)."""
+    for d, bits in BRAM36_MODES:
+        if depth <= d:
+            return min(width, bits) if d > 512 else width
+    return width
 
 
 class ChunkBuffer(wiring.Component):
@@ -80,10 +96,23 @@ class ChunkBuffer(wiring.Component):
         m = Module()
         Q, MB = self._q, self._mb
         bits = (Q - 1).bit_length()
-        m.submodules.mem = mem = memory.Memory(shape=self._w, depth=Q * MB, init=[])
-        wp = mem.write_port()
-        rp = mem.read_port()
-        m.d.comb += [rp.addr.eq(self.r.rd_addr), rp.en.eq(self.r.rd_en), self.r.rd_data.eq(rp.data)]
+        # The buffer in columns as wide as one block RAM holds at this depth (``bram_column``): a
+        # deeper memory than a block RAM's mode at its width is cascaded with a multiplexer on the read
+        # data, in front of a summation unit's operand select (timing: 3008 × 64 bit took three 1K × 36
+        # RAMs deep at P = 4, 8 slots, MTU 1500, and the 3:1 select made the engine's only 10-level path).
+        depth, cw = Q * MB, bram_column(self._w, Q * MB)
+        wps, rps = [], []
+        for i in range(0, self._w, cw):
+            mem = m.submodules[f"mem{i // cw}" if cw < self._w else "mem"] = memory.Memory(
+                shape=min(cw, self._w - i), depth=depth, init=[])
+            wps.append((mem.write_port(), slice(i, i + cw)))
+            rps.append(mem.read_port())
+        wp = Signal(data.StructLayout({"addr": range(depth), "data": self._w, "en": 1}), name="wp")
+        for port, bits_ in wps:
+            m.d.comb += [port.addr.eq(wp.addr), port.data.eq(wp.data[bits_]), port.en.eq(wp.en)]
+        for port in rps:
+            m.d.comb += [port.addr.eq(self.r.rd_addr), port.en.eq(self.r.rd_en)]
+        m.d.comb += self.r.rd_data.eq(Cat(*(port.data for port in rps)))
 
         valid, done, bad = Signal(Q), Signal(Q), Signal(Q)
         seqs = Signal(data.ArrayLayout(32, Q))

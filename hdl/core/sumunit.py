@@ -463,10 +463,12 @@ class SumUnit(wiring.Component):
             "req": P + 1,
         })
         s1 = Signal(meta)
-        # Each term's operand source, one-hot and registered with the beat: the local buffer, or port
-        # p's buffer while that term's frame has not ended (else padding, 0).
-        s1_local = Signal(T, name="s1_local")
-        s1_port = [Signal(P, name=f"s1_port{i}") for i in range(T)]
+        # Each term's operand source, registered with the beat as a term code (binary, timing): port p's
+        # buffer (p) while that term's frame has not ended, the local buffer (LOCAL), else padding (NONE,
+        # 0). A binary select of P ≤ 4 buffers and the local one is one 8-input function per bit (a LUT6
+        # pair and a MUXF7: one LUT level), where a one-hot AND-OR of P + 1 sources was two; the first
+        # adder's operand classification behind it was the VC709 engine's one 10-level path.
+        s1_src = [Signal(3, name=f"s1_src{i}", init=NONE) for i in range(T)]
         mask = Signal(lanes)
         for j in range(lanes):
             word = beat * lanes + j
@@ -480,13 +482,18 @@ class SumUnit(wiring.Component):
                 s1.bad.eq(is_last & (bad_acc | early | now_bad | cur_bad)),
                 s1.mask.eq(mask), s1.req.eq(cur_req),
                 s1.present.eq(Cat(*(cur[i] != NONE for i in range(T)))),
-                s1_local.eq(Cat(*(cur[i] == LOCAL for i in range(T)))),
-            ] + [s1_port[i].eq(Cat(*((cur[i] == p) & ~ended_now[i] for p in range(P)))) for i in range(T)]
+            ] + [s1_src[i].eq(Mux((cur[i] == LOCAL) | ((cur[i] < P) & ~ended_now[i]), cur[i], NONE))
+                 for i in range(T)]
         terms = []
+        # By code: ports 0 … P-1, zeros up to LOCAL, the local buffer, zeros (NONE).
+        srcs = [b.rd_data for b in bufs] + [Const(0, w)] * (LOCAL - P) + [rd.data, Const(0, w)]
         for i in range(T):
             val = Signal(w, name=f"opnd{i}")
-            srcs = [(s1_local[i], rd.data)] + [(s1_port[i][p], b.rd_data) for p, b in enumerate(bufs)]
-            m.d.comb += val.eq(reduce(operator.or_, (Mux(on, d, 0) for on, d in srcs)))
+            with m.Switch(s1_src[i]):
+                for code, d in enumerate(srcs):
+                    if code < P or code == LOCAL:
+                        with m.Case(code):
+                            m.d.comb += val.eq(d)
             terms.append(val)
 
         def delay(sig, n, name):

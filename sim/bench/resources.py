@@ -303,13 +303,13 @@ def _node(width, mtu):
     return make
 
 
-def _engine(width, mtu, ports):
+def _engine(width, mtu, ports, codec=False):
     def make():
         from wirereduce.hdl.core.engine import Engine
 
         from wirereduce.config import EngineConfig
 
-        return Engine(EngineConfig(width, mtu, slots=8, ports=ports, max_flows=64))
+        return Engine(EngineConfig(width, mtu, slots=8, ports=ports, max_flows=64, codec=codec))
 
     return make
 
@@ -340,6 +340,10 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
           "schedule engine, P = 4 (torus), 64 bit, MTU 1500, 8 slots, 64 flows (the VC709 PCIe top)"),
     Block("engine_p2_512", "xcup", CLOCK_100G_MHZ, _engine(512, 9000, 2),
           "schedule engine, P = 2, 512 bit, MTU 9000, 8 slots, 64 flows"),
+    # Not in the default set (a codec engine is the plain one plus a CodecIn and a CodecOut per port).
+    Block("engine_p2_64_codec", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2, codec=True),
+          "schedule engine with the codec at every port (EngineConfig(codec=True)), P = 2, 64 bit, MTU 1500, "
+          "8 slots, 64 flows", default=False),
 ]}
 
 # --- stat ------------------------------------------------------------------------------------------------------------
