@@ -599,7 +599,9 @@ def cmd_bench_schedules(args) -> int:
     except ValueError as e:
         raise CliError(f"--sim-threads: {e}") from e
     try:
-        EngineConfig(64, 1500, slots=args.slots, ports=2, lookahead=args.lookahead, priority=args.priority)
+        EngineConfig(64, 1500, slots=16 if args.schedule_slots is None else args.schedule_slots, ports=2,
+                     lookahead=args.lookahead,
+                     priority=args.priority)
     except ValueError as e:
         raise CliError(f"--slots/--lookahead/--priority: {e}") from e
     if args.compress:
@@ -613,13 +615,15 @@ def cmd_bench_schedules(args) -> int:
         csizes = sizes if args.sizes else (1 << 20,)
         cname = args.name or "bench-schedules-codec"
         recs = schedules.run_codec_schedule_bench(crows, csizes, ks, args.host_link_gbps[0], out_dir=args.out_dir,
-                                                  name=cname, build_root=args.build_dir, slots=args.slots,
+                                                  name=cname, build_root=args.build_dir,
+                                                  slots=16 if args.schedule_slots is None else args.schedule_slots,
                                                   threads=args.sim_threads, progress=not args.no_progress)
         print(f"# wrote {Path(args.out_dir) / (cname + '.json')}")
         return 0 if all(r["bitexact"] for r in recs) else 1
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
                                         build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority,
-                                        slots=args.slots, threads=args.sim_threads, progress=not args.no_progress)
+                                        slots=args.schedule_slots, threads=args.sim_threads,
+                                        progress=not args.no_progress)
     print(f"# wrote {Path(args.out_dir) / (name + '.json')} and {name}.png")
     return 0 if all(r["bitexact"] for r in recs) else 1
 
@@ -1306,9 +1310,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", default="build/fastengine", help="where builds go (default: build/fastengine)")
     p.add_argument("--lookahead", type=int, default=2,
                    help="summation units' lookahead D, 1-4 (default: 2; EngineConfig.lookahead)")
-    p.add_argument("--slots", type=int, default=16,
-                   help="chunk slots of every engine buffer, a power of two, = the host window (default: 16; "
-                        "EngineConfig.slots; the torus's 16 flows want 32, docs/architecture.md)")
+    p.add_argument("--slots", type=int, default=None, dest="schedule_slots",   # main() leaves it None
+                   help="chunk slots of every engine buffer, a power of two, = the host window (default: two per "
+                        "flow of the topology's schedule with the most flows, at least 16: 32 for ring:8 biring and "
+                        "the 4x4 torus; EngineConfig.slots, docs/architecture.md)")
     p.add_argument("--priority", choices=("auto", "broadcast", "unit"), default="auto",
                    help="allocator priority: broadcasts or partial sums first (default: auto, partial sums first on "
                         "rings (P = 2), broadcasts first above)")

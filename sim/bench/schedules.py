@@ -67,16 +67,27 @@ def lower_bound_gbps(schedule, elements: int, cfg: EngineConfig, link_gbps: floa
     return elements * 4 * 8 / max(t_ports, t_host)
 
 
+def window_slots(flows: int) -> int:
+    """Buffer slots (= the host window, ``EngineConfig.slots``) for a schedule of ``flows`` flows: two
+    chunks in flight per flow, at least 16, a power of two. With one per flow the window, not the
+    links, sets the pace: ring:8 biring (16 flows) at 4 MiB reached 0.95 of its bound with 16 slots
+    and 1.00 with 32 (``bench/results/outq-ring8-biring[-s32].json``); the 4x4 torus's balanced trees
+    (16 flows) went from 0.72 to 0.83 with 32 (docs/architecture.md "MULTITREE below its targets")."""
+    return max(16, 1 << (2 * max(1, flows) - 1).bit_length())
+
+
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
-                       lookahead: int = 2, priority: str = "auto", slots: int = 16, threads: int = 1,
+                       lookahead: int = 2, priority: str = "auto", slots: int | None = None, threads: int = 1,
                        progress: bool = False) -> list[dict]:
     """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
 
     ``lookahead``, ``priority`` and ``slots`` are the engines' :class:`~wirereduce.config.EngineConfig`
     fields (summation units' lookahead D, allocator priority, buffer slots = the host window); every
-    record carries them. ``threads``: cores each simulation runs on (Verilator ``--threads``);
+    record carries them. ``slots`` None (default): :func:`window_slots` of the topology's schedule
+    with the most flows, the same for every algorithm of the topology (so ``vs_ring`` compares equal
+    engines). ``threads``: cores each simulation runs on (Verilator ``--threads``);
     ``progress``: a progress bar (chunks delivered) per run.
 
     Raises
@@ -84,7 +95,8 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     ValueError
         A bad ``lookahead``, ``priority`` or ``slots`` (before anything is built).
     """
-    EngineConfig(64, 1500, slots=slots, ports=2, lookahead=lookahead, priority=priority)   # raises before any build
+    EngineConfig(64, 1500, slots=16 if slots is None else slots, ports=2, lookahead=lookahead,
+                 priority=priority)   # raises before any build
     from wirereduce.sim.cluster.schednet import engine_rates
     from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
@@ -93,6 +105,15 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     print(f"{'topology':>12} {'algorithm':>9} {'host':>6} {'size':>8} {'cycles':>10} {'algbw':>8} {'bound':>8} "
           f"{'of bound':>8} {'vs ring':>7} {'vs 1-port':>9} {'exact':>5}", flush=True)
     for topo, algs in rows:
+        topo_slots = slots
+        if topo_slots is None:
+            flows = []
+            for alg in algs:
+                try:
+                    flows.append(len(sched.build(topo, alg).flows))
+                except ValueError:
+                    pass
+            topo_slots = window_slots(max(flows, default=1))
         for host in host_gbps:
             mhz, link_rate, host_rate = engine_rates(64, host, link_gbps)
             ring_time: dict[int, int] = {}
@@ -103,7 +124,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     print(f"{topo:>12} {alg:>9} skipped: {e}", flush=True)
                     continue
                 flows = len(s.flows)
-                cfg = EngineConfig(64, 1500, slots=slots, ports=s.topology.degree,
+                cfg = EngineConfig(64, 1500, slots=topo_slots, ports=s.topology.degree,
                                    max_flows=max(8, 1 << (flows - 1).bit_length()), lookahead=lookahead,
                                    priority=priority, formats=("fp32",))
                 sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
