@@ -187,27 +187,35 @@ def test_engine_ranks_every_format_and_two_schedules(server):
         assert mismatches(out[k][0], want[k]).size == 0, f"ring fp16 min, rank {k} differs"
 
 
-@pytest.mark.cocotb
-def test_engine_one_process_per_rank_cli(server):
-    """`wirereduce rank allreduce --topology ring:4 --algorithm biring`, one process per rank,
-    bf16 arrays from an .npz: every rank's .npy is the golden bf16 allreduce bit for bit."""
+def _rank_processes(server, arrays, algorithm: str, stem: str, collective: int, *extra: str) -> list[Path]:
+    """One ``wirereduce rank allreduce --topology ring:4 --algorithm ALGORITHM`` process per rank on the
+    served engines, ``arrays`` from an .npz, a shared barrier, collective ``collective``; fails the test
+    if a rank fails. Returns each rank's output .npy."""
     tmp = server["tmp"]
-    rng = np.random.default_rng(3)
-    arrays = [(rng.standard_normal(2000) * 1e-3).astype(ml_dtypes.bfloat16) for _ in range(NODES)]
-    np.savez(tmp / "bf16.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
+    np.savez(tmp / f"{stem}.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
+    outs = [tmp / f"{stem}{k}.npy" for k in range(NODES)]
     procs = [subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "rank", "allreduce", "--topology", TOPOLOGY,
-                               "--algorithm", "biring", "--rank", str(k), "--unix",
-                               str(server["socks"]), "--input", str(tmp / "bf16.npz"), "--output",
-                               str(tmp / f"out{k}.npy"), "--barrier", str(tmp / "bar-cli"), "--collective", "40",
-                               "--timeout", "20"],
+                               "--algorithm", algorithm, *extra, "--rank", str(k), "--unix", str(server["socks"]),
+                               "--input", str(tmp / f"{stem}.npz"), "--output", str(outs[k]), "--barrier",
+                               str(tmp / f"bar-{stem}"), "--collective", str(collective), "--timeout", "20"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for k in range(NODES)]
     for k, p in enumerate(procs):
         o, e = p.communicate(timeout=600)
         assert p.returncode == 0, f"rank {k}: {o}{e}"
+    return outs
+
+
+@pytest.mark.cocotb
+def test_engine_one_process_per_rank_cli(server):
+    """`wirereduce rank allreduce --topology ring:4 --algorithm biring`, one process per rank,
+    bf16 arrays from an .npz: every rank's .npy is the golden bf16 allreduce bit for bit."""
+    rng = np.random.default_rng(3)
+    arrays = [(rng.standard_normal(2000) * 1e-3).astype(ml_dtypes.bfloat16) for _ in range(NODES)]
+    outs = _rank_processes(server, arrays, "biring", "out", 40)
     want = golden_allreduce(arrays, sched.build(TOPOLOGY, "biring"), "sum")
     for k in range(NODES):
-        got = np.load(tmp / f"out{k}.npy", allow_pickle=False)
+        got = np.load(outs[k], allow_pickle=False)
         got = got.view(ml_dtypes.bfloat16) if got.dtype.kind == "V" else got
         assert mismatches(got, want[k]).size == 0, f"rank {k} differs from the golden bf16 allreduce"
 
@@ -418,25 +426,14 @@ def test_compressed_one_process_per_rank_cli(server):
     decompresses, sums in the table's order and recompresses, and every rank's .npy is the golden
     compressed allreduce (`sim.golden.schedule.allreduce(..., compression=10)`) bit for bit; then
     an uncompressed collective on the same engines is the plain golden sum."""
-    tmp = server["tmp"]
     rng = np.random.default_rng(8)
     arrays = [_gradients(rng, 3001) for _ in range(NODES)]
-    np.savez(tmp / "grads.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
-    procs = [subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "rank", "allreduce", "--topology", TOPOLOGY,
-                               "--algorithm", "multitree", "--compress", "10", "--rank", str(k), "--unix",
-                               str(server["socks"]), "--input", str(tmp / "grads.npz"), "--output",
-                               str(tmp / f"cout{k}.npy"), "--barrier", str(tmp / "bar-ccli"), "--collective", "80",
-                               "--timeout", "20"],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k in range(NODES)]
-    for k, p in enumerate(procs):
-        o, e = p.communicate(timeout=600)
-        assert p.returncode == 0, f"rank {k}: {o}{e}"
+    outs = _rank_processes(server, arrays, "multitree", "cout", 80, "--compress", "10")
     s = sched.build(TOPOLOGY, "multitree")
     want = golden_allreduce(arrays, s, "sum", compression=10)
     plain = golden_allreduce(arrays, s, "sum")
     for k in range(NODES):
-        got = np.load(tmp / f"cout{k}.npy", allow_pickle=False)
+        got = np.load(outs[k], allow_pickle=False)
         assert mismatches(got, want[k]).size == 0, f"rank {k} differs from the golden compressed allreduce"
     assert mismatches(want[0], plain[0]).size > 0, "k = 10 must change some bits, or the test cannot tell"
 
