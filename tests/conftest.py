@@ -67,6 +67,17 @@ def sim_serve(args: list[str], *, build_dir: Path | None = None, timeout: float 
             proc.wait()
 
 
+def rank_processes(nodes: int, argv_of, timeout: float = 600) -> None:
+    """``wirereduce rank allreduce *argv_of(k)`` in one process per rank k, all at once; fails the test
+    (with the rank's output) if a rank does not exit with 0 within ``timeout`` seconds."""
+    procs = [subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "rank", "allreduce", *argv_of(k)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(nodes)]
+    for k, p in enumerate(procs):
+        o, e = p.communicate(timeout=timeout)
+        assert p.returncode == 0, f"rank {k}: {o}{e}"
+
+
 def per_rank(nodes: int, fn, join_timeout: float = 600) -> dict:
     """``fn(k)`` for every rank k in its own thread; returns rank → its return value, or the
     exception it raised (for the caller to report)."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import per_rank, sim_serve
+from conftest import per_rank, rank_processes, sim_serve
 from wirereduce.host.rank import FileBarrier, RankDriver
 from wirereduce.host.transports import packet
 from wirereduce.host.transports.packet import PacketTransport, eth_frame, parse_eth_frame, strip_padding
@@ -336,15 +336,10 @@ def test_unix_sockets_without_root(tmp_path):
         grads = [(rng.standard_normal(2500) * 10.0 ** rng.uniform(-5, 0, 2500)).astype(np.float32)
                  for _ in range(NODES)]
         np.savez(tmp_path / "grads.npz", **{f"node{k}": a for k, a in enumerate(grads)})
-        procs = [subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "rank", "allreduce", "--nodes", str(NODES),
-                                   "--compress", "10", "--rank", str(k), "--unix", str(socks), "--input",
-                                   str(tmp_path / "grads.npz"), "--output", str(tmp_path / f"c{k}.npy"),
-                                   "--barrier", str(tmp_path / "bar-c"), "--collective", "7", "--timeout", "20"],
-                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for k in range(NODES)]
-        for k, p in enumerate(procs):
-            o, e = p.communicate(timeout=600)
-            assert p.returncode == 0, f"rank {k}: {o}{e}"
+        rank_processes(NODES, lambda k: ["--nodes", str(NODES), "--compress", "10", "--rank", str(k), "--unix",
+                                         str(socks), "--input", str(tmp_path / "grads.npz"), "--output",
+                                         str(tmp_path / f"c{k}.npy"), "--barrier", str(tmp_path / "bar-c"),
+                                         "--collective", "7", "--timeout", "20"])
         want = ring_allreduce_compressed(grads, 10, host_compressed=True).view(np.uint32)
         assert not np.array_equal(want, ring_allreduce(grads).view(np.uint32)), "k = 10 must change some bits"
         for k in range(NODES):

@@ -236,7 +236,7 @@ def test_hook_compressed_buckets_through_codec_engines(net):
     engines, biring on ring:3). Two steps of two buckets: every rank's averaged bucket is the golden
     compressed allreduce of what each rank sent (its gradient plus its residual), ÷ 3, bit for bit.
     Ranks that ask for different k get a ValueError each, before anything is simulated."""
-    torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'wirereduce[torch]')")
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'wirereduce[torch]')")
     from conftest import per_rank
 
     import wirereduce.torch as wrt
@@ -266,4 +266,3 @@ def test_hook_compressed_buckets_through_codec_engines(net):
     out = per_rank(3, lambda k: group.backend(k).allreduce(np.ones(10, np.float32), compression=8 + (k == 2)))
     assert all(isinstance(out[k], ValueError) and "different compressions" in str(out[k]) for k in range(3)), out
     assert len(group.runs) == runs + 4
-    del torch

@@ -16,7 +16,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import per_rank, sim_serve
+from conftest import per_rank, rank_processes, sim_serve
 from wirereduce.host.rank import EngineRankDriver, FileBarrier, served_engine_config
 from wirereduce.host.transports.packet import PacketTransport
 from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
@@ -194,15 +194,10 @@ def _rank_processes(server, arrays, algorithm: str, stem: str, collective: int, 
     tmp = server["tmp"]
     np.savez(tmp / f"{stem}.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
     outs = [tmp / f"{stem}{k}.npy" for k in range(NODES)]
-    procs = [subprocess.Popen([sys.executable, "-m", "wirereduce.cli", "rank", "allreduce", "--topology", TOPOLOGY,
-                               "--algorithm", algorithm, *extra, "--rank", str(k), "--unix", str(server["socks"]),
-                               "--input", str(tmp / f"{stem}.npz"), "--output", str(outs[k]), "--barrier",
-                               str(tmp / f"bar-{stem}"), "--collective", str(collective), "--timeout", "20"],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for k in range(NODES)]
-    for k, p in enumerate(procs):
-        o, e = p.communicate(timeout=600)
-        assert p.returncode == 0, f"rank {k}: {o}{e}"
+    rank_processes(NODES, lambda k: ["--topology", TOPOLOGY, "--algorithm", algorithm, *extra, "--rank", str(k),
+                                     "--unix", str(server["socks"]), "--input", str(tmp / f"{stem}.npz"),
+                                     "--output", str(outs[k]), "--barrier", str(tmp / f"bar-{stem}"),
+                                     "--collective", str(collective), "--timeout", "20"])
     return outs
 
 

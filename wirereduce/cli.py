@@ -598,10 +598,9 @@ def cmd_bench_schedules(args) -> int:
         check_threads(args.sim_threads)
     except ValueError as e:
         raise CliError(f"--sim-threads: {e}") from e
+    slots = 16 if args.schedule_slots is None else args.schedule_slots   # the check's and the codec rows'
     try:
-        EngineConfig(64, 1500, slots=16 if args.schedule_slots is None else args.schedule_slots, ports=2,
-                     lookahead=args.lookahead,
-                     priority=args.priority)
+        EngineConfig(64, 1500, slots=slots, ports=2, lookahead=args.lookahead, priority=args.priority)
     except ValueError as e:
         raise CliError(f"--slots/--lookahead/--priority: {e}") from e
     if args.compress:
@@ -615,8 +614,7 @@ def cmd_bench_schedules(args) -> int:
         csizes = sizes if args.sizes else (1 << 20,)
         cname = args.name or "bench-schedules-codec"
         recs = schedules.run_codec_schedule_bench(crows, csizes, ks, args.host_link_gbps[0], out_dir=args.out_dir,
-                                                  name=cname, build_root=args.build_dir,
-                                                  slots=16 if args.schedule_slots is None else args.schedule_slots,
+                                                  name=cname, build_root=args.build_dir, slots=slots,
                                                   threads=args.sim_threads, progress=not args.no_progress)
         print(f"# wrote {Path(args.out_dir) / (cname + '.json')}")
         return 0 if all(r["bitexact"] for r in recs) else 1
@@ -976,8 +974,6 @@ def cmd_rank_allreduce(args) -> int:
             EngineSession(args.rank, schedule, config, 1, array, config.slots, op=args.op, compression=k)
         except ValueError as e:
             raise CliError(str(e)) from e
-    elif k is not None and array.dtype != np.float32:
-        raise CliError(f"--compress is fp32-only (docs/codec.md); node{args.rank} is {array.dtype}")
     try:
         if args.unix is not None:
             transport = PacketTransport.unix(args.unix, args.rank, nodes, timeout=args.timeout)

@@ -105,23 +105,21 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     print(f"{'topology':>12} {'algorithm':>9} {'host':>6} {'size':>8} {'cycles':>10} {'algbw':>8} {'bound':>8} "
           f"{'of bound':>8} {'vs ring':>7} {'vs 1-port':>9} {'exact':>5}", flush=True)
     for topo, algs in rows:
-        topo_slots = slots
-        if topo_slots is None:
-            flows = []
-            for alg in algs:
-                try:
-                    flows.append(len(sched.build(topo, alg).flows))
-                except ValueError:
-                    pass
-            topo_slots = window_slots(max(flows, default=1))
+        built: dict[str, object] = {}   # algorithm -> its schedule, or why it has none
+        for alg in algs:
+            try:
+                built[alg] = sched.build(topo, alg)
+            except ValueError as e:   # e.g. no ring order on a 3-D torus
+                built[alg] = e
+        topo_slots = slots if slots is not None else window_slots(
+            max((len(s.flows) for s in built.values() if not isinstance(s, ValueError)), default=1))
         for host in host_gbps:
             mhz, link_rate, host_rate = engine_rates(64, host, link_gbps)
             ring_time: dict[int, int] = {}
             for alg in algs:
-                try:
-                    s = sched.build(topo, alg)
-                except ValueError as e:   # e.g. no ring order on a 3-D torus
-                    print(f"{topo:>12} {alg:>9} skipped: {e}", flush=True)
+                s = built[alg]
+                if isinstance(s, ValueError):
+                    print(f"{topo:>12} {alg:>9} skipped: {s}", flush=True)
                     continue
                 flows = len(s.flows)
                 cfg = EngineConfig(64, 1500, slots=topo_slots, ports=s.topology.degree,
