@@ -217,6 +217,30 @@ def test_random_exponent_gaps_around_sticky_boundary(deep):
     check_adder(a, b, deep=deep)
 
 
+def test_sticky_every_gap_and_lowest_set_bit(deep):
+    # The sticky bit is "the smaller significand's lowest set bit is shifted out": every exponent gap
+    # 0 … 40 against every position 0 … 23 of that bit, with the bits above it (hidden bit set) the
+    # hidden bit alone, all ones or random, so the lost bit decides a tie often; even and odd larger
+    # operands, added and subtracted; and subnormal smaller operands (no hidden bit) at gaps 0 … 40.
+    rng = np.random.default_rng(11)
+    a, b = [], []
+    for gap in range(41):
+        for low in range(24):
+            mask = (1 << 24) - (1 << low)                        # bits low … 23 (23: the hidden bit)
+            for above in (1 << 23, mask, int(rng.integers(0, 1 << 24)) & mask | 1 << 23):
+                sig = above | 1 << low
+                big_exp = 60 + gap
+                for lsb in (0, 1):
+                    big = (big_exp << 23) | (int(rng.integers(0, 1 << 22)) << 1) | lsb
+                    for sign in (0, 1):
+                        a.append(big)
+                        b.append(((big_exp - gap) << 23) | (sig & ((1 << 23) - 1)) | sign << 31)
+        for low in range(23):
+            a.append(((gap + 1) << 23) | int(rng.integers(0, 1 << 23)))
+            b.append(((1 << 23) - (1 << low)) & int(rng.integers(0, 1 << 23)) | 1 << low)
+    check_adder(np.array(a, dtype=np.uint32), np.array(b, dtype=np.uint32), deep=deep)
+
+
 def test_random_subnormals(deep):
     rng = np.random.default_rng(4)
     a, b = random_subnormals(rng, 1500)

@@ -83,7 +83,10 @@ effective subtraction that cancels more than one leading bit only happens when t
 differ by at most one, and then the alignment shift lost nothing.
 """
 
-from amaranth.hdl import Cat, Const, EnableInserter, Module, Mux, Signal
+import operator
+from functools import reduce
+
+from amaranth.hdl import Cat, Const, EnableInserter, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import reject
@@ -94,6 +97,19 @@ __all__ = ["CANONICAL_NAN", "FloatAdder", "FP32Adder", "AdderLanes", "latency"]
 CANONICAL_NAN = 0x7FC0_0000
 
 _EXTRA = 3          # guard, round, sticky below the significand
+
+
+def _trailing_zeros(v: Value) -> tuple[Value, Value]:
+    """(``v != 0``, the number of trailing zeros of a nonzero ``v``; 0 when ``v`` is 0). The lowest
+    set bit is isolated as ``v & -v`` (a carry chain) and its one-hot position encoded by ORs, where
+    a priority chain or a tree of selects is many LUT levels deep."""
+    n = len(v)
+    low_expr = (v & (~v + 1))[:n]
+    bits = max(1, (n - 1).bit_length())
+    tz = Cat(*(reduce(operator.or_, (low_expr[i] for i in range(n) if i >> k & 1), Const(0, 1))
+               for k in range(bits)))
+    return v.any(), tz
+
 
 
 def latency(deep: bool = False) -> int:
@@ -267,8 +283,19 @@ class FloatAdder(wiring.Component):
             s1_inf_sign.eq(inf_sign),
         ]
 
-        return {"sign": s1_sign, "exp": s1_exp, "big": s1_big, "small": s1_small, "diff": s1_diff, "sub": s1_sub,
+        regs = {"sign": s1_sign, "exp": s1_exp, "big": s1_big, "small": s1_small, "diff": s1_diff, "sub": s1_sub,
                 "zero_sign": s1_zero_sign, "special": s1_special, "invalid": s1_invalid, "inf_sign": s1_inf_sign}
+        if not self.deep:
+            # The smaller significand's trailing zeros and whether it is nonzero, for stage 2's sticky
+            # bit (timing: a compare with the shift there instead of an OR over the shifted-out bits).
+            # Counted for both operands beside the magnitude compare and selected with the swap.
+            a_nz, a_tz = _trailing_zeros(a_sig)
+            b_nz, b_tz = _trailing_zeros(b_sig)
+            s1_small_nz = Signal(name="s1_small_nz")
+            s1_small_tz = Signal(len(a_tz), name="s1_small_tz")
+            m.d.sync += [s1_small_nz.eq(Mux(a_ge_b, b_nz, a_nz)), s1_small_tz.eq(Mux(a_ge_b, b_tz, a_tz))]
+            regs.update(small_nz=s1_small_nz, small_tz=s1_small_tz)
+        return regs
 
     def elaborate(self, platform):
         m = Module()
@@ -305,10 +332,11 @@ class FloatAdder(wiring.Component):
         far = s1_diff[SHB:].any() if E > SHB else Const(0, 1)
         small_ext = Cat(Const(0, _EXTRA), s1_small)                 # 27 bits, G/R/S zero
         aligned = Mux(far, 0, (small_ext >> shift)[:SIG])
-        # Bit i of small_ext is lost iff i < shift. The mask is built from the shift amount
-        # directly, in parallel with the shifter, rather than from the shifter's output.
-        lost_mask = Cat(*(far | (shift > i) for i in range(SIG)))
-        sticky = (small_ext & lost_mask) != 0
+        # Bit i of small_ext is lost iff i < shift (or ``far``): some bit is lost iff the smaller
+        # significand is nonzero and its lowest set bit, at _EXTRA + its trailing zeros in small_ext,
+        # is below the shift (timing: a compare of two registered counts, counted in stage 1, where an
+        # AND-OR over the shifted-out bits was the stage's deepest logic).
+        sticky = s1["small_nz"] & (far | (s1["small_tz"] + _EXTRA < shift))
 
         s2_big = Signal(SIG, name="s2_big")
         s2_small = Signal(SIG, name="s2_small")

@@ -242,29 +242,30 @@ class SumUnit(wiring.Component):
             # term that is in stays in (a slot that holds its chunk is freed by this unit alone, after
             # summing it) and, once every term is in, the counts are fixed (written with each frame's
             # first beat): the unit takes a chunk a cycle later than it could, never a wrong one.
+            # The candidate's own state (its entry's verdict, whether it is loaded) is folded into a
+            # sample as well (timing: the take loop, readiness → take → the candidates' next state, was
+            # the VC709 engine's deepest path): for an unchanged candidate it is the same at the sample
+            # and at the use. ``base`` is the entry's verdict, loaded, g < chunks and the local chunk
+            # in. (Folding the needed ports into the port samples as well made those compares a level
+            # deeper than the take loop saved.)
             fresh = Signal(name=f"{name}_fresh")
-            slot_ok = Signal(name=f"{name}_local_in")
-            below = Signal(name=f"{name}_below_chunks")
+            base = Signal(name=f"{name}_base")
             here = Signal(P, name=f"{name}_terms_in")
             same = Signal(P, name=f"{name}_counts_agree")
             m.d.sync += [
                 fresh.eq(~changed[idx]),
-                slot_ok.eq((self.slot_valid >> slot)[0] & (slot_seqs[slot] == g)),
-                below.eq(g < self.chunks),
+                base.eq(cand_ok[idx] & loaded & (g < self.chunks)
+                        & (self.slot_valid >> slot)[0] & (slot_seqs[slot] == g)),
             ]
             for p, b in enumerate(bufs):
                 m.d.sync += [
                     here[p].eq((b.valid >> qslot)[0] & (Array(b.seq[k] for k in range(Q))[qslot] == g)),
                     same[p].eq(Array(b.count[k] for k in range(Q))[qslot] == count),
                 ]
-            # Every term in (the local chunk, each port it has a term on) and the counts agree; the
-            # entry's own conditions are ``cand_ok`` (``decode``).
+            # Every term in (the local chunk, each port it has a term on) and the counts agree.
             need = cand_need[idx]
-            ready = cand_ok[idx] & loaded & below & fresh & slot_ok
-            count_ok = Const(1, 1)
-            for p in range(P):
-                ready = ready & (~need[p] | here[p])
-                count_ok = count_ok & (~need[p] | same[p])
+            ready = fresh & base & (~need | here).all()
+            count_ok = (~need | same).all()
             new_depth = cand_depth[idx]
             # Frames in the chain all leave at one tap (``depth`` adders in): a frame with another
             # number of terms joins only once the chain is empty.
