@@ -129,6 +129,38 @@ def test_logic_levels_hand_netlist():
     assert logic_levels(net, "top", over=3)["over"] == []
 
 
+def test_lutram_read_outputs_depend_on_their_own_address_only():
+    # A FIFO in a RAM32M: the write pointer drives ADDRD (port D's read and write address), the read
+    # pointer ADDRA. DOA depends on ADDRA alone (UG953): no path from the write pointer through DOA.
+    cells = {
+        "wp": _cell("FDRE", C=("input", [1]), D=("input", [2]), Q=("output", [3])),
+        "rp": _cell("FDRE", C=("input", [1]), D=("input", [2]), Q=("output", [4])),
+        "w1": _cell("LUT1", I0=("input", [3]), O=("output", [5])),   # one level in front of ADDRD
+        "w2": _cell("LUT1", I0=("input", [5]), O=("output", [6])),
+        "ram": _cell("RAM32M", WCLK=("input", [1]), WE=("input", [2]), ADDRA=("input", [4]),
+                     ADDRB=("input", [4]), ADDRC=("input", [4]), ADDRD=("input", [6]),
+                     DIA=("input", [2, 2]), DIB=("input", [2, 2]), DIC=("input", [2, 2]), DID=("input", [2, 2]),
+                     DOA=("output", [10, 11]), DOB=("output", [12, 13]), DOC=("output", [14, 15]),
+                     DOD=("output", [16, 17])),
+        "ra": _cell("LUT1", I0=("input", [10]), O=("output", [20])),
+        "qa": _cell("FDRE", C=("input", [1]), D=("input", [20]), Q=("output", [21])),
+        "rd": _cell("LUT1", I0=("input", [16]), O=("output", [22])),
+        "qd": _cell("FDRE", C=("input", [1]), D=("input", [22]), Q=("output", [23])),
+    }
+    net = {"modules": {"top": {"cells": cells, "netnames": {
+        "wptr": {"hide_name": 0, "bits": [3]}, "rptr": {"hide_name": 0, "bits": [4]},
+        "outa": {"hide_name": 0, "bits": [21]}, "outd": {"hide_name": 0, "bits": [23]}}}}}
+    rows = {(r["from"], r["to"]): r["levels"] for r in logic_levels(net, "top", over=0)["over"]}
+    assert rows[("rptr", "outa")] == 2          # RAM read + LUT
+    assert ("wptr", "outa") not in rows         # was 4 when every address joined every output
+    assert rows[("wptr", "outd")] == 4          # port D reads at the write address: a real path
+    # A dual-port single-bit RAM: SPO on A, DPO on DPRA.
+    cells["ram"] = _cell("RAM64X1D", WCLK=("input", [1]), WE=("input", [2]), D=("input", [2]),
+                         A0=("input", [6]), DPRA0=("input", [4]), SPO=("output", [16]), DPO=("output", [10]))
+    rows = {(r["from"], r["to"]): r["levels"] for r in logic_levels(net, "top", over=0)["over"]}
+    assert rows[("rptr", "outa")] == 2 and ("wptr", "outa") not in rows and rows[("wptr", "outd")] == 4
+
+
 def test_logic_levels_errors():
     with pytest.raises(ResourceError, match="not in the netlist"):
         logic_levels({"modules": {}}, "top")

@@ -446,9 +446,30 @@ def _arcs(ctype: str, conns: dict, dirs: dict):
             arcs.append((cin + s[: i + 1] + di[: i + 1], o, 0, 1))
         return arcs
     if _is_lutram(ctype) or _is_srl(ctype):
-        addr = [b for p, bits in ins.items() if p.startswith(("A", "DPRA")) for b in bits]
-        return [(addr, all_out, 1, 1)]
+        return _lutram_arcs(ins, outs)
     return None  # FD*, LD*, RAMB*, DSP48*, URAM*, and anything unknown: sequential endpoint
+
+
+def _lutram_arcs(ins: dict, outs: dict):
+    """The read arcs of a LUT RAM or SRL (one LUT level each): every read output depends on its own
+    read address only; the write side is clocked. Multi-port RAMs (``RAM32M``, ``RAM64M``,
+    ``RAM32M16``, ``RAM64M8``): ``DO<x>`` on ``ADDR<x>``, port by port (port D's, or H's, address is
+    also the write address). Dual-port single-bit RAMs (``RAM32X1D``, ``RAM64X1D``, ``RAM128X1D``):
+    ``SPO`` on ``A``, ``DPO`` on ``DPRA``. Single-port RAMs and SRLs: every output on ``A``. (7 Series
+    Libraries Guide for HDL Designs, UG953, and UltraScale Architecture Libraries Guide, UG974, "RAM32M",
+    "RAM64X1D", "SRLC32E".) Joining every address to every output, as this did before, made a FIFO's
+    write pointer look like a path into its read data."""
+    letters = sorted(p[2:] for p in outs if p.startswith("DO") and "ADDR" + p[2:] in ins)
+    if letters:
+        return [(list(ins["ADDR" + x]), list(outs["DO" + x]), 1, 1) for x in letters]
+    a = [b for p, bits in ins.items() if p == "A" or (p.startswith("A") and p[1:].isdigit()) for b in bits]
+    if "DPO" in outs:
+        dpra = [b for p, bits in ins.items() if p.startswith("DPRA") for b in bits]
+        arcs = [(dpra, list(outs["DPO"]), 1, 1)]
+        if "SPO" in outs:
+            arcs.append((a, list(outs["SPO"]), 1, 1))
+        return arcs
+    return [(a, [b for bits in outs.values() for b in bits], 1, 1)]
 
 
 def logic_levels(netlist: dict, top: str, over: int | None = None, limit: int = 40) -> dict:
