@@ -441,6 +441,15 @@ def test_engine_hop_latency_within_target():
     assert all(isinstance(v, int) and 0 < v <= 16 for v in got.values()), got
 
 
+def test_codec_engine_uncompressed_hop_cuts_through():
+    # With the codec at its ports an uncompressed frame still cuts through: its hop costs the two
+    # codec stages' fixed delay (FrameGate, registered route decision, bypass FIFO: 10 cycles at 64
+    # bit, docs/codec.md), whatever the MTU, not a frame time (a 1,500-byte frame is 188 beats).
+    plain = engine_hop_latency(64, 2, 2, "reduce", 1500)
+    codec = [engine_hop_latency(64, 2, 2, "reduce", mtu, codec=True) for mtu in (1500, 9000)]
+    assert all(plain < c <= plain + 10 for c in codec), (plain, codec)
+
+
 def test_hop_latency_errors():
     with pytest.raises(ValueError, match="path"):
         hop_latency(64, 1500, "sideways")

@@ -213,6 +213,12 @@ class FrameGate(wiring.Component):
         0 outside it): the same values as ``head``/``head_short`` whenever ``head_valid`` is high,
         meaningless otherwise. For checks registered from it and applied only after a cycle with
         ``head_valid`` (timing: no select by the state in front of them; the engine's host gate).
+    head_raw_valid, head_read : Out(1)
+        The header FIFO holds a header (``head_raw`` is one), in every state; ``head_read``: it is
+        read (the frame's first beat leaves or the frame is dropped) at this clock edge. A header
+        that was at the head with ``head_read`` low is still there the cycle after, so a decision
+        registered from ``head_raw`` is ready by the time the gate reaches START, even right after
+        a frame of two beats or more (the codec stages).
     accept, drop : In(1)
     expect_bytes : In(16); mark_bad : In(1)
         With ``accept``: the frame's length by its header, and whether to mark it bad anyway.
@@ -245,6 +251,8 @@ class FrameGate(wiring.Component):
             "head_short": Out(1),
             "head_raw": Out(header_layout()),
             "head_raw_short": Out(1),
+            "head_raw_valid": Out(1),
+            "head_read": Out(1),
             "accept": In(1),
             "drop": In(1),
             "expect_bytes": In(16),
@@ -312,6 +320,7 @@ class FrameGate(wiring.Component):
         o = self.o.payload
         m.d.comb += [
             self.head_raw.eq(head), self.head_raw_short.eq(hdrs.r_data[hwidth]),
+            self.head_raw_valid.eq(hdrs.r_rdy),
             o.data.eq(out_beat.data), o.keep.eq(out_beat.keep), o.last.eq(out_beat.last),
             o.bad.eq(out_beat.bad),
         ]
@@ -492,7 +501,7 @@ class FrameGate(wiring.Component):
         head_read = Signal()
         m.d.comb += [
             head_read.eq(in_start & hdrs.r_rdy & ((self.accept & self.o.ready) | self.drop)),
-            hdrs.r_en.eq(head_read),
+            hdrs.r_en.eq(head_read), self.head_read.eq(head_read),
             beats.r_en.eq(head_read | (beats.r_rdy & ((in_pass & self.o.ready) | in_flush))),
         ]
         return m

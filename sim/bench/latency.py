@@ -147,7 +147,8 @@ def hop_latency(width: int = 64, mtu: int = 1500, path: str = "reduce") -> int:
     return seen["latency"]
 
 
-def engine_hop_latency(width: int = 64, ports: int = 4, terms: int = 2, path: str = "reduce", mtu: int = 1500) -> int:
+def engine_hop_latency(width: int = 64, ports: int = 4, terms: int = 2, path: str = "reduce", mtu: int = 1500,
+                       codec: bool = False) -> int:
     """Cut-through latency of one hop through the schedule engine (:mod:`wirereduce.hdl.core.engine`),
     in clock cycles, measured as :func:`hop_latency` does (first beat accepted on the input to first
     beat valid on the output; no link).
@@ -157,7 +158,8 @@ def engine_hop_latency(width: int = 64, ports: int = 4, terms: int = 2, path: st
     frames, which arrive on ports 0, 2, 3, … in the same cycle — and sends the sum on port 1; for
     ``"broadcast"`` the node first sends its local chunk as the partial sum on port 0 (to its parent),
     then the result, a BROADCAST frame, arrives on port 0 and is forwarded on port 1 (and delivered
-    to the host).
+    to the host). ``codec``: an engine with the codec at its ports (``EngineConfig(codec=True)``),
+    the frames uncompressed (they pass its ``CodecIn`` and ``CodecOut`` untransformed).
 
     Raises
     ------
@@ -175,7 +177,7 @@ def engine_hop_latency(width: int = 64, ports: int = 4, terms: int = 2, path: st
         raise ValueError(f"path must be one of {sorted(PATHS)}, not {path!r}")
     if ports < 2 or not 2 <= terms <= ports:
         raise ValueError(f"terms must be 2 … ports ({ports}) and ports ≥ 2, not terms={terms}")
-    cfg = EngineConfig(width, mtu, slots=8, ports=ports, max_flows=8)
+    cfg = EngineConfig(width, mtu, slots=8, ports=ports, max_flows=8, codec=bool(codec))
     children = [p for p in range(ports) if p != 1][:terms - 1]
     if path == "reduce":
         entry = EngineEntry(1, tuple(children) + (LOCAL,), 0, 1, 0, True)
