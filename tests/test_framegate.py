@@ -29,7 +29,7 @@ MTU = 256
 class _Gate(wiring.Component):
     """A FrameGate whose parent accepts every frame with a whole header, expecting 16 + 4·count
     bytes, and drops runts. ``raw_ok``: ``head_raw``/``head_raw_short`` are ``head``/``head_short``
-    (or ``head_valid`` is low)."""
+    and ``head_raw_valid`` is high (or ``head_valid`` is low), and ``head_read`` only with ``head_valid``."""
 
     def __init__(self, width):
         self._w = width
@@ -49,8 +49,11 @@ class _Gate(wiring.Component):
             self.o.payload.data.eq(gate.o.payload.data), self.o.payload.keep.eq(gate.o.payload.keep),
             self.o.payload.last.eq(gate.o.payload.last), self.o.payload.bad.eq(gate.o.payload.bad),
             self.length_error.eq(gate.length_error), self.oversize.eq(gate.oversize),
-            self.raw_ok.eq(~gate.head_valid | ((gate.head_raw.as_value() == gate.head.as_value())
-                                               & (gate.head_raw_short == gate.head_short))),
+            # head_raw_valid is up whenever head_valid is, and a header is read only while it shows
+            self.raw_ok.eq((~gate.head_valid | ((gate.head_raw.as_value() == gate.head.as_value())
+                                                & (gate.head_raw_short == gate.head_short)
+                                                & gate.head_raw_valid))
+                           & (~gate.head_read | gate.head_valid)),
         ]
         return m
 
