@@ -111,7 +111,6 @@ def _trailing_zeros(v: Value) -> tuple[Value, Value]:
     return v.any(), tz
 
 
-
 def latency(deep: bool = False) -> int:
     """Enabled clock edges from operands to sum of :class:`FloatAdder` (and of the lanes built of it) of the
     given depth: 6 (``deep=False``), 7 (``deep=True``)."""
