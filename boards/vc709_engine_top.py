@@ -44,6 +44,7 @@ from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.xilinx.pcie import Xdma, XdmaHostGlue
 
 from wirereduce.config import EngineConfig
+from wirereduce.protocol import engine_ports
 
 __all__ = ["VC709EngineTop", "PORTS", "XDMA_IP", "CONSTRAINTS_FILE"]
 
@@ -109,7 +110,7 @@ class VC709EngineTop(Elaboratable):
         return {f"{XDMA_IP}.tcl": xdma_ip_tcl(XDMA_IP)}
 
     def elaborate(self, platform):
-        from wirereduce.hdl.eth.port import EthPort10GCdc
+        from wirereduce.hdl.eth.port import EthPort10GCdc, port_counters
 
         m = Module()
         for name, tcl in self.ip_tcl.items():
@@ -132,6 +133,9 @@ class VC709EngineTop(Elaboratable):
             wiring.connect(m, port.rx, getattr(engine, f"net{n}_in"))
             wiring.connect(m, getattr(engine, f"net{n}_out"), port.tx)
             m.d.comb += sfp[n].tx_disable.o.eq(0)
+        # the ports' MAC counters into the engine's STATS (link_drop_net{p}, net{p}_rx_fcs_errors, …)
+        m.d.comb += engine.port_counters.eq(port_counters({f"net{n}": port.stats for n, port in ports.items()},
+                                                          engine_ports(self.config.ports)))
 
         # --- PCIe: XDMA and the host port glue ------------------------------------------------------
         m.domains += ClockDomain("pcie")

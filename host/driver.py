@@ -38,6 +38,7 @@ from wirereduce.protocol import (
     Opcode,
     ProtocolError,
     frame,
+    stats_counters,
     wire_bytes,
 )
 
@@ -133,6 +134,14 @@ _DROP_REASONS = (
     ("drop_collective", "frames of another collective dropped"),
     ("control_refused", "CONTROL frames refused (a collective was running, or a field was invalid)"),
 )
+
+
+def _drop_reasons(stats: dict) -> list[tuple[str, str]]:
+    """:data:`_DROP_REASONS`, with a schedule engine's network ports (``link_drop_net{p}``) in
+    front of it where ``stats`` has them."""
+    nets = sorted((k for k in stats if k.startswith("link_drop_net")), key=lambda k: int(k[len("link_drop_net"):]))
+    return [(k, f"frames spoilt on the link into network port {k[len('link_drop_net'):]} (bad FCS, runt, "
+                f"code error …)") for k in nets] + list(_DROP_REASONS)
 
 
 def check_retries(retries) -> int:
@@ -271,7 +280,7 @@ def loss_report(sessions, stats: dict, what: str) -> str:
         if st is None:
             lines.append(f"  node {rank}: did not answer a STATS_REQUEST")
             continue
-        for name, why in _DROP_REASONS:
+        for name, why in _drop_reasons(st):
             if st.get(name):
                 lines.append(f"  node {rank}: {st[name]} {why} [{name}]")
     if not any(st is not None for st in stats.values()):
@@ -315,21 +324,26 @@ def chunk_elements(config: NodeConfig, compression: int | None = None) -> int:
 
 
 def parse_stats(data: bytes) -> dict[str, int]:
-    """Decode a STATS frame into ``{counter name: value}`` (names: :data:`STATS_COUNTERS`).
+    """Decode a STATS frame into ``{counter name: value}``. The names are the ring node's
+    :data:`STATS_COUNTERS`, or a schedule engine's :func:`~wirereduce.protocol.engine_stats_counters`
+    (its ``ports`` network ports ``net0`` …, each with ``link_drop_net{p}`` and the MAC counters
+    ``net{p}_…``) when the header's ``count`` says so (:func:`~wirereduce.protocol.stats_counters`;
+    docs/protocol.md "STATS payload").
 
     Raises
     ------
     ProtocolError
-        If the frame is not a STATS frame or is too short.
+        If the frame is not a STATS frame or is too short for its layout.
     """
     hdr = Header.unpack(data)
     if hdr.opcode != Opcode.STATS:
         raise ProtocolError(f"not a STATS frame: {hdr!r}")
-    need = HEADER_BYTES + 4 * len(STATS_COUNTERS)
+    names = stats_counters(hdr.count) or STATS_COUNTERS
+    need = HEADER_BYTES + 4 * len(names)
     if len(data) < need:
         raise ProtocolError(f"STATS frame of {len(data)} bytes, expected {need}")
-    values = struct.unpack_from(f"<{len(STATS_COUNTERS)}I", data, HEADER_BYTES)
-    return dict(zip(STATS_COUNTERS, values))
+    values = struct.unpack_from(f"<{len(names)}I", data, HEADER_BYTES)
+    return dict(zip(names, values))
 
 
 class CodecFields:

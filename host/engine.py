@@ -77,6 +77,12 @@ class EngineSession(CodecFields):
         and are decoded; chunks hold at most :func:`wirereduce.codec.max_elements_compressed`
         elements, so even an incompressible one fits a frame. fp32 arrays on engines built with
         ``EngineConfig(codec=True)`` only. ``None`` (default): uncompressed.
+    chunk_words : int, optional
+        At most this many 32-bit payload words per chunk (1 … the frame's maximum,
+        ``config.max_elements``, or the compressed bound): shorter chunks, so that a small
+        message has more chunks per flow to pipeline through a tree (docs/architecture.md "Small
+        messages"). ``None`` (default): as many as a frame holds. The result bits do not depend on
+        it (each element's sum order is its flow's). Uncompressed collectives only.
 
     Raises
     ------
@@ -84,7 +90,8 @@ class EngineSession(CodecFields):
         A rank outside the schedule, a bad window, an unsupported dtype or operation, a dtype whose
         format the engines are not built with (``config.formats``: they would refuse the CONTROL),
         a schedule with more flows than the engine holds; ``compression`` out of range, on
-        another format than fp32, or for engines built without the codec.
+        another format than fp32, or for engines built without the codec; ``chunk_words`` not an
+        int from 1 to what a frame holds, or given with ``compression``.
     """
 
     rank: int
@@ -97,6 +104,7 @@ class EngineSession(CodecFields):
     op: str | Op = "sum"
     abort: bool = False
     compression: int | None = None
+    chunk_words: int | None = None
     result_words: np.ndarray = field(init=False)
     received: set = field(init=False, default_factory=set)
     last_stats: dict | None = field(init=False, default=None)
@@ -122,6 +130,14 @@ class EngineSession(CodecFields):
             if self.format.name != "fp32":
                 raise ValueError(f"compression is fp32-only (docs/codec.md); the array is {self.format.name}")
             per_chunk = max_elements_compressed(self.config.mtu)
+        if self.chunk_words is not None:
+            if self.compression is not None:
+                raise ValueError("chunk_words is for uncompressed collectives: compressed chunks are sized to "
+                                 "the compressed bound (the golden model's chunking)")
+            cw = self.chunk_words
+            if not isinstance(cw, int) or isinstance(cw, bool) or not 1 <= cw <= per_chunk:
+                raise ValueError(f"chunk_words must be an int from 1 to {per_chunk} (what a frame holds), not {cw!r}")
+            per_chunk = cw
         self.words = to_words(self.array, self.format)
         self.chunks = plan(self.words.size, self.schedule, per_chunk)
         if len(self.schedule.flows) > self.config.max_flows:

@@ -552,6 +552,18 @@ def test_loss_report_without_counters():
     assert "node 0: did not answer a STATS_REQUEST" in msg and "no node's counters" in msg
 
 
+def test_loss_report_names_an_engines_network_port():
+    """An engine's STATS name its network ports (``link_drop_net{p}``): the report says which port's
+    link spoilt frames, ports in numeric order, beside the node's own drop counters."""
+    s = NodeSession(0, 2, 1, np.zeros(5, F32), 2)
+    msg = loss_report([s], {0: {"link_drop_net10": 1, "link_drop_net2": 3, "link_drop_net0": 0, "drop_seq": 2}},
+                      "the engines stalled")
+    assert "node 0: 3 frames spoilt on the link into network port 2" in msg
+    assert "node 0: 1 frames spoilt on the link into network port 10" in msg
+    assert msg.index("network port 2") < msg.index("network port 10") < msg.index("[drop_seq]")
+    assert "network port 0" not in msg
+
+
 def _bad_inputs():
     good = _arrays(3, 8, seed=6)
     return {
@@ -906,3 +918,19 @@ def test_stall_ends_at_the_deadline():
 
     took = asyncio.run(run())
     assert 0.03 <= took < 0.03 + 2 * 0.05 + 0.5  # the deadline, then two STATS round trips
+
+
+def test_parse_stats_of_an_engine():
+    """A STATS frame whose ``count`` is a schedule engine's layout decodes under the engine's
+    names (network ports ``net0`` …), and a short one is refused."""
+    from wirereduce.protocol import engine_stats_counters
+
+    names = engine_stats_counters(4)
+    values = {name: (k * 40503 + 5) % (1 << 32) for k, name in enumerate(names)}
+    data = (Header(opcode=Opcode.STATS, count=len(names)).pack()
+            + struct.pack(f"<{len(names)}I", *(values[k] for k in names)))
+    got = parse_stats(data)
+    assert got == values and list(got) == list(names)
+    assert got["link_drop_net3"] == values["link_drop_net3"]
+    with pytest.raises(ProtocolError, match="expected"):
+        parse_stats(data[:-4])

@@ -239,6 +239,35 @@ def test_control_and_schedule_rules():
     assert out["busy"]["control_refused"] == 2 and out["busy"]["request_tag"] == 14
 
 
+def test_stats_carry_the_ports_counters():
+    """An engine's STATS frame has its own layout (``engine_stats_counters(P)``: its port count, then
+    ``link_drop_{host,net0,…}``, ``drop_source`` and every port's MAC counters), which the header's
+    ``count`` names; each value of the ``port_counters`` input lands under its own name."""
+    from wirereduce.protocol import engine_port_counters, engine_stats_counters
+
+    P = 3
+    e = Engine(EngineConfig(64, 1500, slots=4, ports=P, max_flows=8))
+    names = engine_port_counters(P)
+    want = {name: (k * 2654435761 + 99) % (1 << 32) for k, name in enumerate(names)}
+    out = {}
+
+    async def tb(ctx):
+        for k, name in enumerate(names):
+            ctx.set(e.port_counters[k], want[name])
+        req = Header(opcode=Opcode.STATS_REQUEST, count=321).pack()
+        await stream_send(ctx, e.host_rx, req, 64)
+        out["raw"] = await stream_recv(ctx, e.host_tx, 64)
+
+    simulate(e, [tb])
+    hdr = Header.unpack(out["raw"])
+    assert hdr.opcode == Opcode.STATS and hdr.count == len(engine_stats_counters(P)) == 88
+    assert len(out["raw"]) == 16 + 4 * hdr.count
+    st = parse_stats(out["raw"])
+    assert list(st) == list(engine_stats_counters(P))
+    assert st["ports"] == P and st["request_tag"] == 321
+    assert {name: st[name] for name in names} == want
+
+
 @pytest.mark.parametrize("formats, modes", [
     (("fp32",), [("bf16", "sum"), ("int32", "max"), ("fp32", "sum")]),
     (("fp32", "bf16"), [("int32", "max"), ("fp16", "min"), ("bf16", "max")]),

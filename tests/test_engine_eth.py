@@ -48,6 +48,10 @@ def _no_drops(stats):
         assert all(name in st for name in DROPS), sorted(st)
         bad = {name: st[name] for name in DROPS if st[name]}
         assert not bad, f"node {k} dropped frames: {bad}"
+        assert st["ports"] == CFG.ports
+        lost = {name: v for name, v in st.items() if v and (name.startswith("link_drop_") or name.endswith(
+            ("_fcs_errors", "_runts", "_oversize", "_code_errors", "_overflow", "_stomped", "_aborted")))}
+        assert not lost, f"node {k}'s ports lost frames: {lost}"
 
 
 def test_eth_links_refused_where_they_cannot_run():
@@ -150,3 +154,73 @@ def test_capped_host_link_never_cuts_a_frame(eth_ring4):
     r = eth_ring4.allreduce(arrays, s, final_stats=True)
     assert golden_check(arrays, s, r.results) == [0, 0, 0, 0]
     _no_drops(r.final_stats)
+
+
+def test_stats_count_every_frame_on_every_cable(eth_ring4):
+    """Each engine's STATS carry its Ethernet ports' MAC counters (``net{p}_…``): every frame a
+    port sent arrived at the port on the other end of its cable, and the engine accepted what its
+    ports delivered (REDUCE + BROADCAST frames = the frames its network ports received)."""
+    s = sched.build("ring:4", "biring")
+    arrays = edge_arrays(4, 2345, seed=21)
+    r = eth_ring4.allreduce(arrays, s, final_stats=True)
+    assert golden_check(arrays, s, r.results) == [0, 0, 0, 0]
+    st = r.final_stats
+    _no_drops(st)
+    topo = s.topology
+    for u in range(4):
+        for p, (v, q) in enumerate(topo.links[u]):
+            assert st[u][f"net{p}_tx_frames"] > 0
+            assert st[u][f"net{p}_tx_frames"] == st[v][f"net{q}_rx_frames"], (u, p, v, q)
+        assert sum(st[u][f"net{p}_rx_frames"] for p in range(2)) == (st[u]["reduce_frames"]
+                                                                     + st[u]["broadcast_frames"])
+        assert st[u]["host_rx_frames"] == 0 and st[u]["link_drop_host"] == 0   # the host link is a model
+
+
+def test_bit_error_on_a_cable_is_counted_where_it_happened(eth_ring4):
+    """A bit flipped in the 40th data block node 0 sends out of its port 0: the engine on the other
+    end counts the frame's bad FCS on its own port (``link_drop_net{q}``, ``net{q}_rx_fcs_errors``)
+    and no other port does; the frame never reaches a sum, and the run stalls with the count in
+    its message instead of a wrong result."""
+    from wirereduce.sim.engines.fastengine import EngineStalled
+
+    s = sched.build("ring:4", "biring")
+    v, q = s.topology.links[0][0]
+    arrays = edge_arrays(4, 1500, seed=22)
+    with pytest.raises(EngineStalled, match=f"link_drop_net{q} 1") as info:
+        eth_ring4.allreduce(arrays, s, corrupt=(0, 0, 40), timeout_cycles=60_000)
+    st = info.value.stats
+    assert st[v][f"link_drop_net{q}"] == 1 and st[v][f"net{q}_rx_fcs_errors"] == 1
+    others = {(u, name): val for u in st for name, val in st[u].items()
+              if val and name.endswith("_fcs_errors") and (u, name) != (v, f"net{q}_rx_fcs_errors")}
+    assert not others, others
+
+
+def test_corrupt_refused_before_anything_runs(eth_ring4):
+    s = sched.build("ring:4", "biring")
+    arrays = edge_arrays(4, 10, seed=1)
+    for bad, what in (((0, 2, 5), "port"), ((4, 0, 5), "node"), ((0, 0, 0), "block"), ((0, 0, 3, "payload"), "mode"),
+                      ((0, 0), "corrupt must be")):
+        with pytest.raises(ValueError, match=what):
+            eth_ring4.allreduce(arrays, s, corrupt=bad)
+
+
+def test_cli_corrupt_on_a_schedule_engine_cable(eth_ring4, tmp_path, capsys):
+    """``sim allreduce --topology ring:4 --links eth --corrupt 0 40 --corrupt-port 1``: the run
+    stalls, and the CLI says so with the receiving engine's count (exit 2, no traceback); without
+    ``--links eth`` the option is refused before anything is built."""
+    from wirereduce.cli import main
+
+    s = sched.build("ring:4", "biring")
+    v, q = s.topology.links[0][1]
+    inp = tmp_path / "in.npz"
+    np.savez(inp, **{f"node{k}": a for k, a in enumerate(edge_arrays(4, 800, seed=3))})
+    args = ["sim", "allreduce", "--topology", "ring:4", "--algorithm", "biring", "--engine", "fast",
+            "--compress", "12", "--input", str(inp), "--output", str(tmp_path / "out.npz"),
+            "--build-dir", str(BUILD), "--timeout", "50000", "--corrupt", "0", "40", "--corrupt-port", "1"]
+    assert main(args + ["--links", "eth"]) == 2
+    err = capsys.readouterr().err
+    assert "stalled" in err and f"node {v}: " in err and f"link_drop_net{q} 1" in err, err
+    assert main(args) == 2
+    assert "need --links eth" in capsys.readouterr().err
+    assert main(args + ["--links", "eth", "--corrupt-port", "2"]) == 2
+    assert "corrupt port must be a cabled port" in capsys.readouterr().err

@@ -209,3 +209,34 @@ def test_stats_counters():
     assert STATS_COUNTERS[:5] == ("collective", "rank", "nodes", "chunks", "request_tag")
     # a STATS frame fits a standard 1500-byte MTU
     assert HEADER_BYTES + 4 * len(STATS_COUNTERS) <= 1500
+
+
+def test_engine_stats_layouts():
+    """A schedule engine's STATS layout per port count: unique names, its port count and every
+    port's counters in :func:`engine_port_counters` order, a ``count`` no other layout (the ring
+    node's 71 included) has, so :func:`stats_counters` finds it from the header alone; it fits
+    the smallest MTU the engine allows at every port count."""
+    from wirereduce.protocol import (
+        ETH_PORT_COUNTERS,
+        NODE_COUNTERS,
+        engine_port_counters,
+        engine_stats_counters,
+        stats_counters,
+    )
+
+    seen = {len(STATS_COUNTERS): STATS_COUNTERS}
+    for ports in range(1, 9):
+        names = engine_stats_counters(ports)
+        assert len(set(names)) == len(names) == 24 + 16 * (ports + 1)
+        assert names[:len(NODE_COUNTERS)] == NODE_COUNTERS and names[len(NODE_COUNTERS)] == "ports"
+        assert names[len(NODE_COUNTERS) + 1:] == engine_port_counters(ports)
+        assert f"link_drop_net{ports - 1}" in names and f"net{ports - 1}_{ETH_PORT_COUNTERS[-1]}" == names[-1]
+        assert "link_drop_cw" not in names
+        assert len(names) not in seen
+        seen[len(names)] = names
+        assert HEADER_BYTES + 4 * len(names) <= 1500
+    for count in range(0, 400):
+        assert stats_counters(count) == seen.get(count)
+    for bad in (0, 9, True, 2.0):
+        with pytest.raises(ValueError, match="ports"):
+            engine_stats_counters(bad)

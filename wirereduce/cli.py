@@ -297,6 +297,29 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
     return r["results"], rec, s, cfg, mhz, time.perf_counter() - t0
 
 
+def _schedule_corrupt_arg(args, s, cfg):
+    """``--corrupt NODE BLOCK`` / ``--corrupt-header NODE FRAME`` with ``--corrupt-port PORT`` on a
+    schedule-engine network: the fast engine's ``corrupt`` tuple, or None; CliError before any build
+    if they cannot apply."""
+    from wirereduce.sim.engines.fastengine import check_engine_corrupt
+
+    corrupt, header = getattr(args, "corrupt", None), getattr(args, "corrupt_header", None)
+    if corrupt is not None and header is not None:
+        raise CliError("give --corrupt or --corrupt-header, not both (one bit error a run)")
+    if corrupt is None and header is None:
+        return None
+    if getattr(args, "links", "model") != "eth" or (args.engine == "cocotb" and getattr(args, "engine_given", False)):
+        raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
+                       "they need --links eth (and not --engine cocotb)")
+    node, n = corrupt if corrupt is not None else header
+    value = (node, getattr(args, "corrupt_port", 0), n) + (("header",) if header is not None else ())
+    try:
+        check_engine_corrupt(value, s.topology, cfg.ports, "eth")
+    except ValueError as e:
+        raise CliError(f"--corrupt: {e}") from e
+    return value
+
+
 def simulate_schedule(arrays, args, progress=True):
     """Run ``arrays`` through a simulated schedule-engine network (``--topology``/``--algorithm``);
     returns (results, record, schedule, clock MHz, wall seconds)."""
@@ -320,6 +343,7 @@ def simulate_schedule(arrays, args, progress=True):
         raise CliError(str(e)) from e
     if len(arrays) != s.nodes:
         raise CliError(f"{args.topology} has {s.nodes} nodes; the input has {len(arrays)} arrays")
+    corrupt = _schedule_corrupt_arg(args, s, cfg)
     from wirereduce.sim.cluster.schednet import engine_rates
 
     try:
@@ -334,11 +358,15 @@ def simulate_schedule(arrays, args, progress=True):
                             build_root=args.build_dir, threads=args.sim_threads, links=getattr(args, "links", "model"))
     except ValueError as e:
         raise CliError(str(e)) from e
+    from wirereduce.sim.engines.fastengine import EngineStalled
+
     try:
         r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args),
-                          op=getattr(args, "op", "sum"), compression=k)
+                          op=getattr(args, "op", "sum"), compression=k, corrupt=corrupt)
     except ValueError as e:
         raise CliError(str(e)) from e
+    except EngineStalled as e:
+        raise CliError(f"the allreduce stalled: {e}") from e
     rec = {"cycles": r.cycles, "bytes": r.bytes, "elements": r.elements, "chunks": r.chunks, "wall_s": r.wall_s,
            "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum"), "compression": k}
     return r.results, rec, s, cfg, mhz, time.perf_counter() - t0
@@ -390,8 +418,6 @@ def _check_schedule_args(args) -> None:
     for flag, bad in (("--links cmac", getattr(args, "links", "model") == "cmac"),
                       ("--links eth with --engine cocotb", getattr(args, "links", "model") == "eth"
                        and args.engine == "cocotb" and getattr(args, "engine_given", False)),
-                      ("--corrupt", getattr(args, "corrupt", None) is not None),
-                      ("--corrupt-header", getattr(args, "corrupt_header", None) is not None),
                       ("--late", getattr(args, "late", None) is not None),
                       ("--retries", getattr(args, "retries", 0) != 0),
                       ("--pcap", getattr(args, "pcap", None) is not None),
@@ -603,6 +629,13 @@ def cmd_bench_schedules(args) -> int:
         EngineConfig(64, 1500, slots=slots, ports=2, lookahead=args.lookahead, priority=args.priority)
     except ValueError as e:
         raise CliError(f"--slots/--lookahead/--priority: {e}") from e
+    chunk_bytes = tuple(args.chunk_bytes) if args.chunk_bytes else (None,)
+    for b in chunk_bytes:
+        if b is not None and (b < 4 or b % 4 or b // 4 > EngineConfig(64, 1500).max_elements):
+            raise CliError(f"--chunk-bytes must be multiples of 4 from 4 to {4 * EngineConfig(64, 1500).max_elements} "
+                           f"(a full frame's payload at MTU 1500), not {b}")
+    if args.compress and args.chunk_bytes:
+        raise CliError("--chunk-bytes is for uncompressed rows; leave it out with --compress")
     if args.compress:
         from wirereduce.codec import check_k
 
@@ -621,7 +654,7 @@ def cmd_bench_schedules(args) -> int:
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
                                         build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority,
                                         slots=args.schedule_slots, threads=args.sim_threads,
-                                        progress=not args.no_progress)
+                                        progress=not args.no_progress, chunk_bytes=chunk_bytes)
     print(f"# wrote {Path(args.out_dir) / (name + '.json')} and {name}.png")
     return 0 if all(r["bitexact"] for r in recs) else 1
 
@@ -1160,6 +1193,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "sends node NODE+1; the frame is dropped at the header check, a LOST placeholder "
                         "keeps the ring in step and the run reports that one chunk "
                         "(needs --engine fast --links eth)")
+    p.add_argument("--corrupt-port", type=int, default=0, metavar="PORT",
+                   help="with --topology: the network port of NODE whose cable --corrupt/--corrupt-header "
+                        "hits (default 0; the schedule's port numbering); the engine at the other end "
+                        "counts it in its STATS (link_drop_net<q>, net<q>_rx_fcs_errors) and the run "
+                        "reports the stall")
     p.add_argument("--retries", type=int, default=0, metavar="N",
                    help="when chunks are lost, sum just their elements again, up to N more times "
                         "(default 0: fail and report the lost chunks)")
@@ -1322,6 +1360,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "error bounds 2^-K, next to the uncompressed one on the same engines, real gradients of the "
                         "demo CNN (default rows ring:4 ring,biring at 1M; the first --host-link-gbps; default name "
                         "bench-schedules-codec); prints speed-up, compression ratio and speed-up / ratio")
+    p.add_argument("--chunk-bytes", nargs="+", type=int, default=None, metavar="B",
+                   help="run every algorithm but the ring (the vs_ring reference, full frames) with chunks of at "
+                        "most B payload bytes, for each B given (a multiple of 4; 1484, a frame's payload at MTU "
+                        "1500, is the default chunking): more chunks per flow for a small message to pipeline "
+                        "(docs/architecture.md 'Small messages')")
     p.set_defaults(func=cmd_bench_schedules)
 
     p = sub.add_parser(

@@ -25,7 +25,8 @@ import numpy as np
 __all__ = [
     "ETHERTYPE", "VERSION", "HEADER_BYTES", "ETH_HEADER_BYTES", "ETH_OVERHEAD_BYTES",
     "ETH_MIN_PAYLOAD_BYTES", "STATS_COUNTERS", "Opcode", "DType", "Codec", "Flag", "Header",
-    "HEADER_FIELDS", "header_layout", "max_elements", "wire_bytes", "ProtocolError",
+    "HEADER_FIELDS", "header_layout", "max_elements", "wire_bytes", "ProtocolError", "NODE_COUNTERS",
+    "engine_ports", "engine_port_counters", "engine_stats_counters", "stats_counters",
 ]
 
 #: EtherType of wirereduce frames (IEEE 802 local experimental EtherType 1).
@@ -183,6 +184,48 @@ STATS_COUNTERS += tuple(f"{port}_{name}" for port in ETH_PORTS for name in ETH_P
 #: The STATS values that come from the ports in front of the node, the last ones: ``link_drop_{port}``,
 #: then ``{port}_{counter}`` (the node's ``port_counters`` input, filled by the Ethernet layer).
 PORT_COUNTERS: tuple[str, ...] = STATS_COUNTERS[STATS_COUNTERS.index("link_drop_host"):]
+#: The counters of a node's own (not the ports'): the first values of every STATS frame, ring node
+#: or schedule engine.
+NODE_COUNTERS: tuple[str, ...] = STATS_COUNTERS[:STATS_COUNTERS.index("link_drop_host")]
+
+
+def engine_ports(ports: int) -> tuple[str, ...]:
+    """The port names of a schedule engine with ``ports`` network ports, in the order their
+    counters follow in its STATS frame: ``host``, then ``net0`` … ``net{ports-1}`` (the schedule's
+    port numbering, :class:`wirereduce.schedule.Topology`)."""
+    return ("host",) + tuple(f"net{p}" for p in range(ports))
+
+
+def engine_port_counters(ports: int) -> tuple[str, ...]:
+    """What a schedule engine with ``ports`` network ports reads from the ports in front of it
+    (its ``port_counters`` input), as :data:`PORT_COUNTERS` is the ring node's: ``link_drop_{port}``
+    for each of :func:`engine_ports`, ``drop_source``, then ``{port}_{counter}`` for each port and
+    each of :data:`ETH_PORT_COUNTERS`."""
+    names = engine_ports(ports)
+    return (tuple(f"link_drop_{p}" for p in names) + ("drop_source",)
+            + tuple(f"{p}_{c}" for p in names for c in ETH_PORT_COUNTERS))
+
+
+def engine_stats_counters(ports: int) -> tuple[str, ...]:
+    """The counters of a schedule engine's STATS frame (``ports`` network ports, 1 … 8):
+    :data:`NODE_COUNTERS`, ``ports`` (the engine's network port count, a constant), then
+    :func:`engine_port_counters`. 24 + 16·(ports + 1) values (72 at P = 2, 104 at P = 4), never
+    the ring node's 71, so a STATS frame's ``count`` names its layout (:func:`stats_counters`)."""
+    if not isinstance(ports, int) or isinstance(ports, bool) or not 1 <= ports <= 8:
+        raise ValueError(f"ports must be an int from 1 to 8, not {ports!r}")
+    return NODE_COUNTERS + ("ports",) + engine_port_counters(ports)
+
+
+def stats_counters(count: int) -> tuple[str, ...] | None:
+    """The counter names of a STATS frame whose header ``count`` is ``count``: :data:`STATS_COUNTERS`
+    (the ring node's, 71) or :func:`engine_stats_counters` of the port count it implies; None if
+    no layout has that many values."""
+    if count == len(STATS_COUNTERS):
+        return STATS_COUNTERS
+    with_host, rest = divmod(count - len(NODE_COUNTERS) - 2, len(ETH_PORT_COUNTERS) + 1)
+    if rest == 0 and 1 <= with_host - 1 <= 8:
+        return engine_stats_counters(with_host - 1)
+    return None
 
 
 def header_layout():

@@ -63,14 +63,24 @@ from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.codec.port import codec_port_stages
 from wirereduce.hdl.core.chunkbuf import ChunkBuffer
 from wirereduce.hdl.core.gates import check_header
-from wirereduce.hdl.core.status import EventCounters, StatusResponder, port_counters_layout, report_status
+from wirereduce.hdl.core.status import EventCounters, StatusResponder, report_status
 from wirereduce.hdl.core.sumunit import SumUnit, queue_head_layout
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, beat_layout, tagged_layout
 
 from wirereduce.codec import K_MAX, K_MIN
 from wirereduce.config import EngineConfig
 from wirereduce.formats import supported_dtype_bytes
-from wirereduce.protocol import HEADER_BYTES, STATS_COUNTERS, VERSION, Codec, DType, Flag, Opcode, header_layout
+from wirereduce.protocol import (
+    HEADER_BYTES,
+    VERSION,
+    Codec,
+    DType,
+    Flag,
+    Opcode,
+    engine_port_counters,
+    engine_stats_counters,
+    header_layout,
+)
 from wirereduce.table import MAX_TERMS, ROOT
 
 __all__ = ["Engine", "FrameQueue", "OutQueue", "PacketFifo"]
@@ -133,7 +143,11 @@ class FrameQueue(wiring.Component):
 
 
 class PacketFifo(wiring.Component):
-    """Store and forward: a frame leaves only once it is all in (so it leaves at the output's rate).
+    """Store and forward: a frame leaves only once it is all in (so it leaves at the output's rate),
+    and a frame whose last beat is marked ``bad`` does not leave at all: it is read out and
+    discarded (``dropped`` pulses), so a host never receives a result that went bad on a cable
+    after the engine had started on it cut-through (the host link has no error flag: PCIe's C2H
+    stream has none, and a link model's ``tuser`` is not a host NIC's FCS check).
 
     Parameters
     ----------
@@ -149,25 +163,37 @@ class PacketFifo(wiring.Component):
         Room for a whole frame of ``frame_beats`` beats, registered (a cycle late, with two beats of
         margin for that cycle's writes): a source that starts a frame only with ``room`` up never
         waits on this FIFO in the middle of it.
+    dropped : Out(1)
+        One cycle per frame discarded for ``bad`` (its last beat read out).
     """
 
     def __init__(self, width: int, depth: int, frame_beats: int | None = None):
         self._w, self._depth = width, depth
         self._frame_beats = depth if frame_beats is None else frame_beats
         tagged = tagged_layout(width)
-        super().__init__({"i": In(stream.Signature(tagged)), "o": Out(stream.Signature(tagged)), "room": Out(1)})
+        super().__init__({"i": In(stream.Signature(tagged)), "o": Out(stream.Signature(tagged)), "room": Out(1),
+                          "dropped": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
         tagged = tagged_layout(self._w)
         m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=tagged.size, depth=self._depth)
+        # Each frame's ``bad`` (that of its last beat), one entry per frame, written with its last
+        # beat and read with it; its head is a register (timing: ``valid`` stays an AND of
+        # registers). A frame in the FIFO waits until its entry is at the head (a cycle or two
+        # after its last beat went in).
+        m.submodules.flags = flags = fifo.SyncFIFOBuffered(width=1, depth=self._depth)
         frames = Signal(range(self._depth + 2))
         wrote = self.i.valid & self.i.ready & self.i.payload.last
-        read = self.o.valid & self.o.ready & self.o.payload.last
+        head = data.View(tagged, beats.r_data)
+        some, one = Signal(), Signal()
+        ready_frame = beats.r_rdy & some & flags.r_rdy   # a whole frame in, its flag known
+        good, bad = ready_frame & ~flags.r_data, ready_frame & flags.r_data
+        take = (good & self.o.ready) | bad               # a beat leaves (or is discarded)
+        read = take & head.last
         m.d.sync += frames.eq(frames + wrote - read)
         # ``frames != 0`` and ``frames == 1`` as registers (timing: no count compare in front of the
         # output's ``valid``, which goes through the host port's arbiter into the FIFO's read).
-        some, one = Signal(), Signal()
         m.d.sync += one.eq(Mux(wrote, Mux(read, one, ~some), Mux(read, frames == 2, one)))
         m.d.sync += some.eq(Mux(wrote, 1, Mux(read, ~one, some)))
         m.d.sync += self.room.eq(beats.level + 2 <= self._depth - self._frame_beats)
@@ -175,9 +201,13 @@ class PacketFifo(wiring.Component):
             self.i.ready.eq(beats.w_rdy),
             beats.w_data.eq(self.i.payload.as_value()),
             beats.w_en.eq(self.i.valid & self.i.ready),
-            self.o.valid.eq(beats.r_rdy & some),
+            flags.w_data.eq(self.i.payload.bad),
+            flags.w_en.eq(wrote),
+            self.o.valid.eq(good),
             self.o.payload.eq(beats.r_data),
-            beats.r_en.eq(self.o.ready & some),
+            beats.r_en.eq(take),
+            flags.r_en.eq(read),
+            self.dropped.eq(bad & head.last),
         ]
         return m
 
@@ -359,6 +389,12 @@ class Engine(wiring.Component):
         Network port p (the schedule's port numbering, :class:`wirereduce.schedule.Topology`).
     control_taken : Out(1); rank : Out(8)
         As :class:`~wirereduce.hdl.core.node.Node`.
+    port_counters : In(ArrayLayout(32, len(engine_port_counters(P))))
+        The counters of the Ethernet ports in front of the engine, which its STATS frames carry
+        (:func:`wirereduce.protocol.engine_stats_counters`): ``link_drop_{port}`` for the host and
+        ``net0`` … , ``drop_source``, then each port's MAC counters; fill it with
+        :func:`wirereduce.hdl.eth.port.port_counters` (``ports=engine_ports(P)``), leave it at 0
+        where the ports are not Ethernet.
 
     Hop latency (first beat in to first beat out, cut-through): the gate's header beats, one
     queue cycle and, for a REDUCE hop, a cycle of registered candidate readiness, the unit's
@@ -374,7 +410,8 @@ class Engine(wiring.Component):
         if not isinstance(self.config, EngineConfig):
             raise TypeError(f"an Engine takes an EngineConfig, not {type(self.config).__name__}")
         beat = FrameStream(self.config.width)
-        members = {"host_rx": In(beat), "host_tx": Out(beat), "control_taken": Out(1), "rank": Out(8)}
+        members = {"host_rx": In(beat), "host_tx": Out(beat), "control_taken": Out(1), "rank": Out(8),
+                   "port_counters": In(data.ArrayLayout(32, len(engine_port_counters(self.config.ports))))}
         for p in range(self.config.ports):
             members[f"net{p}_in"] = In(beat)
             members[f"net{p}_out"] = Out(beat)
@@ -404,7 +441,7 @@ class Engine(wiring.Component):
         start_q = Signal()
         ctl_hold = Signal()
         m.d.sync += start_q.eq(start)
-        m.submodules.status = status = StatusResponder(w, len(STATS_COUNTERS), settle=2)
+        m.submodules.status = status = StatusResponder(w, len(engine_stats_counters(P)), settle=2)
 
         # --- schedule table ----------------------------------------------------------------
         table = _ReplicatedTable(m, "table", 64, FM)
@@ -740,9 +777,11 @@ class Engine(wiring.Component):
             with m.If(s.payload.first):
                 m.d.comb += [hf.i.payload.data[8:16].eq(Opcode.HOST_RESULT), hf.i.payload.data[40:48].eq(run.rank)]
             m.d.comb += events.flag("drop_queue").eq(hf.i.valid & ~hf.i.ready)
-            delivered = events.flag("result_frames")
+            delivered = Signal(name=f"delivered{i}")   # the engine's progress: a result into a host FIFO
             m.d.comb += delivered.eq(hf.i.valid & hf.i.payload.first)
             deliveries.append(delivered)
+            # what the host gets: a result whose frame went bad is discarded by its host FIFO
+            m.d.comb += events.flag("result_frames").eq(hf.o.valid & hf.o.ready & hf.o.payload.first)
             m.d.comb += s.ready.eq(ok)
             fire = Signal(name=f"wfire{i}")
             m.d.comb += fire.eq(s.valid & ok)
@@ -1017,7 +1056,6 @@ class Engine(wiring.Component):
         with m.If(start):
             m.d.sync += slot_valid.eq(0)
 
-        port_counters = Signal(port_counters_layout())
-        report_status(m, status, run, events, port_counters)
+        report_status(m, status, run, events, self.port_counters, engine_stats_counters(P), extra=[Const(P, 32)])
         events.update(m)
         return m

@@ -9,7 +9,7 @@ generic ``port_counters`` input (:class:`~wirereduce.hdl.core.node.Node`).
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth import Array, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.stream.frame import FrameStream
@@ -126,12 +126,16 @@ class StatusResponder(wiring.Component):
         return m
 
 
-def report_status(m: Module, status: StatusResponder, run, events: EventCounters, port_counters):
+def report_status(m: Module, status: StatusResponder, run, events: EventCounters, port_counters,
+                  counters: tuple[str, ...] = STATS_COUNTERS, extra=()):
     """Give ``status`` what a STATS frame carries: its header (``collective``, ``src`` = rank,
-    ``hop`` = nodes, ``seq`` = chunks) and the values of :data:`~wirereduce.protocol.STATS_COUNTERS`:
-    the configuration in ``run`` (:class:`~wirereduce.hdl.core.control.RunState`), the ``events``
-    and the ``port_counters`` (a :func:`port_counters_layout` view)."""
-    stats_hdr = Header(opcode=Opcode.STATS, count=len(STATS_COUNTERS))
+    ``hop`` = nodes, ``seq`` = chunks, ``count`` = the number of values) and the values of
+    ``counters`` (default the ring node's :data:`~wirereduce.protocol.STATS_COUNTERS`; a schedule
+    engine's: :func:`~wirereduce.protocol.engine_stats_counters`): the configuration in ``run``
+    (:class:`~wirereduce.hdl.core.control.RunState`), the ``events``, the ``extra`` values (the
+    engine's port count) and the ``port_counters`` (a :func:`port_counters_layout` view, or the
+    engine's)."""
+    stats_hdr = Header(opcode=Opcode.STATS, count=len(counters))
     m.d.comb += [
         status.header.eq(stats_hdr.to_int()),
         status.header.collective.eq(run.collective),
@@ -139,8 +143,9 @@ def report_status(m: Module, status: StatusResponder, run, events: EventCounters
         status.header.hop.eq(run.nodes),
         status.header.seq.eq(run.chunks),
     ]
+    n_port = len(counters) - len(CONFIG_COUNTERS) - len(EVENT_COUNTERS) - len(extra)
     values = ([run.collective, run.rank, run.nodes, run.chunks, run.tag] + [events.values[n] for n in EVENT_COUNTERS]
-              + [port_counters[k] for k in range(len(PORT_COUNTERS))])
-    assert len(values) == len(STATS_COUNTERS)
+              + list(extra) + [port_counters[k] for k in range(n_port)])
+    assert len(values) == len(counters) and len(Value.cast(port_counters)) == 32 * n_port
     for k, v in enumerate(values):
         m.d.comb += status.values[k].eq(v)

@@ -208,16 +208,24 @@ def check_mac(name: str, mac) -> int:
 
 
 
-def port_counters(stats):
+def port_counters(stats, ports: tuple[str, ...] = ETH_PORTS):
     """The node's ``port_counters`` (:class:`~wirereduce.hdl.core.node.Node`) from the
     :attr:`EthPort10G.stats` of the Ethernet ports in front of it: ``stats`` maps each of
-    :data:`~wirereduce.protocol.ETH_PORTS` (``host``, ``cw``, ``ccw``) that is Ethernet to its
-    port's stats. Returns one value of :data:`~wirereduce.protocol.PORT_COUNTERS` 32-bit counters: each port's
-    :func:`rx_drops` (``link_drop_{port}``), then its counters (``{port}_{counter}``); 0 for a port
-    not in ``stats``."""
-    unknown = set(stats) - set(ETH_PORTS)
+    ``ports`` (default :data:`~wirereduce.protocol.ETH_PORTS`: ``host``, ``cw``, ``ccw``; a schedule
+    engine's: :func:`~wirereduce.protocol.engine_ports`) that is Ethernet to its port's stats.
+    Returns one value of :data:`~wirereduce.protocol.PORT_COUNTERS` (the engine's:
+    :func:`~wirereduce.protocol.engine_port_counters`) 32-bit counters: each port's
+    :func:`rx_drops` (``link_drop_{port}``), ``drop_source`` (every port's ``rx_source_drops``),
+    then each port's counters (``{port}_{counter}``); 0 for a port not in ``stats``.
+
+    Raises
+    ------
+    ValueError
+        A key of ``stats`` not in ``ports``.
+    """
+    unknown = set(stats) - set(ports)
     if unknown:
-        raise ValueError(f"ports must be among {ETH_PORTS}, not {sorted(unknown)}")
+        raise ValueError(f"ports must be among {tuple(ports)}, not {sorted(unknown)}")
     zero = Const(0, 32)
 
     def value(port, name):
@@ -226,8 +234,8 @@ def port_counters(stats):
     drop_source = zero
     for port in stats:
         drop_source = drop_source + value(port, "rx_source_drops")
-    values = ([rx_drops(stats[port]) if port in stats else zero for port in ETH_PORTS] + [drop_source[:32]]
-              + [value(port, name) for port in ETH_PORTS for name in ETH_PORT_COUNTERS])
+    values = ([rx_drops(stats[port]) if port in stats else zero for port in ports] + [drop_source[:32]]
+              + [value(port, name) for port in ports for name in ETH_PORT_COUNTERS])
     return Cat(*values)
 
 

@@ -238,8 +238,10 @@ class XdmaHostGlue(wiring.Component):
 
     **C2H** (engine → host): ``host_tx`` beats are packed by a :class:`StreamUpsizer` in ``sync``
     and written into an ``AsyncFIFO`` (``sync`` → ``pcie``) whose output is ``c2h``; ``tkeep`` and
-    ``tlast`` are kept. A frame the engine marks ``bad`` still goes to the host whole (the stream
-    has no error flag); ``c2h_bad`` (``sync``) pulses with its last beat so it can be counted.
+    ``tlast`` are kept. The engine sends no frame marked ``bad`` (its host FIFOs discard a result
+    that went bad on a cable, :class:`~wirereduce.hdl.core.engine.PacketFifo`); one that came
+    marked ``bad`` all the same would go to the host whole (the stream has no error flag), so
+    ``c2h_bad`` (``sync``) pulses with its last beat for it to be counted.
 
     Resets: a ``pcie`` reset (``~axi_aresetn``, the link went down) empties the H2C FIFO (the
     ``AsyncFIFO`` write-domain reset, which reaches its read side as ``r_rst``, and resets the

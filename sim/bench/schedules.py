@@ -54,14 +54,17 @@ SIZES = (32 << 10, 256 << 10, 1 << 20, 4 << 20)
 QUICK_SIZES = (32 << 10, 256 << 10)
 
 
-def _wire(schedule, elements: int, cfg: EngineConfig) -> int:
-    return sum(wire_bytes(16 + 4 * c.count) for c in plan(elements, schedule, cfg.max_elements))
+def _wire(schedule, elements: int, cfg: EngineConfig, chunk_words: int | None = None) -> int:
+    per = cfg.max_elements if chunk_words is None else min(chunk_words, cfg.max_elements)
+    return sum(wire_bytes(16 + 4 * c.count) for c in plan(elements, schedule, per))
 
 
-def lower_bound_gbps(schedule, elements: int, cfg: EngineConfig, link_gbps: float, host_gbps: float) -> float:
-    """The d-port and host-link lower bound on algbw, frame overhead included (module docstring)."""
+def lower_bound_gbps(schedule, elements: int, cfg: EngineConfig, link_gbps: float, host_gbps: float,
+                     chunk_words: int | None = None) -> float:
+    """The d-port and host-link lower bound on algbw, frame overhead included (module docstring),
+    for chunks of at most ``chunk_words`` words (default: full frames)."""
     n, d = schedule.nodes, schedule.topology.min_degree
-    wire = _wire(schedule, elements, cfg)
+    wire = _wire(schedule, elements, cfg, chunk_words)
     t_ports = 2 * (n - 1) / n * wire * 8 / (d * link_gbps)
     t_host = wire * 8 / host_gbps
     return elements * 4 * 8 / max(t_ports, t_host)
@@ -80,7 +83,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
                        lookahead: int = 2, priority: str = "auto", slots: int | None = None, threads: int = 1,
-                       progress: bool = False) -> list[dict]:
+                       progress: bool = False, chunk_bytes: Iterable[int | None] = (None,)) -> list[dict]:
     """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
 
     ``lookahead``, ``priority`` and ``slots`` are the engines' :class:`~wirereduce.config.EngineConfig`
@@ -88,15 +91,23 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     record carries them. ``slots`` None (default): :func:`window_slots` of the topology's schedule
     with the most flows, the same for every algorithm of the topology (so ``vs_ring`` compares equal
     engines). ``threads``: cores each simulation runs on (Verilator ``--threads``);
-    ``progress``: a progress bar (chunks delivered) per run.
+    ``progress``: a progress bar (chunks delivered) per run. ``chunk_bytes``: chunk payload sizes
+    to run every algorithm but the ring at, bytes, a multiple of 4 (None: full frames; the ring,
+    the ``vs_ring`` reference, always runs full frames); records carry ``chunk_bytes``.
 
     Raises
     ------
     ValueError
-        A bad ``lookahead``, ``priority`` or ``slots`` (before anything is built).
+        A bad ``lookahead``, ``priority``, ``slots`` or ``chunk_bytes`` (before anything is built).
     """
-    EngineConfig(64, 1500, slots=16 if slots is None else slots, ports=2, lookahead=lookahead,
-                 priority=priority)   # raises before any build
+    cfg0 = EngineConfig(64, 1500, slots=16 if slots is None else slots, ports=2, lookahead=lookahead,
+                        priority=priority)   # raises before any build
+    chunk_bytes = tuple(chunk_bytes)
+    for b in chunk_bytes:
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 4 or b % 4
+                              or b // 4 > cfg0.max_elements):
+            raise ValueError(f"chunk_bytes must be multiples of 4 from 4 to {4 * cfg0.max_elements} (a full frame's "
+                             f"payload), or None, not {b!r}")
     from wirereduce.sim.cluster.schednet import engine_rates
     from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
@@ -127,25 +138,27 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                                    priority=priority, formats=("fp32",))
                 sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
                                     threads=threads)
-                for size in sizes:
+                for size, cb in ((size, cb) for size in sizes for cb in ((None,) if alg == "ring" else chunk_bytes)):
                     elements = size // 4
+                    words = None if cb is None else cb // 4
                     rng = np.random.default_rng([seed, size, s.nodes])
                     arrays = [rng.standard_normal(elements).astype(np.float32) for _ in range(s.nodes)]
                     t0 = time.perf_counter()
-                    r = sim.allreduce(arrays, s, progress=progress)
+                    r = sim.allreduce(arrays, s, progress=progress, chunk_words=words)
                     wall = time.perf_counter() - t0
                     bad = golden_check(arrays, s, r.results)
                     us = r.cycles / mhz
                     algbw = size * 8 / (us * 1e3)
-                    bound = lower_bound_gbps(s, elements, cfg, link_gbps, host)
+                    bound = lower_bound_gbps(s, elements, cfg, link_gbps, host, words)
                     if alg == "ring":
                         ring_time[size] = r.cycles
-                    wire = _wire(s, elements, cfg)
+                    wire = _wire(s, elements, cfg, words)
                     one_port_us = 2 * (s.nodes - 1) / s.nodes * wire * 8 / (link_gbps * 1e3)
                     rec = {
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
                         "ports": cfg.ports, "lookahead": lookahead, "priority": cfg.priority, "slots": cfg.slots,
                         "formats": list(cfg.formats), "flows": flows, "bytes": size,
+                        "chunk_bytes": 4 * min(words or cfg.max_elements, cfg.max_elements),
                         "elements": elements, "chunks": r.chunks,
                         "host_link_gbps": host, "link_gbps": link_gbps, "clock_mhz": mhz, "cycles": r.cycles,
                         "us": us, "algbw_gbps": algbw, "lower_bound_gbps": bound, "of_bound": algbw / bound,
@@ -157,10 +170,11 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     records.append(rec)
                     _write(out_dir, name, records)   # after every run: a long benchmark keeps what it measured
                     vs = f"{rec['vs_ring']:.2f}" if rec["vs_ring"] is not None else "-"
+                    chunk = "" if cb is None else f"  ({cb} B chunks)"
                     print(f"{s.topology.name:>12} {alg:>9} {host:>5g}G {size >> 10:>7}K {r.cycles:>10,} "
                           f"{algbw:>8.2f} {bound:>8.2f} {rec['of_bound']:>8.2f} {vs:>7} "
                           f"{rec['vs_one_port_ring']:>9.2f} {'yes' if rec['bitexact'] else 'NO':>5}"
-                          f"{'  (capped by the host link)' if rec['capped'] else ''}", flush=True)
+                          f"{'  (capped by the host link)' if rec['capped'] else ''}{chunk}", flush=True)
     _write(out_dir, name, records)
     if plot and records:
         _plot(Path(out_dir) / f"{name}.png", records)

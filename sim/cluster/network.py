@@ -520,6 +520,36 @@ def eth_port(m, boxes, mtu: int, local_mac: int, peer_mac: int, **params):
     return port
 
 
+def flip_line(m, line, flip, flip_block):
+    """Fault injection on a 10G cable: ``line`` (a port's ``line_tx``, one 66-bit block a cycle)
+    with payload bit 5 of one scrambled data block inverted while ``flip`` is high: the
+    ``flip_block``-th data block (1-based; 0: never), or with bit 31 of ``flip_block`` set the
+    third data block (wirereduce header bytes 2 … 9) of the ``flip_block & 0x7FFFFFFF``-th frame
+    (run of data blocks). Returns the value to put on the cable."""
+    from wirereduce.hdl.eth.pcs import SYNC_DATA
+
+    data_blocks = Signal(32)
+    is_data = line.header == SYNC_DATA
+    with m.If(is_data & flip):
+        m.d.sync += data_blocks.eq(data_blocks + 1)
+    # Header mode (flip_block bit 31): the frame is the (flip_block & 0x7FFFFFFF)-th run of
+    # data blocks (a frame's data blocks are consecutive, between its /S/ and /T/ control
+    # blocks), and the block hit is its third: wirereduce header bytes 2 … 9.
+    runs, in_run, run_block = Signal(31), Signal(), Signal(8)
+    with m.If(flip):
+        m.d.sync += in_run.eq(is_data)
+        with m.If(is_data):
+            with m.If(~in_run):
+                m.d.sync += [runs.eq(runs + 1), run_block.eq(1)]
+            with m.Elif(run_block != 0xFF):
+                m.d.sync += run_block.eq(run_block + 1)
+    this_run = Mux(in_run, runs, runs + 1)
+    this_block = Mux(in_run, run_block + 1, 1)
+    hit_header = flip_block[31] & (this_run == flip_block[:31]) & (this_block == 3)
+    hit_payload = ~flip_block[31] & (data_blocks + 1 == flip_block)
+    return line.as_value() ^ ((is_data & flip & (hit_header | hit_payload)) << 7)
+
+
 def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block, boxes=None):
     """Cable ``ring`` with single-clock :class:`~wirereduce.hdl.eth.port.EthPort10G` ports.
 
@@ -559,7 +589,6 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block, boxes=N
 
     Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
     """
-    from wirereduce.hdl.eth.pcs import SYNC_DATA
     from wirereduce.hdl.eth.port import port_counters
 
     n = len(ring)
@@ -578,26 +607,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block, boxes=N
     def cable(a, b, flip=None):
         ab, ba = a.line_tx.as_value(), b.line_tx.as_value()
         if flip is not None:  # fault injection: invert payload bit 5 of one data block
-            data_blocks = Signal(32)
-            is_data = a.line_tx.header == SYNC_DATA
-            with m.If(is_data & flip):
-                m.d.sync += data_blocks.eq(data_blocks + 1)
-            # Header mode (flip_block bit 31): the frame is the (flip_block & 0x7FFFFFFF)-th run of
-            # data blocks (a frame's data blocks are consecutive, between its /S/ and /T/ control
-            # blocks), and the block hit is its third: wirereduce header bytes 2 … 9.
-            runs, in_run, run_block = Signal(31), Signal(), Signal(8)
-            with m.If(flip):
-                m.d.sync += in_run.eq(is_data)
-                with m.If(is_data):
-                    with m.If(~in_run):
-                        m.d.sync += [runs.eq(runs + 1), run_block.eq(1)]
-                    with m.Elif(run_block != 0xFF):
-                        m.d.sync += run_block.eq(run_block + 1)
-            this_run = Mux(in_run, runs, runs + 1)
-            this_block = Mux(in_run, run_block + 1, 1)
-            hit_header = flip_block[31] & (this_run == flip_block[:31]) & (this_block == 3)
-            hit_payload = ~flip_block[31] & (data_blocks + 1 == flip_block)
-            ab = ab ^ ((is_data & flip & (hit_header | hit_payload)) << 7)
+            ab = flip_line(m, a.line_tx, flip, flip_block)
         m.d.comb += [b.line_rx.eq(delayed(m, ab, latency)), a.line_rx.eq(delayed(m, ba, latency))]
 
     for k in range(n):

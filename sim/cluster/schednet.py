@@ -30,11 +30,13 @@ from wirereduce.sim.cluster.network import (
     delayed,
     eth_mac,
     eth_port,
+    flip_line,
     line_bytes_per_cycle,
     line_rate_gbps,
 )
 
 from wirereduce.config import EngineConfig
+from wirereduce.protocol import engine_ports
 from wirereduce.schedule import Topology, parse_topology
 
 __all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "engine_rates"]
@@ -84,7 +86,12 @@ class ScheduleNetwork(wiring.Component):
         frame on the wire once :data:`ETH_TX_START` beats of it are in (a multicast's ports run in
         lock-step); a multicast source that also delivers to its host starts only with room for the
         whole frame in its host FIFO (:class:`~wirereduce.hdl.core.engine.PacketFifo` ``room``), so no
-        engine output pauses in the middle of a frame.
+        engine output pauses in the middle of a frame. Every engine's ``port_counters`` (its STATS
+        ``link_drop_net{p}``, ``net{p}_rx_fcs_errors`` …) come from its ports. Fault injection:
+        inputs ``flip_link`` (16 bit) and ``flip_block`` (32 bit); the cable out of port ``p`` of
+        node ``u``, ``flip_link = u · config.ports + p``, inverts a bit of its ``flip_block``-th data
+        block (or, bit 31 set, of the wirereduce header of its ``flip_block & 0x7FFFFFFF``-th frame;
+        :func:`~wirereduce.sim.cluster.network.flip_line`); ``flip_block = 0``: never.
     boxed : bool
         The Verilog path's network (:func:`schednet_verilog`): every engine and every Ethernet port a
         :class:`~wirereduce.sim.cluster.box.Box` of its design, collected in ``boxes`` as the network
@@ -147,6 +154,8 @@ class ScheduleNetwork(wiring.Component):
                 members[f"host{k}_{d}_tlast"] = dir_in(1)
                 members[f"host{k}_{d}_tvalid"] = dir_in(1)
                 members[f"host{k}_{d}_tready"] = dir_out(1)
+        if self.links == "eth":
+            members.update({"flip_link": In(16), "flip_block": In(32)})
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -179,6 +188,8 @@ class ScheduleNetwork(wiring.Component):
     def _eth_ports(self, m, engines):
         """An :class:`~wirereduce.hdl.eth.port.EthPort10G` at every cabled network port, and the
         cables between them (class docstring, ``links``)."""
+        from wirereduce.hdl.eth.port import port_counters
+
         topo = self.topology
         ports = {}
         for u, e in enumerate(engines):
@@ -189,9 +200,13 @@ class ScheduleNetwork(wiring.Component):
                 wiring.connect(m, getattr(e, f"net{p}_out"), eth.tx)
                 wiring.connect(m, eth.rx, getattr(e, f"net{p}_in"))
                 ports[(u, p)] = eth
+            names = engine_ports(self.config.ports)
+            stats = {names[1 + p]: ports[(u, p)].stats for p in range(len(topo.links[u]))}
+            m.d.comb += e.port_counters.eq(port_counters(stats, names))
         for (u, p), eth in ports.items():
             v, q = topo.links[u][p]
-            m.d.comb += ports[(v, q)].line_rx.eq(delayed(m, eth.line_tx.as_value(), self.latencies[(u, p)]))
+            line = flip_line(m, eth.line_tx, self.flip_link == u * self.config.ports + p, self.flip_block)
+            m.d.comb += ports[(v, q)].line_rx.eq(delayed(m, line, self.latencies[(u, p)]))
 
 
 def schednet_verilog(topology: Topology | str, config: EngineConfig | None = None, link_latency: int | dict = 4,

@@ -161,7 +161,8 @@ class FastEngineSim(FastSim):
                                                                       self.link_rate, self.host_rate, self.links)))
         config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {n}\n"
                     f"#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
-                    f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n")
+                    f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n"
+                    + ("#define FLIP 1\n" if self.links == "eth" else ""))
         tb = _TB.read_text()
         digest = hashlib.sha256((text + tb + config_h + self.opt_fast).encode()).hexdigest()[:12]
         out = self.build_root / f"{self.setup.name}-{digest}"
@@ -179,7 +180,8 @@ class FastEngineSim(FastSim):
     def allreduce(self, arrays, schedule: Schedule, *, window: int | None = None, rx_valid_prob: float = 1.0,
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,
                   progress: bool = False, collective: int = 1, op: str = "sum",
-                  final_stats: bool = False, compression: int | None = None) -> EngineResult:
+                  final_stats: bool = False, compression: int | None = None,
+                  corrupt: tuple | None = None, chunk_words: int | None = None) -> EngineResult:
         """Allreduce ``arrays`` (one array per node, all of one dtype: float32, ml_dtypes.bfloat16,
         float16 or int32) with ``schedule`` and ``op`` (``"sum"``, ``"max"``, ``"min"``) on the simulated network.
 
@@ -187,7 +189,14 @@ class FastEngineSim(FastSim):
         for STATS once it holds its last result (:attr:`EngineResult.final_stats`: the drop
         counters of the whole run). ``compression``: error-bound exponent k of a compressed
         collective (fp32, engines built with ``EngineConfig(codec=True)``;
-        :class:`~wirereduce.host.engine.EngineSession`). Raises ValueError on bad inputs (before
+        :class:`~wirereduce.host.engine.EngineSession`). ``corrupt``: a bit error on one Ethernet
+        cable (``links="eth"`` only), ``(node, port, block)`` in the ``block``-th 66-bit data block
+        node ``node`` sends out of network port ``port``, or ``(node, port, frame, "header")`` in
+        the wirereduce header of its ``frame``-th frame (:func:`check_engine_corrupt`); the frame
+        is lost, the run stalls (:class:`EngineStalled`) and the receiving engine's STATS count it
+        (``link_drop_net{q}``, ``net{q}_rx_fcs_errors``). ``chunk_words``: at most this many
+        32-bit words per chunk (:class:`~wirereduce.host.engine.EngineSession`; default: a full
+        frame). Raises ValueError on bad inputs (before
         anything runs; a dtype of a format the engines are not built with, ``config.formats``,
         among them), :class:`EngineStalled` if results are missing at the deadline,
         :class:`~wirereduce.host.driver.DriverError` on a malformed or duplicated result.
@@ -197,10 +206,11 @@ class FastEngineSim(FastSim):
             raise ValueError(f"the schedule is for {schedule.topology.name}, the network is {self.topology.name}")
         _fmt, arrays = check_typed_inputs(arrays, n)
         dtype_byte(_fmt, op)   # a bad op raises here, before anything runs
+        flip = check_engine_corrupt(corrupt, self.topology, self.config.ports, self.links)
         check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
         window = check_window(self.config.slots if window is None else window, self.config)
         sessions = [EngineSession(k, schedule, self.config, collective, a, window, tag=100 + 10 * k, op=op,
-                                  compression=compression)
+                                  compression=compression, chunk_words=chunk_words)
                     for k, a in enumerate(arrays)]
         c = len(sessions[0].chunks)
         if timeout_cycles is None:
@@ -217,7 +227,7 @@ class FastEngineSim(FastSim):
         with open(script, "wb") as f:
             f.write(struct.pack("<5I4Q2I", _SCRIPT_MAGIC, n, self.config.bytes_per_beat,
                                 round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6), seed & (2**64 - 1),
-                                timeout_cycles, ANSWER_CYCLES, 1 << 16 if progress else 0, 0, 0))
+                                timeout_cycles, ANSWER_CYCLES, 1 << 16 if progress else 0, *flip))
             for k, s in enumerate(sessions):
                 frames = [_gated(fr, i, 0) for i, fr in enumerate(sched_frames[k])]
                 frames.append(_gated(s.control_frame(), ns, 0))
@@ -252,12 +262,51 @@ class FastEngineSim(FastSim):
                 last = max(last, lst)
         if status != 0 or not all(s.done for s in sessions):
             missing = {s.rank: s.missing[:8] for s in sessions if not s.done}
+            counted = []
+            for rank, st in sorted(stalled.items()):
+                drops = [f"{k} {v}" for k, v in st.items()
+                         if v and (k.startswith(("drop_", "link_drop_")) or k.endswith("_fcs_errors"))]
+                if drops:
+                    counted.append(f"node {rank}: " + ", ".join(drops))
             raise EngineStalled(f"results still missing after {sim_cycles:,} cycles (deadline {timeout_cycles:,}): "
-                                f"first missing chunks per node {missing}", stalled)
+                                f"first missing chunks per node {missing}"
+                                + (f"; dropped frames counted (STATS): {'; '.join(counted)}" if counted else ""),
+                                stalled)
         return EngineResult(results=[s.result for s in sessions], cycles=last - (first_push or 0) + 1,
                             sim_cycles=sim_cycles, wall_s=wall, build_s=self.build_s,
                             elements=arrays[0].size, chunks=c, stats=acks, element_bytes=arrays[0].dtype.itemsize,
                             final_stats=[stalled[k] for k in range(n)] if final_stats else None)
+
+
+def check_engine_corrupt(corrupt, topology: Topology, ports: int, links: str) -> tuple[int, int]:
+    """Validate :meth:`FastEngineSim.allreduce`'s ``corrupt``: ``(node, port, block)`` or
+    ``(node, port, frame, "header")``; returns the network's ``(flip_link, flip_block)``
+    (:class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`, ``(0, 0)``: no fault).
+
+    Raises
+    ------
+    ValueError
+        ``corrupt`` on a network without Ethernet links, a node or port that is not a cabled port
+        of the topology, ``block``/``frame`` not an int from 1 to 2**31 - 1, a mode not "header".
+    """
+    if corrupt is None:
+        return 0, 0
+    if links != "eth":
+        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth'")
+    if not isinstance(corrupt, tuple) or len(corrupt) not in (3, 4):
+        raise ValueError(f"corrupt must be (node, port, block) or (node, port, frame, 'header'), not {corrupt!r}")
+    header = len(corrupt) == 4
+    if header and corrupt[3] != "header":
+        raise ValueError(f"corrupt mode must be 'header', not {corrupt[3]!r}")
+    node, port, block = corrupt[:3]
+    for name, v, hi in (("node", node, topology.nodes - 1), ("frame" if header else "block", block, 2**31 - 1)):
+        lo = 0 if name == "node" else 1
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise ValueError(f"corrupt {name} must be an int from {lo} to {hi}, not {v!r}")
+    cabled = len(topology.links[node])
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < cabled:
+        raise ValueError(f"corrupt port must be a cabled port of node {node} (0 … {cabled - 1}), not {port!r}")
+    return node * ports + port, block | (1 << 31 if header else 0)
 
 
 def golden_check(arrays, schedule: Schedule, results, op: str = "sum", compression: int | None = None) -> list[int]:
@@ -268,4 +317,4 @@ def golden_check(arrays, schedule: Schedule, results, op: str = "sum", compressi
     return [int(mismatches(r, w).size) for r, w in zip(results, want)]
 
 
-__all__ += ["golden_check"]
+__all__ += ["golden_check", "check_engine_corrupt"]
