@@ -270,6 +270,10 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
     (["--topology", "ring:4", "--algorithm", "ring", "--host-link-gbps", "-5"], ["positive"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--engine", "fast", "--sim-threads", "0"], ["threads"]),
     (["--nodes", "4", "--sim-threads", "2"], ["--sim-threads", "need --topology"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--corrupt", "0", "5"], ["--corrupt", "--links eth"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth", "--corrupt", "0", "5", "--corrupt-port", "3"],
+     ["corrupt port", "cabled port of node 0"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth", "--corrupt-header", "4", "1"], ["corrupt node"]),
 ])
 def test_schedule_engine_options_refused_before_building(work, capsys, extra, needles):
     nodes = 16 if "torus:4x4" in extra else 4
@@ -316,6 +320,9 @@ def test_bench_formats_bad_arguments(work, capsys, argv, needle):
     (["--topologies", "torus:4"], ["torus"]),
     (["--host-link-gbps", "0"], ["host-link-gbps"]),
     (["--sim-threads", "0"], ["--sim-threads", "from 1 to 64"]),
+    (["--chunk-bytes", "6"], ["--chunk-bytes", "multiples of 4"]),
+    (["--chunk-bytes", "2000"], ["--chunk-bytes", "1484"]),
+    (["--chunk-bytes", "512", "--compress", "8"], ["--chunk-bytes", "--compress"]),
 ])
 def test_bench_schedules_bad_arguments(work, capsys, argv, needles):
     """Nothing is built: every argument is checked before the first engine."""
