@@ -257,9 +257,13 @@ class SumUnit(wiring.Component):
                 base.eq(cand_ok[idx] & loaded & (g < self.chunks)
                         & (self.slot_valid >> slot)[0] & (slot_seqs[slot] == g)),
             ]
+            # A port buffer fills slot q only with a frame whose seq is q modulo Q (``ChunkBuffer``:
+            # the slot is the seq's low bits), so chunk g is in slot g mod Q iff the slot is valid and
+            # the seq's bits above the slot's equal g's (timing: a narrower compare behind the select).
             for p, b in enumerate(bufs):
                 m.d.sync += [
-                    here[p].eq((b.valid >> qslot)[0] & (Array(b.seq[k] for k in range(Q))[qslot] == g)),
+                    here[p].eq((b.valid >> qslot)[0]
+                               & (Array(b.seq[k][qbits:] for k in range(Q))[qslot] == g[qbits:])),
                     same[p].eq(Array(b.count[k] for k in range(Q))[qslot] == count),
                 ]
             # Every term in (the local chunk, each port it has a term on) and the counts agree.
