@@ -364,13 +364,16 @@ def _plot(path: Path, records: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    keys = sorted({(r["topology"], r["algorithm"], r["host_link_gbps"]) for r in records})
-    for topo, alg, host in keys:
-        rs = sorted((r for r in records if (r["topology"], r["algorithm"], r["host_link_gbps"]) == (topo, alg, host)),
-                    key=lambda r: r["bytes"])
+    def key(r):   # one curve per topology, algorithm, host link and chunk size
+        return r["topology"], r["algorithm"], r["host_link_gbps"], r.get("chunk_bytes")
+
+    full = {r.get("chunk_bytes") for r in records if r["algorithm"] == "ring"}
+    for topo, alg, host, chunk in sorted(set(map(key, records)), key=lambda k: (*k[:3], -(k[3] or 0))):
+        rs = sorted((r for r in records if key(r) == (topo, alg, host, chunk)), key=lambda r: r["bytes"])
         style = "-" if host > 10 else ":"
+        short = chunk is not None and chunk not in full and len({k[3] for k in map(key, records)}) > 1
         ax.plot([r["bytes"] for r in rs], [r["algbw_gbps"] for r in rs], style, marker="o",
-                label=f"{topo} {alg}, host {host:g}G")
+                label=f"{topo} {alg}, host {host:g}G" + (f", {chunk} B chunks" if short else ""))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message bytes per node")
     ax.set_ylabel("algbw (Gbit/s)")
