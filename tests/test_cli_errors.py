@@ -343,7 +343,7 @@ def test_bench_schedules_window_follows_the_flows(work, monkeypatch):
 
     class Fake:
         def __init__(self, topo, cfg, *a, **k):
-            seen.append((str(topo), cfg.slots))
+            seen.append((str(topo), cfg.slots, cfg.max_flows))
             raise RuntimeError("stop")
 
     monkeypatch.setattr(fastengine, "FastEngineSim", Fake)
@@ -354,3 +354,9 @@ def test_bench_schedules_window_follows_the_flows(work, monkeypatch):
             main(["bench-schedules", "--out-dir", str(work / "r"), "--build-dir", str(work / "b"),
                   "--sizes", "32K", "--host-link-gbps", "50", "--topologies", *argv])
         assert seen and seen[0][1] == want, (argv, seen)
+    # the ring of a 4x4 torus on the trees' engines (16 flows: max_flows 16), not a build of its own
+    seen.clear()
+    with pytest.raises(RuntimeError, match="stop"):
+        main(["bench-schedules", "--out-dir", str(work / "r"), "--build-dir", str(work / "b"),
+              "--sizes", "32K", "--host-link-gbps", "50", "--topologies", "torus:4x4/ring,multitree-balanced"])
+    assert seen == [("torus:4x4", 32, 16)], seen

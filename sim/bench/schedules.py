@@ -91,7 +91,9 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     record carries them. ``slots`` None (default): :func:`window_slots` of the topology's schedule
     with the most flows, the same for every algorithm of the topology (so ``vs_ring`` compares equal
     engines). ``threads``: cores each simulation runs on (Verilator ``--threads``);
-    ``progress``: a progress bar (chunks delivered) per run. ``chunk_bytes``: chunk payload sizes
+    ``progress``: a progress bar (chunks delivered) per run. Every algorithm of a topology runs on
+    the same engines (``max_flows`` of its schedule with the most flows): one build per topology
+    and host link. ``chunk_bytes``: chunk payload sizes
     to run every algorithm but the ring at, bytes, a multiple of 4 (None: full frames; the ring,
     the ``vs_ring`` reference, always runs full frames); records carry ``chunk_bytes``.
 
@@ -122,8 +124,11 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                 built[alg] = sched.build(topo, alg)
             except ValueError as e:   # e.g. no ring order on a 3-D torus
                 built[alg] = e
-        topo_slots = slots if slots is not None else window_slots(
-            max((len(s.flows) for s in built.values() if not isinstance(s, ValueError)), default=1))
+        most_flows = max((len(s.flows) for s in built.values() if not isinstance(s, ValueError)), default=1)
+        topo_slots = slots if slots is not None else window_slots(most_flows)
+        # Every algorithm of a topology on the same engines (one build; ``vs_ring`` compares equal
+        # engines): table room for the schedule with the most flows.
+        topo_flows = max(8, 1 << (most_flows - 1).bit_length())
         for host in host_gbps:
             mhz, link_rate, host_rate = engine_rates(64, host, link_gbps)
             ring_time: dict[int, int] = {}
@@ -134,7 +139,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     continue
                 flows = len(s.flows)
                 cfg = EngineConfig(64, 1500, slots=topo_slots, ports=s.topology.degree,
-                                   max_flows=max(8, 1 << (flows - 1).bit_length()), lookahead=lookahead,
+                                   max_flows=topo_flows, lookahead=lookahead,
                                    priority=priority, formats=("fp32",))
                 sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
                                     threads=threads)
