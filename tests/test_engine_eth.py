@@ -187,7 +187,7 @@ def test_bit_error_on_a_cable_is_counted_where_it_happened(eth_ring4):
     v, q = s.topology.links[0][0]
     arrays = edge_arrays(4, 1500, seed=22)
     with pytest.raises(EngineStalled, match=f"link_drop_net{q} 1") as info:
-        eth_ring4.allreduce(arrays, s, corrupt=(0, 0, 40), timeout_cycles=60_000)
+        eth_ring4.allreduce(arrays, s, corrupt=(0, 0, 40), timeout_cycles=12_000)
     st = info.value.stats
     assert st[v][f"link_drop_net{q}"] == 1 and st[v][f"net{q}_rx_fcs_errors"] == 1
     others = {(u, name): val for u in st for name, val in st[u].items()
@@ -216,7 +216,7 @@ def test_cli_corrupt_on_a_schedule_engine_cable(eth_ring4, tmp_path, capsys):
     np.savez(inp, **{f"node{k}": a for k, a in enumerate(edge_arrays(4, 800, seed=3))})
     args = ["sim", "allreduce", "--topology", "ring:4", "--algorithm", "biring", "--engine", "fast",
             "--compress", "12", "--input", str(inp), "--output", str(tmp_path / "out.npz"),
-            "--build-dir", str(BUILD), "--timeout", "50000", "--corrupt", "0", "40", "--corrupt-port", "1"]
+            "--build-dir", str(BUILD), "--timeout", "12000", "--corrupt", "0", "40", "--corrupt-port", "1"]
     assert main(args + ["--links", "eth"]) == 2
     err = capsys.readouterr().err
     assert "stalled" in err and f"node {v}: " in err and f"link_drop_net{q} 1" in err, err
