@@ -159,12 +159,7 @@ def simulate_allreduce(arrays, args, progress=True):
     if not isinstance(retries, int) or retries < 0:
         raise CliError(f"--retries must be an int ≥ 0, not {retries!r}")
     timeout = _timeout_arg(args)
-    corrupt = getattr(args, "corrupt", None)
-    corrupt_header = getattr(args, "corrupt_header", None)
-    if corrupt is not None and corrupt_header is not None:
-        raise CliError("give --corrupt or --corrupt-header, not both (one bit error a run)")
-    if corrupt_header is not None:
-        corrupt = (*corrupt_header, "header")
+    corrupt = _corrupt_args(args)
     if corrupt is not None:
         if links not in ("eth", "cmac") or getattr(args, "engine", "cocotb") != "fast":
             raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
@@ -172,7 +167,7 @@ def simulate_allreduce(arrays, args, progress=True):
         from wirereduce.sim.engines.fastsim import check_corrupt
 
         try:
-            check_corrupt(tuple(corrupt), setup)
+            check_corrupt(corrupt, setup)
         except ValueError as e:
             raise CliError(f"--corrupt: {e}") from e
     late = getattr(args, "late", None)
@@ -197,7 +192,7 @@ def simulate_allreduce(arrays, args, progress=True):
 
             extra = {"pcap": pcap} if pcap is not None else {}
             if corrupt is not None:
-                extra["corrupt"] = tuple(corrupt)
+                extra["corrupt"] = corrupt
             if late is not None:
                 extra["late"] = tuple(late)
                 extra["final_stats"] = True
@@ -297,22 +292,30 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
     return r["results"], rec, s, cfg, mhz, time.perf_counter() - t0
 
 
+def _corrupt_args(args) -> tuple | None:
+    """``--corrupt NODE BLOCK`` as ``(node, block)``, ``--corrupt-header NODE FRAME`` as
+    ``(node, frame, "header")``, or None; CliError if both are given."""
+    corrupt, header = getattr(args, "corrupt", None), getattr(args, "corrupt_header", None)
+    if corrupt is not None and header is not None:
+        raise CliError("give --corrupt or --corrupt-header, not both (one bit error a run)")
+    if header is not None:
+        return (*header, "header")
+    return None if corrupt is None else tuple(corrupt)
+
+
 def _schedule_corrupt_arg(args, s, cfg):
     """``--corrupt NODE BLOCK`` / ``--corrupt-header NODE FRAME`` with ``--corrupt-port PORT`` on a
     schedule-engine network: the fast engine's ``corrupt`` tuple, or None; CliError before any build
     if they cannot apply."""
     from wirereduce.sim.engines.fastengine import check_engine_corrupt
 
-    corrupt, header = getattr(args, "corrupt", None), getattr(args, "corrupt_header", None)
-    if corrupt is not None and header is not None:
-        raise CliError("give --corrupt or --corrupt-header, not both (one bit error a run)")
-    if corrupt is None and header is None:
+    corrupt = _corrupt_args(args)
+    if corrupt is None:
         return None
     if getattr(args, "links", "model") != "eth" or (args.engine == "cocotb" and getattr(args, "engine_given", False)):
         raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
                        "they need --links eth (and not --engine cocotb)")
-    node, n = corrupt if corrupt is not None else header
-    value = (node, getattr(args, "corrupt_port", 0), n) + (("header",) if header is not None else ())
+    value = (corrupt[0], getattr(args, "corrupt_port", 0), *corrupt[1:])
     try:
         check_engine_corrupt(value, s.topology, cfg.ports, "eth")
     except ValueError as e:
@@ -629,11 +632,10 @@ def cmd_bench_schedules(args) -> int:
         EngineConfig(64, 1500, slots=slots, ports=2, lookahead=args.lookahead, priority=args.priority)
     except ValueError as e:
         raise CliError(f"--slots/--lookahead/--priority: {e}") from e
-    chunk_bytes = tuple(args.chunk_bytes) if args.chunk_bytes else (None,)
-    for b in chunk_bytes:
-        if b is not None and (b < 4 or b % 4 or b // 4 > EngineConfig(64, 1500).max_elements):
-            raise CliError(f"--chunk-bytes must be multiples of 4 from 4 to {4 * EngineConfig(64, 1500).max_elements} "
-                           f"(a full frame's payload at MTU 1500), not {b}")
+    try:
+        chunk_bytes = schedules.check_chunk_bytes(args.chunk_bytes or (None,))
+    except ValueError as e:
+        raise CliError(f"--chunk-bytes: {e}") from e
     if args.compress and args.chunk_bytes:
         raise CliError("--chunk-bytes is for uncompressed rows; leave it out with --compress")
     if args.compress:

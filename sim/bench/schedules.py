@@ -79,6 +79,18 @@ def window_slots(flows: int) -> int:
     return max(16, 1 << (2 * max(1, flows) - 1).bit_length())
 
 
+def check_chunk_bytes(chunk_bytes: Iterable[int | None]) -> tuple[int | None, ...]:
+    """``chunk_bytes`` of :func:`run_schedule_bench` as a tuple: each None (full frames) or a multiple
+    of 4 from 4 to a full frame's payload at MTU 1500 (1,484 bytes). Raises ValueError otherwise."""
+    top = 4 * EngineConfig(64, 1500).max_elements
+    chunk_bytes = tuple(chunk_bytes)
+    for b in chunk_bytes:
+        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or not 4 <= b <= top or b % 4):
+            raise ValueError(f"chunk_bytes must be multiples of 4 from 4 to {top} (a full frame's payload at "
+                             f"MTU 1500), or None, not {b!r}")
+    return chunk_bytes
+
+
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
@@ -102,14 +114,9 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     ValueError
         A bad ``lookahead``, ``priority``, ``slots`` or ``chunk_bytes`` (before anything is built).
     """
-    cfg0 = EngineConfig(64, 1500, slots=16 if slots is None else slots, ports=2, lookahead=lookahead,
-                        priority=priority)   # raises before any build
-    chunk_bytes = tuple(chunk_bytes)
-    for b in chunk_bytes:
-        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or b < 4 or b % 4
-                              or b // 4 > cfg0.max_elements):
-            raise ValueError(f"chunk_bytes must be multiples of 4 from 4 to {4 * cfg0.max_elements} (a full frame's "
-                             f"payload), or None, not {b!r}")
+    EngineConfig(64, 1500, slots=16 if slots is None else slots, ports=2, lookahead=lookahead,
+                 priority=priority)   # raises before any build
+    chunk_bytes = check_chunk_bytes(chunk_bytes)
     from wirereduce.sim.cluster.schednet import engine_rates
     from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
@@ -373,10 +380,12 @@ def _plot(path: Path, records: list[dict]) -> None:
         return r["topology"], r["algorithm"], r["host_link_gbps"], r.get("chunk_bytes")
 
     full = {r.get("chunk_bytes") for r in records if r["algorithm"] == "ring"}
-    for topo, alg, host, chunk in sorted(set(map(key, records)), key=lambda k: (*k[:3], -(k[3] or 0))):
+    keys = set(map(key, records))
+    several = len({k[3] for k in keys}) > 1   # chunk sizes to tell apart in the legend
+    for topo, alg, host, chunk in sorted(keys, key=lambda k: (*k[:3], -(k[3] or 0))):
         rs = sorted((r for r in records if key(r) == (topo, alg, host, chunk)), key=lambda r: r["bytes"])
         style = "-" if host > 10 else ":"
-        short = chunk is not None and chunk not in full and len({k[3] for k in map(key, records)}) > 1
+        short = several and chunk is not None and chunk not in full
         ax.plot([r["bytes"] for r in rs], [r["algbw_gbps"] for r in rs], style, marker="o",
                 label=f"{topo} {alg}, host {host:g}G" + (f", {chunk} B chunks" if short else ""))
     ax.set_xscale("log", base=2)
