@@ -35,6 +35,11 @@ def shared_tmp(tmp_path_factory, name: str) -> Path:
 
 ROOT = Path(__file__).resolve().parent.parent
 
+#: Seconds a rank waits for a frame in tests that check results, not timeouts: the served simulators
+#: take ~14 s for a 2,500-element compressed collective on an idle machine and more than 20 s next to
+#: another xdist worker on 2 cores (CI once failed a rank after 20 s with every chunk still coming).
+RECEIVE_TIMEOUT = 120
+
 
 @contextlib.contextmanager
 def sim_serve(args: list[str], *, build_dir: Path | None = None, timeout: float = 900):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import per_rank, rank_processes, sim_serve
+from conftest import RECEIVE_TIMEOUT, per_rank, rank_processes, sim_serve
 from wirereduce.host.rank import FileBarrier, RankDriver
 from wirereduce.host.transports import packet
 from wirereduce.host.transports.packet import PacketTransport, eth_frame, parse_eth_frame, strip_padding
@@ -178,6 +178,39 @@ def test_rank_driver_over_unix_socket(tmp_path):
     assert np.array_equal(out.view(np.uint32), (data * np.float32(2)).view(np.uint32))
 
 
+def test_unix_port_waits_for_a_slow_rank(tmp_path):
+    """The server's UNIX socket to a rank that does not read for a while (its queue holds
+    net.unix.max_dgram_qlen frames, 10 by default): every frame still arrives, in order, none is
+    dropped and the server does not stop on EAGAIN (a loaded CI machine once lost a whole run)."""
+    import threading
+
+    from wirereduce.sim.engines.bridge import UnixPort
+
+    port = UnixPort(0, str(tmp_path))
+    rank = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    rank.bind(str(tmp_path / "rank.sock"))
+    rank.sendto(eth_frame(packet.node_mac(0), b"\x02\x77\x72\x00\x00\x03", b"hello"), port.path)
+    assert port.read().startswith(b"hello")  # the server learns the rank's address
+    frames = 60
+    got = []
+
+    def slow_reader():
+        time.sleep(0.5)
+        rank.settimeout(10)
+        for _ in range(frames):
+            got.append(parse_eth_frame(rank.recv(65536))[3])
+
+    t = threading.Thread(target=slow_reader)
+    t.start()
+    for i in range(frames):
+        port.write(i.to_bytes(4, "big") * 16)
+    t.join()
+    port.close()
+    rank.close()
+    assert port.dropped == 0 and port.frames_out == frames
+    assert [g[:4] for g in got] == [i.to_bytes(4, "big") for i in range(frames)]
+
+
 # ---- the simulated cluster behind TAP interfaces, one namespace and one process per rank ----
 
 NODES = 4
@@ -244,7 +277,8 @@ def test_four_ranks_real_gradients_bit_exact(cluster):
     want = ring_allreduce(arrays)
     procs = [_rank(cluster, k, ["--nodes", str(NODES), "--rank", str(k), "--interface", cluster["taps"][k],
                                 "--input", str(tmp / "grads.npz"), "--output", str(tmp / f"out{k}.npy"),
-                                "--barrier", str(tmp / "barrier1"), "--collective", "1", "--timeout", "20"])
+                                "--barrier", str(tmp / "barrier1"), "--collective", "1",
+                                "--timeout", str(RECEIVE_TIMEOUT)])
              for k in range(NODES)]
     for k, p in enumerate(procs):
         out, err = p.communicate(timeout=180)
@@ -322,7 +356,7 @@ def test_unix_sockets_without_root(tmp_path):
         arrays = [rng.standard_normal(1200).astype(np.float32) for _ in range(NODES)]
 
         def rank(k):
-            with PacketTransport.unix(socks, k, NODES, timeout=20) as tr:
+            with PacketTransport.unix(socks, k, NODES, timeout=RECEIVE_TIMEOUT) as tr:
                 return RankDriver(tr, k, NODES, barrier=FileBarrier(tmp_path / "bar", k, NODES)).allreduce(arrays[k])
 
         out = per_rank(NODES, rank)
@@ -339,7 +373,7 @@ def test_unix_sockets_without_root(tmp_path):
         rank_processes(NODES, lambda k: ["--nodes", str(NODES), "--compress", "10", "--rank", str(k), "--unix",
                                          str(socks), "--input", str(tmp_path / "grads.npz"), "--output",
                                          str(tmp_path / f"c{k}.npy"), "--barrier", str(tmp_path / "bar-c"),
-                                         "--collective", "7", "--timeout", "20"])
+                                         "--collective", "7", "--timeout", str(RECEIVE_TIMEOUT)])
         want = ring_allreduce_compressed(grads, 10, host_compressed=True).view(np.uint32)
         assert not np.array_equal(want, ring_allreduce(grads).view(np.uint32)), "k = 10 must change some bits"
         for k in range(NODES):

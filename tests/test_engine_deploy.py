@@ -16,7 +16,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import per_rank, rank_processes, sim_serve
+from conftest import RECEIVE_TIMEOUT, per_rank, rank_processes, sim_serve
 from wirereduce.host.rank import EngineRankDriver, FileBarrier, served_engine_config
 from wirereduce.host.transports.packet import PacketTransport
 from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
@@ -119,7 +119,7 @@ def server(tmp_path_factory):
     assert not list(socks.glob("*.sock"))
 
 
-def _ranks(server, calls, first_collective: int, name: str, timeout: float = 20):
+def _ranks(server, calls, first_collective: int, name: str, timeout: float = RECEIVE_TIMEOUT):
     """Run ``calls(k, transport, barrier)`` for every rank in its own thread (its own UNIX socket,
     ``timeout`` seconds per receive); returns rank → list of results."""
     def rank(k):
@@ -197,7 +197,7 @@ def _rank_processes(server, arrays, algorithm: str, stem: str, collective: int, 
     rank_processes(NODES, lambda k: ["--topology", TOPOLOGY, "--algorithm", algorithm, *extra, "--rank", str(k),
                                      "--unix", str(server["socks"]), "--input", str(tmp / f"{stem}.npz"),
                                      "--output", str(outs[k]), "--barrier", str(tmp / f"bar-{stem}"),
-                                     "--collective", str(collective), "--timeout", "20"])
+                                     "--collective", str(collective), "--timeout", str(RECEIVE_TIMEOUT)])
     return outs
 
 
@@ -278,7 +278,7 @@ def test_engine_rank_without_pushes_fails_bounded_then_aborts(server):
             errors[k] = e
         assert d.unfinished
         d.transport = tr   # the pushes get through again
-        tr.timeout = 20    # the short timeout is for the stalled collective; a loaded machine must not fail this one
+        tr.timeout = RECEIVE_TIMEOUT   # the short timeout was for the stalled collective only
         return [d.allreduce(second[k])]
 
     out = _ranks(server, calls, 50, "bar-abort", timeout=3)

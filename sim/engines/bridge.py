@@ -18,6 +18,7 @@ import fcntl
 import os
 import socket
 import struct
+import time
 
 from wirereduce.host.transports.packet import (
     ETHERTYPE,
@@ -139,6 +140,8 @@ class UnixPort(HostPort):
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.peer = None
+        #: Frames for the rank dropped after its receive queue stayed full for :attr:`SEND_WAIT` seconds.
+        self.dropped = 0
 
     def fileno(self):
         return self.sock.fileno()
@@ -150,12 +153,28 @@ class UnixPort(HostPort):
             return None
         return data
 
+    #: Seconds :meth:`write` waits for room in the rank's receive queue before it drops a frame.
+    SEND_WAIT = 30.0
+
     def _write(self, data):
-        if self.peer is not None:
+        if self.peer is None:
+            return
+        # A rank's datagram queue holds net.unix.max_dgram_qlen frames (10 by default): a rank that is
+        # slow to read (a loaded machine) makes sendto fail with EAGAIN. The simulation waits for it
+        # (simulated time stands still) instead of losing a result or stopping the server.
+        deadline = time.monotonic() + self.SEND_WAIT
+        while True:
             try:
                 self.sock.sendto(data, self.peer)
+                return
             except (ConnectionRefusedError, FileNotFoundError):  # the rank's process went away
                 self.peer = None
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    self.dropped += 1
+                    return
+                time.sleep(0.001)
 
     def close(self):
         self.sock.close()

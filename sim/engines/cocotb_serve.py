@@ -87,7 +87,8 @@ async def serve(dut):
                     json.dump({"cycles": round(get_sim_time("ps") / period_ps),
                                "frames_in": [p.frames_in for p in ports],
                                "frames_out": [p.frames_out for p in ports],
-                               "ignored": [p.ignored for p in ports], "stomped": stomped}, f)
+                               "ignored": [p.ignored for p in ports], "stomped": stomped,
+                               "dropped": [getattr(p, "dropped", 0) for p in ports]}, f)
     finally:
         for p in ports:
             p.close()
