@@ -226,6 +226,7 @@ def test_bench_codec_only_takes_sizes_and_slots(work, monkeypatch):
     (["--width", "512", "--links", "cmac", "--corrupt", "1", "5"], ["--corrupt", "--engine fast"]),
     (["--width", "512", "--links", "cmac", "--engine", "fast", "--corrupt", "2", "5"], ["node must be"]),
     (["--width", "512", "--links", "cmac", "--compress", "8"], ["--compress", "--links cmac"]),
+    (["--width", "512", "--links", "cmac", "--codec"], ["--codec", "--links cmac"]),
 ])
 def test_cmac_links_are_checked_before_any_build(work, capsys, extra, needles):
     inp = _npz(work / "in.npz", **_good(nodes=2))

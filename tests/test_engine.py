@@ -193,7 +193,7 @@ def test_engine_same_bits_any_timing():
     """Random link latencies (1-9 cycles) and random host back-pressure, three seeds: the same bits,
     the golden model's, every time (the table fixes the order, not the arrivals)."""
     s = sched.build("torus:2x2", "multitree")
-    arrays = edge_arrays(s.nodes, 150, seed=5)
+    arrays = edge_arrays(s.nodes, 90, seed=5)   # 4 flows, 1-2 chunks of 24 each: frames of several flows interleave
     runs = []
     for seed in (1, 2, 3):
         results, _ = run_schedule(s, arrays, elements=24, seed=seed, max_latency=9, ready_prob=0.6)

@@ -294,11 +294,13 @@ def test_engine_rank_without_pushes_fails_bounded_then_aborts(server):
 
 
 @pytest.mark.cocotb
-def test_sim_allreduce_topology_on_the_cocotb_engine(tmp_path, capsys):
-    """`wirereduce sim allreduce --topology ring:4 --algorithm ring --engine cocotb`: the schedule
-    engines on the cocotb engine (the build `sim serve --topology` uses), every rank an
-    EngineRankDriver; fp16 MAX with ±0, NaN and ±Inf, checked bit for bit (`--check`) against the
-    golden model the fast engine is checked against (tests/test_engine_system.py)."""
+def test_sim_allreduce_topology_on_the_cocotb_engine(server, tmp_path, capsys):
+    """`wirereduce sim allreduce --topology ring:4 --algorithm ring --engine cocotb --codec`: the
+    schedule engines on the cocotb engine (the build the module's `sim serve --topology --codec`
+    uses: `--codec` reuses it instead of a 5-minute build of the plain engines, whose RTL the fast
+    engine's tests cover), every rank an EngineRankDriver; fp16 MAX with ±0, NaN and ±Inf passing
+    through the codec ports untouched, checked bit for bit (`--check`) against the golden model the
+    fast engine is checked against (tests/test_engine_system.py)."""
     from wirereduce.sim.engines.runner import available_simulators
 
     if "verilator" not in available_simulators():
@@ -308,8 +310,8 @@ def test_sim_allreduce_topology_on_the_cocotb_engine(tmp_path, capsys):
     arrays[1][:6] = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 65504.0], np.float16)
     arrays[2][:6] = np.array([-0.0, 0.0, 1.0, -np.inf, np.inf, -65504.0], np.float16)
     np.savez(tmp_path / "in.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
-    argv = ["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--engine", "cocotb", "--op", "max",
-            "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"), "--check",
+    argv = ["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--engine", "cocotb", "--codec",
+            "--op", "max", "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"), "--check",
             "--build-dir", str(ROOT / "build" / "sim")]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -322,17 +324,18 @@ def test_sim_allreduce_topology_on_the_cocotb_engine(tmp_path, capsys):
 
 
 @pytest.mark.cocotb
-def test_demo_topology_bf16_on_the_cocotb_engine(tmp_path, capsys):
-    """`wirereduce demo --topology ring:4 --algorithm biring --dtype bf16 --engine cocotb`: the
-    engine's Verilog written, real CNN gradients rounded to bf16 through the engines, every node
-    bit-exact against the golden model (the RESULT line a script reads)."""
+def test_demo_topology_bf16_on_the_cocotb_engine(server, tmp_path, capsys):
+    """`wirereduce demo --topology ring:4 --algorithm biring --dtype bf16 --engine cocotb --codec`:
+    the engine's Verilog written, real CNN gradients rounded to bf16 through the engines (the
+    served codec build, as above), every node bit-exact against the golden model (the RESULT line
+    a script reads)."""
     from wirereduce.sim.engines.runner import available_simulators
 
     if "verilator" not in available_simulators():
         pytest.skip("needs Verilator")
     build = ROOT / "build" / "sim"
     assert main(["demo", "--topology", TOPOLOGY, "--algorithm", "biring", "--dtype", "bf16", "--engine", "cocotb",
-                 "--build-dir", str(build)]) == 0
+                 "--codec", "--build-dir", str(build)]) == 0
     out = capsys.readouterr().out
     assert "RESULT topology=ring:4 algorithm=biring dtype=bf16 elements=3818 bitexact=true" in out, out
     assert (build.parent / "verilog" / "wirereduce_engine.v").stat().st_size > 0

@@ -143,10 +143,9 @@ def simulate_allreduce(arrays, args, progress=True):
     links = getattr(args, "links", "model")
     pcap = getattr(args, "pcap", None)
     k = _compress_arg(args)
-    if k is not None:
-        if links == "cmac":
-            raise CliError("--compress runs on link models and 10G Ethernet: it does not combine with --links cmac")
-    config = _node_config(args, codec=k is not None)
+    if _codec_arg(args, k) and links == "cmac":
+        raise CliError("--compress/--codec run on link models and 10G Ethernet: they do not combine with --links cmac")
+    config = _node_config(args, codec=_codec_arg(args, k))
     try:
         sim = args.simulator or default_simulator()
         setup = SimSetup(nodes=len(arrays), config=config, link_latency=args.link_latency, simulator=sim,
@@ -267,7 +266,7 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
     try:
         k = _compress_arg(args)
         cfg = served_engine_config(s.topology.name, width=args.width, mtu=args.mtu, slots=args.slots,
-                                   ports=args.ports, codec=k is not None)
+                                   ports=args.ports, codec=_codec_arg(args, k))
         setup = EngineSetup(topology=s.topology.name, config=cfg, link_latency=args.link_latency,
                             host_gbps=args.host_link_gbps)
     except (TypeError, ValueError) as e:
@@ -341,7 +340,7 @@ def simulate_schedule(arrays, args, progress=True):
     try:
         cfg = EngineConfig(args.width, args.mtu, args.slots, ports=ports, max_flows=max(8, 1 << (len(s.flows) - 1)
                                                                                       .bit_length()),
-                           codec=k is not None)
+                           codec=_codec_arg(args, k))
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     if len(arrays) != s.nodes:
@@ -409,6 +408,13 @@ def _compress_arg(args) -> int | None:
         except ValueError as e:
             raise CliError(f"--compress: {e}") from e
     return k
+
+
+def _codec_arg(args, k: int | None) -> bool:
+    """Whether to build nodes/engines with the codec: ``--compress K`` given, or ``--codec`` (the codec
+    at every port with uncompressed collectives passing through: the build ``sim serve --codec`` uses,
+    so a run reuses a server's build instead of making its own)."""
+    return k is not None or bool(getattr(args, "codec", False))
 
 
 def _check_schedule_args(args) -> None:
@@ -491,7 +497,7 @@ def _demo_schedule(args) -> int:
     _timeout_arg(args)
     try:
         cfg = served_engine_config(topo.name, width=args.width, mtu=args.mtu, slots=args.slots, ports=args.ports,
-                                   codec=_compress_arg(args) is not None)
+                                   codec=_codec_arg(args, _compress_arg(args)))
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     out = Path(args.build_dir).parent / "verilog" / "wirereduce_engine.v"
@@ -1123,6 +1129,10 @@ def _add_sim_args(p):
                    help="INCEPTIONN-style compression with error bound 2^-K (4 … 24): nodes built with the "
                         "codec, hosts push and receive compressed chunks; checked against the golden "
                         "compressed ring (default: uncompressed)")
+    p.add_argument("--codec", action="store_true",
+                   help="build the nodes (engines) with the codec at every port even without --compress: "
+                        "uncompressed collectives pass through it untouched; the build `sim serve --codec` uses, "
+                        "so this run reuses a server's build instead of making its own")
     p.add_argument("--timeout", type=int, metavar="CYCLES", default=None,
                    help="deadline of each collective in cycles of the node clock (6.4 ns at 64 bit), from its "
                         "first push; results still missing then are reported lost (or retried with --retries) "
