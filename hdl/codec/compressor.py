@@ -32,7 +32,7 @@ the frame it ends was malformed.
 
 Timing: both are pipelined to the logic-level budget of the 64-bit (xc7, 156.25 MHz) blocks,
 ≤ 9 LUT levels between registers by the yosys estimate of ``wirereduce resources``
-(docs/architecture.md "Timing budgets"): the compressor has 7, the decompressor 8. The 512-bit
+(docs/architecture.md "Timing budgets"): the compressor has 7, the decompressor 9. The 512-bit
 instances (xcup, 322.27 MHz, ≤ 5 levels) are not yet checked against their budget.
 """
 
@@ -656,7 +656,12 @@ class Decompressor(wiring.Component):
     each lane's code is taken at its offset into a register while the beat's bytes leave the
     buffer, and the next cycle decodes the codes into the output register. Up to ``width/8``
     code bytes enter and leave the buffer per cycle, so one output beat per cycle is sustained
-    even when every value is raw. Code chunks wait in a small FIFO (:attr:`fifo_depth` entries,
+    even when every value is raw. The buffer's loop is kept short: besides ``fill`` a register holds
+    ``fill`` less the waiting beat's byte count (its sign says whether the bytes are there), every next
+    value of both is computed for a beat that fires and for one that does not, and the fire
+    selects; the output register has a skid register behind it, so the pipeline advances on a
+    register and the output's ``ready`` stays out of the loop (with ``ready`` held high the skid
+    is never used). Code chunks wait in a small FIFO (:attr:`fifo_depth` entries,
     a tag block's worth of beats plus 4), so the input runs ahead and stores the next frame's tag
     block in the other bank while the current frame's values still leave.
 
@@ -788,17 +793,22 @@ class Decompressor(wiring.Component):
             return t_units_m1 >> lu, _bytes(tail_unit + 1), tail_unit
 
         def pad_mask(n):
-            """Bits of the tag block's last 8-byte unit that must be zero: 2*(n % 32) … 63."""
-            n5 = n[:5]
-            return Cat(*((n5 != 0) & (n5 <= b // 2) for b in range(64)))
+            """Bits of the tag block's last 8-byte unit that must be zero: 2*(n % 32) … 63 (a table
+            of constants, no compares: timing)."""
+            table = [sum(1 << b for b in range(64) if v != 0 and v <= b // 2) for v in range(32)]
+            return Array(Const(t, 64) for t in table)[n[:5]]
+
+        # The first beat ends the tag block: n ≤ 32 * units (n_port - 1 < 32 * units), as bit tests of
+        # n (32 * units is a power of two), not a compare after the clamp (timing: the input's ready).
+        lim = 32 * units
+        first_ends = (self.n[_log2(lim):] == 0) | (self.n == lim) if maxn > lim else Const(1)
 
         # The current input frame's tag shape, registered with its first beat.
         f_tb_m1 = Signal(range(tag_rows))
         f_tail = Signal(range(nb + 1))
         f_unit = Signal(range(units))
-        f_pad = Signal(64)
+        f_n5 = Signal(5)                     # n % 32 of the frame, for the tag padding check
         p_tb_m1, p_tail, p_unit = tag_shape(n_port)
-        cur_tb_m1 = Mux(first, p_tb_m1, f_tb_m1)
 
         a_valid = Signal()
         a_data = Signal(w)                   # the beat, bytes beyond keep zeroed
@@ -814,15 +824,25 @@ class Decompressor(wiring.Component):
         a_tag_end = Signal()
         a_tail = Signal(range(nb + 1))
         a_unit = Signal(range(units))
-        a_pad = Signal(64)
+        a_n5 = Signal(5)
 
         kept = Signal(range(nb + 1))
         m.d.comb += kept.eq(sum(beat.keep[b] for b in range(nb)))
 
-        code_count = Signal(range(nb + 1))
-        m.d.comb += code_count.eq(Mux(a_tag_end, Mux(a_kept > a_tail, a_kept - a_tail, 0), Mux(a_in_tags, 0, a_kept)))
+        # What the beat's place in the frame says, computed as it is registered (timing: the
+        # input's ready then hangs off registers, not off the tail compare and subtraction).
+        in_tags_n = Signal()
+        tag_end_n = Signal()
+        tail_n = Signal(range(nb + 1))
+        m.d.comb += [
+            in_tags_n.eq(first | (index <= f_tb_m1)),
+            tag_end_n.eq(Mux(first, first_ends, index == f_tb_m1)),
+            tail_n.eq(Mux(first, p_tail, f_tail)),
+        ]
+        code_count_n = Mux(tag_end_n, Mux(kept > tail_n, kept - tail_n, 0), Mux(in_tags_n, 0, kept))
+        code_count = Signal(range(nb + 1))   # code bytes of the registered beat
+        needs_push = Signal()                # it goes to the chunk FIFO: it has code bytes or ends the frame
         tag_bytes = Mux(a_tag_end, a_tail, Mux(a_in_tags, nb, 0))
-        needs_push = (code_count != 0) | a_last
         tag_ok = ~a_in_tags | ~b_full[a_bank]
         a_go = Signal()
         m.d.comb += a_go.eq(a_valid & tag_ok & (~needs_push | chunks.w_rdy))
@@ -843,14 +863,16 @@ class Decompressor(wiring.Component):
                 a_k.eq(k_port),
                 a_bank.eq(in_bank),
                 a_index.eq(index),
-                a_in_tags.eq(first | (index <= f_tb_m1)),
-                a_tag_end.eq(index == cur_tb_m1),
-                a_tail.eq(Mux(first, p_tail, f_tail)),
+                a_in_tags.eq(in_tags_n),
+                a_tag_end.eq(tag_end_n),
+                a_tail.eq(tail_n),
+                code_count.eq(code_count_n),
+                needs_push.eq((code_count_n != 0) | beat.last),
                 a_unit.eq(Mux(first, p_unit, f_unit)),
-                a_pad.eq(Mux(first, pad_mask(n_port), f_pad)),
+                a_n5.eq(Mux(first, n_port[:5], f_n5)),
             ]
             with m.If(first):
-                m.d.sync += [f_tb_m1.eq(p_tb_m1), f_tail.eq(p_tail), f_unit.eq(p_unit), f_pad.eq(pad_mask(n_port))]
+                m.d.sync += [f_tb_m1.eq(p_tb_m1), f_tail.eq(p_tail), f_unit.eq(p_unit), f_n5.eq(n_port[:5])]
             with m.If(beat.last):
                 m.d.sync += [index.eq(0), in_bank.eq(~in_bank)]
             with m.Else():
@@ -858,7 +880,7 @@ class Decompressor(wiring.Component):
 
         # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero.
         last_unit = a_data[:64] if units == 1 else a_data.word_select(a_unit, 64)
-        pad_err = a_tag_end & (last_unit & a_pad).any()
+        pad_err = a_tag_end & (last_unit & pad_mask(a_n5)).any()
         # The payload ends before its tag block does.
         tags_cut = a_last & a_in_tags & (~a_tag_end | (a_kept < a_tail))
 
@@ -952,53 +974,95 @@ class Decompressor(wiring.Component):
         # The byte buffer and the beat's bytes.
         ubuf = Signal(2 * w)                 # code bytes of the current frame; bytes ≥ fill are 0
         fill = Signal(range(2 * nb + 1))
+        # fill - d_need, kept in a register of its own (timing: "enough" is its sign bit, so the
+        # beat's fire and the chunk's take do not wait for a compare of fill with d_need; its next
+        # value is chosen among candidates computed in parallel, docs/architecture.md "Timing budgets").
+        slack = Signal(range(-nb, 2 * nb + 1))
         ended = Signal()                     # the frame's last chunk has been taken
         err_acc = Signal()
 
         e_valid = Signal()
         o_valid = Signal()
-        o_adv = ~o_valid | self.o.ready
+        # The output register O has a skid register behind it (sk_*: a beat the output did not take
+        # while the next one entered O), so O advances whenever the skid is empty: a register, not
+        # the output's ready, decides whether the pipeline moves (timing: the ready of what follows
+        # stays out of the byte buffer's loop). With ready held high the skid is never used.
+        sk_valid = Signal()
+        o_adv = ~sk_valid
         e_free = ~e_valid | o_adv
-        enough = fill >= d_need
+        enough = slack >= 0                  # fill >= d_need
         drain = Signal()    # the last beat has its bytes but the frame has not ended: drop extra bytes
+        # Timing: everything below is computed twice from registers, for a beat that fires and for
+        # one that does not; fire, the latest of the decisions, selects.
+        fire_ok = Signal()                   # the beat fires if the E stage is free
         m.d.comb += [
-            fire.eq(d_valid & e_free & Mux(d_final, ended, enough | ended)),
+            fire_ok.eq(d_valid & Mux(d_final, ended, enough | ended)),
+            fire.eq(fire_ok & e_free),
             drain.eq(d_valid & d_final & ~ended & enough),
         ]
         done = Signal()
         m.d.comb += done.eq(fire & d_final)
         # Bytes staying in the buffer after this cycle: all but the beat's when it fires, none when
         # it takes all (a truncated frame) or the frame is done (the next frame's first chunk may
-        # enter the emptied buffer in the same cycle).
-        empty = Signal()
-        m.d.comb += empty.eq(done | (fire & ~enough))
-        rem_fire = Signal(range(2 * nb + 1))
-        m.d.comb += rem_fire.eq(fill - d_need)
-        rem = Signal(range(2 * nb + 1))
-        m.d.comb += rem.eq(Mux(empty, 0, Mux(fire, rem_fire, fill)))
-        rem_fits = Mux(empty, 1, Mux(fire, rem_fire <= nb, fill <= nb))
+        # enter the emptied buffer in the same cycle). f_* assume the beat fires, n_* that it does not.
+        f_empty = Signal()
+        m.d.comb += f_empty.eq(d_final | ~enough)
+        rem_fire = slack.as_unsigned()[:len(fill)]  # bytes staying when the beat fires and takes not all
 
         head = Signal(chunk)
         m.d.comb += head.eq(chunks.r_data)
+        # A chunk is taken if it fits (at most nb bytes stay), or is dropped (drain), and belongs to
+        # this frame (or this frame is done).
+        f_take = Signal()
+        n_take = Signal()
+        m.d.comb += [
+            f_take.eq(chunks.r_rdy & (~ended | d_final) & (drain | f_empty | (slack <= nb))),
+            n_take.eq(chunks.r_rdy & ~ended & (drain | (fill <= nb))),
+        ]
         take_chunk = Signal()
         m.d.comb += [
-            take_chunk.eq(chunks.r_rdy & (~ended | done) & (drain | rem_fits)),
+            take_chunk.eq(Mux(fire, f_take, n_take)),
             chunks.r_en.eq(take_chunk),
         ]
-        push = take_chunk & ~drain
+        f_push = f_take & ~drain
+        n_push = n_take & ~drain
 
         # The byte buffer: the beat's bytes leave from the bottom, a chunk enters above the rest
         # (at most nb bytes stay when one enters; the shifts by each candidate run in parallel).
-        kept_bytes = Signal(2 * w)
-        m.d.comb += kept_bytes.eq(Mux(empty, 0, Mux(fire, ubuf >> _bytes(d_need), ubuf)))
-        in_data = Signal(w)
-        m.d.comb += in_data.eq(head.data & _byte_mask(head.count, nb))
-        incoming = Mux(empty, in_data,
-                       Mux(fire, in_data << _bytes(rem_fire[:lb + 1]), in_data << _bytes(fill[:lb + 1])))
-        with m.If(push):
-            m.d.sync += [ubuf.eq(kept_bytes | incoming[:2 * w]), fill.eq(rem + head.count)]
-        with m.Else():
-            m.d.sync += [ubuf.eq(kept_bytes), fill.eq(rem)]
+        # A chunk's bytes above its count are zero (the input stage masks the beat by its keep and
+        # shifts the tag bytes out), so its data enters the buffer as it is.
+        in_data = head.data
+        f_kept = Signal(2 * w)
+        f_in = Signal(2 * w)
+        m.d.comb += [
+            f_kept.eq(Mux(f_empty, 0, ubuf >> _bytes(d_need))),
+            f_in.eq(Mux(f_empty, in_data, in_data << _bytes(rem_fire[:lb + 1]))),
+        ]
+        n_in = (in_data << _bytes(fill[:lb + 1]))[:2 * w]
+        f_buf = Mux(f_push, f_kept | f_in, f_kept)
+        n_buf = Mux(n_push, ubuf | n_in, ubuf)
+        m.d.sync += ubuf.eq(Mux(fire, f_buf, n_buf))
+
+        # fill and slack: every candidate is computed from registers (and the FIFO head, and the
+        # next descriptor's byte count); fire and the pushes only select.
+        count = head.count
+        p_need = p_off[-1]                   # bytes of the descriptor D takes when it is free
+        f_fill = Mux(f_push, Mux(f_empty, count, rem_fire + count), Mux(f_empty, 0, rem_fire))
+        n_fill = Mux(n_push, fill + count, fill)
+        m.d.sync += fill.eq(Mux(fire, f_fill, n_fill))
+
+        def cand(name, value):
+            sig = Signal(range(-2 * nb, 3 * nb + 1), name=f"slack_{name}")
+            m.d.comb += sig.eq(value)
+            return sig
+
+        # D keeps its descriptor if it is valid and the beat does not fire, else takes the next one.
+        f_slack = Mux(f_push,
+                      Mux(f_empty, cand("empty_push", count - p_need), cand("fire_push", slack + count - p_need)),
+                      Mux(f_empty, cand("empty", -p_need), cand("fire", slack - p_need)))
+        n_slack = Mux(n_push, Mux(d_valid, cand("hold_push", slack + count), cand("keep_push", fill + count - p_need)),
+                      Mux(d_valid, slack, cand("keep", fill - p_need)))
+        m.d.sync += slack.eq(Mux(fire, f_slack, n_slack))
 
         # E: extract each lane's code from the window at its offset.
         window = ubuf[:w]
@@ -1015,7 +1079,7 @@ class Decompressor(wiring.Component):
             m.d.sync += e_valid.eq(fire)
         with m.If(fire):
             last_keep = _keep_mask(Cat(Const(0, 2), d_lanes_m1 + 1), nb)
-            frame_err = err_acc | ~enough | (d_final & ((fill > d_need) | d_err))
+            frame_err = err_acc | ~enough | (d_final & ((slack > 0) | d_err))
             m.d.sync += [
                 e_base.eq(141 - d_k),
                 e_keep.eq(Mux(d_final, last_keep, (1 << nb) - 1)),
@@ -1047,7 +1111,18 @@ class Decompressor(wiring.Component):
         # O: decode.
         o_beat = Signal(beat_layout(w))
         o_err = Signal()
-        m.d.comb += [self.o.valid.eq(o_valid), self.o.payload.eq(o_beat), self.error.eq(o_err)]
+        sk_beat = Signal(beat_layout(w))
+        sk_err = Signal()
+        m.d.comb += [
+            self.o.valid.eq(o_valid | sk_valid),
+            self.o.payload.eq(Mux(sk_valid, sk_beat, o_beat)),
+            self.error.eq(Mux(sk_valid, sk_err, o_err)),
+        ]
+        with m.If(sk_valid):
+            with m.If(self.o.ready):
+                m.d.sync += sk_valid.eq(0)
+        with m.Elif(o_valid & ~self.o.ready):
+            m.d.sync += [sk_valid.eq(1), sk_beat.eq(o_beat), sk_err.eq(o_err)]
         values = []
         for lane in range(lanes):
             small = _decode_small(m, e_q[lane], e_sign[lane], e_base, f"lane{lane}")
