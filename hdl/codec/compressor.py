@@ -219,10 +219,21 @@ class BytePacker(wiring.Component):
         chunk = self.i.payload
         incoming = Signal(w)
         m.d.comb += incoming.eq(chunk.data & _byte_mask(chunk.count, nb))
+        # When a chunk is taken, what stays is known from the registers alone (no o.ready in the
+        # shift select; timing, issue 16): the bytes of buf above fill are always zero, so
+        #   flush (then the last beat leaves now):  nothing stays;
+        #   fill >= B (then a beat leaves now):    buf[w:], fill - B = fill[:lb] bytes;
+        #   fill < B (no beat to leave):           buf[:w], fill = fill[:lb] bytes.
+        kept = Signal(range(nb))
+        kept_buf = Signal(w)
+        m.d.comb += [
+            kept.eq(Mux(flush, 0, fill[:lb])),
+            kept_buf.eq(Mux(flush, 0, Mux(fill[lb], buf[w:], buf[:w]))),
+        ]
         with m.If(i_fire):
             m.d.sync += [
-                buf.eq(rem_buf | (incoming << _bytes(rem[:lb]))[:2 * w]),
-                fill.eq(rem + chunk.count),
+                buf.eq(kept_buf | (incoming << _bytes(kept))[:2 * w]),
+                fill.eq(kept + chunk.count),
                 flush.eq(chunk.last),
                 err.eq(chunk.error),
             ]
