@@ -143,9 +143,10 @@ def simulate_allreduce(arrays, args, progress=True):
     links = getattr(args, "links", "model")
     pcap = getattr(args, "pcap", None)
     k = _compress_arg(args)
-    if _codec_arg(args, k) and links == "cmac":
+    codec = _codec_arg(args, k)
+    if codec and links == "cmac":
         raise CliError("--compress/--codec run on link models and 10G Ethernet: they do not combine with --links cmac")
-    config = _node_config(args, codec=_codec_arg(args, k))
+    config = _node_config(args, codec=codec)
     try:
         sim = args.simulator or default_simulator()
         setup = SimSetup(nodes=len(arrays), config=config, link_latency=args.link_latency, simulator=sim,
@@ -328,7 +329,7 @@ def simulate_schedule(arrays, args, progress=True):
     import time
 
     from wirereduce import schedule as sched
-    from wirereduce.config import EngineConfig
+    from wirereduce.config import EngineConfig, flows_room
     from wirereduce.sim.engines.fastengine import FastEngineSim
 
     try:
@@ -338,8 +339,7 @@ def simulate_schedule(arrays, args, progress=True):
     ports = args.ports if args.ports is not None else s.topology.degree
     k = getattr(args, "compress", None)
     try:
-        cfg = EngineConfig(args.width, args.mtu, args.slots, ports=ports, max_flows=max(8, 1 << (len(s.flows) - 1)
-                                                                                      .bit_length()),
+        cfg = EngineConfig(args.width, args.mtu, args.slots, ports=ports, max_flows=flows_room(len(s.flows)),
                            codec=_codec_arg(args, k))
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e

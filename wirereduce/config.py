@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from wirereduce.formats import FORMATS, check_formats
 from wirereduce.protocol import HEADER_BYTES, max_elements
 
-__all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "deep_lanes", "DEEP_LANES_WIDTH", "NodeConfig",
-           "EngineConfig", "PRIORITIES", "MAX_LOOKAHEAD"]
+__all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "deep_lanes", "flows_room", "DEEP_LANES_WIDTH",
+           "NodeConfig", "EngineConfig", "PRIORITIES", "MAX_LOOKAHEAD"]
 
 #: Smallest MTU: the 16-byte header and one fp32 element.
 MTU_MIN = HEADER_BYTES + 4
@@ -82,6 +82,12 @@ def deep_lanes(width: int) -> bool:
         As :func:`check_width`.
     """
     return check_width(width) >= DEEP_LANES_WIDTH
+
+
+def flows_room(flows: int) -> int:
+    """The ``max_flows`` an engine gets for a schedule of ``flows`` flows: the smallest power of two
+    ≥ ``flows``, at least 8 (table entries, :class:`EngineConfig`)."""
+    return max(8, 1 << (flows - 1).bit_length())
 
 
 @dataclass(frozen=True, repr=False)

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from wirereduce import schedule as sched
-from wirereduce.config import EngineConfig
+from wirereduce.config import EngineConfig, flows_room
 from wirereduce.protocol import wire_bytes
 from wirereduce.table import plan
 
@@ -135,7 +135,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
         topo_slots = slots if slots is not None else window_slots(most_flows)
         # Every algorithm of a topology on the same engines (one build; ``vs_ring`` compares equal
         # engines): table room for the schedule with the most flows.
-        topo_flows = max(8, 1 << (most_flows - 1).bit_length())
+        topo_flows = flows_room(most_flows)
         for host in host_gbps:
             mhz, link_rate, host_rate = engine_rates(64, host, link_gbps)
             ring_time: dict[int, int] = {}
@@ -236,7 +236,7 @@ def run_format_bench(topology: str = "ring:4", algorithm: str = "biring", elemen
     for width, link_gbps, host_gbps in widths:
         mhz, link_rate, host_rate = engine_rates(width, host_gbps, link_gbps)
         cfg = EngineConfig(width, 1500 if width == 64 else 9000, slots=16, ports=s.topology.degree,
-                           max_flows=max(8, 1 << (flows - 1).bit_length()))
+                           max_flows=flows_room(flows))
         sim = FastEngineSim(topology, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root)
         fp32_rate = None
         for fmt in formats:
@@ -330,7 +330,7 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
             s = sched.build(topo, alg)
             flows = len(s.flows)
             cfg = EngineConfig(64, 1500, slots=slots, ports=s.topology.degree,
-                               max_flows=max(8, 1 << (flows - 1).bit_length()), formats=("fp32",), codec=True)
+                               max_flows=flows_room(flows), formats=("fp32",), codec=True)
             sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
                                 threads=threads)
             for size in sizes:

@@ -50,6 +50,9 @@ class HostPort:
         self.ignored = 0
         self.frames_in = 0
         self.frames_out = 0
+        #: Frames for the host dropped because it could not take them (:class:`UnixPort`: its queue
+        #: stayed full for :attr:`UnixPort.SEND_WAIT` seconds).
+        self.dropped = 0
 
     def fileno(self) -> int:
         raise NotImplementedError
@@ -140,8 +143,6 @@ class UnixPort(HostPort):
         self.sock.setblocking(False)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.peer = None
-        #: Frames for the rank dropped after its receive queue stayed full for :attr:`SEND_WAIT` seconds.
-        self.dropped = 0
 
     def fileno(self):
         return self.sock.fileno()

@@ -88,7 +88,7 @@ async def serve(dut):
                                "frames_in": [p.frames_in for p in ports],
                                "frames_out": [p.frames_out for p in ports],
                                "ignored": [p.ignored for p in ports], "stomped": stomped,
-                               "dropped": [getattr(p, "dropped", 0) for p in ports]}, f)
+                               "dropped": [p.dropped for p in ports]}, f)
     finally:
         for p in ports:
             p.close()
