@@ -304,13 +304,13 @@ def _node(width, mtu):
     return make
 
 
-def _engine(width, mtu, ports, codec=False):
+def _engine(width, mtu, ports, codec=False, slots=8):
     def make():
         from wirereduce.hdl.core.engine import Engine
 
         from wirereduce.config import EngineConfig
 
-        return Engine(EngineConfig(width, mtu, slots=8, ports=ports, max_flows=64, codec=codec))
+        return Engine(EngineConfig(width, mtu, slots=slots, ports=ports, max_flows=64, codec=codec))
 
     return make
 
@@ -345,6 +345,11 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("engine_p2_64_codec", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2, codec=True),
           "schedule engine with the codec at every port (EngineConfig(codec=True)), P = 2, 64 bit, MTU 1500, "
           "8 slots, 64 flows", default=False),
+    # Not in the default set: the P = 4 engine as the 4x4 torus benchmarks build it (two slots per flow of its
+    # 16-flow schedules, bench-schedules' default window).
+    Block("engine_p4_64_s32", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 4, slots=32),
+          "schedule engine, P = 4 (torus), 64 bit, MTU 1500, 32 slots, 64 flows (the 4x4 torus benchmarks' "
+          "window)", default=False),
 ]}
 
 # --- stat ------------------------------------------------------------------------------------------------------------
