@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from amaranth.hdl import Module
+from amaranth.hdl import Module, Signal
 from wirereduce.sim.bench import resources
 from wirereduce.sim.bench.resources import ResourceError, logic_levels, parse_stat, summarize_cells
 
@@ -209,6 +209,53 @@ def test_real_yosys_counter(tmp_path, backend):
     assert rec["capacity"]["lut"] == 433_200 and rec["part"].startswith("xc7vx690t")
     assert (rec["clock_mhz"], rec["budget_levels"]) == (156.25, 9)
     assert rec["within_budget"] is (rec["levels"] <= 9)
+
+
+def test_prepare_without_fsm_detection_is_the_same_netlist(tmp_path):
+    """synth_script's spelt-out prepare step (fsm -nodetect) against synth_xilinx as it is, on a block with an
+    Amaranth FSM and a memory: the same cells, type for type, and the same logic levels."""
+    from amaranth.back import rtlil
+    from amaranth.lib import wiring
+    from amaranth.lib.memory import Memory
+    from amaranth.lib.wiring import In, Out
+
+    if not resources.yosys_available():
+        pytest.skip("no yosys installed (pip install pyosys)")
+
+    class Walker(wiring.Component):
+        def __init__(self):
+            super().__init__({"go": In(1), "sel": In(4), "out": Out(8)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.mem = mem = Memory(shape=8, depth=16, init=range(16))
+            rd = mem.read_port()
+            count = Signal(4)
+            with m.FSM():
+                with m.State("IDLE"):
+                    with m.If(self.go):
+                        m.next = "RUN"
+                with m.State("RUN"):
+                    m.d.sync += count.eq(count + 1)
+                    with m.If(count == 15):
+                        m.next = "DONE"
+                with m.State("DONE"):
+                    m.next = "IDLE"
+            m.d.comb += rd.addr.eq(count ^ self.sel)
+            m.d.sync += self.out.eq(rd.data + count)
+            return m
+
+    results = []
+    for detect in (True, False):
+        work = tmp_path / f"detect{int(detect)}"
+        work.mkdir()
+        (work / "walker.il").write_text(rtlil.convert(Walker(), name="walker", emit_src=False))
+        resources.run_yosys(resources.synth_script("walker", "xc7", fsm_detect=detect), work)
+        stat = json.loads((work / "stat.json").read_text())
+        levels = logic_levels(json.loads((work / "netlist.json").read_text()), "walker")["levels"]
+        results.append((stat["design"]["num_cells_by_type"], levels))
+    assert results[0] == results[1]
+    assert "fsm -nodetect" in resources.synth_script("walker", "xc7")
 
 
 def test_yosys_backend_choice(monkeypatch):

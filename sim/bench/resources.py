@@ -6,7 +6,8 @@ synthesised out of context by Yosys from PyPI (``pyosys``, native, or ``yowasp-y
 
     synth_xilinx -family <xc7|xcup> -flatten -noiopad -noclkbuf -top <block>
 
-``-noiopad -noclkbuf``: a block is not a chip top, so no IBUF/OBUF/BUFG are inserted and the
+(its ``prepare`` step spelt out without FSM detection, :data:`PREPARE`: the same netlist, hours sooner on the
+largest engine). ``-noiopad -noclkbuf``: a block is not a chip top, so no IBUF/OBUF/BUFG are inserted and the
 figures are the block's own logic. The cell counts come from ``stat -json`` and are summed as:
 
 ``lut``
@@ -698,11 +699,28 @@ def run_yosys(script: str, cwd: Path, timeout: float | None = None, backend: str
     return chosen
 
 
-def synth_script(top: str, family: str) -> str:
-    """The Yosys script for one block (RTLIL in ``<top>.il``; writes stat.json and netlist.json)."""
+#: ``synth_xilinx``'s ``prepare`` commands (Yosys 0.70, ``help synth_xilinx``, for the options used here: no
+#: ``-widemux``, no ``-nosrl``), run by :func:`synth_script` between ``-run :prepare`` and ``-run map_dsp:`` with one
+#: change: ``fsm -nodetect`` for ``fsm``. ``fsm_detect`` never marks a register that has an initialisation value,
+#: and Amaranth gives every register one, so on these blocks it finds nothing (the netlists are the same, cell for
+#: cell: ``tests/test_resources.py``), but it looks at every register's users, which took hours on
+#: ``engine_p2_512`` (about one register every few seconds, 700 of them in 13 minutes).
+PREPARE = ("proc", "check", "flatten", "tribuf -logic", "deminout", "opt_expr", "check", "opt_clean",
+           "opt -nodffe -nosdff", "fsm -nodetect", "opt", "wreduce", "peepopt", "opt_clean", "pmux2shiftx", "clean",
+           "sort")
+
+
+def synth_script(top: str, family: str, fsm_detect: bool = False) -> str:
+    """The Yosys script for one block (RTLIL in ``<top>.il``; writes stat.json and netlist.json).
+
+    ``synth_xilinx -family <family> -flatten -noiopad -noclkbuf -top <top>``, with its ``prepare`` step spelt out as
+    :data:`PREPARE` (no FSM detection) unless ``fsm_detect``.
+    """
+    synth = f"synth_xilinx -family {family} -flatten -noiopad -noclkbuf -top {top}"
+    steps = [synth] if fsm_detect else [f"{synth} -run :prepare", *PREPARE, f"{synth} -run map_dsp:"]
     return "\n".join([
         f"read_rtlil {top}.il",
-        f"synth_xilinx -family {family} -flatten -noiopad -noclkbuf -top {top}",
+        *steps,
         "tee -q -o stat.json stat -json",
         "write_json netlist.json",
         "",
