@@ -160,8 +160,8 @@ class BytePacker(wiring.Component):
     i : In(stream.Signature(chunk_layout(width)))
         Chunks. ``count`` bytes of ``data`` are used (bytes above them are ignored).
     o : Out(FrameStream(width))
-        Packed beats. ``valid`` is registered (depends on the buffer fill only); ``i.ready``
-        depends combinationally on ``o.ready``.
+        Packed beats. ``valid`` is registered (depends on the buffer fill only); ``i.ready`` is one
+        of two registered flags, selected by ``o.ready``.
     error : Out(1)
         The ``error`` bit of the frame's ``last`` chunk, valid with ``o.payload.last``.
 
@@ -194,14 +194,23 @@ class BytePacker(wiring.Component):
 
         have_beat = fill >= nb
         o_last = flush & (fill <= nb)
+        # A chunk fits if at most B bytes stay after this cycle's beat leaves: with flush only once
+        # the frame's last beat leaves, else when no beat waits or it leaves. That is one of two
+        # registered flags, chosen by o.ready alone (timing, issue 16: the readiness of what feeds the
+        # packer hangs off two registers and the output's ready, not off fill):
+        #   rdy_o = ~flush | fill <= B   (ready if the output takes a beat this cycle)
+        #   rdy_n = ~flush & fill < B    (ready if it does not)
+        # Their next values are computed for every way fill and flush can change, from registers and
+        # the chunk's count; the fires only select (below).
+        rdy_o = Signal(init=1)
+        rdy_n = Signal(init=1)
         m.d.comb += [
             self.o.valid.eq(have_beat | flush),
             self.o.payload.data.eq(buf[:w]),
             self.o.payload.keep.eq(Mux(have_beat, (1 << nb) - 1, _keep_mask(fill, nb))),
             self.o.payload.last.eq(o_last),
             self.error.eq(err),
-            # A chunk fits if at most B bytes stay after this cycle's beat leaves.
-            self.i.ready.eq(Mux(flush, o_last & self.o.ready, ~have_beat | self.o.ready)),
+            self.i.ready.eq(Mux(self.o.ready, rdy_o, rdy_n)),
         ]
         o_fire = self.o.valid & self.o.ready
         i_fire = self.i.valid & self.i.ready
@@ -230,17 +239,27 @@ class BytePacker(wiring.Component):
             kept.eq(Mux(flush, 0, fill[:lb])),
             kept_buf.eq(Mux(flush, 0, Mux(fill[lb], buf[w:], buf[:w]))),
         ]
+        # The flags for the fill after a chunk enters (kept + count bytes, flush = its last).
+        in_fill = Signal(range(2 * nb))
+        m.d.comb += in_fill.eq(kept + chunk.count)
         with m.If(i_fire):
             m.d.sync += [
                 buf.eq(kept_buf | (incoming << _bytes(kept))[:2 * w]),
-                fill.eq(kept + chunk.count),
+                fill.eq(in_fill),
                 flush.eq(chunk.last),
                 err.eq(chunk.error),
+                rdy_o.eq(~chunk.last | (in_fill <= nb)),
+                rdy_n.eq(~chunk.last & (in_fill < nb)),
             ]
         with m.Else():
             m.d.sync += [buf.eq(rem_buf), fill.eq(rem)]
             with m.If(o_fire & o_last):
-                m.d.sync += flush.eq(0)
+                # Empty, no frame waiting to end.
+                m.d.sync += [flush.eq(0), rdy_o.eq(1), rdy_n.eq(1)]
+            with m.Elif(o_fire):
+                # A full beat left: fill - B < B bytes stay, so ready either way unless the frame is
+                # still to end (flush), when only its last beat leaving makes room.
+                m.d.sync += [rdy_o.eq(1), rdy_n.eq(~flush)]
         return m
 
 
@@ -606,19 +625,33 @@ class Compressor(wiring.Component):
         r1_count = Signal(range(nb + 1))
         r1_last = Signal()
         r1_err = Signal()
+        r1 = Signal(chunk_layout(w))
+        m.d.comb += [
+            r1.data.eq(Mux(r1_tags, tag_rd.data, code_rd.data)),
+            r1.count.eq(r1_count), r1.last.eq(r1_last), r1.error.eq(r1_err),
+        ]
+        # The row read (r1, the buffers' read registers) has a skid register behind it (sk: a row
+        # the output packer did not take while the next one was read), so the reader advances
+        # whenever the skid is empty: registers, not the packer's ready (which follows the output's
+        # ready), decide the reads, the row index and the banks' flags (timing, issue 16). The
+        # packer takes the skid's row first; with its ready held high the skid is never used.
+        sk_valid = Signal()
+        sk = Signal(chunk_layout(w))
         advance = Signal()
         m.d.comb += [
-            advance.eq(~r1_valid | pack_out.i.ready),
+            advance.eq(~r1_valid | ~sk_valid),
             tag_rd.addr.eq(_bank_base(rd_bank, tag_rows, nbanks) + rd_idx),
             code_rd.addr.eq(_bank_base(rd_bank, code_rows, nbanks) + rd_idx),
             tag_rd.en.eq(advance),
             code_rd.en.eq(advance),
-            pack_out.i.valid.eq(r1_valid),
-            pack_out.i.payload.data.eq(Mux(r1_tags, tag_rd.data, code_rd.data)),
-            pack_out.i.payload.count.eq(r1_count),
-            pack_out.i.payload.last.eq(r1_last),
-            pack_out.i.payload.error.eq(r1_err),
+            pack_out.i.valid.eq(r1_valid | sk_valid),
+            pack_out.i.payload.eq(Mux(sk_valid, sk, r1)),
         ]
+        with m.If(sk_valid):
+            with m.If(pack_out.i.ready):
+                m.d.sync += sk_valid.eq(0)
+        with m.Elif(r1_valid & ~pack_out.i.ready):
+            m.d.sync += [sk_valid.eq(1), sk.eq(r1)]
         active = full.bit_select(rd_bank, 1)
         finish = Signal()
         with m.If(advance):
@@ -889,9 +922,25 @@ class Decompressor(wiring.Component):
             with m.Else():
                 m.d.sync += index.eq(Mux(index == tag_rows, index, index + 1))
 
-        # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero.
+        # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero. Checked a
+        # cycle late (timing, issue 16: the mask and the 64-bit OR stay out of the banks' error flags):
+        # the OR of each byte of the masked unit is registered with the beat's going (pad_go) and its
+        # bank, and ORed into the bank's error flag the cycle after, when the generator, which may
+        # read the flag in that cycle (the bank became full with this beat), takes it from the
+        # registers too (p1_err below).
         last_unit = a_data[:64] if units == 1 else a_data.word_select(a_unit, 64)
-        pad_err = a_tag_end & (last_unit & pad_mask(a_n5)).any()
+        masked = Signal(64)
+        m.d.comb += masked.eq(last_unit & pad_mask(a_n5))
+        pad_part = Signal(8)
+        pad_go = Signal()
+        pad_bank = Signal()
+        pad_now = Signal()
+        m.d.sync += [
+            pad_part.eq(Cat(*(masked[8 * j:8 * j + 8].any() for j in range(8)))),
+            pad_go.eq(a_go & a_tag_end),
+            pad_bank.eq(a_bank),
+        ]
+        m.d.comb += pad_now.eq(pad_go & pad_part.any())
         # The payload ends before its tag block does.
         tags_cut = a_last & a_in_tags & (~a_tag_end | (a_kept < a_tail))
 
@@ -906,9 +955,11 @@ class Decompressor(wiring.Component):
             tag_wr.data.eq(a_data),
             tag_wr.en.eq(a_go & a_in_tags),
         ]
+        err_now = a_nbad | tags_cut
+        for b in range(2):
+            hit = a_go & (a_bank == b)
+            m.d.sync += b_err[b].eq(Mux(hit & a_first, 0, b_err[b]) | (hit & err_now) | (pad_now & (pad_bank == b)))
         with m.If(a_go):
-            err_now = a_nbad | pad_err | tags_cut
-            m.d.sync += b_err[a_bank].eq(Mux(a_first, 0, b_err[a_bank]) | err_now)
             with m.If(a_first):
                 m.d.sync += [b_n[a_bank].eq(a_n), b_k[a_bank].eq(a_k)]
             with m.If(a_in_tags & (a_tag_end | a_last)):
@@ -957,8 +1008,9 @@ class Decompressor(wiring.Component):
             m.d.sync += [
                 p1_valid.eq(g_issue), p1_final.eq(g_final), p1_rowok.eq((g_j >> 4) < b_rows[g_bank]),
                 p1_slot.eq(g_j[:4]), p1_lanes_m1.eq((g_n - 1)[:ll]),
-                # The bank's k, and its input-side errors (all known once its tags are stored).
-                p1_k.eq(b_k[g_bank]), p1_err.eq(b_err[g_bank]),
+                # The bank's k, and its input-side errors (all known once its tags are stored, the
+                # padding check's a cycle later: taken from its registers in that cycle).
+                p1_k.eq(b_k[g_bank]), p1_err.eq(b_err[g_bank] | (pad_now & (pad_bank == g_bank))),
             ]
         with m.If(g_issue):
             with m.If(g_final):

@@ -274,9 +274,16 @@ class _CodecStage(wiring.Component):
         ]
         # ``bad`` of each transformed frame (on its last beat, docs/protocol.md): the transform
         # path has no ``bad``, so it goes round it, one entry per frame, to the frame's last
-        # output beat (``_t_end`` / ``_t_bad`` also for a transform that needs it).
-        self._t_end = g.valid & g.ready & route & g.payload.last
-        self._t_bad = g.payload.bad
+        # output beat (``_t_end`` / ``_t_bad`` also for a transform that needs it). The entry is
+        # written a cycle after the frame's last beat enters the transform (registered: timing,
+        # issue 16, the gate's state and the transform's ready stay out of the FIFO's level update);
+        # it is read only once the frame has come out of the transform (a compressor or
+        # decompressor: several cycles at least), and ``CodecIn`` waits for it anyway.
+        t_end = Signal()
+        t_bad = Signal()
+        m.d.sync += [t_end.eq(g.valid & g.ready & route & g.payload.last), t_bad.eq(g.payload.bad)]
+        self._t_end = t_end
+        self._t_bad = t_bad
         m.submodules.tbad = tbad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
         m.d.comb += [tbad.w_en.eq(self._t_end), tbad.w_data.eq(self._t_bad)]
         out = stream.Signature(hdr_beat_layout(w)).create()
