@@ -301,20 +301,27 @@ def _code_length(tag):
     return Mux(tag == 3, 4, tag)
 
 
-def _decode_small(m: Module, q, sign, base, name: str):
-    """fp32 bits of ``(-1)**sign * q * 2**-k`` for a 15-bit ``q`` (exact; ``q = 0`` gives ±0);
-    ``base`` is ``141 - k``."""
-    lz = Signal(range(16), name=f"{name}_lz")
+def _leading_zeros15(q):
+    """Leading zeros of a 15-bit ``q`` (15 for ``q = 0``)."""
     # Highest set bit wins: scan upwards so later (higher) bits override.
     lz_expr = Const(15, 4)
     for p in range(15):
         lz_expr = Mux(q[p], 14 - p, lz_expr)
-    m.d.comb += lz.eq(lz_expr)
+    return lz_expr
+
+
+def _decode_small(m: Module, q, sign, base, name: str, lz=None):
+    """fp32 bits of ``(-1)**sign * q * 2**-k`` for a 15-bit ``q`` (exact; ``q = 0`` gives ±0);
+    ``base`` is ``141 - k``; ``lz``: ``q``'s leading zeros if known (a register a stage ahead)."""
+    if lz is None:
+        lz = Signal(range(16), name=f"{name}_lz")
+        m.d.comb += lz.eq(_leading_zeros15(q))
     norm = Signal(15, name=f"{name}_norm")
     m.d.comb += norm.eq(q << lz)
     exp = (base - lz)[:8]
     out = Signal(32, name=f"{name}_val")
-    m.d.comb += out.eq(Mux(q == 0, Cat(Const(0, 31), sign), Cat(Const(0, 9), norm[:14], exp, sign)))
+    # q = 0 exactly when all 15 bits are leading zeros.
+    m.d.comb += out.eq(Mux(lz == 15, Cat(Const(0, 31), sign), Cat(Const(0, 9), norm[:14], exp, sign)))
     return out
 
 
@@ -883,7 +890,16 @@ class Decompressor(wiring.Component):
             tag_end_n.eq(Mux(first, first_ends, index == f_tb_m1)),
             tail_n.eq(Mux(first, p_tail, f_tail)),
         ]
-        code_count_n = Mux(tag_end_n, Mux(kept > tail_n, kept - tail_n, 0), Mux(in_tags_n, 0, kept))
+        # The first beat's and a later beat's counts apart, the first beat selecting (timing, issue 16:
+        # at 64 bit a first beat has no code bytes, its tag-block tail being the whole beat, so the
+        # count and needs_push do not wait for n from the header; the same values as
+        # Mux(tag_end_n, Mux(kept > tail_n, kept - tail_n, 0), Mux(in_tags_n, 0, kept))).
+        if units == 1:
+            cc_first = Const(0)              # the tag block is whole 8-byte units, the beat one
+        else:
+            cc_first = Mux(first_ends, Mux(kept > p_tail, kept - p_tail, 0), 0)
+        cc_later = Mux(index == f_tb_m1, Mux(kept > f_tail, kept - f_tail, 0), Mux(index <= f_tb_m1, 0, kept))
+        code_count_n = Mux(first, cc_first, cc_later)
         code_count = Signal(range(nb + 1))   # code bytes of the registered beat
         needs_push = Signal()                # it goes to the chunk FIFO: it has code bytes or ends the frame
         tag_bytes = Mux(a_tag_end, a_tail, Mux(a_in_tags, nb, 0))
@@ -1133,6 +1149,9 @@ class Decompressor(wiring.Component):
         e_raw = Signal(lanes)                # tag 3: the code is the value
         e_code = [Signal(32, name=f"lane{lane}_code") for lane in range(lanes)]
         e_q = [Signal(15, name=f"lane{lane}_q") for lane in range(lanes)]
+        # q's leading zeros, counted as q is registered (timing, issue 16: the count is off the
+        # decode stage, which then only shifts, subtracts and selects).
+        e_lz = [Signal(range(16), name=f"lane{lane}_lz") for lane in range(lanes)]
         e_sign = Signal(lanes)
         e_base = Signal(8)                   # 141 - k: exponent field of q * 2**-k before normalisation
         e_keep = Signal(nb)
@@ -1155,9 +1174,12 @@ class Decompressor(wiring.Component):
                 c = Signal(32, name=f"lane{lane}_window")
                 m.d.comb += c.eq(window >> _bytes(d_off[lane]))
                 one = t == 1
+                q = Signal(15, name=f"lane{lane}_q_in")
+                m.d.comb += q.eq(Mux(one, c[:7], c[:15]))
                 m.d.sync += [
                     e_code[lane].eq(c),
-                    e_q[lane].eq(Mux(one, c[:7], c[:15])),
+                    e_q[lane].eq(q),
+                    e_lz[lane].eq(_leading_zeros15(q)),
                     e_sign[lane].eq(Mux(one, c[7], c[15])),
                     e_zero[lane].eq((t == 0) | (d_off[lane + 1] > fill)),
                     e_raw[lane].eq(t == 3),
@@ -1188,7 +1210,7 @@ class Decompressor(wiring.Component):
             m.d.sync += [sk_valid.eq(1), sk_beat.eq(o_beat), sk_err.eq(o_err)]
         values = []
         for lane in range(lanes):
-            small = _decode_small(m, e_q[lane], e_sign[lane], e_base, f"lane{lane}")
+            small = _decode_small(m, e_q[lane], e_sign[lane], e_base, f"lane{lane}", lz=e_lz[lane])
             values.append(Mux(e_zero[lane], 0, Mux(e_raw[lane], e_code[lane], small)))
         with m.If(o_adv):
             m.d.sync += [

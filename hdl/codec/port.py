@@ -244,8 +244,15 @@ class _CodecStage(wiring.Component):
         m.d.comb += gate.accept.eq(seen & routes.w_rdy)
         route = Signal()
         route_reg = Signal()
-        m.d.comb += route.eq(Mux(g.payload.first, decision, route_reg))
-        with m.If(g.valid & g.ready & g.payload.first):
+        # The gate only passes frames here (no drop, no length check: START and PASS alone), so its
+        # output's first beat is the one after a last beat: a register of our own, not a decode of
+        # the gate's state, in front of the route and the gate's ready (timing, issue 16).
+        g_mid = Signal()
+        g_first = ~g_mid
+        with m.If(g.valid & g.ready):
+            m.d.sync += g_mid.eq(~g.payload.last)
+        m.d.comb += route.eq(Mux(g_first, decision, route_reg))
+        with m.If(g.valid & g.ready & g_first):
             m.d.sync += route_reg.eq(decision)
             m.d.comb += [routes.w_en.eq(1), routes.w_data.eq(decision)]
 
