@@ -154,11 +154,15 @@ class BytePacker(wiring.Component):
     ----------
     width : int
         Beat width in bits (a power of two, 64 … 1024).
+    clean : bool
+        The bytes of every chunk above its ``count`` are zero (the chunk is not masked: timing).
+        Default ``False``: they are ignored.
 
     Attributes
     ----------
     i : In(stream.Signature(chunk_layout(width)))
-        Chunks. ``count`` bytes of ``data`` are used (bytes above them are ignored).
+        Chunks. ``count`` bytes of ``data`` are used (bytes above them are ignored, or zero with
+        ``clean``).
     o : Out(FrameStream(width))
         Packed beats. ``valid`` is registered (depends on the buffer fill only); ``i.ready`` is one
         of two registered flags, selected by ``o.ready``.
@@ -171,10 +175,11 @@ class BytePacker(wiring.Component):
         If ``width`` is not a valid datapath width (see :func:`~wirereduce.hdl.stream.frame.check_width`).
     """
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, clean: bool = False):
         with rejecting(self):
             check_width(width)
         self.width = width
+        self.clean = bool(clean)
         super().__init__({
             "i": In(stream.Signature(chunk_layout(width))),
             "o": Out(FrameStream(width)),
@@ -227,7 +232,7 @@ class BytePacker(wiring.Component):
 
         chunk = self.i.payload
         incoming = Signal(w)
-        m.d.comb += incoming.eq(chunk.data & _byte_mask(chunk.count, nb))
+        m.d.comb += incoming.eq(chunk.data if self.clean else chunk.data & _byte_mask(chunk.count, nb))
         # When a chunk is taken, what stays is known from the registers alone (no o.ready in the
         # shift select; timing, issue 16): the bytes of buf above fill are always zero, so
         #   flush (then the last beat leaves now):  nothing stays;
@@ -429,8 +434,11 @@ class Compressor(wiring.Component):
         tag_rows = _cdiv(max_beats, 16)  # per bank; a row holds the tags of 16 input beats
         code_rows = max_beats            # per bank; 4 bytes per value at most
 
-        m.submodules.pack_codes = pack_in = BytePacker(w)
-        m.submodules.pack_out = pack_out = BytePacker(w)
+        # Both packers take clean chunks (timing: no mask in front of the buffer): a compacted beat's
+        # codes have no bytes above their lengths, and a stored row none above its count (a tag row
+        # is zero above the frame's tags, a code row is a packed beat, zero above its keep).
+        m.submodules.pack_codes = pack_in = BytePacker(w, clean=True)
+        m.submodules.pack_out = pack_out = BytePacker(w, clean=True)
         m.submodules.tag_mem = tag_mem = memory.Memory(shape=w, depth=nbanks * tag_rows, init=[])
         m.submodules.code_mem = code_mem = memory.Memory(shape=w, depth=nbanks * code_rows, init=[])
         tag_wr, code_wr = tag_mem.write_port(), code_mem.write_port()
@@ -911,9 +919,11 @@ class Decompressor(wiring.Component):
 
         with m.If(a_go):
             m.d.sync += a_valid.eq(0)
-        with m.If(i_fire):
+        # The stage's registers load whenever it can take a beat, whether one comes or not (timing,
+        # issue 16: the input's valid, which follows the codec stage's gate, only sets a_valid and
+        # the frame's bookkeeping below); nothing reads them while a_valid is low.
+        with m.If(self.i.ready):
             m.d.sync += [
-                a_valid.eq(1),
                 a_data.eq(beat.data & _byte_mask(kept, nb)),
                 a_kept.eq(kept),
                 a_last.eq(beat.last),
@@ -931,6 +941,8 @@ class Decompressor(wiring.Component):
                 a_unit.eq(Mux(first, p_unit, f_unit)),
                 a_n5.eq(Mux(first, n_port[:5], f_n5)),
             ]
+        with m.If(i_fire):
+            m.d.sync += a_valid.eq(1)
             with m.If(first):
                 m.d.sync += [f_tb_m1.eq(p_tb_m1), f_tail.eq(p_tail), f_unit.eq(p_unit), f_n5.eq(n_port[:5])]
             with m.If(beat.last):

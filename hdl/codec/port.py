@@ -221,7 +221,8 @@ class _CodecStage(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         w = self._width
-        m.submodules.gate = gate = FrameGate(w, self._max_beats)
+        # No placeholders: this gate never drops a frame (timing: no INJECT state in front of its output).
+        m.submodules.gate = gate = FrameGate(w, self._max_beats, placeholders=False)
         wiring.connect(m, wiring.flipped(self.i), gate.i)
         index_bits = len(gate.o.payload.index)
 
