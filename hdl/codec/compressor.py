@@ -370,7 +370,9 @@ class Compressor(wiring.Component):
       limited by the two buffers covering the latency: about 2.3 cycles per one-beat frame, 4.1
       per three-beat frame at 512 bit.
     * **Size**: ``banks`` tag rows of ``width`` bits per 16 input beats and ``banks`` code rows per
-      input beat of ``max_elements`` values (``banks`` frames), plus two :class:`BytePacker`.
+      input beat of ``max_elements`` values (``banks`` frames), plus two :class:`BytePacker` and a skid
+      register of one row behind the row read (the reader advances on registers, not on the output's
+      ready).
 
     Malformed input is consumed to its ``last`` beat and flagged with ``error``: a frame of more
     than ``max_elements`` values keeps its first ``max_elements`` values (later ones are dropped)
