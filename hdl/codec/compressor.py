@@ -154,14 +154,18 @@ class BytePacker(wiring.Component):
     ----------
     width : int
         Beat width in bits (a power of two, 64 … 1024).
+    clean : bool
+        The bytes of every chunk above its ``count`` are zero (the chunk is not masked: timing).
+        Default ``False``: they are ignored.
 
     Attributes
     ----------
     i : In(stream.Signature(chunk_layout(width)))
-        Chunks. ``count`` bytes of ``data`` are used (bytes above them are ignored).
+        Chunks. ``count`` bytes of ``data`` are used (bytes above them are ignored, or zero with
+        ``clean``).
     o : Out(FrameStream(width))
-        Packed beats. ``valid`` is registered (depends on the buffer fill only); ``i.ready``
-        depends combinationally on ``o.ready``.
+        Packed beats. ``valid`` is registered (depends on the buffer fill only); ``i.ready`` is one
+        of two registered flags, selected by ``o.ready``.
     error : Out(1)
         The ``error`` bit of the frame's ``last`` chunk, valid with ``o.payload.last``.
 
@@ -171,10 +175,11 @@ class BytePacker(wiring.Component):
         If ``width`` is not a valid datapath width (see :func:`~wirereduce.hdl.stream.frame.check_width`).
     """
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, clean: bool = False):
         with rejecting(self):
             check_width(width)
         self.width = width
+        self.clean = bool(clean)
         super().__init__({
             "i": In(stream.Signature(chunk_layout(width))),
             "o": Out(FrameStream(width)),
@@ -194,14 +199,23 @@ class BytePacker(wiring.Component):
 
         have_beat = fill >= nb
         o_last = flush & (fill <= nb)
+        # A chunk fits if at most B bytes stay after this cycle's beat leaves: with flush only once
+        # the frame's last beat leaves, else when no beat waits or it leaves. That is one of two
+        # registered flags, chosen by o.ready alone (timing, issue 16: the readiness of what feeds the
+        # packer hangs off two registers and the output's ready, not off fill):
+        #   rdy_o = ~flush | fill <= B   (ready if the output takes a beat this cycle)
+        #   rdy_n = ~flush & fill < B    (ready if it does not)
+        # Their next values are computed for every way fill and flush can change, from registers and
+        # the chunk's count; the fires only select (below).
+        rdy_o = Signal(init=1)
+        rdy_n = Signal(init=1)
         m.d.comb += [
             self.o.valid.eq(have_beat | flush),
             self.o.payload.data.eq(buf[:w]),
             self.o.payload.keep.eq(Mux(have_beat, (1 << nb) - 1, _keep_mask(fill, nb))),
             self.o.payload.last.eq(o_last),
             self.error.eq(err),
-            # A chunk fits if at most B bytes stay after this cycle's beat leaves.
-            self.i.ready.eq(Mux(flush, o_last & self.o.ready, ~have_beat | self.o.ready)),
+            self.i.ready.eq(Mux(self.o.ready, rdy_o, rdy_n)),
         ]
         o_fire = self.o.valid & self.o.ready
         i_fire = self.i.valid & self.i.ready
@@ -218,7 +232,7 @@ class BytePacker(wiring.Component):
 
         chunk = self.i.payload
         incoming = Signal(w)
-        m.d.comb += incoming.eq(chunk.data & _byte_mask(chunk.count, nb))
+        m.d.comb += incoming.eq(chunk.data if self.clean else chunk.data & _byte_mask(chunk.count, nb))
         # When a chunk is taken, what stays is known from the registers alone (no o.ready in the
         # shift select; timing, issue 16): the bytes of buf above fill are always zero, so
         #   flush (then the last beat leaves now):  nothing stays;
@@ -230,17 +244,27 @@ class BytePacker(wiring.Component):
             kept.eq(Mux(flush, 0, fill[:lb])),
             kept_buf.eq(Mux(flush, 0, Mux(fill[lb], buf[w:], buf[:w]))),
         ]
+        # The flags for the fill after a chunk enters (kept + count bytes, flush = its last).
+        in_fill = Signal(range(2 * nb))
+        m.d.comb += in_fill.eq(kept + chunk.count)
         with m.If(i_fire):
             m.d.sync += [
                 buf.eq(kept_buf | (incoming << _bytes(kept))[:2 * w]),
-                fill.eq(kept + chunk.count),
+                fill.eq(in_fill),
                 flush.eq(chunk.last),
                 err.eq(chunk.error),
+                rdy_o.eq(~chunk.last | (in_fill <= nb)),
+                rdy_n.eq(~chunk.last & (in_fill < nb)),
             ]
         with m.Else():
             m.d.sync += [buf.eq(rem_buf), fill.eq(rem)]
             with m.If(o_fire & o_last):
-                m.d.sync += flush.eq(0)
+                # Empty, no frame waiting to end.
+                m.d.sync += [flush.eq(0), rdy_o.eq(1), rdy_n.eq(1)]
+            with m.Elif(o_fire):
+                # A full beat left: fill - B < B bytes stay, so ready either way unless the frame is
+                # still to end (flush), when only its last beat leaving makes room.
+                m.d.sync += [rdy_o.eq(1), rdy_n.eq(~flush)]
         return m
 
 
@@ -282,20 +306,27 @@ def _code_length(tag):
     return Mux(tag == 3, 4, tag)
 
 
-def _decode_small(m: Module, q, sign, base, name: str):
-    """fp32 bits of ``(-1)**sign * q * 2**-k`` for a 15-bit ``q`` (exact; ``q = 0`` gives ±0);
-    ``base`` is ``141 - k``."""
-    lz = Signal(range(16), name=f"{name}_lz")
+def _leading_zeros15(q):
+    """Leading zeros of a 15-bit ``q`` (15 for ``q = 0``)."""
     # Highest set bit wins: scan upwards so later (higher) bits override.
     lz_expr = Const(15, 4)
     for p in range(15):
         lz_expr = Mux(q[p], 14 - p, lz_expr)
-    m.d.comb += lz.eq(lz_expr)
+    return lz_expr
+
+
+def _decode_small(m: Module, q, sign, base, name: str, lz=None):
+    """fp32 bits of ``(-1)**sign * q * 2**-k`` for a 15-bit ``q`` (exact; ``q = 0`` gives ±0);
+    ``base`` is ``141 - k``; ``lz``: ``q``'s leading zeros if known (a register a stage ahead)."""
+    if lz is None:
+        lz = Signal(range(16), name=f"{name}_lz")
+        m.d.comb += lz.eq(_leading_zeros15(q))
     norm = Signal(15, name=f"{name}_norm")
     m.d.comb += norm.eq(q << lz)
     exp = (base - lz)[:8]
     out = Signal(32, name=f"{name}_val")
-    m.d.comb += out.eq(Mux(q == 0, Cat(Const(0, 31), sign), Cat(Const(0, 9), norm[:14], exp, sign)))
+    # q = 0 exactly when all 15 bits are leading zeros.
+    m.d.comb += out.eq(Mux(lz == 15, Cat(Const(0, 31), sign), Cat(Const(0, 9), norm[:14], exp, sign)))
     return out
 
 
@@ -339,7 +370,9 @@ class Compressor(wiring.Component):
       limited by the two buffers covering the latency: about 2.3 cycles per one-beat frame, 4.1
       per three-beat frame at 512 bit.
     * **Size**: ``banks`` tag rows of ``width`` bits per 16 input beats and ``banks`` code rows per
-      input beat of ``max_elements`` values (``banks`` frames), plus two :class:`BytePacker`.
+      input beat of ``max_elements`` values (``banks`` frames), plus two :class:`BytePacker` and a skid
+      register of one row behind the row read (the reader advances on registers, not on the output's
+      ready).
 
     Malformed input is consumed to its ``last`` beat and flagged with ``error``: a frame of more
     than ``max_elements`` values keeps its first ``max_elements`` values (later ones are dropped)
@@ -403,8 +436,11 @@ class Compressor(wiring.Component):
         tag_rows = _cdiv(max_beats, 16)  # per bank; a row holds the tags of 16 input beats
         code_rows = max_beats            # per bank; 4 bytes per value at most
 
-        m.submodules.pack_codes = pack_in = BytePacker(w)
-        m.submodules.pack_out = pack_out = BytePacker(w)
+        # Both packers take clean chunks (timing: no mask in front of the buffer): a compacted beat's
+        # codes have no bytes above their lengths, and a stored row none above its count (a tag row
+        # is zero above the frame's tags, a code row is a packed beat, zero above its keep).
+        m.submodules.pack_codes = pack_in = BytePacker(w, clean=True)
+        m.submodules.pack_out = pack_out = BytePacker(w, clean=True)
         m.submodules.tag_mem = tag_mem = memory.Memory(shape=w, depth=nbanks * tag_rows, init=[])
         m.submodules.code_mem = code_mem = memory.Memory(shape=w, depth=nbanks * code_rows, init=[])
         tag_wr, code_wr = tag_mem.write_port(), code_mem.write_port()
@@ -606,19 +642,33 @@ class Compressor(wiring.Component):
         r1_count = Signal(range(nb + 1))
         r1_last = Signal()
         r1_err = Signal()
+        r1 = Signal(chunk_layout(w))
+        m.d.comb += [
+            r1.data.eq(Mux(r1_tags, tag_rd.data, code_rd.data)),
+            r1.count.eq(r1_count), r1.last.eq(r1_last), r1.error.eq(r1_err),
+        ]
+        # The row read (r1, the buffers' read registers) has a skid register behind it (sk: a row
+        # the output packer did not take while the next one was read), so the reader advances
+        # whenever the skid is empty: registers, not the packer's ready (which follows the output's
+        # ready), decide the reads, the row index and the banks' flags (timing, issue 16). The
+        # packer takes the skid's row first; with its ready held high the skid is never used.
+        sk_valid = Signal()
+        sk = Signal(chunk_layout(w))
         advance = Signal()
         m.d.comb += [
-            advance.eq(~r1_valid | pack_out.i.ready),
+            advance.eq(~r1_valid | ~sk_valid),
             tag_rd.addr.eq(_bank_base(rd_bank, tag_rows, nbanks) + rd_idx),
             code_rd.addr.eq(_bank_base(rd_bank, code_rows, nbanks) + rd_idx),
             tag_rd.en.eq(advance),
             code_rd.en.eq(advance),
-            pack_out.i.valid.eq(r1_valid),
-            pack_out.i.payload.data.eq(Mux(r1_tags, tag_rd.data, code_rd.data)),
-            pack_out.i.payload.count.eq(r1_count),
-            pack_out.i.payload.last.eq(r1_last),
-            pack_out.i.payload.error.eq(r1_err),
+            pack_out.i.valid.eq(r1_valid | sk_valid),
+            pack_out.i.payload.eq(Mux(sk_valid, sk, r1)),
         ]
+        with m.If(sk_valid):
+            with m.If(pack_out.i.ready):
+                m.d.sync += sk_valid.eq(0)
+        with m.Elif(r1_valid & ~pack_out.i.ready):
+            m.d.sync += [sk_valid.eq(1), sk.eq(r1)]
         active = full.bit_select(rd_bank, 1)
         finish = Signal()
         with m.If(advance):
@@ -850,7 +900,16 @@ class Decompressor(wiring.Component):
             tag_end_n.eq(Mux(first, first_ends, index == f_tb_m1)),
             tail_n.eq(Mux(first, p_tail, f_tail)),
         ]
-        code_count_n = Mux(tag_end_n, Mux(kept > tail_n, kept - tail_n, 0), Mux(in_tags_n, 0, kept))
+        # The first beat's and a later beat's counts apart, the first beat selecting (timing, issue 16:
+        # at 64 bit a first beat has no code bytes, its tag-block tail being the whole beat, so the
+        # count and needs_push do not wait for n from the header; the same values as
+        # Mux(tag_end_n, Mux(kept > tail_n, kept - tail_n, 0), Mux(in_tags_n, 0, kept))).
+        if units == 1:
+            cc_first = Const(0)              # the tag block is whole 8-byte units, the beat one
+        else:
+            cc_first = Mux(first_ends, Mux(kept > p_tail, kept - p_tail, 0), 0)
+        cc_later = Mux(index == f_tb_m1, Mux(kept > f_tail, kept - f_tail, 0), Mux(index <= f_tb_m1, 0, kept))
+        code_count_n = Mux(first, cc_first, cc_later)
         code_count = Signal(range(nb + 1))   # code bytes of the registered beat
         needs_push = Signal()                # it goes to the chunk FIFO: it has code bytes or ends the frame
         tag_bytes = Mux(a_tag_end, a_tail, Mux(a_in_tags, nb, 0))
@@ -862,9 +921,11 @@ class Decompressor(wiring.Component):
 
         with m.If(a_go):
             m.d.sync += a_valid.eq(0)
-        with m.If(i_fire):
+        # The stage's registers load whenever it can take a beat, whether one comes or not (timing,
+        # issue 16: the input's valid, which follows the codec stage's gate, only sets a_valid and
+        # the frame's bookkeeping below); nothing reads them while a_valid is low.
+        with m.If(self.i.ready):
             m.d.sync += [
-                a_valid.eq(1),
                 a_data.eq(beat.data & _byte_mask(kept, nb)),
                 a_kept.eq(kept),
                 a_last.eq(beat.last),
@@ -882,6 +943,8 @@ class Decompressor(wiring.Component):
                 a_unit.eq(Mux(first, p_unit, f_unit)),
                 a_n5.eq(Mux(first, n_port[:5], f_n5)),
             ]
+        with m.If(i_fire):
+            m.d.sync += a_valid.eq(1)
             with m.If(first):
                 m.d.sync += [f_tb_m1.eq(p_tb_m1), f_tail.eq(p_tail), f_unit.eq(p_unit), f_n5.eq(n_port[:5])]
             with m.If(beat.last):
@@ -889,9 +952,25 @@ class Decompressor(wiring.Component):
             with m.Else():
                 m.d.sync += index.eq(Mux(index == tag_rows, index, index + 1))
 
-        # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero.
+        # Padding check: bits 2*(n % 32) … 63 of the block's last 8-byte unit must be zero. Checked a
+        # cycle late (timing, issue 16: the mask and the 64-bit OR stay out of the banks' error flags):
+        # the OR of each byte of the masked unit is registered with the beat's going (pad_go) and its
+        # bank, and ORed into the bank's error flag the cycle after, when the generator, which may
+        # read the flag in that cycle (the bank became full with this beat), takes it from the
+        # registers too (p1_err below).
         last_unit = a_data[:64] if units == 1 else a_data.word_select(a_unit, 64)
-        pad_err = a_tag_end & (last_unit & pad_mask(a_n5)).any()
+        masked = Signal(64)
+        m.d.comb += masked.eq(last_unit & pad_mask(a_n5))
+        pad_part = Signal(8)
+        pad_go = Signal()
+        pad_bank = Signal()
+        pad_now = Signal()
+        m.d.sync += [
+            pad_part.eq(Cat(*(masked[8 * j:8 * j + 8].any() for j in range(8)))),
+            pad_go.eq(a_go & a_tag_end),
+            pad_bank.eq(a_bank),
+        ]
+        m.d.comb += pad_now.eq(pad_go & pad_part.any())
         # The payload ends before its tag block does.
         tags_cut = a_last & a_in_tags & (~a_tag_end | (a_kept < a_tail))
 
@@ -906,9 +985,11 @@ class Decompressor(wiring.Component):
             tag_wr.data.eq(a_data),
             tag_wr.en.eq(a_go & a_in_tags),
         ]
+        err_now = a_nbad | tags_cut
+        for b in range(2):
+            hit = a_go & (a_bank == b)
+            m.d.sync += b_err[b].eq(Mux(hit & a_first, 0, b_err[b]) | (hit & err_now) | (pad_now & (pad_bank == b)))
         with m.If(a_go):
-            err_now = a_nbad | pad_err | tags_cut
-            m.d.sync += b_err[a_bank].eq(Mux(a_first, 0, b_err[a_bank]) | err_now)
             with m.If(a_first):
                 m.d.sync += [b_n[a_bank].eq(a_n), b_k[a_bank].eq(a_k)]
             with m.If(a_in_tags & (a_tag_end | a_last)):
@@ -957,8 +1038,9 @@ class Decompressor(wiring.Component):
             m.d.sync += [
                 p1_valid.eq(g_issue), p1_final.eq(g_final), p1_rowok.eq((g_j >> 4) < b_rows[g_bank]),
                 p1_slot.eq(g_j[:4]), p1_lanes_m1.eq((g_n - 1)[:ll]),
-                # The bank's k, and its input-side errors (all known once its tags are stored).
-                p1_k.eq(b_k[g_bank]), p1_err.eq(b_err[g_bank]),
+                # The bank's k, and its input-side errors (all known once its tags are stored, the
+                # padding check's a cycle later: taken from its registers in that cycle).
+                p1_k.eq(b_k[g_bank]), p1_err.eq(b_err[g_bank] | (pad_now & (pad_bank == g_bank))),
             ]
         with m.If(g_issue):
             with m.If(g_final):
@@ -1081,6 +1163,9 @@ class Decompressor(wiring.Component):
         e_raw = Signal(lanes)                # tag 3: the code is the value
         e_code = [Signal(32, name=f"lane{lane}_code") for lane in range(lanes)]
         e_q = [Signal(15, name=f"lane{lane}_q") for lane in range(lanes)]
+        # q's leading zeros, counted as q is registered (timing, issue 16: the count is off the
+        # decode stage, which then only shifts, subtracts and selects).
+        e_lz = [Signal(range(16), name=f"lane{lane}_lz") for lane in range(lanes)]
         e_sign = Signal(lanes)
         e_base = Signal(8)                   # 141 - k: exponent field of q * 2**-k before normalisation
         e_keep = Signal(nb)
@@ -1103,9 +1188,12 @@ class Decompressor(wiring.Component):
                 c = Signal(32, name=f"lane{lane}_window")
                 m.d.comb += c.eq(window >> _bytes(d_off[lane]))
                 one = t == 1
+                q = Signal(15, name=f"lane{lane}_q_in")
+                m.d.comb += q.eq(Mux(one, c[:7], c[:15]))
                 m.d.sync += [
                     e_code[lane].eq(c),
-                    e_q[lane].eq(Mux(one, c[:7], c[:15])),
+                    e_q[lane].eq(q),
+                    e_lz[lane].eq(_leading_zeros15(q)),
                     e_sign[lane].eq(Mux(one, c[7], c[15])),
                     e_zero[lane].eq((t == 0) | (d_off[lane + 1] > fill)),
                     e_raw[lane].eq(t == 3),
@@ -1136,7 +1224,7 @@ class Decompressor(wiring.Component):
             m.d.sync += [sk_valid.eq(1), sk_beat.eq(o_beat), sk_err.eq(o_err)]
         values = []
         for lane in range(lanes):
-            small = _decode_small(m, e_q[lane], e_sign[lane], e_base, f"lane{lane}")
+            small = _decode_small(m, e_q[lane], e_sign[lane], e_base, f"lane{lane}", lz=e_lz[lane])
             values.append(Mux(e_zero[lane], 0, Mux(e_raw[lane], e_code[lane], small)))
         with m.If(o_adv):
             m.d.sync += [

@@ -221,7 +221,8 @@ class _CodecStage(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         w = self._width
-        m.submodules.gate = gate = FrameGate(w, self._max_beats)
+        # No placeholders: this gate never drops a frame (timing: no INJECT state in front of its output).
+        m.submodules.gate = gate = FrameGate(w, self._max_beats, placeholders=False)
         wiring.connect(m, wiring.flipped(self.i), gate.i)
         index_bits = len(gate.o.payload.index)
 
@@ -244,8 +245,15 @@ class _CodecStage(wiring.Component):
         m.d.comb += gate.accept.eq(seen & routes.w_rdy)
         route = Signal()
         route_reg = Signal()
-        m.d.comb += route.eq(Mux(g.payload.first, decision, route_reg))
-        with m.If(g.valid & g.ready & g.payload.first):
+        # The gate only passes frames here (no drop, no length check: START and PASS alone), so its
+        # output's first beat is the one after a last beat: a register of our own, not a decode of
+        # the gate's state, in front of the route and the gate's ready (timing, issue 16).
+        g_mid = Signal()
+        g_first = ~g_mid
+        with m.If(g.valid & g.ready):
+            m.d.sync += g_mid.eq(~g.payload.last)
+        m.d.comb += route.eq(Mux(g_first, decision, route_reg))
+        with m.If(g.valid & g.ready & g_first):
             m.d.sync += route_reg.eq(decision)
             m.d.comb += [routes.w_en.eq(1), routes.w_data.eq(decision)]
 
@@ -274,9 +282,16 @@ class _CodecStage(wiring.Component):
         ]
         # ``bad`` of each transformed frame (on its last beat, docs/protocol.md): the transform
         # path has no ``bad``, so it goes round it, one entry per frame, to the frame's last
-        # output beat (``_t_end`` / ``_t_bad`` also for a transform that needs it).
-        self._t_end = g.valid & g.ready & route & g.payload.last
-        self._t_bad = g.payload.bad
+        # output beat (``_t_end`` / ``_t_bad`` also for a transform that needs it). The entry is
+        # written a cycle after the frame's last beat enters the transform (registered: timing,
+        # issue 16, the gate's state and the transform's ready stay out of the FIFO's level update);
+        # it is read only once the frame has come out of the transform (a compressor or
+        # decompressor: several cycles at least), and ``CodecIn`` waits for it anyway.
+        t_end = Signal()
+        t_bad = Signal()
+        m.d.sync += [t_end.eq(g.valid & g.ready & route & g.payload.last), t_bad.eq(g.payload.bad)]
+        self._t_end = t_end
+        self._t_bad = t_bad
         m.submodules.tbad = tbad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
         m.d.comb += [tbad.w_en.eq(self._t_end), tbad.w_data.eq(self._t_bad)]
         out = stream.Signature(hdr_beat_layout(w)).create()

@@ -9,7 +9,7 @@ generic ``port_counters`` input (:class:`~wirereduce.hdl.core.node.Node`).
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal, Value
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.stream.frame import FrameStream
@@ -97,11 +97,23 @@ class StatusResponder(wiring.Component):
         nbeats = -(-nbytes // (w // 8))
         snap = Signal(nbeats * w)
         idx = Signal(range(nbeats))
-        beats = Array(snap[k * w:(k + 1) * w] for k in range(nbeats))
         tail = nbytes - (nbeats - 1) * (w // 8)
         last = idx == nbeats - 1
+        # The beat leaving (beat idx of the snapshot) and the one after it are registers, the beat
+        # after that selected from the snapshot as they move on (timing, issue 16: no select by idx
+        # in front of the output, whose data goes on to the codec stage's gate at a codec engine's
+        # host port). The same data at every cycle as beats[idx]: beat 0 while idle.
+        cur = Signal(w)
+        nxt = Signal(w)
+
+        def word(value, k):
+            return value[k * w:(k + 1) * w] if k < nbeats else Const(0, w)
+
+        ahead = Array(word(snap, k + 2) for k in range(nbeats))
+        new = Signal(nbeats * w)
+        m.d.comb += new.eq(Cat(self.header, self.values))
         m.d.comb += [
-            self.o.payload.data.eq(beats[idx]),
+            self.o.payload.data.eq(cur),
             self.o.payload.keep.eq(Mux(last, (1 << tail) - 1, (1 << (w // 8)) - 1)),
             self.o.payload.last.eq(last),
         ]
@@ -112,15 +124,15 @@ class StatusResponder(wiring.Component):
         m.d.comb += [self.busy.eq(pending | sending), self.o.valid.eq(sending)]
         with m.If(sending):
             with m.If(self.o.ready):
-                m.d.sync += idx.eq(idx + 1)
+                m.d.sync += [idx.eq(idx + 1), cur.eq(nxt), nxt.eq(ahead[idx])]
                 with m.If(last):
-                    m.d.sync += [sending.eq(0), idx.eq(0)]
+                    m.d.sync += [sending.eq(0), idx.eq(0), cur.eq(word(snap, 0)), nxt.eq(word(snap, 1))]
         settled = Signal(init=self._settle == 1)   # settle = 2: a cycle more after the trigger
         with m.Elif(pending & ~settled):
             m.d.sync += settled.eq(1)
         with m.Elif(pending):
-            m.d.sync += [snap.eq(Cat(self.header, self.values)), pending.eq(0), sending.eq(1), idx.eq(0),
-                         settled.eq(self._settle == 1)]
+            m.d.sync += [snap.eq(new), pending.eq(0), sending.eq(1), idx.eq(0),
+                         settled.eq(self._settle == 1), cur.eq(word(new, 0)), nxt.eq(word(new, 1))]
         with m.Elif(self.trigger):
             m.d.sync += pending.eq(1)
         return m

@@ -201,6 +201,10 @@ class FrameGate(wiring.Component):
     max_bytes : int, optional
         The MTU in bytes, for telling ``oversize`` from ``length_error``; default
         ``max_beats * width // 8``.
+    placeholders : bool
+        Build the lost-frame placeholders (default). ``False`` for a parent that never drops
+        with ``drop_track``: no INJECT state, so the output's payload and ``valid`` are not
+        selected by it (timing; the codec stages' gates).
 
     Attributes
     ----------
@@ -233,7 +237,8 @@ class FrameGate(wiring.Component):
         being sent: high from its first beat until its last.
     """
 
-    def __init__(self, width: int, max_beats: int, check_length: bool = False, max_bytes: int | None = None):
+    def __init__(self, width: int, max_beats: int, check_length: bool = False, max_bytes: int | None = None,
+                 placeholders: bool = True):
         with rejecting(self):
             self._width = check_width(width)
             if not isinstance(max_beats, int) or max_beats < header_beats(width):
@@ -242,6 +247,7 @@ class FrameGate(wiring.Component):
         self._max_beats = max_beats
         self._index_bits = max(1, (max_beats - 1).bit_length())
         self._check_length = bool(check_length)
+        self._placeholders = bool(placeholders)
         self._max_bytes = max_bytes if max_bytes is not None else max_beats * (width // 8)
         super().__init__({
             "i": In(FrameStream(width)),
@@ -416,8 +422,9 @@ class FrameGate(wiring.Component):
                     m.d.sync += track.eq(self.drop_track)
                     with m.If(~out_beat.last):
                         goto("DROP")
-                    with m.Elif(self.drop_track & out_beat.bad):
-                        goto("INJECT")
+                    if self._placeholders:
+                        with m.Elif(self.drop_track & out_beat.bad):
+                            goto("INJECT")
             with m.State("PASS"):
                 m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr),
                              self.o.valid.eq(beats.r_rdy),
@@ -462,36 +469,40 @@ class FrameGate(wiring.Component):
                         goto("START")
             with m.State("DROP"):
                 with m.If(beats.r_rdy & out_beat.last):
-                    with m.If(track & out_beat.bad):
-                        goto("INJECT")
-                    with m.Else():
+                    if self._placeholders:
+                        with m.If(track & out_beat.bad):
+                            goto("INJECT")
+                        with m.Else():
+                            goto("START")
+                    else:
                         goto("START")
-            with m.State("INJECT"):
-                # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad.
-                ph_hdr = Mux(inj_idx == 0, self.lost_hdr.as_value(), lost_hdr.as_value())
-                hdr_beats = Cat(ph_hdr, Const(0, hb * w - hwidth))
-                m.d.comb += [
-                    o.data.eq(hdr_beats.word_select(inj_idx, w)),
-                    o.keep.eq(Mux(inj_idx == hb - 1, (1 << (HEADER_BYTES - (hb - 1) * nb)) - 1, full_keep)),
-                    o.last.eq(inj_idx == hb - 1), o.bad.eq(inj_idx == hb - 1),
-                    o.first.eq(inj_idx == 0), o.index.eq(inj_idx),
-                    o.hdr.eq(ph_hdr),
-                    # lost_ok/lost_wait decide the start only: the parent's sequence number moves
-                    # on as the first beat leaves, and a started placeholder always finishes.
-                    self.o.valid.eq((inj_idx != 0) | (self.lost_ok & ~self.lost_wait)),
-                ]
-                with m.If((inj_idx == 0) & ~self.lost_ok):
-                    m.d.sync += inj_idx.eq(0)
-                    goto("START")
-                with m.Elif(self.o.valid & self.o.ready):
-                    with m.If(inj_idx == 0):
-                        m.d.sync += lost_hdr.eq(self.lost_hdr)
-                        m.d.comb += self.lost.eq(1)
-                    with m.If(inj_idx == hb - 1):
+            if self._placeholders:  # else no INJECT state at all (a gate that never drops with drop_track)
+                with m.State("INJECT"):
+                    # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad.
+                    ph_hdr = Mux(inj_idx == 0, self.lost_hdr.as_value(), lost_hdr.as_value())
+                    hdr_beats = Cat(ph_hdr, Const(0, hb * w - hwidth))
+                    m.d.comb += [
+                        o.data.eq(hdr_beats.word_select(inj_idx, w)),
+                        o.keep.eq(Mux(inj_idx == hb - 1, (1 << (HEADER_BYTES - (hb - 1) * nb)) - 1, full_keep)),
+                        o.last.eq(inj_idx == hb - 1), o.bad.eq(inj_idx == hb - 1),
+                        o.first.eq(inj_idx == 0), o.index.eq(inj_idx),
+                        o.hdr.eq(ph_hdr),
+                        # lost_ok/lost_wait decide the start only: the parent's sequence number moves
+                        # on as the first beat leaves, and a started placeholder always finishes.
+                        self.o.valid.eq((inj_idx != 0) | (self.lost_ok & ~self.lost_wait)),
+                    ]
+                    with m.If((inj_idx == 0) & ~self.lost_ok):
                         m.d.sync += inj_idx.eq(0)
                         goto("START")
-                    with m.Else():
-                        m.d.sync += inj_idx.eq(inj_idx + 1)
+                    with m.Elif(self.o.valid & self.o.ready):
+                        with m.If(inj_idx == 0):
+                            m.d.sync += lost_hdr.eq(self.lost_hdr)
+                            m.d.comb += self.lost.eq(1)
+                        with m.If(inj_idx == hb - 1):
+                            m.d.sync += inj_idx.eq(0)
+                            goto("START")
+                        with m.Else():
+                            m.d.sync += inj_idx.eq(inj_idx + 1)
         # The FIFO reads as flat expressions on the state (timing: not assigned in several states
         # behind the decisions and the length check): in START the head frame's header and first beat
         # leave when it is accepted and taken or dropped (``accept`` and ``drop`` both read it; the

@@ -200,11 +200,13 @@ class Realigner(wiring.Component):
 
         def head_beat():
             # Insert: a whole beat of head, sent while the frame's first beat waits. With r = 0 an
-            # empty frame is taken with the last head beat, which then ends the frame.
+            # empty frame is taken with the last head beat, which then ends the frame. A last beat's
+            # bytes are contiguous from byte 0, so it is empty iff its keep[0] is 0 (timing: one bit,
+            # not a compare of the whole keep, in front of the output's last and the input's ready).
             beats = [self.head[8 * nb * k:8 * nb * (k + 1)] for k in range(q)]
             fold = Signal()
             if not r:
-                m.d.comb += fold.eq((cnt == q - 1) & cur.last & (cur.keep == 0))
+                m.d.comb += fold.eq((cnt == q - 1) & cur.last & ~cur.keep[0])
             out(beats[0] if q == 1 else Array(beats)[cnt], (1 << nb) - 1, fold, fold & cur.bad)
             m.d.comb += [o.valid.eq(i.valid), i.ready.eq(o.ready & fold)]
             with m.If(o_take):
