@@ -185,6 +185,12 @@ class PacketFifo(wiring.Component):
         m.submodules.flags = flags = fifo.SyncFIFOBuffered(width=1, depth=self._depth)
         frames = Signal(range(self._depth + 2))
         wrote = self.i.valid & self.i.ready & self.i.payload.last
+        # The flag is written a cycle after the last beat, from registers (timing: the source's ``valid``
+        # reached the flag FIFO's level through its write enable, 10 levels in the P = 4 engine). The flag
+        # FIFO holds one entry per frame in ``beats``, so it is never full; the frame waits a cycle more
+        # for its flag (``ready_frame``), as it waits for its last beat to come through ``beats``.
+        flag_en, flag_bad = Signal(), Signal()
+        m.d.sync += [flag_en.eq(wrote), flag_bad.eq(self.i.payload.bad)]
         head = data.View(tagged, beats.r_data)
         some, one = Signal(), Signal()
         ready_frame = beats.r_rdy & some & flags.r_rdy   # a whole frame in, its flag known
@@ -201,8 +207,8 @@ class PacketFifo(wiring.Component):
             self.i.ready.eq(beats.w_rdy),
             beats.w_data.eq(self.i.payload.as_value()),
             beats.w_en.eq(self.i.valid & self.i.ready),
-            flags.w_data.eq(self.i.payload.bad),
-            flags.w_en.eq(wrote),
+            flags.w_data.eq(flag_bad),
+            flags.w_en.eq(flag_en),
             self.o.valid.eq(good),
             self.o.payload.eq(beats.r_data),
             beats.r_en.eq(take),
