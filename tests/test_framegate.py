@@ -19,7 +19,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from test_codec_hdl import Received, sink, source
-from wirereduce.hdl.stream.frame import FrameGate, FrameStream
+from wirereduce.hdl.stream.frame import FrameGate, FrameStream, decode_expect
 
 from wirereduce.protocol import HEADER_BYTES, Header, Opcode
 
@@ -31,20 +31,23 @@ class _Gate(wiring.Component):
     bytes, and drops runts. ``raw_ok``: ``head_raw``/``head_raw_short`` are ``head``/``head_short``
     and ``head_raw_valid`` is high (or ``head_valid`` is low), and ``head_read`` only with ``head_valid``."""
 
-    def __init__(self, width):
+    def __init__(self, width, decoded=False):
         self._w = width
+        self._decoded = decoded
         super().__init__({"i": In(FrameStream(width)), "o": Out(FrameStream(width)),
                           "length_error": Out(1), "oversize": Out(1), "raw_ok": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
         nb = self._w // 8
-        m.submodules.gate = gate = FrameGate(self._w, -(-MTU // nb) + 1, check_length=True, max_bytes=MTU)
+        m.submodules.gate = gate = FrameGate(self._w, -(-MTU // nb) + 1, check_length=True, max_bytes=MTU,
+                                             expect_decoded=self._decoded)
         wiring.connect(m, wiring.flipped(self.i), gate.i)
+        eb = HEADER_BYTES + 4 * gate.head.count
         m.d.comb += [
             gate.accept.eq(gate.head_valid & ~gate.head_short),
             gate.drop.eq(gate.head_valid & gate.head_short),
-            gate.expect_bytes.eq(HEADER_BYTES + 4 * gate.head.count),
+            gate.expect.eq(decode_expect(m, eb, self._w)) if self._decoded else gate.expect_bytes.eq(eb),
             self.o.valid.eq(gate.o.valid), gate.o.ready.eq(self.o.ready),
             self.o.payload.data.eq(gate.o.payload.data), self.o.payload.keep.eq(gate.o.payload.keep),
             self.o.payload.last.eq(gate.o.payload.last), self.o.payload.bad.eq(gate.o.payload.bad),
@@ -84,9 +87,9 @@ def model(beats, expect: int, nb: int):
         raw = b["data"].to_bytes(nb, "little")
         out += raw[:min(cnt, exp_cnt) if at_end else cnt]
         if b["last"]:
-            bad = not (at_end and cnt == exp_cnt)
+            bad = not (at_end and b["keep"] == (1 << exp_cnt) - 1)
             return out, int(bad), "length_error" if bad else None
-        if at_end or cnt != nb:
+        if at_end or b["keep"] != (1 << nb) - 1:
             # Cut off: its length counts whole beats up to the last one, and the last one's bytes.
             total = (len(beats) - 1) * nb + bin(beats[-1]["keep"]).count("1")
             return out, 1, "oversize" if total > MTU else "length_error"
@@ -120,7 +123,8 @@ def cases(width, rng):
 
 @pytest.mark.parametrize("width", [64, 128, 512])
 @pytest.mark.parametrize("pressure", [False, True])
-def test_length_check_every_case(width, pressure):
+@pytest.mark.parametrize("decoded", [False, True], ids=["expect_bytes", "expect_decoded"])
+def test_length_check_every_case(width, pressure, decoded):
     rng = np.random.default_rng(width + pressure)
     todo = cases(width, rng)
     rng.shuffle(todo)
@@ -128,7 +132,7 @@ def test_length_check_every_case(width, pressure):
     good = beats_of(Header(opcode=Opcode.REDUCE, count=1, seq=99).pack() + bytes(4), width // 8)
     todo.append((good, model(good, HEADER_BYTES + 4, width // 8)))
     want = [w for _, w in todo if w is not None]
-    dut = _Gate(width)
+    dut = _Gate(width, decoded)
     rec = Received()
     pulses = []
 
@@ -151,3 +155,68 @@ def test_length_check_every_case(width, pressure):
         assert got == exp, f"frame {k}: {len(got)} bytes out, want {len(exp)}"
         assert bad == exp_bad, f"frame {k}: bad {bad}, want {exp_bad}"
     assert pulses == [p for _, _, p in want if p]
+
+
+def _holed(data: bytes, nb: int, rng, where: str):
+    """Beats of ``data`` whose ``keep`` is not a thermometer code on one beat (``where``: "last" or
+    "middle"): one kept lane below the top one cleared, or a lane above the top one set. The data
+    bytes are the frame's in every lane."""
+    beats = beats_of(data, nb)
+    k = len(beats) - 1 if where == "last" else len(beats) // 2
+    keep = beats[k]["keep"]
+    top = keep.bit_length()
+    if top >= 2 and rng.random() < 0.5:
+        keep &= ~(1 << int(rng.integers(0, top - 1)))      # a hole below the top kept lane
+    elif top < nb:
+        keep |= 1 << int(rng.integers(top, nb))            # a kept lane past a dropped one
+    else:
+        keep &= ~(1 << int(rng.integers(0, nb - 1)))
+    beats[k]["keep"] = keep
+    return beats
+
+
+@pytest.mark.parametrize("width", [64, 512])
+@pytest.mark.parametrize("decoded", [False, True], ids=["expect_bytes", "expect_decoded"])
+def test_length_check_keep_not_contiguous(width, decoded):
+    """A beat whose ``keep`` has a gap (hostile, or a broken MAC) is never taken for a right-length
+    last beat: on the last beat it marks the frame ``bad`` with ``length_error``; before the last, the
+    frame is cut there. The verdicts come from :func:`model` (which compares ``keep`` whole) and are
+    checked frame by frame, with the count of ``length_error`` pulses; output ``keep`` may have gaps
+    here, so the bytes are not compared."""
+    nb = width // 8
+    rng = np.random.default_rng(7 + width)
+    todo = []
+    for i, n in enumerate([1, 3, nb // 4, nb // 4 + 1, 2 * nb // 4 + 3, 40]):
+        hdr = Header(opcode=Opcode.REDUCE, count=n, seq=i).pack()
+        data = hdr + rng.bytes(4 * n)
+        for where in ("last", "middle"):
+            beats = _holed(data, nb, rng, where)
+            if where == "middle" and len(beats) < 3:
+                continue
+            todo.append((beats, model(beats, HEADER_BYTES + 4 * n, nb)))
+    good = beats_of(Header(opcode=Opcode.REDUCE, count=1, seq=99).pack() + bytes(4), nb)
+    todo.append((good, model(good, HEADER_BYTES + 4, nb)))
+    assert sum(bad for _, (_, bad, _) in todo) == len(todo) - 1
+    dut = _Gate(width, decoded)
+    bads, pulses = [], []
+
+    async def watch(ctx):
+        ctx.set(dut.o.ready, 1)
+        async for _, _, v, last, bad, le in ctx.tick().sample(dut.o.valid, dut.o.payload.last, dut.o.payload.bad,
+                                                           dut.length_error):
+            if le:
+                pulses.append(1)
+            if v and last:
+                bads.append(int(bad))
+
+    async def done(ctx):
+        await ctx.tick().repeat(60 * len(todo) * (MTU // nb + 4))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source(dut.i, [b for b, _ in todo], seed=width))
+    sim.add_process(watch)
+    sim.add_testbench(done)
+    sim.run()
+    assert bads == [bad for _, (_, bad, _) in todo]
+    assert len(pulses) == sum(1 for _, (_, _, p) in todo if p)

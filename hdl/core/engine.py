@@ -457,8 +457,9 @@ class Engine(wiring.Component):
         table_ok = Signal()
 
         # --- gates ----------------------------------------------------------------------------
-        def gate(name):
-            g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu)
+        def gate(name, expect_decoded=False):
+            g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu,
+                                                         expect_decoded=expect_decoded)
             return g
 
         # The ports straight, or (``EngineConfig.codec``) through a CodecIn behind every input and a
@@ -474,7 +475,8 @@ class Engine(wiring.Component):
         wiring.connect(m, ports_in["host_rx"], host_gate.i)
         net_gates = []
         for p in range(P):
-            g = gate(f"net{p}")
+            # the expected length decoded into a register by check_header (timing: 512 bit)
+            g = gate(f"net{p}", expect_decoded=True)
             wiring.connect(m, ports_in[f"net{p}_in"], g.i)
             net_gates.append(g)
 

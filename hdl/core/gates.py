@@ -15,6 +15,7 @@ frame's header, the functions here check it (:func:`check_header`, the drop rule
 from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal
+from wirereduce.hdl.stream.frame import decode_expect
 
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode
 
@@ -61,14 +62,18 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     head_short = gate.head_raw_short if raw_head else gate.head_short
     lost = (h.flags & Flag.LOST) != 0
     expect_bytes = Mux(lost, HEADER_BYTES, HEADER_BYTES + 4 * h.count)
+    decoded = hasattr(gate, "expect")   # FrameGate(expect_decoded=True)
+    if decoded:
+        expect_bytes = decode_expect(m, expect_bytes, len(gate.i.payload.data))
     if apply is not None:   # registered, as the verdict below: the header has not changed when applied
-        eb_q, lost_q = Signal(16, name=f"{gate.__class__.__name__.lower()}_expect"), Signal()
+        eb_q = Signal(expect_bytes.shape() if decoded else 16, name=f"{gate.__class__.__name__.lower()}_expect")
+        lost_q = Signal()
         m.d.sync += [eb_q.eq(expect_bytes), lost_q.eq(lost)]
         expect_bytes, lost_mark = eb_q, lost_q
     else:
         lost_mark = lost
     m.d.comb += [
-        gate.expect_bytes.eq(expect_bytes),
+        (gate.expect if decoded else gate.expect_bytes).eq(expect_bytes),
         gate.mark_bad.eq(lost_mark),
         gate.lost_hdr.version.eq(VERSION), gate.lost_hdr.opcode.eq(opcode),
         gate.lost_hdr.dtype.eq(run.dtype), gate.lost_hdr.codec.eq(run.codec), gate.lost_hdr.eb_k.eq(run.eb_k),

@@ -264,7 +264,7 @@ class SumUnit(wiring.Component):
                 m.d.sync += [
                     here[p].eq((b.valid >> qslot)[0]
                                & (Array(b.seq[k][qbits:] for k in range(Q))[qslot] == g[qbits:])),
-                    same[p].eq(Array(b.count[k] for k in range(Q))[qslot] == count),
+                    same[p].eq((agree[p] >> qslot)[0]),
                 ]
             # Every term in (the local chunk, each port it has a term on) and the counts agree.
             need = cand_need[idx]
@@ -279,6 +279,16 @@ class SumUnit(wiring.Component):
             m.d.comb += good.eq(count_ok)
             return rdy, good, (codes, slot, qslot, count, new_depth, ent, need)
 
+        # Whether each port buffer slot's count agrees with the local slot that holds the same chunk
+        # (slot q of a port buffer is chunk g with g mod Q = q, the local slot g mod S = q mod S, as Q is a
+        # multiple of S): every slot compared at once, shared by the candidates, which select one bit
+        # (timing: the compares are on registers, not behind two selects; docs/architecture.md
+        # "Timing budgets").
+        agree = []
+        for p, b in enumerate(bufs):
+            a_p = Signal(Q, name=f"b{p}_count_agree")
+            m.d.comb += a_p.eq(Cat(*(b.count[k] == self.slot_counts[k % S] for k in range(Q))))
+            agree.append(a_p)
         # changed[k]: candidate k's chunk, entry or state changes at this clock edge (set below).
         changed = Signal(D, name="changed")
         cands = [candidate(k, cand_g[k], cand_ent[k], ld[k]) for k in range(D)]

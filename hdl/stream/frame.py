@@ -20,8 +20,35 @@ from wirereduce.hdl.params import reject, rejecting
 from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES, header_layout
 
-__all__ = ["beat_layout", "tagged_layout", "gated_layout", "check_width", "header_beats",
+__all__ = ["beat_layout", "tagged_layout", "gated_layout", "check_width", "header_beats", "expect_layout",
+           "decode_expect",
            "FrameStream", "FrameInterface", "FrameGate", "Fork", "FrameArbiter"]
+
+
+def expect_layout(width: int) -> data.StructLayout:
+    """A frame's expected length, decoded for :class:`FrameGate`'s length check
+    (``FrameGate(expect_decoded=True)``; :func:`decode_expect` makes it from a length in bytes).
+
+    Fields: ``last`` (16 bits) the index of the expected last beat; ``keep`` (``width // 8`` bits) that
+    beat's ``keep`` (a thermometer code, at least one byte); ``tail`` its byte count (1 … ``width // 8``);
+    ``one``: the frame is one beat (``last`` = 0; only where one beat holds a header, ≥ 128 bit);
+    ``two``: ``last`` = 1.
+    """
+    nb = check_width(width) // 8
+    return data.StructLayout({"last": 16, "keep": nb, "tail": range(nb + 1), "one": 1, "two": 1})
+
+
+def decode_expect(m: Module, expect_bytes, width: int, name: str = "expect"):
+    """``expect_bytes`` (a value of at least 16: the frame's length in bytes) decoded into a new signal of
+    :func:`expect_layout`, by combinational logic added to ``m``; returned."""
+    nb = check_width(width) // 8
+    shift = (nb - 1).bit_length()
+    out = Signal(expect_layout(width), name=name)
+    m.d.comb += [out.last.eq((expect_bytes - 1) >> shift), out.tail.eq(expect_bytes - (out.last << shift))]
+    m.d.comb += [out.keep.eq(Cat(*(out.tail > k for k in range(nb)))), out.two.eq(out.last == 1)]
+    if header_beats(width) == 1:
+        m.d.comb += out.one.eq(out.last == 0)
+    return out
 
 
 def header_beats(width: int) -> int:
@@ -205,6 +232,11 @@ class FrameGate(wiring.Component):
         Build the lost-frame placeholders (default). ``False`` for a parent that never drops
         with ``drop_track``: no INJECT state, so the output's payload and ``valid`` are not
         selected by it (timing; the codec stages' gates).
+    expect_decoded : bool
+        The parent gives the expected length decoded (``expect``, :func:`expect_layout`; made with
+        :func:`decode_expect`, typically into a register) instead of ``expect_bytes``: no
+        subtraction, shift or thermometer decode between the parent's register and the check
+        (timing; the schedule engine's network gates, docs/architecture.md "Timing budgets").
 
     Attributes
     ----------
@@ -226,6 +258,8 @@ class FrameGate(wiring.Component):
     accept, drop : In(1)
     expect_bytes : In(16); mark_bad : In(1)
         With ``accept``: the frame's length by its header, and whether to mark it bad anyway.
+    expect : In(expect_layout(width))
+        Instead of ``expect_bytes`` with ``expect_decoded``: the same length, decoded.
     length_error, oversize : Out(1)
         One-cycle pulses, at most one per frame (the parent counts them).
     drop_track : In(1)
@@ -238,7 +272,7 @@ class FrameGate(wiring.Component):
     """
 
     def __init__(self, width: int, max_beats: int, check_length: bool = False, max_bytes: int | None = None,
-                 placeholders: bool = True):
+                 placeholders: bool = True, expect_decoded: bool = False):
         with rejecting(self):
             self._width = check_width(width)
             if not isinstance(max_beats, int) or max_beats < header_beats(width):
@@ -248,6 +282,7 @@ class FrameGate(wiring.Component):
         self._index_bits = max(1, (max_beats - 1).bit_length())
         self._check_length = bool(check_length)
         self._placeholders = bool(placeholders)
+        self._expect_decoded = bool(expect_decoded)
         self._max_bytes = max_bytes if max_bytes is not None else max_beats * (width // 8)
         super().__init__({
             "i": In(FrameStream(width)),
@@ -261,7 +296,7 @@ class FrameGate(wiring.Component):
             "head_read": Out(1),
             "accept": In(1),
             "drop": In(1),
-            "expect_bytes": In(16),
+            **({"expect": In(expect_layout(width))} if expect_decoded else {"expect_bytes": In(16)}),
             "mark_bad": In(1),
             "length_error": Out(1),
             "oversize": Out(1),
@@ -284,7 +319,12 @@ class FrameGate(wiring.Component):
         # Beats wait here until their header is decided; deep enough to hold a whole header
         # plus slack so the input never stalls on a frame-start decision that is already made.
         # (Both FIFOs with registered ready flags: ``_Fifo``.)
-        m.submodules.beats = beats = _Fifo(width=blay.size, depth=hb + 4)
+        # Each beat is stored with its ``keep`` summarised for the length check (all bytes kept; a
+        # thermometer code, lanes 0 … n − 1 kept; that n), worked out as it is written (timing: the
+        # check at the output compares a few bits, not the whole ``keep``; docs/architecture.md
+        # "Timing budgets").
+        kc_bits = (nb).bit_length()
+        m.submodules.beats = beats = _Fifo(width=blay.size + 2 + kc_bits, depth=hb + 4)
         # One entry per frame: the header bits and a flag for frames shorter than a header.
         m.submodules.hdrs = hdrs = _Fifo(width=hwidth + 1, depth=4)
 
@@ -304,9 +344,18 @@ class FrameGate(wiring.Component):
         last_hdr_byte = HEADER_BYTES - (hb - 1) * nb - 1
         in_short = Signal()
         m.d.comb += in_short.eq((in_idx < hb - 1) | ~in_beat.keep[last_hdr_byte])
+        ik = in_beat.keep
+        i_full = ik.all()
+        # thermometer: no kept lane above a dropped one
+        i_thermo = Cat(*(~ik[k + 1] | ik[k] for k in range(nb - 1))).all() if nb > 1 else Const(1)
+        # n for a thermometer code: one more than its top kept lane (0 for none)
+        edge = [ik[k] & (~ik[k + 1] if k + 1 < nb else 1) for k in range(nb)]
+        i_count = Signal(kc_bits)
+        m.d.comb += i_count.eq(Cat(*(Cat(*(edge[k] for k in range(nb) if (k + 1) >> j & 1)).any()
+                                     for j in range(kc_bits))))
         m.d.comb += [
             self.i.ready.eq(beats.w_rdy & hdrs.w_rdy),
-            beats.w_data.eq(in_beat.as_value()),
+            beats.w_data.eq(Cat(in_beat.as_value(), i_full, i_thermo, i_count)),
             beats.w_en.eq(self.i.valid & self.i.ready),
             hdrs.w_data.eq(Cat(cur_bits[:hwidth], in_short)),
             hdrs.w_en.eq(self.i.valid & self.i.ready & in_hdr_done),
@@ -319,7 +368,9 @@ class FrameGate(wiring.Component):
                 m.d.sync += in_idx.eq(in_idx + 1)
 
         # Output side.
-        out_beat = data.View(blay, beats.r_data)
+        out_beat = data.View(blay, beats.r_data[:blay.size])
+        o_full, o_thermo = beats.r_data[blay.size], beats.r_data[blay.size + 1]
+        o_count = beats.r_data[blay.size + 2:]
         head = data.View(hlay, hdrs.r_data[:hwidth])
         cur_hdr = Signal(hlay)
         out_idx = Signal(self._index_bits)
@@ -332,23 +383,17 @@ class FrameGate(wiring.Component):
         ]
 
         # Length check: the expected last beat and its keep, from expect_bytes (given with accept).
-        shift = (nb - 1).bit_length()
         full_keep = (1 << nb) - 1
         # exp_prev: the index of the beat before the expected last one; at_end_q: the beat now
         # leaving (in PASS) is the expected last one, decided as the beat before it left.
-        exp_prev, exp_keep, exp_mark = Signal(16), Signal(nb), Signal()
+        exp_prev, exp_keep, exp_tail, exp_mark = Signal(16), Signal(nb), Signal(range(nb + 1)), Signal()
         at_end_q = Signal()
-        cur_at_end, cur_keep = Signal(), Signal(nb)
-        accept_last = Signal(16)
-        accept_keep = Signal(nb)
-        eb = self.expect_bytes
-        m.d.comb += accept_last.eq((eb - 1) >> shift)
-        tail = Signal(range(nb + 1))
-        m.d.comb += tail.eq(eb - (accept_last << shift))
-        m.d.comb += accept_keep.eq(Cat(*(tail > k for k in range(nb))))
+        cur_at_end, cur_keep, cur_tail = Signal(), Signal(nb), Signal(range(nb + 1))
+        exp = self.expect if self._expect_decoded else decode_expect(m, self.expect_bytes, w, name="accept_expect")
+        accept_last, accept_keep = exp.last, exp.keep
         # The first beat is the expected last one only if one beat holds the whole header
         # (expect_bytes ≥ HEADER_BYTES, so at 64 bit the last beat is at least the second).
-        first_at_end = (accept_last == 0) if hb == 1 else Const(0)
+        first_at_end = exp.one if hb == 1 else Const(0)
         # Placeholder state.
         track = Signal()
         lost_hdr = Signal(hlay)
@@ -362,8 +407,9 @@ class FrameGate(wiring.Component):
             if not self._check_length:
                 return None
             at_end = cur_at_end
-            last_ok = at_end & (out_beat.keep == cur_keep)
-            cut = ~out_beat.last & (at_end | (out_beat.keep != full_keep))
+            # keep == cur_keep (a thermometer code of cur_tail lanes), from the summary stored with the beat
+            last_ok = at_end & o_thermo & (o_count == cur_tail)
+            cut = ~out_beat.last & (at_end | ~o_full)
             err = out_beat.last & ~last_ok
             with m.If(at_end):  # never a byte past the expected length
                 m.d.comb += o.keep.eq(out_beat.keep & cur_keep)
@@ -392,7 +438,7 @@ class FrameGate(wiring.Component):
                     self.head_valid.eq(hdrs.r_rdy),
                     o.first.eq(1), o.hdr.eq(head),
                     self.o.valid.eq(hdrs.r_rdy & self.accept),
-                    cur_at_end.eq(first_at_end), cur_keep.eq(accept_keep),
+                    cur_at_end.eq(first_at_end), cur_keep.eq(accept_keep), cur_tail.eq(exp.tail),
                 ]
                 chk = beat_check()
                 if chk is not None:
@@ -405,8 +451,8 @@ class FrameGate(wiring.Component):
                     m.d.comb += o.bad.eq(1)
                 with m.If(self.o.valid & self.o.ready):
                     m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
-                                 at_end_q.eq(accept_last == 1),
-                                 exp_keep.eq(accept_keep), exp_mark.eq(self.mark_bad)]
+                                 at_end_q.eq(exp.two),
+                                 exp_keep.eq(accept_keep), exp_tail.eq(exp.tail), exp_mark.eq(self.mark_bad)]
                     if chk is not None:
                         with m.If(cut):
                             m.d.sync += trunc_beats.eq(1)
@@ -428,7 +474,7 @@ class FrameGate(wiring.Component):
             with m.State("PASS"):
                 m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr),
                              self.o.valid.eq(beats.r_rdy),
-                             cur_at_end.eq(at_end_q), cur_keep.eq(exp_keep)]
+                             cur_at_end.eq(at_end_q), cur_keep.eq(exp_keep), cur_tail.eq(exp_tail)]
                 chk = beat_check()
                 if chk is not None:
                     cut, err = chk
