@@ -65,7 +65,15 @@ from wirereduce.hdl.core.chunkbuf import ChunkBuffer
 from wirereduce.hdl.core.gates import check_header
 from wirereduce.hdl.core.status import EventCounters, StatusResponder, report_status
 from wirereduce.hdl.core.sumunit import SumUnit, queue_head_layout
-from wirereduce.hdl.stream.frame import FrameArbiter, FrameGate, FrameStream, beat_layout, tagged_layout
+from wirereduce.hdl.stream.frame import (
+    FrameArbiter,
+    FrameGate,
+    FrameStream,
+    beat_layout,
+    decode_expect,
+    expect_layout,
+    tagged_layout,
+)
 
 from wirereduce.codec import K_MAX, K_MIN
 from wirereduce.config import EngineConfig
@@ -471,7 +479,7 @@ class Engine(wiring.Component):
                                                          ["host_tx"] + [f"net{p}_out" for p in range(P)])
         for d in dropped:
             m.d.comb += events.flag("drop_length").eq(d)
-        host_gate = gate("host")
+        host_gate = gate("host", expect_decoded=True)
         wiring.connect(m, ports_in["host_rx"], host_gate.i)
         net_gates = []
         for p in range(P):
@@ -945,9 +953,10 @@ class Engine(wiring.Component):
         quiet_q, running_q = Signal(), Signal()
         m.d.sync += [quiet_q.eq(quiet & ctl_hold), running_q.eq(run.running)]
         refuse = (running_q & ~abort) | refuse_hdr | ~table_ok
-        # A SCHEDULE frame's length, registered with the header checks (timing; applied with them).
-        sched_bytes = Signal(16)
-        m.d.sync += sched_bytes.eq(HEADER_BYTES + 4 * hr.count)
+        # A SCHEDULE frame's length, decoded for the gate's length check and registered with the header
+        # checks (timing; applied with them).
+        sched_exp = Signal(expect_layout(w), name="sched_expect")
+        m.d.sync += sched_exp.eq(decode_expect(m, HEADER_BYTES + 4 * hr.count, w, name="sched_expect_d"))
         # The push's slot check, registered (timing) and applied with the verdict (``host_seen``: the
         # same head as the cycle before, and the gate in START then, so no beat of a push left the
         # gate in between; the output stage's last beat of a push, which fills its slot a cycle
@@ -968,7 +977,7 @@ class Engine(wiring.Component):
                         m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1), events.flag("drop_count").eq(1)]
                     with m.Else():
                         # accept holds until the first beat leaves (FrameGate's protocol)
-                        m.d.comb += [host_gate.accept.eq(1), host_gate.expect_bytes.eq(sched_bytes)]
+                        m.d.comb += [host_gate.accept.eq(1), host_gate.expect.eq(sched_exp)]
                 with m.Else():
                     m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1)]
                     m.d.sync += run.tag.eq(hh.count)

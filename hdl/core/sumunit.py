@@ -277,7 +277,24 @@ class SumUnit(wiring.Component):
             m.d.comb += rdy.eq(ready & ((new_depth == depth) | chain_empty))
             good = Signal(name=f"{name}_count_ok")
             m.d.comb += good.eq(count_ok)
-            return rdy, good, (codes, slot, qslot, count, new_depth, ent, need)
+            # What starting this chunk sets that takes arithmetic on its count (its beats, the last beat's
+            # keep, whether it is one beat) and its local slot's bad flag, registered every cycle like the
+            # readiness (timing: the take then selects registers): used only with ``ready``, which needs
+            # ``fresh``, the candidate unchanged at the last edge, and ``base``, its local chunk in, whose
+            # count and flag are then fixed.
+            nbytes = HEADER_BYTES + 4 * count
+            pre_nbeats = Signal(16, name=f"{name}_nbeats")
+            pre_keep = Signal(bpb, name=f"{name}_last_keep")
+            pre_last = Signal(name=f"{name}_one_beat")
+            pre_bad = Signal(name=f"{name}_slot_bad")
+            m.d.sync += [
+                pre_nbeats.eq((nbytes + bpb - 1) >> shift),
+                pre_keep.eq(Cat(*((nbytes - (((nbytes + bpb - 1) >> shift) - 1 << shift)) > k for k in range(bpb)))),
+                # one beat (header and elements) only where a beat holds more than the header
+                pre_last.eq(count <= (bpb - HEADER_BYTES) // 4 if bpb >= HEADER_BYTES else 0),
+                pre_bad.eq((self.slot_bad >> slot)[0]),
+            ]
+            return rdy, good, (codes, slot, qslot, (pre_nbeats, pre_keep, pre_last, pre_bad), new_depth, ent, need)
 
         # Whether each port buffer slot's count agrees with the local slot that holds the same chunk
         # (slot q of a port buffer is chunk g with g mod Q = q, the local slot g mod S = q mod S, as Q is a
@@ -341,19 +358,17 @@ class SumUnit(wiring.Component):
                 m.d.comb += self.mismatch.eq(1)
                 m.d.sync += stuck[k].eq(1)
 
-        def begin(codes, slot, qslot, count, new_depth, ent, need):
-            nbytes = HEADER_BYTES + 4 * count
+        def begin(codes, slot, qslot, pre, new_depth, ent, need):
+            pre_nbeats, pre_keep, pre_last, pre_bad = pre
             fwd_req = Cat(ent[40:40 + P], ent[46])
             m.d.sync += [
                 streaming.eq(1), beat.eq(0), bad_acc.eq(0),
-                nbeats.eq((nbytes + bpb - 1) >> shift),
-                last_keep.eq(Cat(*((nbytes - (((nbytes + bpb - 1) >> shift) - 1 << shift)) > k for k in range(bpb)))),
-                cur_slot.eq(slot), cur_qslot.eq(qslot), cur_bad.eq((self.slot_bad >> slot)[0]),
+                nbeats.eq(pre_nbeats), last_keep.eq(pre_keep),
+                cur_slot.eq(slot), cur_qslot.eq(qslot), cur_bad.eq(pre_bad),
                 cur_req.eq(fwd_req if self._req is None else self._req), depth.eq(new_depth),
                 started.eq(1),
                 used.eq(need),
-                # one beat (header and elements) only where a beat holds more than the header
-                is_last.eq(count <= (bpb - HEADER_BYTES) // 4 if bpb >= HEADER_BYTES else 0),
+                is_last.eq(pre_last),
             ] + [cur[i].eq(codes[i]) for i in range(T)]
 
         def move_down(t):
