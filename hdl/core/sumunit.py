@@ -43,7 +43,7 @@ from wirereduce.hdl.arith.fp32 import latency as lanes_latency
 from wirereduce.hdl.arith.lanes import ReduceLanes
 from wirereduce.hdl.core.chunkbuf import reader_signature
 from wirereduce.hdl.params import rejecting
-from wirereduce.hdl.stream.frame import tagged_layout
+from wirereduce.hdl.stream.frame import decode_expect, tagged_layout
 
 from wirereduce.config import MAX_LOOKAHEAD, deep_lanes
 from wirereduce.formats import FORMATS
@@ -169,7 +169,6 @@ class SumUnit(wiring.Component):
         slot_bits = (S - 1).bit_length()
         beat_bits = (SB - 1).bit_length()
         qbits = (Q - 1).bit_length()
-        shift = (bpb - 1).bit_length()
         bufs = [getattr(self, f"b{p}") for p in range(P)]
 
         m.submodules.buf = buf = memory.Memory(shape=w, depth=S * SB, init=[])
@@ -282,16 +281,15 @@ class SumUnit(wiring.Component):
             # readiness (timing: the take then selects registers): used only with ``ready``, which needs
             # ``fresh``, the candidate unchanged at the last edge, and ``base``, its local chunk in, whose
             # count and flag are then fixed.
-            nbytes = HEADER_BYTES + 4 * count
+            # (the frame's length decoded as a FrameGate's length check decodes it: last beat's index, its
+            # keep, one beat only where a beat holds more than the header)
+            exp = decode_expect(m, HEADER_BYTES + 4 * count, w, name=f"{name}_expect")
             pre_nbeats = Signal(16, name=f"{name}_nbeats")
             pre_keep = Signal(bpb, name=f"{name}_last_keep")
             pre_last = Signal(name=f"{name}_one_beat")
             pre_bad = Signal(name=f"{name}_slot_bad")
             m.d.sync += [
-                pre_nbeats.eq((nbytes + bpb - 1) >> shift),
-                pre_keep.eq(Cat(*((nbytes - (((nbytes + bpb - 1) >> shift) - 1 << shift)) > k for k in range(bpb)))),
-                # one beat (header and elements) only where a beat holds more than the header
-                pre_last.eq(count <= (bpb - HEADER_BYTES) // 4 if bpb >= HEADER_BYTES else 0),
+                pre_nbeats.eq(exp.last + 1), pre_keep.eq(exp.keep), pre_last.eq(exp.one),
                 pre_bad.eq((self.slot_bad >> slot)[0]),
             ]
             return rdy, good, (codes, slot, qslot, (pre_nbeats, pre_keep, pre_last, pre_bad), new_depth, ent, need)
