@@ -465,9 +465,11 @@ class Engine(wiring.Component):
         table_ok = Signal()
 
         # --- gates ----------------------------------------------------------------------------
-        def gate(name, expect_decoded=False):
+        def gate(name):
+            # the expected length given decoded, from a register (check_header's, or the SCHEDULE
+            # frames' below; timing: 512 bit)
             g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu,
-                                                         expect_decoded=expect_decoded)
+                                                         expect_decoded=True)
             return g
 
         # The ports straight, or (``EngineConfig.codec``) through a CodecIn behind every input and a
@@ -479,12 +481,11 @@ class Engine(wiring.Component):
                                                          ["host_tx"] + [f"net{p}_out" for p in range(P)])
         for d in dropped:
             m.d.comb += events.flag("drop_length").eq(d)
-        host_gate = gate("host", expect_decoded=True)
+        host_gate = gate("host")
         wiring.connect(m, ports_in["host_rx"], host_gate.i)
         net_gates = []
         for p in range(P):
-            # the expected length decoded into a register by check_header (timing: 512 bit)
-            g = gate(f"net{p}", expect_decoded=True)
+            g = gate(f"net{p}")
             wiring.connect(m, ports_in[f"net{p}_in"], g.i)
             net_gates.append(g)
 
