@@ -391,3 +391,67 @@ def test_cli_exit_status_on_budget(tmp_path, monkeypatch, capsys, family, levels
         assert f"tiny: {levels} levels > budget {budget} at {clock:.2f} MHz" in captured.err
     else:
         assert "over the logic-level budget" not in captured.err
+
+
+def _two_chains_netlist(top, n0, n1):
+    """Two independent FF -> LUT1 chain -> FF paths, named a0 -> a1 (n0 levels) and b0 -> b1 (n1 levels)."""
+    cells, names = {}, {}
+    base = 10
+    for tag, n in (("a", n0), ("b", n1)):
+        q, d = base, base + n
+        cells[f"{tag}ff0"] = _cell("FDRE", C=("input", [1]), D=("input", [base + 900]), Q=("output", [q]))
+        cells[f"{tag}ff1"] = _cell("FDRE", C=("input", [1]), D=("input", [d]), Q=("output", [base + 901]))
+        for i in range(n):
+            cells[f"{tag}l{i}"] = _cell("LUT1", I0=("input", [q + i]), O=("output", [q + i + 1]))
+        names[f"{tag}0"] = {"bits": [q]}
+        names[f"{tag}1"] = {"bits": [base + 901]}
+        base += 1000
+    return {"modules": {top: {"cells": cells, "netnames": names}}}
+
+
+def test_cli_paths_and_keep_netlist(tmp_path, monkeypatch, capsys):
+    """`--paths N` keeps the N deepest pairs over the budget (the total counted apart), `--keep-netlist` leaves the
+    netlist where the record says, and it lists the same pairs again; a negative --paths is refused before yosys."""
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import Out
+
+    from wirereduce.cli import main
+
+    class Tiny(wiring.Component):
+        def __init__(self):
+            super().__init__({"q": Out(1)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.sync += self.q.eq(~self.q)
+            return m
+
+    ran = []
+
+    def fake_yosys(script, cwd, timeout=None, backend=None):
+        ran.append(cwd)
+        (cwd / "stat.json").write_text(COUNTER_STAT)
+        (cwd / "netlist.json").write_text(json.dumps(_two_chains_netlist("tiny", 7, 12)))
+        return "yowasp"
+
+    monkeypatch.setitem(resources.BLOCKS, "tiny",
+                        resources.Block("tiny", "xcup", resources.CLOCK_100G_MHZ, Tiny, "test block"))
+    monkeypatch.setattr(resources, "run_yosys", fake_yosys)
+    monkeypatch.setattr(resources, "yosys_available", lambda: True)
+    out = tmp_path / "resources.json"
+    build = tmp_path / "build"
+    args = ["resources", "--blocks", "tiny", "-o", str(out), "--build-dir", str(build), "--no-budget-check"]
+    assert main(args + ["--paths", "1", "--keep-netlist"]) == 0
+    (rec,) = json.loads(out.read_text())
+    assert rec["levels"] == 12 and rec["paths_over_budget_total"] == 2
+    assert rec["paths_over_budget"] == [{"levels": 12, "from": "b0", "to": "b1"}]
+    netlist = Path(rec["netlist"])
+    assert netlist == build / "tiny-xcup" / "netlist.json" and netlist.exists()
+    again = logic_levels(json.loads(netlist.read_text()), "tiny", over=5, limit=None)["over"]
+    assert again == [{"levels": 12, "from": "b0", "to": "b1"}, {"levels": 7, "from": "a0", "to": "a1"}]
+    assert main(args) == 0   # defaults: 40 pairs, no netlist kept
+    (rec,) = json.loads(out.read_text())
+    assert len(rec["paths_over_budget"]) == 2 and "netlist" not in rec and not netlist.exists()
+    n = len(ran)
+    assert main(args + ["--paths", "-1"]) == 2
+    assert "--paths must be 0 or more" in capsys.readouterr().err and len(ran) == n

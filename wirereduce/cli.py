@@ -789,6 +789,8 @@ def cmd_bench(args) -> int:
 def cmd_resources(args) -> int:
     from wirereduce.sim.bench import resources
 
+    if args.paths < 0:
+        raise CliError(f"--paths must be 0 or more, not {args.paths}")
     try:
         pairs = resources.select_blocks(args.blocks, args.family, args.quick)
     except resources.ResourceError as e:
@@ -800,7 +802,8 @@ def cmd_resources(args) -> int:
           f"results in {args.output}", flush=True)
     t0 = time.perf_counter()
     records = resources.run_resources(pairs, out=args.output, build_dir=args.build_dir, timeout=args.timeout,
-                                      echo=lambda s: print(s, flush=True), backend=backend)
+                                      echo=lambda s: print(s, flush=True), backend=backend,
+                                      keep_netlist=args.keep_netlist, paths=args.paths)
     print()
     print(resources.format_table(records))
     print("levels: LUT levels between registers (carry/MUXF as wiring); cells: LUT+carry+MUXF cells on the "
@@ -1489,6 +1492,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-budget-check", action="store_true",
                    help="report only: a block whose LUT levels exceed its budget (<= 9 at 156.25 MHz on xc7, "
                         "<= 5 at 322.27 MHz on xcup) does not make the exit status 1, as it does by default")
+    p.add_argument("--paths", type=int, default=40, metavar="N",
+                   help="start/end signal pairs over the budget kept per block in the JSON's paths_over_budget, "
+                        "deepest first (default: 40; paths_over_budget_total counts them all)")
+    p.add_argument("--keep-netlist", action="store_true",
+                   help="keep each block's flattened Yosys JSON netlist (BUILD_DIR/BLOCK-FAMILY/netlist.json; about "
+                        "1 GB for engine_p2_512) to list its paths again with "
+                        "wirereduce.sim.bench.resources.logic_levels")
     p.set_defaults(func=cmd_resources)
 
     _add_workload_parsers(sub)

@@ -479,7 +479,7 @@ def _lutram_arcs(ins: dict, outs: dict):
     return [(a, [b for bits in outs.values() for b in bits], 1, 1)]
 
 
-def logic_levels(netlist: dict, top: str, over: int | None = None, limit: int = 40) -> dict:
+def logic_levels(netlist: dict, top: str, over: int | None = None, limit: int | None = 40) -> dict:
     """Longest combinational paths of a synthesised, flattened Yosys JSON netlist (``write_json``).
 
     Returns ``{"levels": n, "cells": n, "path": [...], "cell_path": [...]}``: the longest path in LUT levels
@@ -490,8 +490,8 @@ def logic_levels(netlist: dict, top: str, over: int | None = None, limit: int = 
 
     With ``over`` (LUT levels), also ``"over": [{"levels", "from", "to"}, ...]``: every endpoint (a register,
     a RAM/DSP input, an output port) whose longest path has more than ``over`` levels, one entry per pair of
-    start and end signal (bit indices dropped), deepest first, at most ``limit`` of them: the list of paths
-    to pipeline, where ``path`` shows only the first.
+    start and end signal (bit indices dropped), deepest first, at most ``limit`` of them (``None``: all): the
+    list of paths to pipeline, where ``path`` shows only the first.
 
     Raises
     ------
@@ -618,7 +618,7 @@ def _paths_over(mod, best_l, via_l, name, over, limit):
             groups[key] = max(groups.get(key, 0), best_l[b])
     rows = [{"levels": lv, "from": k[0], "to": k[1]} for k, lv in groups.items()]
     rows.sort(key=lambda r: (-r["levels"], r["from"], r["to"]))
-    return rows[:limit]
+    return rows if limit is None else rows[:limit]
 
 
 # --- running yosys ---------------------------------------------------------------------------------------------------
@@ -752,7 +752,7 @@ def _ports(top):
 
 def synthesize(block: Block | str, family: str | None = None, build_dir: str | Path = "build/resources",
                timeout: float | None = None, keep_netlist: bool = False, make: Callable | None = None,
-               backend: str | None = None) -> dict:
+               backend: str | None = None, paths: int = 40) -> dict:
     """Synthesise one block with Yosys and return its record (see :func:`run_resources`).
 
     ``backend``: ``"pyosys"`` or ``"yowasp"`` (default: the first installed, :func:`yosys_backend`); the record's
@@ -762,8 +762,22 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
     budget follows the family); ``make`` (with a plain name) builds any Amaranth elaboratable instead of a
     :data:`BLOCKS` entry, clocked at the family's datapath clock (:data:`CLOCK_10G_MHZ` for xc7,
     :data:`CLOCK_100G_MHZ` for xcup).
+
+    ``keep_netlist``: leave the flattened Yosys JSON netlist at ``<build_dir>/<block>-<family>/netlist.json``
+    (about 1 GB for ``engine_p2_512``), for :func:`logic_levels` to be asked again (another ``over``,
+    every path); the record's ``netlist`` names it. ``paths``: the most (start, end) signal pairs over the
+    budget kept in the record's ``paths_over_budget`` (deepest first; ``paths_over_budget_total`` counts them
+    all).
+
+    Raises
+    ------
+    ResourceError
+        On an unknown block or family, a block Amaranth cannot convert, a Yosys failure or timeout.
     """
     from amaranth.back import rtlil
+
+    if paths < 0:
+        raise ResourceError(f"paths must be 0 or more, not {paths}")
 
     if isinstance(block, str):
         if make is not None:
@@ -792,7 +806,7 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
     cells = parse_stat((work / "stat.json").read_text(), top=block.name)
     netlist_path = work / "netlist.json"
     lv = logic_levels(json.loads(netlist_path.read_text()), block.name,
-                      over=budget_levels(family, block.clock_mhz))
+                      over=budget_levels(family, block.clock_mhz), limit=None)
     if not keep_netlist:
         os.remove(netlist_path)
     res = summarize_cells(cells)
@@ -802,7 +816,8 @@ def synthesize(block: Block | str, family: str | None = None, build_dir: str | P
         "cells_on_path": lv["cells"],
         "levels_path": lv["path"], "cells_path": lv["cell_path"],
         # Every (start, end) signal pair deeper than the budget, deepest first: what to pipeline.
-        "paths_over_budget": lv["over"],
+        "paths_over_budget": lv["over"][:paths], "paths_over_budget_total": len(lv["over"]),
+        **({"netlist": str(netlist_path)} if keep_netlist else {}),
         "cells_by_type": cells, "capacity": dev.capacity(),
         "pct": {k: round(100 * res[k] / dev.capacity()[k], 3) for k in ("lut", "ff", "bram36", "dsp")},
         "seconds": round(time.perf_counter() - t0, 1), "seconds_yosys": round(t_yosys, 1), "yosys": ran,
@@ -877,7 +892,8 @@ def verdicts(records: list[dict]) -> list[str]:
 
 def run_resources(pairs: list[tuple[Block, str]], out: str | Path | None = "bench/results/resources.json",
                   build_dir: str | Path = "build/resources", timeout: float | None = None,
-                  echo: Callable[[str], None] = print, backend: str | None = None) -> list[dict]:
+                  echo: Callable[[str], None] = print, backend: str | None = None, keep_netlist: bool = False,
+                  paths: int = 40) -> list[dict]:
     """Synthesise each (block, family) in turn (one yosys at a time), print a line per block, write ``out``.
 
     Each record has: ``block``, ``description``, ``family``, ``part``, ``lut``, ``ff``, ``bram36``, ``dsp``,
@@ -886,14 +902,17 @@ def run_resources(pairs: list[tuple[Block, str]], out: str | Path | None = "benc
     ``within_budget`` (``levels`` ≤ ``budget_levels``),
     ``cells_on_path`` (LUT + carry + MUXF cells), ``levels_path``/``cells_path`` (the cells on those paths),
     ``cells_by_type``, ``capacity`` (of the device), ``pct`` (of the device), ``seconds`` (wall, conversion +
-    yosys + level analysis), ``seconds_yosys`` and ``yosys`` (the backend, :func:`yosys_backend`). A block that
-    fails is reported and left out.
+    yosys + level analysis), ``seconds_yosys`` and ``yosys`` (the backend, :func:`yosys_backend`),
+    ``paths_over_budget`` (at most ``paths`` (start, end) signal pairs deeper than the budget, deepest first) and
+    ``paths_over_budget_total``; with ``keep_netlist``, ``netlist`` (its path; see :func:`synthesize`). A block
+    that fails is reported and left out.
     """
     records = []
     for block, family in pairs:
         echo(f"# {block.name} ({block.description}) on {family} ...")
         try:
-            rec = synthesize(block, family, build_dir=build_dir, timeout=timeout, backend=backend)
+            rec = synthesize(block, family, build_dir=build_dir, timeout=timeout, backend=backend,
+                             keep_netlist=keep_netlist, paths=paths)
         except ResourceError as e:
             echo(f"#   FAILED: {e}")
             continue
