@@ -70,8 +70,6 @@ from wirereduce.hdl.stream.frame import (
     FrameGate,
     FrameStream,
     beat_layout,
-    decode_expect,
-    expect_layout,
     tagged_layout,
 )
 
@@ -79,7 +77,6 @@ from wirereduce.codec import K_MAX, K_MIN
 from wirereduce.config import EngineConfig
 from wirereduce.formats import supported_dtype_bytes
 from wirereduce.protocol import (
-    HEADER_BYTES,
     VERSION,
     Codec,
     DType,
@@ -571,6 +568,13 @@ class Engine(wiring.Component):
             with m.Elif(g.head_valid & ~looked & ~reading & ~settling):
                 m.d.sync += reading.eq(1)
             with m.Elif(reading):
+                m.d.sync += [looked.eq(1), reading.eq(0)]
+            # The look-up's registers are written while ``reading`` (and checked again while ``looked``)
+            # whatever the gate does at that edge (timing: not behind ``head_gone``, the gate's handshake
+            # and state): the gate accepts or drops a head only while ``looked`` (``apply``), so no head
+            # leaves while ``reading``; and a head leaving while ``looked`` leaves the next head to be
+            # looked up (``reading``, which writes them all) before anything reads them.
+            with m.If(reading):
                 code = trp.data[0:3]
                 red = h.opcode == Opcode.REDUCE
                 # A REDUCE is a child's partial sum: valid only on a port among the flow's terms. A
@@ -586,7 +590,7 @@ class Engine(wiring.Component):
                 not_waited = Const(0, 1)
                 for u in range(nunits):
                     not_waited = not_waited | (to_unit[u] & ~inwin[1 + u])
-                m.d.sync += [looked.eq(1), reading.eq(0), port_bad.eq(wrong_port),
+                m.d.sync += [port_bad.eq(wrong_port),
                              seq_bad.eq(not_pending | not_waited),
                              unit_bad.eq((red & (code != ROOT) & ((code >= P) | (code == p))) | wrong_port
                                          | not_pending | not_waited),
@@ -954,10 +958,6 @@ class Engine(wiring.Component):
         quiet_q, running_q = Signal(), Signal()
         m.d.sync += [quiet_q.eq(quiet & ctl_hold), running_q.eq(run.running)]
         refuse = (running_q & ~abort) | refuse_hdr | ~table_ok
-        # A SCHEDULE frame's length, decoded for the gate's length check and registered with the header
-        # checks (timing; applied with them).
-        sched_exp = Signal(expect_layout(w), name="sched_expect")
-        m.d.sync += sched_exp.eq(decode_expect(m, HEADER_BYTES + 4 * hr.count, w, name="sched_expect_d"))
         # The push's slot check, registered (timing) and applied with the verdict (``host_seen``: the
         # same head as the cycle before, and the gate in START then, so no beat of a push left the
         # gate in between; the output stage's last beat of a push, which fills its slot a cycle
@@ -968,19 +968,24 @@ class Engine(wiring.Component):
         m.d.sync += push_busy.eq((slot_valid >> push_slot)[0] | (st_fill & (st_slot == push_slot)))
         host_cmd = host_seen & cmd_hdr
         m.d.sync += ctl_hold.eq(host_cmd & (is_ctl | is_sched))
+        # The commands' verdict, OR-ed into the gate's drop/accept by check_header below (timing: the
+        # gate's decisions and its length check's expectation are not behind a select by the command
+        # tree). A SCHEDULE frame is accepted with the length check_header registered from its header
+        # (16 + 4·count bytes: the LOST flag, the only other case, fails ``sched_bad``'s flags check).
+        cmd_drop, cmd_accept = Signal(name="host_cmd_drop"), Signal(name="host_cmd_accept")
         with m.If(host_cmd):
             with m.If(~status.busy & ~sched_streaming & (is_stats | quiet_q)):
                 with m.If(is_sched):
                     m.d.sync += run.tag.eq(hh.collective)
                     with m.If(running_q):
-                        m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1), events.flag("control_refused").eq(1)]
+                        m.d.comb += [cmd_drop.eq(1), status.trigger.eq(1), events.flag("control_refused").eq(1)]
                     with m.Elif(sched_bad):
-                        m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1), events.flag("drop_count").eq(1)]
+                        m.d.comb += [cmd_drop.eq(1), status.trigger.eq(1), events.flag("drop_count").eq(1)]
                     with m.Else():
                         # accept holds until the first beat leaves (FrameGate's protocol)
-                        m.d.comb += [host_gate.accept.eq(1), host_gate.expect.eq(sched_exp)]
+                        m.d.comb += cmd_accept.eq(1)
                 with m.Else():
-                    m.d.comb += [host_gate.drop.eq(1), status.trigger.eq(1)]
+                    m.d.comb += [cmd_drop.eq(1), status.trigger.eq(1)]
                     m.d.sync += run.tag.eq(hh.count)
                     with m.If(is_ctl):
                         with m.If(refuse):
@@ -994,11 +999,10 @@ class Engine(wiring.Component):
                             ]
                             if cfg.codec:
                                 m.d.sync += [run.codec.eq(hh.codec), run.eb_k.eq(hh.eb_k)]
-        with m.Else():
-            count_bad = (hr.count == 0) | (hr.count > cfg.max_elements) | (hr.hop != push_flow)
-            check_header(m, host_gate, run, events, hr.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
-                         opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=cfg.codec, lost_ok=0, lost_wait=0,
-                         apply=host_seen, raw_head=True)
+        count_bad = (hr.count == 0) | (hr.count > cfg.max_elements) | (hr.hop != push_flow)
+        check_header(m, host_gate, run, events, hr.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
+                     opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=cfg.codec, lost_ok=0, lost_wait=0,
+                     apply=host_seen & ~cmd_hdr, raw_head=True, also_drop=cmd_drop, also_accept=cmd_accept)
 
         # Accepted frames: SCHEDULE entries into the table (one 64-bit word a cycle), pushes into
         # every unit's copy of the local buffer.

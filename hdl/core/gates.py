@@ -24,7 +24,8 @@ __all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
 
 def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
                  opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait,
-                 apply=None, late_count_bad=None, late_opcode=None, late_seq=None, raw_head=False):
+                 apply=None, late_count_bad=None, late_opcode=None, late_seq=None, raw_head=False,
+                 also_drop=None, also_accept=None):
     """The checks every input makes of the header waiting in ``gate``, in order (docs/protocol.md
     "Drop rules"): runt, version, ``opcode_ok``, collective (``run``), ``flags``
     (``flags_allowed``), ``dtype`` (the collective's), ``codec``/``eb_k`` (the collective's, and
@@ -55,9 +56,15 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     checks read the header FIFO's head in every state (``gate.head_raw``/``head_raw_short``, no select
     by the gate's state in front of them; timing), for a caller whose ``apply`` also implies that
     ``head_valid`` was high the cycle before, when those are the same as ``head``/``head_short``; the
-    caller's ``count_bad`` must read it too."""
+    caller's ``count_bad`` must read it too. ``also_drop``/``also_accept`` (with ``apply``): the caller's own
+    verdict on a head these checks do not judge (the engine's host commands; ``apply`` low then), OR-ed
+    into the gate's ``drop``/``accept`` (timing: one flat OR, not a select between two sets of drivers);
+    ``gate.expect_bytes``/``expect`` and ``mark_bad`` stay the checks' registered ones, which the caller's
+    accepted frames must share."""
     if raw_head and apply is None:
         raise ValueError("raw_head needs apply")
+    if apply is None and (also_drop is not None or also_accept is not None):
+        raise ValueError("also_drop and also_accept need apply")
     h = gate.head_raw if raw_head else gate.head
     head_short = gate.head_raw_short if raw_head else gate.head_short
     lost = (h.flags & Flag.LOST) != 0
@@ -117,8 +124,10 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         late = Const(0, 1) if late_count_bad is None else late_count_bad
         late_sq = Const(0, 1) if late_seq is None else late_seq
         on = apply   # implies head_valid (above)
-        m.d.comb += [gate.drop.eq(on & (bad_q | late)), gate.drop_track.eq(on & (bad_q | late)),
-                     gate.accept.eq(on & ~bad_q & ~late & ~wait)]
+        more_drop = Const(0, 1) if also_drop is None else also_drop
+        more_accept = Const(0, 1) if also_accept is None else also_accept
+        m.d.comb += [gate.drop.eq((on & (bad_q | late)) | more_drop), gate.drop_track.eq(on & (bad_q | late)),
+                     gate.accept.eq((on & ~bad_q & ~late & ~wait) | more_accept)]
         late_op = Const(0, 1) if late_opcode is None else late_opcode
         for k, (flag, _) in enumerate(reasons):
             if flag == "drop_count":

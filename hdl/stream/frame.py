@@ -419,11 +419,13 @@ class FrameGate(wiring.Component):
         # register each, not a decode of the state register): every transition sets both (``goto``),
         # so they always agree.
         st_start, st_pass, st_flush = Signal(init=1, name="st_start"), Signal(name="st_pass"), Signal(name="st_flush")
+        st_inject = Signal(name="st_inject")
+        inj_valid = Signal()   # INJECT's output valid (below)
 
         def goto(state):
             m.next = state
             m.d.sync += [st_start.eq(state == "START"), st_pass.eq(state == "PASS"),
-                         st_flush.eq(state in ("TRUNC", "DROP"))]
+                         st_flush.eq(state in ("TRUNC", "DROP")), st_inject.eq(state == "INJECT")]
 
         with m.FSM() as fsm:
             m.d.comb += self.busy.eq(~fsm.ongoing("START"))
@@ -437,7 +439,6 @@ class FrameGate(wiring.Component):
                     self.head_short.eq(hdrs.r_data[hwidth]),
                     self.head_valid.eq(hdrs.r_rdy),
                     o.first.eq(1), o.hdr.eq(head),
-                    self.o.valid.eq(hdrs.r_rdy & self.accept),
                     cur_at_end.eq(first_at_end), cur_keep.eq(accept_keep), cur_tail.eq(exp.tail),
                 ]
                 chk = beat_check()
@@ -473,7 +474,6 @@ class FrameGate(wiring.Component):
                             goto("INJECT")
             with m.State("PASS"):
                 m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr),
-                             self.o.valid.eq(beats.r_rdy),
                              cur_at_end.eq(at_end_q), cur_keep.eq(exp_keep), cur_tail.eq(exp_tail)]
                 chk = beat_check()
                 if chk is not None:
@@ -535,7 +535,7 @@ class FrameGate(wiring.Component):
                         o.hdr.eq(ph_hdr),
                         # lost_ok/lost_wait decide the start only: the parent's sequence number moves
                         # on as the first beat leaves, and a started placeholder always finishes.
-                        self.o.valid.eq((inj_idx != 0) | (self.lost_ok & ~self.lost_wait)),
+                        inj_valid.eq((inj_idx != 0) | (self.lost_ok & ~self.lost_wait)),
                     ]
                     with m.If((inj_idx == 0) & ~self.lost_ok):
                         m.d.sync += inj_idx.eq(0)
@@ -555,6 +555,11 @@ class FrameGate(wiring.Component):
         # header FIFO's ``r_rdy`` is ``head_valid``); in PASS a beat leaves when taken; in TRUNC and
         # DROP every beat there is leaves; in INJECT nothing is read.
         in_start, in_pass, in_flush = st_start, st_pass, st_flush
+        # ``o.valid`` likewise (timing: the engine's buffers' write enables hang off it, and a select by
+        # the state register put it levels deep): in START the head frame's first beat once accepted,
+        # in PASS a beat there is, in INJECT a placeholder beat (``inj_valid``).
+        m.d.comb += self.o.valid.eq((st_start & hdrs.r_rdy & self.accept) | (st_pass & beats.r_rdy)
+                                    | (st_inject & inj_valid))
         head_read = Signal()
         m.d.comb += [
             head_read.eq(in_start & hdrs.r_rdy & ((self.accept & self.o.ready) | self.drop)),
