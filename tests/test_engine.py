@@ -204,10 +204,10 @@ def test_engine_same_bits_any_timing():
     assert all(np.array_equal(r, runs[0]) for r in runs[1:])
 
 
-def _stats(ctx, e, data: bytes):
+def _stats(ctx, e, data: bytes, width: int = 64):
     async def go():
-        await stream_send(ctx, e.host_rx, data, 64)
-        return parse_stats(await stream_recv(ctx, e.host_tx, 64))
+        await stream_send(ctx, e.host_rx, data, width)
+        return parse_stats(await stream_recv(ctx, e.host_tx, width))
     return go()
 
 
@@ -237,6 +237,35 @@ def test_control_and_schedule_rules():
     assert out["control"]["control_refused"] == 1 and out["control"]["chunks"] == 2
     assert out["control"]["nodes"] == 1  # STATS "nodes" of an engine: its flow count
     assert out["busy"]["control_refused"] == 2 and out["busy"]["request_tag"] == 14
+
+
+@pytest.mark.parametrize("width", [64, 512])
+@pytest.mark.parametrize("extra", [-8, 8])
+def test_schedule_frame_of_the_wrong_length(width, extra):
+    """A SCHEDULE frame shorter or longer than its count says is dropped at the length check and counted
+    (``drop_length``, also when its one beat at 512 bit ends it), its answer says so, and the table it
+    spoilt is refused by CONTROL until a good SCHEDULE frame replaces it."""
+    s = sched.build("ring:2", "ring")
+    e = Engine(EngineConfig(width, 1500, slots=4, ports=2, max_flows=8))
+    (first, payload), = table.table_frames_payloads(s, 0, 2, width)
+    ctl = Header(opcode=Opcode.CONTROL, collective=5, src=0, hop=1, seq=2, count=11).pack()
+    body = payload + bytes(extra) if extra > 0 else payload[:len(payload) + extra]
+    out = {}
+
+    async def tb(ctx):
+        out["bad"] = await _stats(ctx, e, Header(opcode=Opcode.SCHEDULE, seq=0, count=2, collective=21).pack()
+                                  + body, width)
+        out["control"] = await _stats(ctx, e, ctl, width)
+        out["table"] = await _stats(ctx, e, Header(opcode=Opcode.SCHEDULE, seq=0, count=2,
+                                                   collective=22).pack() + payload, width)
+        out["control2"] = await _stats(ctx, e, ctl, width)
+
+    simulate(e, [tb])
+    assert len(payload) == 8 and len(body) == 8 + extra   # one entry (count 2 words); 8 bytes fewer or more
+    assert out["bad"]["request_tag"] == 21 and out["bad"]["drop_length"] == 1, out["bad"]
+    assert out["control"]["control_refused"] == 1 and out["control"]["chunks"] == 0
+    assert out["table"]["request_tag"] == 22 and out["table"]["drop_length"] == 1
+    assert out["control2"]["control_refused"] == 1 and out["control2"]["chunks"] == 2
 
 
 def test_stats_carry_the_ports_counters():
