@@ -316,3 +316,29 @@ def test_host_fifo_discards_frames_that_went_bad(seed):
     simulate(dut, [writer, reader])
     assert got == [beats for beats, bad in frames if not bad]
     assert dropped[0] == sum(bad for _, bad in frames)
+
+
+def test_count_mismatch_reported_once_and_the_next_chunk_sums():
+    """A child's REDUCE for chunk 0 with a well-formed frame but another element count than the local
+    chunk's is never joined: counted once in ``drop_count`` however long it waits (the unit reports a
+    stuck candidate once), nothing of chunk 0 goes to the parent, and chunk 1 (the unit's lookahead)
+    is summed exactly after it."""
+    seen = {}
+    short = frame(reduce_hdr(0, count=2), CHILD[0][:2])
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, short)
+        seen["quiet"] = await no_frame(ctx, dut.net1_out, 300)
+        seen["stats0"] = await stats(ctx, dut)
+        await send(ctx, dut.net0_in, frame(reduce_hdr(1), CHILD[1]))
+        seen["out"] = await recv(ctx, dut.net1_out)
+        seen["stats1"] = await stats(ctx, dut)
+
+    run_engine(tb)
+    assert seen["quiet"], "a partial sum of chunk 0 went to the parent"
+    for key in ("stats0", "stats1"):
+        drops = {k: v for k, v in seen[key].items() if k.startswith("drop_") and v}
+        assert drops == {"drop_count": 1}, (key, drops)
+    out, bad = seen["out"]
+    assert not bad
+    check_partial(out, 1)

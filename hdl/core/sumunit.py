@@ -271,9 +271,14 @@ class SumUnit(wiring.Component):
             count_ok = (~need | same).all()
             new_depth = cand_depth[idx]
             # Frames in the chain all leave at one tap (``depth`` adders in): a frame with another
-            # number of terms joins only once the chain is empty.
+            # number of terms joins only once the chain is empty. Whether the depths agree is sampled
+            # like the readiness (timing): the candidate's depth is fixed while ``fresh``, and ``depth``
+            # changes only as a chunk starts, after which the unit streams for at least a cycle, when the
+            # sample is taken anew.
+            same_depth = Signal(name=f"{name}_same_depth")
+            m.d.sync += same_depth.eq(new_depth == depth)
             rdy = Signal(name=f"{name}_ready")
-            m.d.comb += rdy.eq(ready & ((new_depth == depth) | chain_empty))
+            m.d.comb += rdy.eq(ready & (same_depth | chain_empty))
             good = Signal(name=f"{name}_count_ok")
             m.d.comb += good.eq(count_ok)
             # What starting this chunk sets that takes arithmetic on its count (its beats, the last beat's
@@ -347,7 +352,9 @@ class SumUnit(wiring.Component):
         report = []
         for k, (rdy, good, _) in enumerate(cands):
             after = known[k + 1] if k + 1 < D else Const(1, 1)
-            m.d.comb += take[k].eq(idle & rdy & good & ~stuck[k] & after & ~taken)
+            # (a stuck candidate is never taken: its counts disagree, ``good`` is low and stays so while
+            # it is unchanged, so ``stuck`` is left out of the take, for timing; it only reports once)
+            m.d.comb += take[k].eq(idle & rdy & good & after & ~taken)
             report.append(idle & rdy & ~good & ~stuck[k] & ~good_before)
             taken = taken | take[k]
             good_before = good_before | (rdy & good)
