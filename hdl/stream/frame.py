@@ -378,8 +378,7 @@ class FrameGate(wiring.Component):
         m.d.comb += [
             self.head_raw.eq(head), self.head_raw_short.eq(hdrs.r_data[hwidth]),
             self.head_raw_valid.eq(hdrs.r_rdy),
-            o.data.eq(out_beat.data), o.keep.eq(out_beat.keep), o.last.eq(out_beat.last),
-            o.bad.eq(out_beat.bad),
+            o.data.eq(out_beat.data), o.keep.eq(out_beat.keep),
         ]
 
         # Length check: the expected last beat and its keep, from expect_bytes (given with accept).
@@ -420,7 +419,20 @@ class FrameGate(wiring.Component):
         # so they always agree.
         st_start, st_pass, st_flush = Signal(init=1, name="st_start"), Signal(name="st_pass"), Signal(name="st_flush")
         st_inject = Signal(name="st_inject")
-        inj_valid = Signal()   # INJECT's output valid (below)
+        inj_valid, inj_last = Signal(), Signal()   # INJECT's output valid and last (below)
+
+        # The length check of the beat now leaving, flat on the one-hot state (timing: ``last`` and ``bad``
+        # load the engine's buffers' flags, and a select by the state register put them levels deep): in
+        # START the head frame's first beat against the expectation given with ``accept``, in PASS a later
+        # beat against the registered one; in the other states nothing leaves that it applies to.
+        m.d.comb += [
+            cur_at_end.eq(Mux(st_start, first_at_end, at_end_q)),
+            cur_keep.eq(Mux(st_start, accept_keep, exp_keep)),
+            cur_tail.eq(Mux(st_start, exp.tail, exp_tail)),
+        ]
+        chk = beat_check()
+        cut, err = chk if chk is not None else (Const(0, 1), Const(0, 1))
+        mark = Mux(st_start, self.mark_bad, exp_mark)
 
         def goto(state):
             m.next = state
@@ -439,17 +451,7 @@ class FrameGate(wiring.Component):
                     self.head_short.eq(hdrs.r_data[hwidth]),
                     self.head_valid.eq(hdrs.r_rdy),
                     o.first.eq(1), o.hdr.eq(head),
-                    cur_at_end.eq(first_at_end), cur_keep.eq(accept_keep), cur_tail.eq(exp.tail),
                 ]
-                chk = beat_check()
-                if chk is not None:
-                    cut, err = chk
-                    with m.If(cut):
-                        m.d.comb += [o.last.eq(1), o.bad.eq(1)]
-                    with m.If(err):
-                        m.d.comb += o.bad.eq(1)
-                with m.If(out_beat.last & self.mark_bad):
-                    m.d.comb += o.bad.eq(1)
                 with m.If(self.o.valid & self.o.ready):
                     m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
                                  at_end_q.eq(exp.two),
@@ -473,17 +475,7 @@ class FrameGate(wiring.Component):
                         with m.Elif(self.drop_track & out_beat.bad):
                             goto("INJECT")
             with m.State("PASS"):
-                m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr),
-                             cur_at_end.eq(at_end_q), cur_keep.eq(exp_keep), cur_tail.eq(exp_tail)]
-                chk = beat_check()
-                if chk is not None:
-                    cut, err = chk
-                    with m.If(cut):
-                        m.d.comb += [o.last.eq(1), o.bad.eq(1)]
-                    with m.If(err):
-                        m.d.comb += o.bad.eq(1)
-                with m.If(out_beat.last & exp_mark):
-                    m.d.comb += o.bad.eq(1)
+                m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr)]
                 with m.If(self.o.valid & self.o.ready):
                     m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
                     if chk is not None:
@@ -530,7 +522,7 @@ class FrameGate(wiring.Component):
                     m.d.comb += [
                         o.data.eq(hdr_beats.word_select(inj_idx, w)),
                         o.keep.eq(Mux(inj_idx == hb - 1, (1 << (HEADER_BYTES - (hb - 1) * nb)) - 1, full_keep)),
-                        o.last.eq(inj_idx == hb - 1), o.bad.eq(inj_idx == hb - 1),
+                        inj_last.eq(inj_idx == hb - 1),
                         o.first.eq(inj_idx == 0), o.index.eq(inj_idx),
                         o.hdr.eq(ph_hdr),
                         # lost_ok/lost_wait decide the start only: the parent's sequence number moves
@@ -560,6 +552,13 @@ class FrameGate(wiring.Component):
         # in PASS a beat there is, in INJECT a placeholder beat (``inj_valid``).
         m.d.comb += self.o.valid.eq((st_start & hdrs.r_rdy & self.accept) | (st_pass & beats.r_rdy)
                                     | (st_inject & inj_valid))
+        # ``last`` and ``bad`` likewise: a frame cut at the expected length ends there marked bad, one
+        # that fails the check or was marked (``mark_bad``) has its last beat marked; a placeholder's last
+        # header beat is its last, marked bad.
+        m.d.comb += [
+            o.last.eq(Mux(st_inject, inj_last, out_beat.last | cut)),
+            o.bad.eq(Mux(st_inject, inj_last, out_beat.bad | cut | err | (out_beat.last & mark))),
+        ]
         head_read = Signal()
         m.d.comb += [
             head_read.eq(in_start & hdrs.r_rdy & ((self.accept & self.o.ready) | self.drop)),
