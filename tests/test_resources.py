@@ -348,16 +348,10 @@ def _chain_netlist(top, n):
     return {"modules": {top: {"cells": cells, "netnames": {}}}}
 
 
-@pytest.mark.parametrize("family, levels, flags, status", [
-    ("xc7", 9, [], 0), ("xc7", 10, [], 1), ("xcup", 5, [], 0), ("xcup", 6, [], 1),
-    ("xc7", 10, ["--no-budget-check"], 0), ("xcup", 6, ["--no-budget-check"], 0),
-])
-def test_cli_exit_status_on_budget(tmp_path, monkeypatch, capsys, family, levels, flags, status):
-    """`wirereduce resources` with the synthesis faked (no yosys runs): exit 1 when the block is over its budget."""
+def _tiny():
+    """A one-register component: the block the CLI tests synthesise with a faked yosys."""
     from amaranth.lib import wiring
     from amaranth.lib.wiring import Out
-
-    from wirereduce.cli import main
 
     class Tiny(wiring.Component):
         def __init__(self):
@@ -368,6 +362,17 @@ def test_cli_exit_status_on_budget(tmp_path, monkeypatch, capsys, family, levels
             m.d.sync += self.q.eq(~self.q)
             return m
 
+    return Tiny()
+
+
+@pytest.mark.parametrize("family, levels, flags, status", [
+    ("xc7", 9, [], 0), ("xc7", 10, [], 1), ("xcup", 5, [], 0), ("xcup", 6, [], 1),
+    ("xc7", 10, ["--no-budget-check"], 0), ("xcup", 6, ["--no-budget-check"], 0),
+])
+def test_cli_exit_status_on_budget(tmp_path, monkeypatch, capsys, family, levels, flags, status):
+    """`wirereduce resources` with the synthesis faked (no yosys runs): exit 1 when the block is over its budget."""
+    from wirereduce.cli import main
+
     def fake_yosys(script, cwd, timeout=None, backend=None):
         assert f"-family {family}" in script
         (cwd / "stat.json").write_text(COUNTER_STAT)
@@ -375,7 +380,7 @@ def test_cli_exit_status_on_budget(tmp_path, monkeypatch, capsys, family, levels
         return "yowasp"
 
     clock = {"xc7": resources.CLOCK_10G_MHZ, "xcup": resources.CLOCK_100G_MHZ}[family]
-    monkeypatch.setitem(resources.BLOCKS, "tiny", resources.Block("tiny", family, clock, Tiny, "test block"))
+    monkeypatch.setitem(resources.BLOCKS, "tiny", resources.Block("tiny", family, clock, _tiny, "test block"))
     monkeypatch.setattr(resources, "run_yosys", fake_yosys)
     monkeypatch.setattr(resources, "yosys_available", lambda: True)
     out = tmp_path / "resources.json"
@@ -412,19 +417,7 @@ def _two_chains_netlist(top, n0, n1):
 def test_cli_paths_and_keep_netlist(tmp_path, monkeypatch, capsys):
     """`--paths N` keeps the N deepest pairs over the budget (the total counted apart), `--keep-netlist` leaves the
     netlist where the record says, and it lists the same pairs again; a negative --paths is refused before yosys."""
-    from amaranth.lib import wiring
-    from amaranth.lib.wiring import Out
-
     from wirereduce.cli import main
-
-    class Tiny(wiring.Component):
-        def __init__(self):
-            super().__init__({"q": Out(1)})
-
-        def elaborate(self, platform):
-            m = Module()
-            m.d.sync += self.q.eq(~self.q)
-            return m
 
     ran = []
 
@@ -435,7 +428,7 @@ def test_cli_paths_and_keep_netlist(tmp_path, monkeypatch, capsys):
         return "yowasp"
 
     monkeypatch.setitem(resources.BLOCKS, "tiny",
-                        resources.Block("tiny", "xcup", resources.CLOCK_100G_MHZ, Tiny, "test block"))
+                        resources.Block("tiny", "xcup", resources.CLOCK_100G_MHZ, _tiny, "test block"))
     monkeypatch.setattr(resources, "run_yosys", fake_yosys)
     monkeypatch.setattr(resources, "yosys_available", lambda: True)
     out = tmp_path / "resources.json"
