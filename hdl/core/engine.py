@@ -463,8 +463,7 @@ class Engine(wiring.Component):
 
         # --- gates ----------------------------------------------------------------------------
         def gate(name):
-            # the expected length given decoded, from a register (check_header's, or the SCHEDULE
-            # frames' below; timing: 512 bit)
+            # the expected length given decoded, from check_header's register (timing: 512 bit)
             g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu,
                                                          expect_decoded=True)
             return g

@@ -430,7 +430,7 @@ class FrameGate(wiring.Component):
             cur_keep.eq(Mux(st_start, accept_keep, exp_keep)),
             cur_tail.eq(Mux(st_start, exp.tail, exp_tail)),
         ]
-        chk = beat_check()
+        chk = beat_check()   # (without the length check nothing is cut or marked: constant 0)
         cut, err = chk if chk is not None else (Const(0, 1), Const(0, 1))
         mark = Mux(st_start, self.mark_bad, exp_mark)
 
@@ -456,17 +456,13 @@ class FrameGate(wiring.Component):
                     m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
                                  at_end_q.eq(exp.two),
                                  exp_keep.eq(accept_keep), exp_tail.eq(exp.tail), exp_mark.eq(self.mark_bad)]
-                    if chk is not None:
-                        with m.If(cut):
-                            m.d.sync += trunc_beats.eq(1)
-                            goto("TRUNC")
-                        with m.Elif(~out_beat.last):
-                            goto("PASS")
-                        with m.If(err):
-                            m.d.comb += self.length_error.eq(1)
-                    else:
-                        with m.If(~out_beat.last):
-                            goto("PASS")
+                    with m.If(cut):
+                        m.d.sync += trunc_beats.eq(1)
+                        goto("TRUNC")
+                    with m.Elif(~out_beat.last):
+                        goto("PASS")
+                    with m.If(err):
+                        m.d.comb += self.length_error.eq(1)
                 with m.Elif(self.head_valid & self.drop):
                     m.d.sync += track.eq(self.drop_track)
                     with m.If(~out_beat.last):
@@ -478,17 +474,13 @@ class FrameGate(wiring.Component):
                 m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr)]
                 with m.If(self.o.valid & self.o.ready):
                     m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
-                    if chk is not None:
-                        with m.If(cut):
-                            m.d.sync += trunc_beats.eq(out_idx + 1)
-                            goto("TRUNC")
-                        with m.Elif(out_beat.last):
-                            goto("START")
-                        with m.If(err):
-                            m.d.comb += self.length_error.eq(1)
-                    else:
-                        with m.If(out_beat.last):
-                            goto("START")
+                    with m.If(cut):
+                        m.d.sync += trunc_beats.eq(out_idx + 1)
+                        goto("TRUNC")
+                    with m.Elif(out_beat.last):
+                        goto("START")
+                    with m.If(err):
+                        m.d.comb += self.length_error.eq(1)
             with m.State("TRUNC"):
                 # The rest of a cut-off frame: dropped; its length tells oversize from a length error.
                 with m.If(beats.r_rdy):
