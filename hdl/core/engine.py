@@ -746,35 +746,35 @@ class Engine(wiring.Component):
         wmask = [Signal(P + 1, name=f"wmask{i}") for i in range(nw)]
         wreq_q = Signal(nw)
         wreqs_q = [Signal(P + 1, name=f"wreq_ports{i}") for i in range(nw)]
+        # the queues of a standing request (zero when none stands): the grant's only view of the
+        # requests' targets (timing: no AND with the request bit in front of the reservations)
+        wres_q = [Signal(P, name=f"wreserve{i}") for i in range(nw)]
+        grants = [Signal(name=f"wgrant{i}") for i in range(nw)]
         for i in range(nw):
             req = wreqs[i]
             rooms = ((req[:P] & ~oq_room) == 0) & (host_fifos[i].room | ~req[P])
             wants = wfirst[i] & ~wactive[i] & rooms
             # every writer's request registered (timing: the room compares and the source's valid
-            # stay out of the grant)
-            m.d.sync += [wreq_q[i].eq(wants & ~start), wreqs_q[i].eq(req)]
+            # stay out of the grant); a grant clears it at the same edge, so a standing request is
+            # never one already granted (no ``wactive`` in the grant)
+            keep = Signal(name=f"wkeep{i}")
+            m.d.comb += keep.eq(wants & ~start & ~grants[i])
+            m.d.sync += [wreq_q[i].eq(keep), wreqs_q[i].eq(req),
+                         wres_q[i].eq(Mux(keep, req[:P], 0))]
         # The grant, flat (timing: no chain of selects over the writers): writer i is granted when its
-        # request stands (not masked by a grant at the edge before), none of its queues is being
-        # written, and no writer before it in priority requests one of them (``ctl_hold`` stops all
-        # grants, so it is left out of the reservations).
-        live = [Signal(name=f"wrequest{i}") for i in range(nw)]
+        # request stands, none of its queues is being written, and no writer before it in priority
+        # requests one of them (``ctl_hold`` stops all grants, so it is left out of the reservations).
         for i in range(nw):
-            m.d.comb += live[i].eq(wreq_q[i] & ~wactive[i])
-        grants = []
-        for i in range(nw):
-            want = wreqs_q[i][:P]
             blocked = wbusy
             for j in range(i):
-                blocked = blocked | (wreqs_q[j][:P] & live[j].replicate(P))
-            can = Signal(name=f"wgrant{i}")
-            m.d.comb += can.eq(live[i] & ~ctl_hold & ((want & blocked) == 0))
-            grants.append(can)
-            with m.If(can):
+                blocked = blocked | wres_q[j]
+            m.d.comb += grants[i].eq(wreq_q[i] & ~ctl_hold & ((wres_q[i] & blocked) == 0))
+            with m.If(grants[i]):
                 m.d.sync += [wactive[i].eq(1), wmask[i].eq(wreqs_q[i])]
         # At most one writer is granted a given queue in a cycle, so its owner is the OR of the
         # granted writers' numbers (no priority select).
         for o in range(P):
-            took = [grants[i] & wreqs_q[i][o] for i in range(nw)]
+            took = [grants[i] & wres_q[i][o] for i in range(nw)]
             owner = Const(0, len(wowner[o]))
             for i in range(1, nw):
                 owner = owner | Mux(took[i], i, 0)
