@@ -166,10 +166,18 @@ class _Fifo(Elaboratable):
             m.d.sync += produce.eq(Mux(produce == depth - 1, 0, produce + 1))
         with m.If(do_read):
             m.d.sync += consume.eq(Mux(consume == depth - 1, 0, consume + 1))
+        # The level one-hot (``held[k]``: k entries), so each bit's next value and the ready flags are
+        # one LUT on the read and write strobes (timing: no ±1 adder and compare behind ``r_en``, which
+        # the gates' decisions drive); ``level`` is its binary value, for the parent's room compares.
+        held = Signal(depth + 1, init=1, name="held")
         with m.If(do_write & ~do_read):
-            m.d.sync += [self.level.eq(self.level + 1), self.r_rdy.eq(1), self.w_rdy.eq(self.level != depth - 1)]
+            m.d.sync += [held.eq(held << 1), self.r_rdy.eq(1), self.w_rdy.eq(~held[depth - 1])]
         with m.If(do_read & ~do_write):
-            m.d.sync += [self.level.eq(self.level - 1), self.r_rdy.eq(self.level != 1), self.w_rdy.eq(1)]
+            m.d.sync += [held.eq(held >> 1), self.r_rdy.eq(~held[1]), self.w_rdy.eq(1)]
+        with m.If(do_write & ~do_read):
+            m.d.sync += self.level.eq(self.level + 1)
+        with m.If(do_read & ~do_write):
+            m.d.sync += self.level.eq(self.level - 1)
         return m
 
 
