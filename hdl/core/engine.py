@@ -120,21 +120,28 @@ class FrameQueue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         tagged = tagged_layout(self._w)
-        # One entry more than the frames need in each FIFO: ``i.ready`` is "room for a beat",
-        # registered (timing: no level compare behind the gate's ``o.ready``). It says at least two
-        # entries were free at the edge before, so one is free now whatever was written since; with
-        # the extra entry the queue still takes ``frames`` frames of ``max_beats`` beats.
-        beats_depth, hdrs_depth = self._frames * self._mb + 1, self._frames + 2
+        # Each beat goes through a register before the FIFOs (timing: the writer's ``valid``, a gate's
+        # accept decision, reached the FIFO's level counter through its write enable; one cycle on the
+        # broadcast path, docs/architecture.md "Timing budgets"). ``i.ready`` is "room for a beat",
+        # registered (timing: no level compare behind the gate's ``o.ready``): at least three entries were
+        # free at the edge before, so whatever was written since and the beat in the register leave one
+        # free now; with the two extra entries the queue still takes ``frames`` frames of ``max_beats``
+        # beats.
+        beats_depth, hdrs_depth = self._frames * self._mb + 2, self._frames + 3
         m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=tagged.size, depth=beats_depth)
         m.submodules.hdrs = hdrs = fifo.SyncFIFOBuffered(width=56, depth=hdrs_depth)
         room = Signal(init=1)
-        m.d.sync += room.eq((beats.level <= beats_depth - 2) & (hdrs.level <= hdrs_depth - 2))
+        m.d.sync += room.eq((beats.level <= beats_depth - 3) & (hdrs.level <= hdrs_depth - 3))
+        in_en, in_first = Signal(name="in_en"), Signal(name="in_first")
+        in_beat, in_hdr = Signal(tagged.size, name="in_beat"), Signal(56, name="in_hdr")
+        m.d.sync += [in_en.eq(self.i.valid & self.i.ready), in_first.eq(self.i.payload.first),
+                     in_beat.eq(self.i.payload.as_value()), in_hdr.eq(Cat(self.i_seq, self.i_flow, self.i_count))]
         m.d.comb += [
             self.i.ready.eq(room),
-            beats.w_data.eq(self.i.payload.as_value()),
-            beats.w_en.eq(self.i.valid & self.i.ready),
-            hdrs.w_data.eq(Cat(self.i_seq, self.i_flow, self.i_count)),
-            hdrs.w_en.eq(self.i.valid & self.i.ready & self.i.payload.first),
+            beats.w_data.eq(in_beat),
+            beats.w_en.eq(in_en),
+            hdrs.w_data.eq(in_hdr),
+            hdrs.w_en.eq(in_en & in_first),
             self.o.valid.eq(beats.r_rdy),
             self.o.payload.eq(beats.r_data),
             beats.r_en.eq(self.o.ready),

@@ -386,7 +386,6 @@ class FrameGate(wiring.Component):
         m.d.comb += [
             self.head_raw.eq(head), self.head_raw_short.eq(hdrs.r_data[hwidth]),
             self.head_raw_valid.eq(hdrs.r_rdy),
-            o.data.eq(out_beat.data), o.keep.eq(out_beat.keep),
         ]
 
         # Length check: the expected last beat and its keep, from expect_bytes (given with accept).
@@ -418,9 +417,7 @@ class FrameGate(wiring.Component):
             last_ok = at_end & o_thermo & (o_count == cur_tail)
             cut = ~out_beat.last & (at_end | ~o_full)
             err = out_beat.last & ~last_ok
-            with m.If(at_end):  # never a byte past the expected length
-                m.d.comb += o.keep.eq(out_beat.keep & cur_keep)
-            return cut, err
+            return cut, err   # (and never a byte past the expected length: ``o.keep`` below)
 
         # The state in one-hot registers beside the FSM's (timing: the FIFO reads below hang off one
         # register each, not a decode of the state register): every transition sets both (``goto``),
@@ -458,7 +455,6 @@ class FrameGate(wiring.Component):
                     self.head.eq(head),
                     self.head_short.eq(hdrs.r_data[hwidth]),
                     self.head_valid.eq(hdrs.r_rdy),
-                    o.first.eq(1), o.hdr.eq(head),
                 ]
                 with m.If(self.o.valid & self.o.ready):
                     m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
@@ -479,7 +475,6 @@ class FrameGate(wiring.Component):
                         with m.Elif(self.drop_track & out_beat.bad):
                             goto("INJECT")
             with m.State("PASS"):
-                m.d.comb += [o.first.eq(0), o.index.eq(out_idx), o.hdr.eq(cur_hdr)]
                 with m.If(self.o.valid & self.o.ready):
                     m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
                     with m.If(cut):
@@ -516,19 +511,8 @@ class FrameGate(wiring.Component):
                         goto("START")
             if self._placeholders:  # else no INJECT state at all (a gate that never drops with drop_track)
                 with m.State("INJECT"):
-                    # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad.
-                    ph_hdr = Mux(inj_idx == 0, self.lost_hdr.as_value(), lost_hdr.as_value())
-                    hdr_beats = Cat(ph_hdr, Const(0, hb * w - hwidth))
-                    m.d.comb += [
-                        o.data.eq(hdr_beats.word_select(inj_idx, w)),
-                        o.keep.eq(Mux(inj_idx == hb - 1, (1 << (HEADER_BYTES - (hb - 1) * nb)) - 1, full_keep)),
-                        inj_last.eq(inj_idx == hb - 1),
-                        o.first.eq(inj_idx == 0), o.index.eq(inj_idx),
-                        o.hdr.eq(ph_hdr),
-                        # lost_ok/lost_wait decide the start only: the parent's sequence number moves
-                        # on as the first beat leaves, and a started placeholder always finishes.
-                        inj_valid.eq((inj_idx != 0) | (self.lost_ok & ~self.lost_wait)),
-                    ]
+                    # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad
+                    # (its output, flat on ``st_inject``, below).
                     with m.If((inj_idx == 0) & ~self.lost_ok):
                         m.d.sync += inj_idx.eq(0)
                         goto("START")
@@ -559,6 +543,32 @@ class FrameGate(wiring.Component):
             o.last.eq(Mux(st_inject, inj_last, out_beat.last | cut)),
             o.bad.eq(Mux(st_inject, inj_last, out_beat.bad | cut | err | (out_beat.last & mark))),
         ]
+        # The rest of the output likewise (timing: the engine's buffers decode their slot from
+        # ``hdr.seq`` and ``first`` into their flags' enables): in START the head frame's first beat
+        # and header, in PASS a later beat of the frame with its registered header, in INJECT a
+        # placeholder's header beats (``lost_hdr``'s, sampled as its first beat leaves).
+        kept = Mux(cur_at_end, out_beat.keep & cur_keep, out_beat.keep) if chk is not None else out_beat.keep
+        if self._placeholders:
+            ph_hdr = Mux(inj_idx == 0, self.lost_hdr.as_value(), lost_hdr.as_value())
+            hdr_beats = Cat(ph_hdr, Const(0, hb * w - hwidth))
+            m.d.comb += [
+                inj_last.eq(inj_idx == hb - 1),
+                # lost_ok/lost_wait decide the start only: the parent's sequence number moves
+                # on as the first beat leaves, and a started placeholder always finishes.
+                inj_valid.eq((inj_idx != 0) | (self.lost_ok & ~self.lost_wait)),
+                o.data.eq(Mux(st_inject, hdr_beats.word_select(inj_idx, w), out_beat.data)),
+                o.keep.eq(Mux(st_inject,
+                              Mux(inj_idx == hb - 1, (1 << (HEADER_BYTES - (hb - 1) * nb)) - 1, full_keep), kept)),
+                o.first.eq(st_start | (st_inject & (inj_idx == 0))),
+                o.index.eq(Mux(st_inject, inj_idx, Mux(st_start, 0, out_idx))),
+                o.hdr.eq(Mux(st_start, head.as_value(), Mux(st_inject, ph_hdr, cur_hdr.as_value()))),
+            ]
+        else:
+            m.d.comb += [
+                o.data.eq(out_beat.data), o.keep.eq(kept), o.first.eq(st_start),
+                o.index.eq(Mux(st_start, 0, out_idx)),
+                o.hdr.eq(Mux(st_start, head.as_value(), cur_hdr.as_value())),
+            ]
         head_read = Signal()
         m.d.comb += [
             head_read.eq(in_start & hdrs.r_rdy & ((self.accept & self.o.ready) | self.drop)),
