@@ -12,6 +12,9 @@ FCS so that the next hop drops it (like the ``tuser`` error bit of an AXI4-Strea
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
+
 from amaranth import Array, Cat, Const, Elaboratable, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -169,11 +172,22 @@ class _Fifo(Elaboratable):
         # The level one-hot (``held[k]``: k entries), so each bit's next value and the ready flags are
         # one LUT on the read and write strobes (timing: no ±1 adder and compare behind ``r_en``, which
         # the gates' decisions drive); ``level`` is its binary value, for the parent's room compares.
+        # Each bit is written out from the levels next to it, with whether a write or a read can
+        # happen at that level (not full, not empty) known from the level itself, so it is a function
+        # of ``w_en``, ``r_en`` and three bits (one LUT) rather than of the ready registers as well.
         held = Signal(depth + 1, init=1, name="held")
-        with m.If(do_write & ~do_read):
-            m.d.sync += [held.eq(held << 1), self.r_rdy.eq(1), self.w_rdy.eq(~held[depth - 1])]
-        with m.If(do_read & ~do_write):
-            m.d.sync += [held.eq(held >> 1), self.r_rdy.eq(~held[1]), self.w_rdy.eq(1)]
+        nxt = []
+        for k in range(depth + 1):
+            terms = []
+            for j in (k - 1, k, k + 1):
+                if not 0 <= j <= depth:
+                    continue
+                wr = self.w_en if j < depth else Const(0, 1)
+                rd = self.r_en if j > 0 else Const(0, 1)
+                step = {k - 1: wr & ~rd, k: ~(wr ^ rd), k + 1: rd & ~wr}[j]
+                terms.append(held[j] & step)
+            nxt.append(reduce(operator.or_, terms))
+        m.d.sync += [held.eq(Cat(*nxt)), self.r_rdy.eq(~nxt[0]), self.w_rdy.eq(~nxt[depth])]
         with m.If(do_write & ~do_read):
             m.d.sync += self.level.eq(self.level + 1)
         with m.If(do_read & ~do_write):
