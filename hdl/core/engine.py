@@ -470,9 +470,12 @@ class Engine(wiring.Component):
 
         # --- gates ----------------------------------------------------------------------------
         def gate(name):
-            # the expected length given decoded, from check_header's register (timing: 512 bit)
+            # the expected length given decoded, from check_header's register (timing: 512 bit); no
+            # placeholders: the engine's gates never send one (``lost_ok`` 0: a frame dropped at an engine
+            # gate is not replaced, docs/architecture.md), and the INJECT state's select on the output's
+            # header put the buffers' slot decode a level deeper (timing)
             g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu,
-                                                         expect_decoded=True)
+                                                         expect_decoded=True, placeholders=False)
             return g
 
         # The ports straight, or (``EngineConfig.codec``) through a CodecIn behind every input and a

@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 from functools import reduce
 
-from amaranth import Array, Cat, Const, Elaboratable, Module, Mux, Signal
+from amaranth import Cat, Const, Elaboratable, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import reject, rejecting
@@ -252,8 +252,9 @@ class FrameGate(wiring.Component):
         ``max_beats * width // 8``.
     placeholders : bool
         Build the lost-frame placeholders (default). ``False`` for a parent that never drops
-        with ``drop_track``: no INJECT state, so the output's payload and ``valid`` are not
-        selected by it (timing; the codec stages' gates).
+        with ``drop_track`` or never lets a placeholder go (``lost_ok`` always low): no INJECT
+        state, so the output's payload and ``valid`` are not selected by it (timing; the codec
+        stages' gates, the schedule engine's gates).
     expect_decoded : bool
         The parent gives the expected length decoded (``expect``, :func:`expect_layout`; made with
         :func:`decode_expect`, typically into a register) instead of ``expect_bytes``: no
@@ -453,92 +454,96 @@ class FrameGate(wiring.Component):
         cut, err = chk if chk is not None else (Const(0, 1), Const(0, 1))
         mark = Mux(st_start, self.mark_bad, exp_mark)
 
-        def goto(state):
-            m.next = state
-            m.d.sync += [st_start.eq(state == "START"), st_pass.eq(state == "PASS"),
-                         st_flush.eq(state in ("TRUNC", "DROP")), st_inject.eq(state == "INJECT")]
+        # No FSM register besides them (timing: the state register's decode was the start of the
+        # 512-bit engine's deepest paths): each state's block below is entered on its own one-hot
+        # register, and every transition (``goto``) writes all of them.
+        st_trunc, st_drop = Signal(name="st_trunc"), Signal(name="st_drop")
 
-        with m.FSM() as fsm:
-            m.d.comb += self.busy.eq(~fsm.ongoing("START"))
-            with m.State("START"):
-                # In START the beat FIFO's head is the first beat of the frame whose header is at the
-                # header FIFO's head (the frames before it were read to their last beat), written no
-                # later than the header was: a header waiting means its first beat is there (timing:
-                # one FIFO level less in front of the decision and the reads).
-                m.d.comb += [
-                    self.head.eq(head),
-                    self.head_short.eq(hdrs.r_data[hwidth]),
-                    self.head_valid.eq(hdrs.r_rdy),
-                ]
-                with m.If(self.o.valid & self.o.ready):
-                    m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
-                                 at_end_q.eq(exp.two),
-                                 exp_keep.eq(accept_keep), exp_tail.eq(exp.tail), exp_mark.eq(self.mark_bad)]
-                    with m.If(cut):
-                        m.d.sync += trunc_beats.eq(1)
-                        goto("TRUNC")
-                    with m.Elif(~out_beat.last):
-                        goto("PASS")
-                    with m.If(err):
+        def goto(state):
+            m.d.sync += [st_start.eq(state == "START"), st_pass.eq(state == "PASS"),
+                         st_flush.eq(state in ("TRUNC", "DROP")), st_inject.eq(state == "INJECT"),
+                         st_trunc.eq(state == "TRUNC"), st_drop.eq(state == "DROP")]
+
+        m.d.comb += self.busy.eq(~st_start)
+        with m.If(st_start):
+            # In START the beat FIFO's head is the first beat of the frame whose header is at the
+            # header FIFO's head (the frames before it were read to their last beat), written no
+            # later than the header was: a header waiting means its first beat is there (timing:
+            # one FIFO level less in front of the decision and the reads).
+            m.d.comb += [
+                self.head.eq(head),
+                self.head_short.eq(hdrs.r_data[hwidth]),
+                self.head_valid.eq(hdrs.r_rdy),
+            ]
+            with m.If(self.o.valid & self.o.ready):
+                m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
+                             at_end_q.eq(exp.two),
+                             exp_keep.eq(accept_keep), exp_tail.eq(exp.tail), exp_mark.eq(self.mark_bad)]
+                with m.If(cut):
+                    m.d.sync += trunc_beats.eq(1)
+                    goto("TRUNC")
+                with m.Elif(~out_beat.last):
+                    goto("PASS")
+                with m.If(err):
+                    m.d.comb += self.length_error.eq(1)
+            with m.Elif(self.head_valid & self.drop):
+                m.d.sync += track.eq(self.drop_track)
+                with m.If(~out_beat.last):
+                    goto("DROP")
+                if self._placeholders:
+                    with m.Elif(self.drop_track & out_beat.bad):
+                        goto("INJECT")
+        with m.If(st_pass):
+            with m.If(self.o.valid & self.o.ready):
+                m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
+                with m.If(cut):
+                    m.d.sync += trunc_beats.eq(out_idx + 1)
+                    goto("TRUNC")
+                with m.Elif(out_beat.last):
+                    goto("START")
+                with m.If(err):
+                    m.d.comb += self.length_error.eq(1)
+        with m.If(st_trunc):
+            # The rest of a cut-off frame: dropped; its length tells oversize from a length error.
+            with m.If(beats.r_rdy):
+                with m.If(trunc_beats < trunc_max):
+                    m.d.sync += trunc_beats.eq(trunc_beats + 1)
+                with m.If(out_beat.last):
+                    # Bytes in all: trunc_beats·nb + (the last lane with keep) + 1 > max_bytes, worked
+                    # out without the sum (timing): more beats than max_bytes // nb before this one,
+                    # or exactly that many and a kept lane at or past max_bytes % nb.
+                    full, rest = divmod(self._max_bytes, nb)
+                    over = (trunc_beats > full) | ((trunc_beats == full) & out_beat.keep[rest:].any())
+                    with m.If(over):
+                        m.d.comb += self.oversize.eq(1)
+                    with m.Else():
                         m.d.comb += self.length_error.eq(1)
-                with m.Elif(self.head_valid & self.drop):
-                    m.d.sync += track.eq(self.drop_track)
-                    with m.If(~out_beat.last):
-                        goto("DROP")
-                    if self._placeholders:
-                        with m.Elif(self.drop_track & out_beat.bad):
-                            goto("INJECT")
-            with m.State("PASS"):
-                with m.If(self.o.valid & self.o.ready):
-                    m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
-                    with m.If(cut):
-                        m.d.sync += trunc_beats.eq(out_idx + 1)
-                        goto("TRUNC")
-                    with m.Elif(out_beat.last):
+                    goto("START")
+        with m.If(st_drop):
+            with m.If(beats.r_rdy & out_beat.last):
+                if self._placeholders:
+                    with m.If(track & out_beat.bad):
+                        goto("INJECT")
+                    with m.Else():
                         goto("START")
-                    with m.If(err):
-                        m.d.comb += self.length_error.eq(1)
-            with m.State("TRUNC"):
-                # The rest of a cut-off frame: dropped; its length tells oversize from a length error.
-                with m.If(beats.r_rdy):
-                    with m.If(trunc_beats < trunc_max):
-                        m.d.sync += trunc_beats.eq(trunc_beats + 1)
-                    with m.If(out_beat.last):
-                        # Bytes in all: trunc_beats·nb + (the last lane with keep) + 1 > max_bytes, worked
-                        # out without the sum (timing): more beats than max_bytes // nb before this one,
-                        # or exactly that many and a kept lane at or past max_bytes % nb.
-                        full, rest = divmod(self._max_bytes, nb)
-                        over = (trunc_beats > full) | ((trunc_beats == full) & out_beat.keep[rest:].any())
-                        with m.If(over):
-                            m.d.comb += self.oversize.eq(1)
-                        with m.Else():
-                            m.d.comb += self.length_error.eq(1)
-                        goto("START")
-            with m.State("DROP"):
-                with m.If(beats.r_rdy & out_beat.last):
-                    if self._placeholders:
-                        with m.If(track & out_beat.bad):
-                            goto("INJECT")
-                        with m.Else():
-                            goto("START")
-                    else:
-                        goto("START")
-            if self._placeholders:  # else no INJECT state at all (a gate that never drops with drop_track)
-                with m.State("INJECT"):
-                    # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad
-                    # (its output, flat on ``st_inject``, below).
-                    with m.If((inj_idx == 0) & ~self.lost_ok):
+                else:
+                    goto("START")
+        if self._placeholders:  # else no INJECT state at all (a gate that never drops with drop_track)
+            with m.If(st_inject):
+                # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad
+                # (its output, flat on ``st_inject``, below).
+                with m.If((inj_idx == 0) & ~self.lost_ok):
+                    m.d.sync += inj_idx.eq(0)
+                    goto("START")
+                with m.Elif(self.o.valid & self.o.ready):
+                    with m.If(inj_idx == 0):
+                        m.d.sync += lost_hdr.eq(self.lost_hdr)
+                        m.d.comb += self.lost.eq(1)
+                    with m.If(inj_idx == hb - 1):
                         m.d.sync += inj_idx.eq(0)
                         goto("START")
-                    with m.Elif(self.o.valid & self.o.ready):
-                        with m.If(inj_idx == 0):
-                            m.d.sync += lost_hdr.eq(self.lost_hdr)
-                            m.d.comb += self.lost.eq(1)
-                        with m.If(inj_idx == hb - 1):
-                            m.d.sync += inj_idx.eq(0)
-                            goto("START")
-                        with m.Else():
-                            m.d.sync += inj_idx.eq(inj_idx + 1)
+                    with m.Else():
+                        m.d.sync += inj_idx.eq(inj_idx + 1)
         # The FIFO reads as flat expressions on the state (timing: not assigned in several states
         # behind the decisions and the length check): in START the head frame's header and first beat
         # leave when it is accepted and taken or dropped (``accept`` and ``drop`` both read it; the
@@ -652,22 +657,26 @@ class FrameArbiter(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        ins = [getattr(self, f"i{k}") for k in range(self._n)]
-        owner = Signal(range(self._n))
+        n = self._n
+        ins = [getattr(self, f"i{k}") for k in range(n)]
+        # One-hot (timing: each input's ``ready`` is a few gates on its own bits, not a compare of a
+        # binary select built from a priority encoder): ``pick`` the lowest valid input, ``owner``
+        # the input whose frame is under way while ``locked``.
+        owner = Signal(n, name="owner")
         locked = Signal()
-        pick = Signal(range(self._n))
-        for k in reversed(range(self._n)):
-            with m.If(ins[k].valid):
-                m.d.comb += pick.eq(k)
-        sel = Mux(locked, owner, pick)
-        valids = Array(i.valid for i in ins)
-        payloads = Array(i.payload for i in ins)
-        m.d.comb += [
-            self.o.valid.eq(valids[sel]),
-            self.o.payload.eq(payloads[sel]),
-        ]
+        pick = Signal(n, name="pick")
+        for k in range(n):
+            earlier = Cat(*(ins[j].valid for j in range(k))).any() if k else Const(0, 1)
+            m.d.comb += pick[k].eq(ins[k].valid & ~earlier)
+        sel = Signal(n, name="sel")
+        m.d.comb += sel.eq(Mux(locked, owner, pick))
+        payload = Const(0, len(self.o.payload.as_value()))
+        valid = Const(0, 1)
         for k, i in enumerate(ins):
-            m.d.comb += i.ready.eq(self.o.ready & (sel == k))
+            payload = payload | Mux(sel[k], i.payload.as_value(), 0)
+            valid = valid | (sel[k] & i.valid)
+            m.d.comb += i.ready.eq(self.o.ready & sel[k])
+        m.d.comb += [self.o.valid.eq(valid), self.o.payload.eq(payload)]
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += [owner.eq(sel), locked.eq(~self.o.payload.last)]
         return m
