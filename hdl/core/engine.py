@@ -897,7 +897,8 @@ class Engine(wiring.Component):
         m.d.sync += pending.eq(Mux(start, 0, (pending & ~clr_all) | set_all))
         active = Cat(wactive, pactive, *(oq.busy for oq in oqs))
 
-        m.submodules.tx_arb = tx_arb = FrameArbiter(beat_layout(w), P + 2)
+        # (the choice registered, timing: a host FIFO's ``valid`` reached the others' FIFO levels through it)
+        m.submodules.tx_arb = tx_arb = FrameArbiter(beat_layout(w), P + 2, registered=True)
         for i, hf in enumerate(host_fifos):
             a = getattr(tx_arb, f"i{i}")
             m.d.comb += [

@@ -645,12 +645,19 @@ class FrameArbiter(wiring.Component):
         Beat shape; must have a ``last`` field.
     n : int
         Number of inputs (``i0`` … ``i{n-1}``).
+    registered : bool
+        Pick the next frame's input from the ``valid`` flags of the cycle before (a register),
+        not of this cycle (timing: no path from an input's ``valid`` through the choice to another
+        input's ``ready``; the schedule engine's host output). A frame then starts a cycle after
+        its input became valid on an idle arbiter, and a bubble follows a frame whose input has
+        no next frame; back-to-back frames of waiting inputs still leave without a gap.
     """
 
-    def __init__(self, shape, n: int):
+    def __init__(self, shape, n: int, registered: bool = False):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             reject(self, ValueError(f"an arbiter needs at least one input, not {n!r}"))
         self._n = n
+        self._registered = bool(registered)
         members = {f"i{k}": In(stream.Signature(shape)) for k in range(n)}
         members["o"] = Out(stream.Signature(shape))
         super().__init__(members)
@@ -668,6 +675,10 @@ class FrameArbiter(wiring.Component):
         for k in range(n):
             earlier = Cat(*(ins[j].valid for j in range(k))).any() if k else Const(0, 1)
             m.d.comb += pick[k].eq(ins[k].valid & ~earlier)
+        if self._registered:
+            pick_q = Signal(n, name="pick_q")
+            m.d.sync += pick_q.eq(pick)
+            pick = pick_q
         sel = Signal(n, name="sel")
         m.d.comb += sel.eq(Mux(locked, owner, pick))
         payload = Const(0, len(self.o.payload.as_value()))
