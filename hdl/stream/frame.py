@@ -151,7 +151,6 @@ class _Fifo(Elaboratable):
         self.w_data, self.w_en = Signal(width, name="w_data"), Signal(name="w_en")
         self.w_rdy = Signal(init=1, name="w_rdy")
         self.r_data, self.r_en, self.r_rdy = Signal(width, name="r_data"), Signal(name="r_en"), Signal(name="r_rdy")
-        self.level = Signal(range(depth + 1), name="level")
 
     def elaborate(self, platform):
         m = Module()
@@ -171,7 +170,7 @@ class _Fifo(Elaboratable):
             m.d.sync += consume.eq(Mux(consume == depth - 1, 0, consume + 1))
         # The level one-hot (``held[k]``: k entries), so each bit's next value and the ready flags are
         # one LUT on the read and write strobes (timing: no ±1 adder and compare behind ``r_en``, which
-        # the gates' decisions drive); ``level`` is its binary value, for the parent's room compares.
+        # the gates' decisions drive).
         # Each bit is written out from the levels next to it, with whether a write or a read can
         # happen at that level (not full, not empty) known from the level itself, so it is a function
         # of ``w_en``, ``r_en`` and three bits (one LUT) rather than of the ready registers as well.
@@ -188,10 +187,6 @@ class _Fifo(Elaboratable):
                 terms.append(held[j] & step)
             nxt.append(reduce(operator.or_, terms))
         m.d.sync += [held.eq(Cat(*nxt)), self.r_rdy.eq(~nxt[0]), self.w_rdy.eq(~nxt[depth])]
-        with m.If(do_write & ~do_read):
-            m.d.sync += self.level.eq(self.level + 1)
-        with m.If(do_read & ~do_write):
-            m.d.sync += self.level.eq(self.level - 1)
         return m
 
 
@@ -434,9 +429,10 @@ class FrameGate(wiring.Component):
             err = out_beat.last & ~last_ok
             return cut, err   # (and never a byte past the expected length: ``o.keep`` below)
 
-        # The state in one-hot registers beside the FSM's (timing: the FIFO reads below hang off one
-        # register each, not a decode of the state register): every transition sets both (``goto``),
-        # so they always agree.
+        # The state in one-hot registers, the only state register (timing: the FIFO reads below hang off
+        # one register each, not a decode of a state register): every transition (``goto``) writes all
+        # of them. ``st_flush`` (TRUNC or DROP) is kept as its own register rather than an OR of
+        # ``st_trunc`` and ``st_drop``, for the beat FIFO's read enable.
         st_start, st_pass, st_flush = Signal(init=1, name="st_start"), Signal(name="st_pass"), Signal(name="st_flush")
         st_inject = Signal(name="st_inject")
         inj_valid, inj_last = Signal(), Signal()   # INJECT's output valid and last (below)
@@ -528,7 +524,7 @@ class FrameGate(wiring.Component):
                         goto("START")
                 else:
                     goto("START")
-        if self._placeholders:  # else no INJECT state at all (a gate that never drops with drop_track)
+        if self._placeholders:  # else no INJECT state at all (``placeholders=False``)
             with m.If(st_inject):
                 # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad
                 # (its output, flat on ``st_inject``, below).
@@ -567,6 +563,9 @@ class FrameGate(wiring.Component):
         # and header, in PASS a later beat of the frame with its registered header, in INJECT a
         # placeholder's header beats (``lost_hdr``'s, sampled as its first beat leaves).
         kept = Mux(cur_at_end, out_beat.keep & cur_keep, out_beat.keep) if chk is not None else out_beat.keep
+        o_data, o_keep, o_first = out_beat.data, kept, st_start
+        o_index = Mux(st_start, 0, out_idx)
+        o_hdr = Mux(st_start, head.as_value(), cur_hdr.as_value())
         if self._placeholders:
             ph_hdr = Mux(inj_idx == 0, self.lost_hdr.as_value(), lost_hdr.as_value())
             hdr_beats = Cat(ph_hdr, Const(0, hb * w - hwidth))
@@ -575,19 +574,14 @@ class FrameGate(wiring.Component):
                 # lost_ok/lost_wait decide the start only: the parent's sequence number moves
                 # on as the first beat leaves, and a started placeholder always finishes.
                 inj_valid.eq((inj_idx != 0) | (self.lost_ok & ~self.lost_wait)),
-                o.data.eq(Mux(st_inject, hdr_beats.word_select(inj_idx, w), out_beat.data)),
-                o.keep.eq(Mux(st_inject,
-                              Mux(inj_idx == hb - 1, (1 << (HEADER_BYTES - (hb - 1) * nb)) - 1, full_keep), kept)),
-                o.first.eq(st_start | (st_inject & (inj_idx == 0))),
-                o.index.eq(Mux(st_inject, inj_idx, Mux(st_start, 0, out_idx))),
-                o.hdr.eq(Mux(st_start, head.as_value(), Mux(st_inject, ph_hdr, cur_hdr.as_value()))),
             ]
-        else:
-            m.d.comb += [
-                o.data.eq(out_beat.data), o.keep.eq(kept), o.first.eq(st_start),
-                o.index.eq(Mux(st_start, 0, out_idx)),
-                o.hdr.eq(Mux(st_start, head.as_value(), cur_hdr.as_value())),
-            ]
+            o_data = Mux(st_inject, hdr_beats.word_select(inj_idx, w), o_data)
+            inj_keep = Mux(inj_idx == hb - 1, (1 << (HEADER_BYTES - (hb - 1) * nb)) - 1, full_keep)
+            o_keep = Mux(st_inject, inj_keep, o_keep)
+            o_first = o_first | (st_inject & (inj_idx == 0))
+            o_index = Mux(st_inject, inj_idx, o_index)
+            o_hdr = Mux(st_inject, ph_hdr, o_hdr)
+        m.d.comb += [o.data.eq(o_data), o.keep.eq(o_keep), o.first.eq(o_first), o.index.eq(o_index), o.hdr.eq(o_hdr)]
         head_read = Signal()
         m.d.comb += [
             head_read.eq(in_start & hdrs.r_rdy & ((self.accept & self.o.ready) | self.drop)),
