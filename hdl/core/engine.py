@@ -571,6 +571,12 @@ class Engine(wiring.Component):
             # dropped (``drop_seq``) before it takes a slot it would hold until the next CONTROL.
             inwin = Signal(1 + nunits, name=f"gate{p}_inwin")
             m.d.sync += pend_q.eq((pending >> h.seq[:qbits])[0])
+            # Whether the head is a REDUCE, a cycle late likewise (timing: the header FIFO's read and the
+            # opcode compare were in front of the look-up's verdict, ``unit_bad``, the P = 4 engine's ninth
+            # level): read at ``reading``, the cycle after the gate showed the same head in START (so
+            # ``head_raw`` was ``head``; it cannot leave while ``reading``).
+            red_q = Signal(name=f"gate{p}_red")
+            m.d.sync += red_q.eq(g.head_raw.opcode == Opcode.REDUCE)
             head_gone = (g.o.valid & g.o.ready & g.o.payload.first) | g.drop
             with m.If(start | head_gone):
                 m.d.sync += [looked.eq(0), reading.eq(0)]
@@ -585,7 +591,7 @@ class Engine(wiring.Component):
             # looked up (``reading``, which writes them all) before anything reads them.
             with m.If(reading):
                 code = trp.data[0:3]
-                red = h.opcode == Opcode.REDUCE
+                red = red_q
                 # A REDUCE is a child's partial sum: valid only on a port among the flow's terms. A
                 # BROADCAST is the flow's result: valid only on the port to the parent (the unit's
                 # port; never at the root). Anything else is a hostile or misrouted frame: dropped

@@ -430,9 +430,9 @@ class FrameGate(wiring.Component):
             return cut, err   # (and never a byte past the expected length: ``o.keep`` below)
 
         # The state in one-hot registers, the only state register (timing: the FIFO reads below hang off
-        # one register each, not a decode of a state register): every transition (``goto``) writes all
-        # of them. ``st_flush`` (TRUNC or DROP) is kept as its own register rather than an OR of
-        # ``st_trunc`` and ``st_drop``, for the beat FIFO's read enable.
+        # one register each, not a decode of a state register); their next values are written out
+        # together below ("The transitions"). ``st_flush`` (TRUNC or DROP) is kept as its own register
+        # rather than an OR of ``st_trunc`` and ``st_drop``, for the beat FIFO's read enable.
         st_start, st_pass, st_flush = Signal(init=1, name="st_start"), Signal(name="st_pass"), Signal(name="st_flush")
         st_inject = Signal(name="st_inject")
         inj_valid, inj_last = Signal(), Signal()   # INJECT's output valid and last (below)
@@ -452,13 +452,17 @@ class FrameGate(wiring.Component):
 
         # No FSM register besides them (timing: the state register's decode was the start of the
         # 512-bit engine's deepest paths): each state's block below is entered on its own one-hot
-        # register, and every transition (``goto``) writes all of them.
+        # register, and sets that state's data registers and pulses; the states' next values are
+        # written out together after them.
         st_trunc, st_drop = Signal(name="st_trunc"), Signal(name="st_drop")
 
-        def goto(state):
-            m.d.sync += [st_start.eq(state == "START"), st_pass.eq(state == "PASS"),
-                         st_flush.eq(state in ("TRUNC", "DROP")), st_inject.eq(state == "INJECT"),
-                         st_trunc.eq(state == "TRUNC"), st_drop.eq(state == "DROP")]
+        # The handshakes each state acts on, flat on its register (with the states one-hot, the same as
+        # ``o.valid & o.ready`` in that state).
+        s_take = st_start & hdrs.r_rdy & self.accept & self.o.ready    # the head frame's first beat leaves
+        s_drop = st_start & hdrs.r_rdy & self.drop & ~(self.accept & self.o.ready)   # the head frame is dropped
+        p_take = st_pass & beats.r_rdy & self.o.ready                  # a later beat leaves
+        t_end = st_trunc & beats.r_rdy & out_beat.last                 # a cut-off frame's rest is read out
+        d_end = st_drop & beats.r_rdy & out_beat.last                  # a dropped frame is read out
 
         m.d.comb += self.busy.eq(~st_start)
         with m.If(st_start):
@@ -477,26 +481,15 @@ class FrameGate(wiring.Component):
                              exp_keep.eq(accept_keep), exp_tail.eq(exp.tail), exp_mark.eq(self.mark_bad)]
                 with m.If(cut):
                     m.d.sync += trunc_beats.eq(1)
-                    goto("TRUNC")
-                with m.Elif(~out_beat.last):
-                    goto("PASS")
                 with m.If(err):
                     m.d.comb += self.length_error.eq(1)
             with m.Elif(self.head_valid & self.drop):
                 m.d.sync += track.eq(self.drop_track)
-                with m.If(~out_beat.last):
-                    goto("DROP")
-                if self._placeholders:
-                    with m.Elif(self.drop_track & out_beat.bad):
-                        goto("INJECT")
         with m.If(st_pass):
             with m.If(self.o.valid & self.o.ready):
                 m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
                 with m.If(cut):
                     m.d.sync += trunc_beats.eq(out_idx + 1)
-                    goto("TRUNC")
-                with m.Elif(out_beat.last):
-                    goto("START")
                 with m.If(err):
                     m.d.comb += self.length_error.eq(1)
         with m.If(st_trunc):
@@ -514,30 +507,18 @@ class FrameGate(wiring.Component):
                         m.d.comb += self.oversize.eq(1)
                     with m.Else():
                         m.d.comb += self.length_error.eq(1)
-                    goto("START")
-        with m.If(st_drop):
-            with m.If(beats.r_rdy & out_beat.last):
-                if self._placeholders:
-                    with m.If(track & out_beat.bad):
-                        goto("INJECT")
-                    with m.Else():
-                        goto("START")
-                else:
-                    goto("START")
         if self._placeholders:  # else no INJECT state at all (``placeholders=False``)
             with m.If(st_inject):
                 # A placeholder for the frame just lost: lost_hdr's header beats, the last marked bad
                 # (its output, flat on ``st_inject``, below).
                 with m.If((inj_idx == 0) & ~self.lost_ok):
                     m.d.sync += inj_idx.eq(0)
-                    goto("START")
                 with m.Elif(self.o.valid & self.o.ready):
                     with m.If(inj_idx == 0):
                         m.d.sync += lost_hdr.eq(self.lost_hdr)
                         m.d.comb += self.lost.eq(1)
                     with m.If(inj_idx == hb - 1):
                         m.d.sync += inj_idx.eq(0)
-                        goto("START")
                     with m.Else():
                         m.d.sync += inj_idx.eq(inj_idx + 1)
         # The FIFO reads as flat expressions on the state (timing: not assigned in several states
@@ -545,6 +526,31 @@ class FrameGate(wiring.Component):
         # leave when it is accepted and taken or dropped (``accept`` and ``drop`` both read it; the
         # header FIFO's ``r_rdy`` is ``head_valid``); in PASS a beat leaves when taken; in TRUNC and
         # DROP every beat there is leaves; in INJECT nothing is read.
+        # The transitions: every state register's next value as one flat expression of the handshakes
+        # above (timing: written as transitions in each state's block, the blocks' priority
+        # became a chain of selects that the synthesiser cannot flatten, not knowing the states are
+        # one-hot; the first state's handshake, behind the parent's ``accept``, went through all of it:
+        # the VC709 engine's tenth level). START: the head frame's first beat leaves (a frame cut there
+        # goes to TRUNC, a longer one to PASS) or the frame is dropped (DROP while beats are left, INJECT
+        # for a placeholder); PASS: a cut beat → TRUNC, the last beat → START; TRUNC and DROP: the last
+        # beat read out → START (DROP: INJECT for a placeholder); INJECT: abandoned, or its last header
+        # beat taken → START.
+        moved = s_take | p_take
+        lost_s = (self.drop_track & out_beat.bad) if self._placeholders else Const(0, 1)
+        lost_d = (track & out_beat.bad) if self._placeholders else Const(0, 1)
+        if self._placeholders:
+            inj_end = st_inject & (((inj_idx == 0) & ~self.lost_ok)
+                                   | (inj_valid & self.o.ready & (inj_idx == hb - 1)))
+            inject_d = (s_drop & out_beat.last & lost_s) | (d_end & lost_d) | (st_inject & ~inj_end)
+        else:
+            inj_end = inject_d = Const(0, 1)
+        trunc_d = (moved & cut) | (st_trunc & ~t_end)
+        pass_d = (moved & ~cut & ~out_beat.last) | (st_pass & ~p_take)
+        drop_d = (s_drop & ~out_beat.last) | (st_drop & ~d_end)
+        start_d = ((st_start & ~(s_take & (cut | ~out_beat.last)) & ~(s_drop & (~out_beat.last | lost_s)))
+                   | (p_take & ~cut & out_beat.last) | t_end | (d_end & ~lost_d) | inj_end)
+        m.d.sync += [st_start.eq(start_d), st_pass.eq(pass_d), st_trunc.eq(trunc_d), st_drop.eq(drop_d),
+                     st_flush.eq(trunc_d | drop_d), st_inject.eq(inject_d)]
         in_start, in_pass, in_flush = st_start, st_pass, st_flush
         # ``o.valid`` likewise (timing: the engine's buffers' write enables hang off it, and a select by
         # the state register put it levels deep): in START the head frame's first beat once accepted,
