@@ -381,11 +381,15 @@ class FloatAdder(wiring.Component):
         # zero whatever the amount; it only needs its exponent field forced to 0 as well.
         # ------------------------------------------------------------------------------------
         s4_exp = Signal(E, name="s4_exp")
-        subnormal = s4_lz > s4_exp
-        # Shifted both ways side by side and the right one picked by the compare (s4_exp < lz <= 28
-        # when subnormal), rather than shifted by the picked amount (timing: the compare and the
-        # amount's select were in series with the shifter, nine LUT levels for the bf16 lanes in the
-        # P = 4 engine; one more shifter per lane).
+        # Subnormal: lz > e, i.e. the sum's top e + 1 bits are all zero. Tested as that, against a mask
+        # of those bits decoded from the exponent a stage early (timing: a compare of lz with e after
+        # the count mapped as a ripple of LUTs, the bf16 lanes' ninth level in the P = 4 engine). A zero
+        # sum may read subnormal where lz = SUMW <= e; it is forced to +-0 with exponent field 0 either way.
+        s4_mask = Signal(SUMW, name="s4_mask")   # (loaded from s3_exp below)
+        subnormal = ~(s4_sum & s4_mask).any()
+        # Shifted both ways side by side and the right one picked by that test (s4_exp < lz <= 28
+        # when subnormal), rather than shifted by the picked amount (timing: the test and the amount's
+        # select were in series with the shifter; one more shifter per lane).
         by_lz = (s4_sum << s4_lz)[:SUMW]
         by_exp = (s4_sum << s4_exp[:LZB])[:SUMW]
         normalised = Mux(subnormal, by_exp, by_lz)
@@ -416,6 +420,7 @@ class FloatAdder(wiring.Component):
         s2_special, s3_special, s4_special = (Signal(name=f"s{i}_special") for i in (2, 3, 4))
         s2_invalid, s3_invalid, s4_invalid = (Signal(name=f"s{i}_invalid") for i in (2, 3, 4))
         s2_inf_sign, s3_inf_sign, s4_inf_sign = (Signal(name=f"s{i}_inf_sign") for i in (2, 3, 4))
+        m.d.sync += s4_mask.eq(Cat(*(s3_exp >= SUMW - 1 - pos for pos in range(SUMW))))
         m.d.sync += [
             s2_sub.eq(s1_sub),
             s2_exp.eq(s1_exp), s3_exp.eq(s2_exp), s4_exp.eq(s3_exp),
