@@ -34,7 +34,9 @@ multi-format lanes):
  3    add                        add or subtract the significands (27-bit + carry)
  4    leading-zero count         count leading zeros of the 28-bit sum, resolve the sign of zero
  5    normalise                  shift left by the leading-zero count, clamped by the exponent so
-                                 that tiny results come out subnormal; compute the exponent field
+                                 that tiny results come out subnormal (both shifts side by side,
+                                 picked by whether the sum's top e + 1 bits are all zero, against
+                                 a mask decoded from e in stage 4); compute the exponent field
  6    round / pack               roundTiesToEven increment, overflow to Inf, special values, pack
 ====  =========================  ====================================================================
 

@@ -954,14 +954,16 @@ class Engine(wiring.Component):
         if cfg.codec:
             codec_ok = codec_ok | ((hr.codec == Codec.INCEPTIONN_V1) & (hr.eb_k >= K_MIN) & (hr.eb_k <= K_MAX)
                                    & (hr.dtype[:4] == DType.FP32))
+        is_stats_d, is_sched_d = hr.opcode == Opcode.STATS_REQUEST, hr.opcode == Opcode.SCHEDULE
+        sched_bad_d = (hr.count == 0) | hr.count[0] | ((hr.seq + (hr.count >> 1)) > FM) | (hr.flags != 0)
         m.d.sync += [
             is_ctl.eq(hr.opcode == Opcode.CONTROL),
-            is_stats.eq(hr.opcode == Opcode.STATS_REQUEST),
-            is_sched.eq(hr.opcode == Opcode.SCHEDULE),
+            is_stats.eq(is_stats_d),
+            is_sched.eq(is_sched_d),
             abort.eq((hr.flags & int(Flag.ABORT)) != 0),
             refuse_hdr.eq(((hr.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok | ~codec_ok
                           | (hr.hop == 0) | (hr.hop > FM) | (hr.seq == 0)),
-            sched_bad.eq((hr.count == 0) | hr.count[0] | ((hr.seq + (hr.count >> 1)) > FM) | (hr.flags != 0)),
+            sched_bad.eq(sched_bad_d),
             cmd_hdr.eq(~host_gate.head_raw_short & (hr.version == VERSION)
                        & ((hr.opcode == Opcode.CONTROL) | (hr.opcode == Opcode.STATS_REQUEST)
                           | (hr.opcode == Opcode.SCHEDULE))),
@@ -973,6 +975,13 @@ class Engine(wiring.Component):
         # writes nothing), and with nothing active no result is delivered, so ``running`` is the same.
         quiet_q, running_q = Signal(), Signal()
         m.d.sync += [quiet_q.eq(quiet & ctl_hold), running_q.eq(run.running)]
+        # The same registers grouped as the verdict on the gate uses them, each loaded at the same edge as
+        # the ones it combines, so with the same values (timing: the verdict was nine registers and a
+        # select chain in front of the host gate's accept and drop, the 512-bit engine's deepest paths):
+        # ``may_q`` = is_stats | quiet_q (the command may go now, but for the status and streaming
+        # flags), ``sched_go_q`` = is_sched & ~running_q & ~sched_bad (a SCHEDULE frame to accept).
+        may_q, sched_go_q = Signal(name="host_cmd_may"), Signal(name="host_sched_go")
+        m.d.sync += [may_q.eq(is_stats_d | (quiet & ctl_hold)), sched_go_q.eq(is_sched_d & ~run.running & ~sched_bad_d)]
         refuse = (running_q & ~abort) | refuse_hdr | ~table_ok
         # The push's slot check, registered (timing) and applied with the verdict (``host_seen``: the
         # same head as the cycle before, and the gate in START then, so no beat of a push left the
@@ -989,32 +998,32 @@ class Engine(wiring.Component):
         # tree). A SCHEDULE frame is accepted with the length check_header registered from its header
         # (16 + 4·count bytes: the LOST flag, the only other case, fails ``sched_bad``'s flags check).
         cmd_drop, cmd_accept = Signal(name="host_cmd_drop"), Signal(name="host_cmd_accept")
-        with m.If(host_cmd):
-            with m.If(~status.busy & ~sched_streaming & (is_stats | quiet_q)):
-                with m.If(is_sched):
-                    m.d.sync += run.tag.eq(hh.collective)
-                    with m.If(running_q):
-                        m.d.comb += [cmd_drop.eq(1), status.trigger.eq(1), events.flag("control_refused").eq(1)]
-                    with m.Elif(sched_bad):
-                        m.d.comb += [cmd_drop.eq(1), status.trigger.eq(1), events.flag("drop_count").eq(1)]
+        go = host_cmd & ~status.busy & ~sched_streaming & may_q
+        # (flat, not assigned in the branches below: no select chain in front of the gate; a SCHEDULE
+        # frame's accept holds until its first beat leaves, FrameGate's protocol)
+        m.d.comb += [cmd_accept.eq(go & sched_go_q), cmd_drop.eq(go & ~sched_go_q)]
+        with m.If(go):
+            with m.If(is_sched):
+                m.d.sync += run.tag.eq(hh.collective)
+                with m.If(running_q):
+                    m.d.comb += [status.trigger.eq(1), events.flag("control_refused").eq(1)]
+                with m.Elif(sched_bad):
+                    m.d.comb += [status.trigger.eq(1), events.flag("drop_count").eq(1)]
+            with m.Else():
+                m.d.comb += status.trigger.eq(1)
+                m.d.sync += run.tag.eq(hh.count)
+                with m.If(is_ctl):
+                    with m.If(refuse):
+                        m.d.comb += events.flag("control_refused").eq(1)
                     with m.Else():
-                        # accept holds until the first beat leaves (FrameGate's protocol)
-                        m.d.comb += cmd_accept.eq(1)
-                with m.Else():
-                    m.d.comb += [cmd_drop.eq(1), status.trigger.eq(1)]
-                    m.d.sync += run.tag.eq(hh.count)
-                    with m.If(is_ctl):
-                        with m.If(refuse):
-                            m.d.comb += events.flag("control_refused").eq(1)
-                        with m.Else():
-                            m.d.comb += start.eq(1)
-                            m.d.sync += [
-                                run.collective.eq(hh.collective), run.rank.eq(hh.src), run.flows.eq(hh.hop),
-                                run.chunks.eq(hh.seq), run.active.eq(1), taken.eq(1), run.delivered.eq(0),
-                                run.dtype.eq(hh.dtype), push_seq.eq(0), push_flow.eq(0), slot_valid.eq(0),
-                            ]
-                            if cfg.codec:
-                                m.d.sync += [run.codec.eq(hh.codec), run.eb_k.eq(hh.eb_k)]
+                        m.d.comb += start.eq(1)
+                        m.d.sync += [
+                            run.collective.eq(hh.collective), run.rank.eq(hh.src), run.flows.eq(hh.hop),
+                            run.chunks.eq(hh.seq), run.active.eq(1), taken.eq(1), run.delivered.eq(0),
+                            run.dtype.eq(hh.dtype), push_seq.eq(0), push_flow.eq(0), slot_valid.eq(0),
+                        ]
+                        if cfg.codec:
+                            m.d.sync += [run.codec.eq(hh.codec), run.eb_k.eq(hh.eb_k)]
         count_bad = (hr.count == 0) | (hr.count > cfg.max_elements) | (hr.hop != push_flow)
         check_header(m, host_gate, run, events, hr.opcode == Opcode.HOST_PUSH, push_seq, count_bad, push_busy,
                      opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=cfg.codec, lost_ok=0, lost_wait=0,
