@@ -35,8 +35,9 @@ multi-format lanes):
  4    leading-zero count         count leading zeros of the 28-bit sum, resolve the sign of zero
  5    normalise                  shift left by the leading-zero count, clamped by the exponent so
                                  that tiny results come out subnormal (both shifts side by side,
-                                 picked by whether the sum's top e + 1 bits are all zero, against
-                                 a mask decoded from e in stage 4); compute the exponent field
+                                 picked by whether the sum's top e + 1 bits are all zero, tested
+                                 in stage 4 against a mask decoded from e in stage 3); compute
+                                 the exponent field
  6    round / pack               roundTiesToEven increment, overflow to Inf, special values, pack
 ====  =========================  ====================================================================
 
@@ -383,12 +384,14 @@ class FloatAdder(wiring.Component):
         # zero whatever the amount; it only needs its exponent field forced to 0 as well.
         # ------------------------------------------------------------------------------------
         s4_exp = Signal(E, name="s4_exp")
-        # Subnormal: lz > e, i.e. the sum's top e + 1 bits are all zero. Tested as that, against a mask
-        # of those bits decoded from the exponent a stage early (timing: a compare of lz with e after
-        # the count mapped as a ripple of LUTs, the bf16 lanes' ninth level in the P = 4 engine). A zero
-        # sum may read subnormal where lz = SUMW <= e; it is forced to +-0 with exponent field 0 either way.
-        s4_mask = Signal(SUMW, name="s4_mask")   # (loaded from s3_exp below)
-        subnormal = ~(s4_sum & s4_mask).any()
+        # Subnormal: lz > e, i.e. the sum's top e + 1 bits are all zero. Tested as that in stage 4, beside
+        # the leading-zero count, against a mask of those bits decoded from the exponent a stage earlier,
+        # and registered (timing: a compare of lz with e after the count mapped as a ripple of LUTs, the
+        # bf16 lanes' ninth level in the P = 4 engine; the test in this stage, ten). A zero sum may read
+        # subnormal where lz = SUMW <= e; it is forced to +-0 with exponent field 0 either way.
+        s3_mask = Signal(SUMW, name="s3_mask")   # (loaded from s2_exp below)
+        subnormal = Signal(name="s4_subnormal")
+        m.d.sync += subnormal.eq(~(s3_sum & s3_mask).any())
         # Shifted both ways side by side and the right one picked by that test (s4_exp < lz <= 28
         # when subnormal), rather than shifted by the picked amount (timing: the test and the amount's
         # select were in series with the shifter; one more shifter per lane).
@@ -422,7 +425,7 @@ class FloatAdder(wiring.Component):
         s2_special, s3_special, s4_special = (Signal(name=f"s{i}_special") for i in (2, 3, 4))
         s2_invalid, s3_invalid, s4_invalid = (Signal(name=f"s{i}_invalid") for i in (2, 3, 4))
         s2_inf_sign, s3_inf_sign, s4_inf_sign = (Signal(name=f"s{i}_inf_sign") for i in (2, 3, 4))
-        m.d.sync += s4_mask.eq(Cat(*(s3_exp >= SUMW - 1 - pos for pos in range(SUMW))))
+        m.d.sync += s3_mask.eq(Cat(*(s2_exp >= SUMW - 1 - pos for pos in range(SUMW))))
         m.d.sync += [
             s2_sub.eq(s1_sub),
             s2_exp.eq(s1_exp), s3_exp.eq(s2_exp), s4_exp.eq(s3_exp),
