@@ -455,7 +455,7 @@ class Engine(wiring.Component):
         # reset, and the frame is taken only with ``ctl_hold`` up the cycle before as well, so no unit
         # starts a chunk in between. Nor does a network gate pass a frame's first beat, a writer or a
         # port get a grant while ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing
-        # starts into them, and ``quiet`` can be registered (``quiet_q``, below).
+        # starts into them, and ``quiet`` can be registered (``may_q``, below).
         start_q = Signal()
         ctl_hold = Signal()
         m.d.sync += start_q.eq(start)
@@ -937,12 +937,12 @@ class Engine(wiring.Component):
         # after it shows (``host_seen``: it showed the cycle before and was not taken then, so it is
         # the same header, still at the gate's head: ``host_seen`` implies ``head_valid``, which is
         # therefore left out of the decisions); what the engine's state says is registered too
-        # (``quiet_q``, ``running_q``) or a register already (status and streaming flags), so the
+        # (``may_q``, ``running_q``) or a register already (status and streaming flags), so the
         # decisions, and the gate's FIFO reads behind them, are a few gates on registers.
         host_seen = Signal()
         host_gone = host_gate.drop | (host_gate.o.valid & host_gate.o.ready & hb.first)
         m.d.sync += host_seen.eq(host_gate.head_valid & ~host_gone & ~(st_valid & (st.first | st.last)))
-        is_ctl, is_stats, is_sched = Signal(), Signal(), Signal()
+        is_ctl, is_sched = Signal(), Signal()
         abort, refuse_hdr, sched_bad, cmd_hdr = Signal(), Signal(), Signal(), Signal()
         sched_streaming = Signal()
         fmt_ok = Const(0, 1)
@@ -954,34 +954,32 @@ class Engine(wiring.Component):
         if cfg.codec:
             codec_ok = codec_ok | ((hr.codec == Codec.INCEPTIONN_V1) & (hr.eb_k >= K_MIN) & (hr.eb_k <= K_MAX)
                                    & (hr.dtype[:4] == DType.FP32))
+        is_ctl_d = hr.opcode == Opcode.CONTROL
         is_stats_d, is_sched_d = hr.opcode == Opcode.STATS_REQUEST, hr.opcode == Opcode.SCHEDULE
         sched_bad_d = (hr.count == 0) | hr.count[0] | ((hr.seq + (hr.count >> 1)) > FM) | (hr.flags != 0)
         m.d.sync += [
-            is_ctl.eq(hr.opcode == Opcode.CONTROL),
-            is_stats.eq(is_stats_d),
+            is_ctl.eq(is_ctl_d),
             is_sched.eq(is_sched_d),
             abort.eq((hr.flags & int(Flag.ABORT)) != 0),
             refuse_hdr.eq(((hr.flags & (0xFF ^ int(Flag.ABORT))) != 0) | ~fmt_ok | ~codec_ok
                           | (hr.hop == 0) | (hr.hop > FM) | (hr.seq == 0)),
             sched_bad.eq(sched_bad_d),
-            cmd_hdr.eq(~host_gate.head_raw_short & (hr.version == VERSION)
-                       & ((hr.opcode == Opcode.CONTROL) | (hr.opcode == Opcode.STATS_REQUEST)
-                          | (hr.opcode == Opcode.SCHEDULE))),
+            cmd_hdr.eq(~host_gate.head_raw_short & (hr.version == VERSION) & (is_ctl_d | is_stats_d | is_sched_d)),
         ]
         # ``quiet`` and ``running``, registered (timing: an OR over every gate, unit and source, and a
         # 32-bit compare). CONTROL and SCHEDULE, the frames that need them, are taken only with
         # ``ctl_hold`` up the cycle before, when no gate, unit or source could start anything, so a
         # quiet engine then is quiet now (but for a network gate starting to drop a frame, which
         # writes nothing), and with nothing active no result is delivered, so ``running`` is the same.
-        quiet_q, running_q = Signal(), Signal()
-        m.d.sync += [quiet_q.eq(quiet & ctl_hold), running_q.eq(run.running)]
-        # The same registers grouped as the verdict on the gate uses them, each loaded at the same edge as
-        # the ones it combines, so with the same values (timing: the verdict was nine registers and a
-        # select chain in front of the host gate's accept and drop, the 512-bit engine's deepest paths):
-        # ``may_q`` = is_stats | quiet_q (the command may go now, but for the status and streaming
-        # flags), ``sched_go_q`` = is_sched & ~running_q & ~sched_bad (a SCHEDULE frame to accept).
+        # The verdict on the gate reads them folded with the header's registers as it uses them
+        # (timing: nine registers and a select chain were in front of the host gate's accept and drop,
+        # the 512-bit engine's deepest paths): ``may_q``, a STATS_REQUEST or a quiet engine (the command
+        # may go now, but for the status and streaming flags); ``sched_go_q``, a well-formed SCHEDULE
+        # while not running (to accept).
+        running_q = Signal()
         may_q, sched_go_q = Signal(name="host_cmd_may"), Signal(name="host_sched_go")
-        m.d.sync += [may_q.eq(is_stats_d | (quiet & ctl_hold)), sched_go_q.eq(is_sched_d & ~run.running & ~sched_bad_d)]
+        m.d.sync += [running_q.eq(run.running), may_q.eq(is_stats_d | (quiet & ctl_hold)),
+                     sched_go_q.eq(is_sched_d & ~run.running & ~sched_bad_d)]
         refuse = (running_q & ~abort) | refuse_hdr | ~table_ok
         # The push's slot check, registered (timing) and applied with the verdict (``host_seen``: the
         # same head as the cycle before, and the gate in START then, so no beat of a push left the

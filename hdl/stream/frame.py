@@ -475,7 +475,7 @@ class FrameGate(wiring.Component):
                 self.head_short.eq(hdrs.r_data[hwidth]),
                 self.head_valid.eq(hdrs.r_rdy),
             ]
-            with m.If(self.o.valid & self.o.ready):
+            with m.If(s_take):
                 m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
                              at_end_q.eq(exp.two),
                              exp_keep.eq(accept_keep), exp_tail.eq(exp.tail), exp_mark.eq(self.mark_bad)]
@@ -483,15 +483,14 @@ class FrameGate(wiring.Component):
                     m.d.sync += trunc_beats.eq(1)
                 with m.If(err):
                     m.d.comb += self.length_error.eq(1)
-            with m.Elif(self.head_valid & self.drop):
+            with m.Elif(s_drop):
                 m.d.sync += track.eq(self.drop_track)
-        with m.If(st_pass):
-            with m.If(self.o.valid & self.o.ready):
-                m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
-                with m.If(cut):
-                    m.d.sync += trunc_beats.eq(out_idx + 1)
-                with m.If(err):
-                    m.d.comb += self.length_error.eq(1)
+        with m.If(p_take):
+            m.d.sync += [out_idx.eq(out_idx + 1), at_end_q.eq(out_idx == exp_prev)]
+            with m.If(cut):
+                m.d.sync += trunc_beats.eq(out_idx + 1)
+            with m.If(err):
+                m.d.comb += self.length_error.eq(1)
         with m.If(st_trunc):
             # The rest of a cut-off frame: dropped; its length tells oversize from a length error.
             with m.If(beats.r_rdy):
@@ -521,11 +520,6 @@ class FrameGate(wiring.Component):
                         m.d.sync += inj_idx.eq(0)
                     with m.Else():
                         m.d.sync += inj_idx.eq(inj_idx + 1)
-        # The FIFO reads as flat expressions on the state (timing: not assigned in several states
-        # behind the decisions and the length check): in START the head frame's header and first beat
-        # leave when it is accepted and taken or dropped (``accept`` and ``drop`` both read it; the
-        # header FIFO's ``r_rdy`` is ``head_valid``); in PASS a beat leaves when taken; in TRUNC and
-        # DROP every beat there is leaves; in INJECT nothing is read.
         # The transitions: every state register's next value as one flat expression of the handshakes
         # above (timing: written as transitions in each state's block, the blocks' priority
         # became a chain of selects that the synthesiser cannot flatten, not knowing the states are
@@ -536,14 +530,13 @@ class FrameGate(wiring.Component):
         # beat read out → START (DROP: INJECT for a placeholder); INJECT: abandoned, or its last header
         # beat taken → START.
         moved = s_take | p_take
-        lost_s = (self.drop_track & out_beat.bad) if self._placeholders else Const(0, 1)
-        lost_d = (track & out_beat.bad) if self._placeholders else Const(0, 1)
         if self._placeholders:
+            lost_s, lost_d = self.drop_track & out_beat.bad, track & out_beat.bad
             inj_end = st_inject & (((inj_idx == 0) & ~self.lost_ok)
                                    | (inj_valid & self.o.ready & (inj_idx == hb - 1)))
             inject_d = (s_drop & out_beat.last & lost_s) | (d_end & lost_d) | (st_inject & ~inj_end)
         else:
-            inj_end = inject_d = Const(0, 1)
+            lost_s = lost_d = inj_end = inject_d = Const(0, 1)
         trunc_d = (moved & cut) | (st_trunc & ~t_end)
         pass_d = (moved & ~cut & ~out_beat.last) | (st_pass & ~p_take)
         drop_d = (s_drop & ~out_beat.last) | (st_drop & ~d_end)
@@ -551,6 +544,11 @@ class FrameGate(wiring.Component):
                    | (p_take & ~cut & out_beat.last) | t_end | (d_end & ~lost_d) | inj_end)
         m.d.sync += [st_start.eq(start_d), st_pass.eq(pass_d), st_trunc.eq(trunc_d), st_drop.eq(drop_d),
                      st_flush.eq(trunc_d | drop_d), st_inject.eq(inject_d)]
+        # The FIFO reads as flat expressions on the state (timing: not assigned in several states
+        # behind the decisions and the length check): in START the head frame's header and first beat
+        # leave when it is accepted and taken or dropped (``accept`` and ``drop`` both read it; the
+        # header FIFO's ``r_rdy`` is ``head_valid``); in PASS a beat leaves when taken; in TRUNC and
+        # DROP every beat there is leaves; in INJECT nothing is read.
         in_start, in_pass, in_flush = st_start, st_pass, st_flush
         # ``o.valid`` likewise (timing: the engine's buffers' write enables hang off it, and a select by
         # the state register put it levels deep): in START the head frame's first beat once accepted,
