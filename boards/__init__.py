@@ -27,7 +27,7 @@ class Board:
     platform : type
         The board's :class:`amaranth.vendor.XilinxPlatform` subclass.
     top : callable
-        ``top(**options)``: the board's top-level elaboratable (a node wired to the board's ports).
+        ``top(**options)``: the board's top-level elaboratable (a schedule engine wired to the board's ports).
     yosys_family : str
         The ``synth_xilinx -family`` of the part (``"xc7"``, ``"xcup"``).
     """

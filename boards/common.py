@@ -10,7 +10,7 @@ Each board is two modules:
     nothing of wirereduce: ``<Board>Platform().build(elaboratable, do_program=True)`` builds and
     loads any design, as with any amaranth-boards platform.
 ``boards/<board>_top.py`` — the top
-    The top-level elaboratable (one node wired to the board's cages) and the factory
+    The top-level elaboratable (one schedule engine wired to the board's cages) and the factory
     ``top(**options)``. Whatever the top needs in the build besides its gateware it adds during
     ``elaborate`` with ``platform.add_file``: an ``<board>_top.xdc`` of timing constraints on its
     own clocks (Vivado reads every ``.xdc`` extra file after the platform's), and the Tcl of the

@@ -1,22 +1,31 @@
-"""The VC709 board top: one allreduce node on three SFP+ cages at 10GBASE-R (platform:
-:mod:`wirereduce.boards.vc709`).
+"""The VC709 board top: the schedule engine with P = 2 network ports (a ring) and its host port on
+three SFP+ cages at 10GBASE-R (platform: :mod:`wirereduce.boards.vc709`).
 
 Cages (docs/boards.md "SFP+ cages" numbering, :data:`wirereduce.boards.vc709.SFP_PINS`):
 
-====  =================================  ==========================================
-cage  role                               node ports
-====  =================================  ==========================================
-0     host link                          ``host_rx`` ← rx, tx ← ``host_tx``
-1     ring neighbour rank − 1            ``cw_in`` ← rx, tx ← ``ccw_out``
-2     ring neighbour rank + 1            ``ccw_in`` ← rx, tx ← ``cw_out``
+====  =================================  ====================================  ===========================
+cage  role                               engine ports                          Ethernet port
+====  =================================  ====================================  ===========================
+0     host link                          ``host_rx`` ← rx, tx ← ``host_tx``    store-and-forward, PAUSE,
+                                                                               ``role="host"``
+1     ring neighbour rank − 1            ``net0_in`` ← rx, tx ← ``net0_out``   cut-through, no role
+2     ring neighbour rank + 1            ``net1_in`` ← rx, tx ← ``net1_out``   cut-through, no role
 3     reserved: laser off (tx_disable),  GTH channel powered down
-====  =================================  ==========================================
+====  =================================  ====================================  ===========================
+
+Ports 0 and 1 are the schedule's numbering of a ring (:func:`wirereduce.schedule.ring`: port 0 to
+rank − 1, port 1 to rank + 1), so the cabling is the NTT ring's: cage 2 of rank k to cage 1 of rank
+k + 1. The host loads the engine's table with SCHEDULE frames and runs any schedule of a ring
+(``ring``, ``biring``, ``multitree``) over this link (:class:`wirereduce.host.rank.EngineRankDriver`
+over :class:`~wirereduce.host.transports.packet.PacketTransport`); the host port takes CONTROL,
+STATS_REQUEST and SCHEDULE from any source and locks to the CONTROL's sender (docs/protocol.md
+"Source filter"). Until 2026-11-29 this top carried the ring-only node (``hdl/core/node.py``).
 
 Clock domains:
 
 - ``init``: 200 MHz system clock (IBUFDS + BUFG); the Si5324 programmer and the GTH reset sequencer.
 - ``sync``: 156.25 MHz from an MMCM on the system clock (200 MHz × 25 / 4 = 1250 MHz VCO, / 8;
-  MMCME2 VCO range 600-1440 MHz at -2, DS183); the node and the core side of each Ethernet port.
+  MMCME2 VCO range 600-1440 MHz at -2, DS183); the engine and the core side of each Ethernet port.
 - ``gt{n}_tx`` / ``gt{n}_rx`` for n = 0-3: 322.265625 MHz TXOUTCLK / RXOUTCLK of each GTH channel
   (:mod:`wirereduce.hdl.xilinx.gth`); the MAC and PCS of each port (:class:`~wirereduce.hdl.eth.port.EthPort10GCdc`,
   the board version of the single-clock port; frames cross to ``sync`` through asynchronous FIFOs).
@@ -41,20 +50,23 @@ from amaranth.hdl import DomainRenamer
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import FFSynchronizer, ResetSynchronizer
 from wirereduce.boards.common import check_options
-from wirereduce.hdl.core.node import Node
+from wirereduce.hdl.core.engine import Engine
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.xilinx.gth import GthQuad10G
 
-from wirereduce.config import NodeConfig
+from wirereduce.config import EngineConfig
+from wirereduce.protocol import engine_ports
 
-__all__ = ["VC709Top", "top", "INIT_HZ", "CORE_HZ", "CAGE_ROLES", "RESERVED_CAGE", "CONSTRAINTS_FILE"]
+__all__ = ["VC709Top", "top", "INIT_HZ", "CORE_HZ", "CAGE_ROLES", "PORTS", "RESERVED_CAGE", "CONSTRAINTS_FILE"]
 
 #: Frequency of the ``init`` domain (the system clock), Hz.
 INIT_HZ = 200_000_000
-#: Frequency of the ``sync`` domain (the node), Hz: 200 MHz × 25 / 4 / 8.
+#: Frequency of the ``sync`` domain (the engine), Hz: 200 MHz × 25 / 4 / 8.
 CORE_HZ = 156_250_000
-#: Cage → (node input fed by the cage's receiver, node output sent by the cage's transmitter).
-CAGE_ROLES = {0: ("host_rx", "host_tx"), 1: ("cw_in", "ccw_out"), 2: ("ccw_in", "cw_out")}
+#: Cage → (engine input fed by the cage's receiver, engine output sent by the cage's transmitter).
+CAGE_ROLES = {0: ("host_rx", "host_tx"), 1: ("net0_in", "net0_out"), 2: ("net1_in", "net1_out")}
+#: Network ports of the engine (a ring: rank − 1 and rank + 1).
+PORTS = 2
 #: The cage that is not used (laser off, channel powered down).
 RESERVED_CAGE = 3
 #: The extra XDC file the top adds to the build.
@@ -67,18 +79,18 @@ class VC709Top(Elaboratable):
     Parameters
     ----------
     mtu : int
-        Largest wirereduce frame in bytes (default 1500; 9000 for jumbo frames): the node's and the
+        Largest wirereduce frame in bytes (default 1500; 9000 for jumbo frames): the engine's and the
         Ethernet ports' MTU.
     slots : int
-        Local buffer slots of the node (power of two, default 8).
+        Buffer slots of the engine (power of two, default 8).
     refclk : str
         ``"si5324"`` (default): the QPLL runs from MGTREFCLK0_113 after the Si5324 is programmed;
         ``"sma"``: from MGTREFCLK1_113 (an external 156.25 MHz clock on J25/J26).
 
     Attributes
     ----------
-    node : Node
-        The allreduce node (64-bit datapath).
+    engine : Engine
+        ``Engine(EngineConfig(64, mtu, slots, ports=2))``: the schedule engine (64-bit datapath).
     constraints : str
         What :data:`CONSTRAINTS_FILE` holds: asynchronous clock groups between the system, core and
         GT clocks.
@@ -86,17 +98,17 @@ class VC709Top(Elaboratable):
     Raises
     ------
     ValueError
-        On a bad ``mtu``/``slots`` (from :class:`~wirereduce.hdl.core.node.NodeConfig`) or ``refclk``.
+        On a bad ``mtu``/``slots`` (from :class:`~wirereduce.config.EngineConfig`) or ``refclk``.
     """
 
     def __init__(self, mtu: int = 1500, slots: int = 8, refclk: str = "si5324"):
         with rejecting(self):
             if refclk not in ("si5324", "sma"):
                 raise ValueError(f"refclk must be 'si5324' (on-board, programmed over I2C) or 'sma', not {refclk!r}")
-            self.config = NodeConfig(64, mtu, slots)
+            self.config = EngineConfig(64, mtu, slots, ports=PORTS)
         self.mtu = mtu
         self.refclk = refclk
-        self.node = Node(self.config)
+        self.engine = Engine(self.config)
 
     @property
     def constraints(self) -> str:
@@ -118,25 +130,29 @@ class VC709Top(Elaboratable):
         platform.add_file(CONSTRAINTS_FILE, self.constraints)
         si, quad, sfp = board_infrastructure(m, platform, self.refclk)
 
-        # --- node and Ethernet ports -------------------------------------------------------------
-        m.submodules.node = node = self.node
+        # --- engine and Ethernet ports -----------------------------------------------------------
+        m.submodules.engine = engine = self.engine
         ports = {}
-        stats = {}  # the ports' stats, by the node port they serve: host, cw, ccw
-        for n, (to_node, from_node) in CAGE_ROLES.items():
-            role = {"host_rx": "host", "cw_in": "prev", "ccw_in": "next"}[to_node]  # source filter
-            # Ring ports cut-through. Every port honours IEEE 802.3x PAUSE (hdl/eth/pause.py); those
-            # receiving HOST_PUSH and REDUCE send it (the BROADCAST sender is a fork: never hold it).
-            port = EthPort10GCdc(self.mtu, cut_through=to_node != "host_rx", role=role,
-                                 flow_control=to_node != "ccw_in")
+        stats = {}  # the ports' stats, by the engine port they serve: host, net0, net1
+        for n, (to_engine, from_engine) in CAGE_ROLES.items():
+            name = to_engine.removesuffix("_rx").removesuffix("_in")
+            host = name == "host"
+            # The host port: store-and-forward (a host frame reaches the engine whole, FCS checked),
+            # the source filter of docs/protocol.md (role "host"), and IEEE 802.3x PAUSE to the host
+            # NIC when its receive FIFO fills. The network ports as on the PCIe top: cut-through, no
+            # PAUSE (the engine's receive queues cannot overflow with the driver's window ≤ slots,
+            # docs/architecture.md), fixed addresses (a cable has one neighbour on it).
+            port = EthPort10GCdc(self.mtu, cut_through=not host, role="host" if host else None, flow_control=host)
             ports[n] = port
-            m.d.comb += [port.rank.eq(node.rank), port.nodes.eq(node.nodes), port.control_taken.eq(node.control_taken)]
+            m.d.comb += [port.rank.eq(engine.rank), port.nodes.eq(0), port.control_taken.eq(engine.control_taken)]
             m.submodules[f"eth{n}"] = DomainRenamer({"gt_tx": f"gt{n}_tx", "gt_rx": f"gt{n}_rx"})(port)
             ch = quad.channels[n]
             m.d.comb += [ch.tx_data.eq(port.gt_tx_data), port.gt_rx_data.eq(ch.rx_data)]
-            wiring.connect(m, port.rx, getattr(node, to_node))
-            wiring.connect(m, getattr(node, from_node), port.tx)
-            stats[to_node.split("_")[0]] = port.stats
-        m.d.comb += node.port_counters.eq(port_counters(stats))
+            wiring.connect(m, port.rx, getattr(engine, to_engine))
+            wiring.connect(m, getattr(engine, from_engine), port.tx)
+            stats[name] = port.stats
+        # the ports' MAC counters into the engine's STATS (link_drop_host, net0_rx_fcs_errors, …)
+        m.d.comb += engine.port_counters.eq(port_counters(stats, engine_ports(PORTS)))
         m.d.comb += quad.channels[RESERVED_CAGE].tx_data.eq(0)
 
         for n, s in sfp.items():
@@ -245,7 +261,8 @@ def board_infrastructure(m: Module, platform, refclk: str, off_cages=(RESERVED_C
 
 
 def top(**options):
-    """The board's top-level elaboratable: :class:`VC709Top` (``host="sfp"``, the default) or, with
+    """The board's top-level elaboratable: :class:`VC709Top` (``host="sfp"``, the default: the engine with
+    two ring ports and the host on SFP+ cage 0) or, with
     ``host="pcie"``, :class:`wirereduce.boards.vc709_engine_top.VC709EngineTop` (the schedule engine
     with four network ports on cages 0-3 and the host over PCIe Gen3 x8).
 

@@ -346,6 +346,25 @@ def test_top_tcl_and_verilog(make_tree):
     assert 200e6 * 25 / 4 / 8 == 156.25e6
 
 
+
+def test_sfp_top_carries_the_schedule_engine_with_two_ring_ports(make_tree):
+    """The SFP-host VC709 top is the schedule engine with P = 2 (no ring-only node): ports net0, net1
+    behind cages 1 and 2, the host port behind cage 0, one Ethernet port each."""
+    out, _ = make_tree
+    v = (out / "wirereduce_vc709.v").read_text()
+    engine = re.search(r"^module \\wirereduce_vc709\.engine \((.*?)\);", v, re.M | re.S)
+    assert engine, "no engine module in the VC709 top"
+    ports = engine.group(1)
+    for name in ("net0_in__ready", "net1_in__ready", "net0_out__valid", "net1_out__valid", "host_tx__valid"):
+        assert name in ports, name
+    assert "net2_" not in ports
+    assert not re.search(r"^module \\wirereduce_vc709\.node\b", v, re.M)
+    for n in range(3):
+        assert re.search(rf"^module \\wirereduce_vc709\.eth{n} ", v, re.M), n
+    assert not re.search(r"^module \\wirereduce_vc709\.eth3 ", v, re.M)
+    from wirereduce.boards import vc709_top
+    assert vc709_top.PORTS == 2 and vc709_top.CAGE_ROLES[1] == ("net0_in", "net0_out")
+
 # --- wirereduce bitstream / flash through the CLI ---------------------------------------------------
 
 def test_bitstream_bad_mtu_is_a_user_error(capsys, tmp_path):

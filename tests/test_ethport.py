@@ -474,21 +474,23 @@ def test_ring_port_hears_only_its_neighbour_and_trims_only_padding():
 
 
 def test_host_port_locks_to_the_control_sender():
-    """The host port before any CONTROL takes only CONTROL and STATS_REQUEST (from anyone); once the
-    node takes a CONTROL it hears only that frame's sender (plus CONTROL and STATS_REQUEST) and
-    sends to it."""
+    """The host port before any CONTROL takes only CONTROL, STATS_REQUEST and SCHEDULE (from anyone:
+    a schedule engine's table is loaded before its CONTROL); once the node takes a CONTROL it hears
+    only that frame's sender (plus those three) and sends to it."""
     rng = random.Random(4)
     nic, stray = 0x02_00_00_00_00_0A, 0x02_00_00_00_00_0B
     mine = role_mac(DEFAULT_MAC_PREFIX, 1, "host")
     push = frame(Header(opcode=Opcode.HOST_PUSH, collective=1, count=20), np.ones(20, np.float32))
     ctl = Header(opcode=Opcode.CONTROL, collective=1, src=1, hop=2, seq=1).pack()
     req = Header(opcode=Opcode.STATS_REQUEST).pack()
+    sched = Header(opcode=Opcode.SCHEDULE, collective=7, count=2, seq=0).pack() + bytes(range(8))
     pad = lambda f: f.ljust(46, b"\0")  # noqa: E731
-    items = [eth_header(mine, nic) + push, eth_header(mine, stray) + pad(req), eth_header(mine, nic) + pad(ctl),
+    items = [eth_header(mine, nic) + push, eth_header(mine, stray) + pad(req), eth_header(mine, nic) + pad(sched),
+             eth_header(mine, nic) + pad(ctl),
              "control", eth_header(mine, nic) + push, eth_header(mine, stray) + push,
-             eth_header(mine, stray) + pad(req)]
+             eth_header(mine, stray) + pad(req), eth_header(mine, stray) + pad(sched)]
     dut = RawLine(role="host")
     got, st, tap = _run_line(dut, items, rank=1, nodes=2, tx_frame=wr_frame(rng, 3))
-    assert [f for f, _ in got] == [req, ctl, push, req]
+    assert [f for f, _ in got] == [req, sched, ctl, push, req, sched]
     assert st["rx_source_drops"] == 2
     assert tap == eth_header(nic, mine)[:12]

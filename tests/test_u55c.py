@@ -112,10 +112,18 @@ def test_xdc_constrains_the_clocks(plan):
     assert 'read_xdc "u55c_top.xdc"' in plan.files["top.tcl"]
 
 
-def test_verilog_instantiates_both_cmacs_and_the_node(plan):
+def test_verilog_instantiates_both_cmacs_and_the_engine(plan):
     v = plan.files["top.v"]
     assert re.search(r"^\s*cmac_usplus_0 ", v, re.M) and re.search(r"^\s*cmac_usplus_1 ", v, re.M)
     assert ".gt_rxp_in(qsfp_0__rx__p)" in v and ".gt_ref_clk_p(qsfp_1__refclk__p)" in v
+    # the schedule engine with two 512-bit network ports (no ring-only node)
+    engine = re.search(r"^module \\top\.engine \((.*?)\);", v, re.M | re.S)
+    assert engine, "no engine module in the U55C top"
+    for name in ("net0_in__ready", "net1_in__ready", "net0_out__valid", "net1_out__valid"):
+        assert name in engine.group(1), name
+    assert "net2_" not in engine.group(1)
+    assert not re.search(r"^module \\top\.node\b", v, re.M)
+    assert u55c_top.PORTS == 2
 
 
 def test_top_rejects_other_widths_and_unknown_options():

@@ -1476,10 +1476,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "--no-budget-check). Default set: every block; --family keeps the default blocks of that "
                     "family, or with --blocks synthesises those blocks for it. Estimates, not Vivado results.")
     p.add_argument("--family", choices=("xc7", "xcup"), help="synth_xilinx -family (default: each block's own: "
-                   "xc7 for the VC709 blocks, xcup for node512)")
+                   "xc7 for the VC709 blocks, xcup for the 512-bit ones)")
     p.add_argument("--blocks", nargs="+", metavar="BLOCK", help=f"blocks to run: {', '.join(BLOCKS)} "
-                   "(default: all but mac_rx, which yosys takes about 5 min on, engine_p2_64_codec and "
-                   "engine_p4_64_s32)")
+                   "(default: all but mac_rx, which yosys takes about 5 min on, engine_p2_64_codec, "
+                   "engine_p4_64_s32 and the ring-only node64/node512, which no bitstream carries)")
     p.add_argument("--quick", action="store_true", help="only the small blocks (fp32 lane, frame gate, PCS; "
                    "about a minute)")
     p.add_argument("-o", "--output", default="bench/results/resources.json",

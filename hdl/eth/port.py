@@ -325,8 +325,8 @@ class EthDeframer(wiring.Component):
       least 60 bytes).
     - **Source filter** (``source_filter=True``): a frame whose source address (bytes 6–11) is not
       ``expect`` while ``expect_valid`` is high is dropped whole and counted in ``source_drops``,
-      unless its opcode (frame byte 15) is one of ``open_opcodes`` (the host port's CONTROL and
-      STATS_REQUEST, which any host may send). While ``expect_valid`` is low only those pass.
+      unless its opcode (frame byte 15) is one of ``open_opcodes`` (the host port's CONTROL,
+      STATS_REQUEST and SCHEDULE, which any host may send). While ``expect_valid`` is low only those pass.
       ``ctrl_src`` is the source address of the last CONTROL frame passed on. Checks in this
       order: short, EtherType, source.
     - **Padding** (clause 3.2.8: the MAC pads a frame to 60 bytes, a 46-byte payload, and an
@@ -887,7 +887,9 @@ class _EthPort(wiring.Component):
                 m.d.comb += framer.dst_mac.eq(self.peer_mac)
             if not isinstance(self.local_mac, int):
                 m.d.comb += framer.src_mac.eq(self.local_mac)
-        opened = (Opcode.CONTROL, Opcode.STATS_REQUEST) if self.role == "host" else ()
+        # host → node commands any host may send: CONTROL, STATS_REQUEST and a schedule engine's
+        # SCHEDULE (its table is loaded before the CONTROL that locks the port; a ring node drops it)
+        opened = (Opcode.CONTROL, Opcode.STATS_REQUEST, Opcode.SCHEDULE) if self.role == "host" else ()
         m.submodules.deframer = deframer = EthDeframer(self.role is not None, opened)
         wiring.connect(m, wiring.flipped(self.tx), framer.i)
         wiring.connect(m, deframer.o, wiring.flipped(self.rx))
@@ -912,7 +914,7 @@ class _EthPort(wiring.Component):
         only its neighbour's facing port (``next``: rank + 1's ``prev`` port; ``prev``: rank − 1's
         ``next`` port, modulo ``nodes``). The host port locks, at each CONTROL the node takes, to
         the source address of the last CONTROL frame it passed on, sends to it, and hears only it
-        (besides CONTROL and STATS_REQUEST, from anyone); before the first, it sends to the
+        (besides CONTROL, STATS_REQUEST and SCHEDULE, from anyone); before the first, it sends to the
         broadcast address."""
         prefix = Const(self.mac_prefix, 48)
         rank, nodes = self.rank, self.nodes
@@ -964,8 +966,8 @@ class EthPort10G(_EthPort):
         node's CONTROL (``rank``, ``nodes``, ``control_taken``) and the port drops, and counts in
         ``stats.rx_source_drops``, every frame not from the one source it listens to: for a ring
         port its neighbour's facing port (:func:`role_mac`), for the host port the sender of the
-        CONTROL the node took (CONTROL and STATS_REQUEST pass from anyone). Before the first
-        CONTROL a ring port takes nothing and the host port only CONTROL and STATS_REQUEST
+        CONTROL the node took (CONTROL, STATS_REQUEST and SCHEDULE pass from anyone). Before the first
+        CONTROL a ring port takes nothing and the host port only CONTROL, STATS_REQUEST and SCHEDULE
         (docs/protocol.md, Source filter).
     mac_prefix : int
         The :func:`role_mac` prefix (low 16 bits 0), default :data:`DEFAULT_MAC_PREFIX`.
