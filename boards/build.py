@@ -167,17 +167,17 @@ def add_subcommands(sub) -> None:
 
     p = sub.add_parser(
         "bitstream", help="write the Vivado build tree of a board (and run Vivado when it is on PATH)",
-        description="Elaborates the board top (one schedule engine, its Ethernet ports on the board's cages) and writes "
-                    "Verilog, XDC, TCL and build script under --out. Runs Vivado only when `vivado` is on PATH; "
-                    "otherwise stops after writing the tree (exit 0).")
+        description="Elaborates the board top (one schedule engine, its Ethernet ports on the board's cages) "
+                    "and writes Verilog, XDC, TCL and build script under --out. Runs Vivado only when `vivado` "
+                    "is on PATH; otherwise stops after writing the tree (exit 0).")
     p.add_argument("--board", default="vc709", choices=sorted(BOARDS), help="board (default: vc709)")
     p.add_argument("--out", default=None, help="build directory (default: build/<board>)")
     p.add_argument("--mtu", type=int, default=None,
                    help="largest frame in bytes (default: the board's, 1500 on the vc709; 9000 for jumbo)")
     p.add_argument("--host", default=None, choices=("sfp", "pcie"),
-                   help="host link (vc709 only): sfp (default; the schedule engine with 2 ring ports on cages 1-2, host on "
-                        "SFP+ cage 0) or pcie (the "
-                        "schedule engine with 4 network ports on cages 0-3, host over PCIe Gen3 x8 with XDMA)")
+                   help="host link (vc709 only): sfp (default; the schedule engine with 2 ring ports on cages "
+                        "1-2, host on SFP+ cage 0) or pcie (the schedule engine with 4 network ports on cages 0-3, "
+                        "host over PCIe Gen3 x8 with XDMA)")
     p.set_defaults(func=cmd_bitstream)
 
     p = sub.add_parser(
