@@ -49,6 +49,11 @@ ETH_TX_START = 8
 
 #: Verilog module name of the engine in a boxed :class:`ScheduleNetwork` (its ``Boxes`` kind "engine").
 ENGINE_MODULE = "wirereduce_engine"
+#: Address indices (:func:`~wirereduce.sim.cluster.network.eth_mac`) of an engine's host port with
+#: ``host_links="eth"`` (its :func:`~wirereduce.hdl.eth.port.role_mac` once CONTROL makes node u rank u)
+#: and of the host's NIC.
+HOST_PORT = 2
+NIC_PORT = 0xFE
 
 
 def link_latencies(topology: Topology, latency: int, jitter: int = 0, seed: int = 0) -> dict[tuple[int, int], int]:
@@ -92,6 +97,16 @@ class ScheduleNetwork(wiring.Component):
         node ``u``, ``flip_link = u · config.ports + p``, inverts a bit of its ``flip_block``-th data
         block (or, bit 31 set, of the wirereduce header of its ``flip_block & 0x7FFFFFFF``-th frame;
         :func:`~wirereduce.sim.cluster.network.flip_line`); ``flip_block = 0``: never.
+    host_links : str
+        ``"model"`` (default): each host link a link model at ``host_rate``. ``"eth"`` (with
+        ``links="eth"`` and a host link at the line rate): each host reaches its engine over 10G
+        Ethernet as on the VC709 SFP top (``boards/vc709_top.py``): a NIC port with fixed addresses
+        (``eth_mac(node, NIC_PORT)``, PAUSE, a frame sent only once all of it is in, as a NIC's
+        DMA does) cabled to the engine's host port, an ``EthPort10G`` with
+        ``role="host"`` (store and forward, PAUSE; the source filter of docs/protocol.md: CONTROL,
+        STATS_REQUEST and SCHEDULE from anyone, everything else only from the sender of the CONTROL
+        the engine took; its own address :func:`~wirereduce.hdl.eth.port.role_mac` of the engine's
+        rank), its counters in the engine's STATS (``host_*``, ``link_drop_host``).
     boxed : bool
         The Verilog path's network (:func:`schednet_verilog`): every engine and every Ethernet port a
         :class:`~wirereduce.sim.cluster.box.Box` of its design, collected in ``boxes`` as the network
@@ -103,12 +118,14 @@ class ScheduleNetwork(wiring.Component):
     ValueError
         A topology node with more ports than the engines have, a bad latency or rate, ``links``
         not "model" or "eth" ("cmac" is the ring node's only), "eth" at a width other than 64 bit or
-        with a host link faster than the network's.
+        with a host link faster than the network's; ``host_links`` not "model" or "eth", or "eth"
+        without ``links="eth"`` or with a host link slower than the line rate.
     """
 
     def __init__(self, topology: Topology | str, config: EngineConfig | None = None,
                  link_latency: int | dict = 4, link_rate: Fraction | int | None = None,
-                 host_rate: Fraction | int | None = None, boxed: bool = False, links: str = "model"):
+                 host_rate: Fraction | int | None = None, boxed: bool = False, links: str = "model",
+                 host_links: str = "model"):
         self.boxed = bool(boxed)
         self.boxes = Boxes() if self.boxed else None
         with rejecting(self):
@@ -143,6 +160,13 @@ class ScheduleNetwork(wiring.Component):
                                  "network links are at the line rate and a host link cannot be faster than them "
                                  f"(link_rate {self.link_rate}, host_rate {self.host_rate} bytes a cycle); use "
                                  "links='model' for a faster host link")
+            if host_links not in ("model", "eth"):
+                raise ValueError(f"host_links must be 'model' or 'eth', not {host_links!r}")
+            if host_links == "eth" and (self.links != "eth" or self.host_rate != line_bytes_per_cycle(w)):
+                raise ValueError("host_links='eth' puts a 10G Ethernet port at each host: it needs links='eth' and "
+                                 f"a host link at the line rate (links {self.links!r}, host_rate {self.host_rate} "
+                                 "bytes a cycle)")
+            self.host_links = host_links
         self.nodes = self.topology.nodes
         members = {}
         for k in range(self.nodes):
@@ -168,11 +192,12 @@ class ScheduleNetwork(wiring.Component):
             engines = [Engine(cfg) for _ in range(topo.nodes)]
         for u, e in enumerate(engines):
             m.submodules[f"node{u}"] = e
-            m.submodules[f"link_host{u}_rx"] = rx = LinkModel(w, self.link_latency, self.host_rate)
-            m.submodules[f"link_host{u}_tx"] = tx = LinkModel(w, self.link_latency, self.host_rate)
-            wiring.connect(m, rx.o, e.host_rx)
-            wiring.connect(m, e.host_tx, tx.i)
-            Network._host_wires(self, m, u, rx.i, tx.o)
+            if self.host_links == "model":
+                m.submodules[f"link_host{u}_rx"] = rx = LinkModel(w, self.link_latency, self.host_rate)
+                m.submodules[f"link_host{u}_tx"] = tx = LinkModel(w, self.link_latency, self.host_rate)
+                wiring.connect(m, rx.o, e.host_rx)
+                wiring.connect(m, e.host_tx, tx.i)
+                Network._host_wires(self, m, u, rx.i, tx.o)
             for p, (v, q) in enumerate(topo.links[u]):
                 if self.links == "eth":
                     continue
@@ -188,11 +213,34 @@ class ScheduleNetwork(wiring.Component):
     def _eth_ports(self, m, engines):
         """An :class:`~wirereduce.hdl.eth.port.EthPort10G` at every cabled network port, and the
         cables between them (class docstring, ``links``)."""
-        from wirereduce.hdl.eth.port import port_counters
+        from wirereduce.hdl.eth.port import TxStartBuffer, port_counters
 
         topo = self.topology
         ports = {}
+        host_ports = {}
         for u, e in enumerate(engines):
+            if self.host_links == "eth":
+                # the engine's host port as on the VC709 SFP top, and the host's NIC, one cable between
+                side = m.submodules[f"eth_host{u}"] = eth_port(
+                    m, self.boxes, self.config.mtu, eth_mac(u, HOST_PORT), eth_mac(u, NIC_PORT), role="host",
+                    flow_control=True, mac_prefix=ETH_MAC_PREFIX, cable_cycles=self.link_latency)
+                # The NIC as a host's NIC behaves: it sends PAUSE when the host is slow to take what it
+                # receives, and sends a frame only once all of it is in (a DMA read ahead of the wire), so
+                # a host that hands it a frame with gaps never underruns its MAC.
+                nic = m.submodules[f"eth_nic{u}"] = eth_port(
+                    m, self.boxes, self.config.mtu, eth_mac(u, NIC_PORT), eth_mac(u, HOST_PORT),
+                    mac_prefix=ETH_MAC_PREFIX, flow_control=True, cable_cycles=self.link_latency)
+                frame_beats = -(-self.config.mtu // 8)
+                nic_dma = m.submodules[f"nic_dma{u}"] = TxStartBuffer(depth=2 * frame_beats + 2,
+                                                                      threshold=2 * frame_beats + 3)
+                wiring.connect(m, nic_dma.o, nic.tx)
+                m.d.comb += [side.rank.eq(e.rank), side.nodes.eq(0), side.control_taken.eq(e.control_taken)]
+                wiring.connect(m, e.host_tx, side.tx)
+                wiring.connect(m, side.rx, e.host_rx)
+                m.d.comb += [nic.line_rx.eq(delayed(m, side.line_tx.as_value(), self.link_latency)),
+                             side.line_rx.eq(delayed(m, nic.line_tx.as_value(), self.link_latency))]
+                Network._host_wires(self, m, u, nic_dma.i, nic.rx)
+                host_ports[u] = side
             for p, (v, q) in enumerate(topo.links[u]):
                 eth = m.submodules[f"eth{u}_{p}"] = eth_port(
                     m, self.boxes, self.config.mtu, eth_mac(u, p), eth_mac(v, q), cut_through=True,
@@ -202,6 +250,8 @@ class ScheduleNetwork(wiring.Component):
                 ports[(u, p)] = eth
             names = engine_ports(self.config.ports)
             stats = {names[1 + p]: ports[(u, p)].stats for p in range(len(topo.links[u]))}
+            if u in host_ports:
+                stats["host"] = host_ports[u].stats
             m.d.comb += e.port_counters.eq(port_counters(stats, names))
         for (u, p), eth in ports.items():
             v, q = topo.links[u][p]
@@ -211,7 +261,7 @@ class ScheduleNetwork(wiring.Component):
 
 def schednet_verilog(topology: Topology | str, config: EngineConfig | None = None, link_latency: int | dict = 4,
                      link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
-                     links: str = "model") -> str:
+                     links: str = "model", host_links: str = "model") -> str:
     """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``, boxed: the
     engine is converted once, as module :data:`ENGINE_MODULE`, and instantiated at every node; with
     ``links="eth"`` so is each kind of Ethernet port (``wirereduce_ethport``, … : one per distinct
@@ -220,7 +270,8 @@ def schednet_verilog(topology: Topology | str, config: EngineConfig | None = Non
     from amaranth.back import verilog
     from wirereduce.sim.cluster.vcache import cached_verilog
 
-    top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate, boxed=True, links=links)
+    top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate, boxed=True, links=links,
+                          host_links=host_links)
     top._MustUse__silence = True   # a cached text leaves it unconverted
 
     def make():
@@ -229,7 +280,8 @@ def schednet_verilog(topology: Topology | str, config: EngineConfig | None = Non
 
     # The key is what the network was built from after its checks and defaults (the topology's
     # links, every directed link's latency, the rates as fractions).
-    args = (top.topology, top.config, top.latencies, top.link_rate, top.host_rate, links)
+    args = (top.topology, top.config, top.latencies, top.link_rate, top.host_rate, links,
+            *((host_links,) if host_links != "model" else ()))
     return cached_verilog("schednet", args, make)
 
 

