@@ -11,7 +11,8 @@ from amaranth_harness import recv_beats, simulate, stream_recv, stream_send
 from test_node import edge_arrays
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.host.driver import parse_stats
-from wirereduce.sim.cluster.network import LinkModel
+from wirereduce.sim.cluster.network import LinkModel, line_bytes_per_cycle
+from wirereduce.sim.cluster.schednet import cmac_engine_links
 from wirereduce.sim.golden.allreduce import bit_mismatches
 from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
 
@@ -23,10 +24,13 @@ from wirereduce.protocol import HEADER_BYTES, Header, Opcode, frame
 
 
 class Mesh(wiring.Component):
-    """Engines cabled as ``topology`` says, each directed link a LinkModel of ``latencies[(u, p)]``."""
+    """Engines cabled as ``topology`` says, each directed link a LinkModel of ``latencies[(u, p)]``
+    (``links="cmac"``: the U55C's 100G CMAC glue and a cable model instead, 512 bit,
+    :func:`~wirereduce.sim.cluster.schednet.cmac_engine_links`)."""
 
-    def __init__(self, topology, config, latencies, rate=None):
+    def __init__(self, topology, config, latencies, rate=None, links="model"):
         self.topology, self.config, self.latencies, self.rate = topology, config, latencies, rate
+        self.links_kind = links
         self.engines = [Engine(config) for _ in range(topology.nodes)]
         super().__init__({})
 
@@ -36,13 +40,18 @@ class Mesh(wiring.Component):
         self.links = {}
         for u, e in enumerate(self.engines):
             m.submodules[f"e{u}"] = e
+        if self.links_kind == "cmac":
+            lat = {lk: self.latencies.get(lk, 3) for lk in topo.directed_links()}
+            rate = self.rate if self.rate is not None else line_bytes_per_cycle(self.config.width)
+            cmac_engine_links(m, self.engines, topo, self.config, lat, rate)
         for u in range(topo.nodes):
-            for p, (v, q) in enumerate(topo.links[u]):
+            for p, (v, q) in enumerate(topo.links[u] if self.links_kind == "model" else ()):
                 link = LinkModel(self.config.width, self.latencies.get((u, p), 3), self.rate)
                 m.submodules[f"l{u}_{p}"] = link
                 self.links[(u, p)] = link
                 wiring.connect(m, getattr(self.engines[u], f"net{p}_out"), link.i)
                 wiring.connect(m, link.o, getattr(self.engines[v], f"net{q}_in"))
+        for u in range(topo.nodes):
             for p in range(len(topo.links[u]), P):
                 m.d.comb += [getattr(self.engines[u], f"net{p}_out").ready.eq(1),
                              getattr(self.engines[u], f"net{p}_in").valid.eq(0)]
@@ -51,13 +60,13 @@ class Mesh(wiring.Component):
 
 def run_schedule(s, arrays, *, ports=None, mtu=1500, elements=None, seed=0, window=4, ready_prob=1.0,
                  max_latency=3, slots=4, rate=None, trace=None, priority="broadcast", lookahead=2,
-                 formats=tuple(FORMATS), width=64):
+                 formats=tuple(FORMATS), width=64, links="model"):
     ports = ports or s.topology.degree
     cfg = EngineConfig(width, mtu, slots=slots, ports=ports, max_flows=64, priority=priority, lookahead=lookahead,
                        formats=formats)
     rng = np.random.default_rng(seed)
     lat = {lk: int(rng.integers(1, max_latency + 1)) for lk in s.topology.directed_links()}
-    dut = Mesh(s.topology, cfg, lat, rate)
+    dut = Mesh(s.topology, cfg, lat, rate, links)
     n = arrays[0].size
     chunks = table.plan(n, s, elements or cfg.max_elements)
     F, C = len(s.flows), len(chunks)
@@ -159,6 +168,22 @@ def test_engine_bitexact_512():
     s = sched.build("ring:2", "ring")
     arrays = edge_arrays(s.nodes, 90, seed=90)
     check(s, arrays, elements=45, width=512, formats=("fp32",))
+
+
+@pytest.mark.parametrize("alg", ["ring", "biring"])
+def test_engine_bitexact_512_over_cmac_glue(alg):
+    """The U55C top's engines: two 512-bit engines cabled with the 100G CMAC glue (``CmacTxGlue`` →
+    cable model → ``CmacRxGlue``, cut-through), bit-exact, and the glue's counters in every engine's
+    STATS (``net{p}_rx_frames``, ``net{p}_tx_frames``, no ``link_drop_net{p}``)."""
+    s = sched.build("ring:2", alg)
+    arrays = edge_arrays(s.nodes, 90, seed=91)
+    stats = check(s, arrays, elements=45, width=512, formats=("fp32",), links="cmac")
+    rx = {u: st["net0_rx_frames"] + st["net1_rx_frames"] for u, st in stats.items()}
+    tx = {u: st["net0_tx_frames"] + st["net1_tx_frames"] for u, st in stats.items()}
+    assert all(rx.values()) and sum(rx.values()) == sum(tx.values()), (rx, tx)   # every frame sent arrived
+    for u, st in stats.items():
+        assert not {k: v for k, v in st.items() if v and (k.startswith("link_drop_") or k.endswith(
+            ("_fcs_errors", "_stomped", "_overflow", "_ethertype_drops")))}, (u, st)
 
 
 def test_unit_priority_and_fp32_only_lanes_same_bits():

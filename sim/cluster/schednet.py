@@ -22,6 +22,7 @@ from wirereduce.hdl.params import rejecting
 from wirereduce.sim.cluster.box import Boxes
 from wirereduce.sim.cluster.network import (
     ETH_MAC_PREFIX,
+    CmacCable,
     LinkModel,
     Network,
     bytes_per_cycle,
@@ -97,6 +98,9 @@ class ScheduleNetwork(wiring.Component):
         node ``u``, ``flip_link = u · config.ports + p``, inverts a bit of its ``flip_block``-th data
         block (or, bit 31 set, of the wirereduce header of its ``flip_block & 0x7FFFFFFF``-th frame;
         :func:`~wirereduce.sim.cluster.network.flip_line`); ``flip_block = 0``: never.
+        ``"cmac"``: the 100G CMAC glue of the U55C top at every cabled network port, 512 bit only
+        (:func:`cmac_engine_links`: ``CmacTxGlue`` → ``CmacCable`` at ``link_rate`` →
+        ``CmacRxGlue``, cut-through); host links stay link models.
     host_links : str
         ``"model"`` (default): each host link a link model at ``host_rate``. ``"eth"`` (with
         ``links="eth"`` and a host link at the line rate): each host reaches its engine over 10G
@@ -117,8 +121,8 @@ class ScheduleNetwork(wiring.Component):
     ------
     ValueError
         A topology node with more ports than the engines have, a bad latency or rate, ``links``
-        not "model" or "eth" ("cmac" is the ring node's only), "eth" at a width other than 64 bit or
-        with a host link faster than the network's; ``host_links`` not "model" or "eth", or "eth"
+        not "model", "eth" or "cmac", "eth" at a width other than 64 bit or with a host link faster
+        than the network's, "cmac" at a width other than 512 bit; ``host_links`` not "model" or "eth", or "eth"
         without ``links="eth"`` or with a host link slower than the line rate.
     """
 
@@ -152,9 +156,6 @@ class ScheduleNetwork(wiring.Component):
                 if not 0 < r <= w // 8:
                     raise ValueError(f"{name} must be in (0, {w // 8}] bytes a cycle, not {r}")
             self.links = check_links(links, w)
-            if self.links == "cmac":
-                raise ValueError("links='cmac' (100G CMAC glue) is built for the ring node only, not for schedule "
-                                 "engines; use links='model' at 512 bit")
             if self.links == "eth" and (self.link_rate != line_bytes_per_cycle(w) or self.host_rate > self.link_rate):
                 raise ValueError("links='eth' runs the MAC and PCS at the datapath clock (10G at 156.25 MHz): the "
                                  "network links are at the line rate and a host link cannot be faster than them "
@@ -199,7 +200,7 @@ class ScheduleNetwork(wiring.Component):
                 wiring.connect(m, e.host_tx, tx.i)
                 Network._host_wires(self, m, u, rx.i, tx.o)
             for p, (v, q) in enumerate(topo.links[u]):
-                if self.links == "eth":
+                if self.links != "model":
                     continue
                 link = m.submodules[f"link{u}_{p}"] = LinkModel(w, self.latencies[(u, p)], self.link_rate)
                 wiring.connect(m, getattr(e, f"net{p}_out"), link.i)
@@ -208,6 +209,8 @@ class ScheduleNetwork(wiring.Component):
                 m.d.comb += [getattr(e, f"net{p}_out").ready.eq(1), getattr(e, f"net{p}_in").valid.eq(0)]
         if self.links == "eth":
             self._eth_ports(m, engines)
+        if self.links == "cmac":
+            cmac_engine_links(m, engines, topo, cfg, self.latencies, self.link_rate)
         return m
 
     def _eth_ports(self, m, engines):
@@ -257,6 +260,45 @@ class ScheduleNetwork(wiring.Component):
             v, q = topo.links[u][p]
             line = flip_line(m, eth.line_tx, self.flip_link == u * self.config.ports + p, self.flip_block)
             m.d.comb += ports[(v, q)].line_rx.eq(delayed(m, line, self.latencies[(u, p)]))
+
+
+def cmac_engine_links(m, engines, topology: Topology, config: EngineConfig, latencies: dict, rate) -> dict:
+    """Cable ``engines`` (512-bit :class:`~wirereduce.hdl.core.engine.Engine` s, one per node of
+    ``topology``) with the 100G CMAC glue of the U55C top (``boards/u55c_top.py``), in ``m``, one
+    clock domain: each directed link ``(u, p) → (v, q)`` is engine u's ``net{p}_out`` →
+    :class:`~wirereduce.hdl.xilinx.cmac.CmacTxGlue` → :class:`~wirereduce.sim.cluster.network.CmacCable`
+    (``latencies[(u, p)]`` cycles, ``rate`` wire bytes a cycle) → ``CmacRxGlue(cut_through=True)`` →
+    engine v's ``net{q}_in``, as the ring node's ``links="cmac"``: a frame found bad on a cable goes on
+    marked ``bad`` and leaves every later hop stomped. Each engine's ``port_counters`` come from its
+    glue pairs (:func:`~wirereduce.hdl.xilinx.cmac.cmac_port_stats`: ``net{p}_*``, ``link_drop_net{p}``).
+    Returns the cables by directed link (each has ``flip``/``flip_beat`` for fault injection, tied low
+    unless the caller drives them)."""
+    from amaranth.hdl import DomainRenamer
+    from wirereduce.hdl.eth.port import port_counters
+    from wirereduce.hdl.xilinx.cmac import CmacRxGlue, CmacTxGlue, cmac_port_stats
+
+    rxs = [{} for _ in engines]
+    txs = [{} for _ in engines]
+    cables = {}
+    for u, e in enumerate(engines):
+        for p, (v, q) in enumerate(topology.links[u]):
+            tx = CmacTxGlue(config.mtu, src_mac=eth_mac(u, p))
+            rx = CmacRxGlue(config.mtu, cut_through=True)
+            cable = CmacCable(latencies[(u, p)], rate)
+            m.submodules[f"cmac{u}_{p}_tx"] = DomainRenamer({"cmac_tx": "sync"})(tx)
+            m.submodules[f"cmac{v}_{q}_rx"] = DomainRenamer({"cmac_rx": "sync"})(rx)
+            m.submodules[f"cmac{u}_{p}"] = cable
+            wiring.connect(m, getattr(e, f"net{p}_out"), tx.i)
+            wiring.connect(m, tx.cmac, cable.tx)
+            wiring.connect(m, cable.rx, rx.cmac)
+            wiring.connect(m, rx.o, getattr(engines[v], f"net{q}_in"))
+            txs[u][p], rxs[v][q] = tx, rx
+            cables[(u, p)] = cable
+    names = engine_ports(config.ports)
+    for u, e in enumerate(engines):
+        stats = {names[1 + p]: cmac_port_stats(rxs[u][p], txs[u][p]) for p in range(len(topology.links[u]))}
+        m.d.comb += e.port_counters.eq(port_counters(stats, names))
+    return cables
 
 
 def schednet_verilog(topology: Topology | str, config: EngineConfig | None = None, link_latency: int | dict = 4,

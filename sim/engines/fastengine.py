@@ -109,8 +109,9 @@ class FastEngineSim(FastSim):
     link_rate, host_rate : Fraction, optional
         Wire bytes per cycle of the cables and of the host links (default: the width's line rate).
     links : str
-        ``"model"`` (link models, default) or ``"eth"`` (10G Ethernet ports and cables between the
-        engines, :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`).
+        ``"model"`` (link models, default), ``"eth"`` (10G Ethernet ports and cables between the
+        engines) or ``"cmac"`` (the U55C's 100G CMAC glue, 512 bit;
+        :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`).
     host_links : str
         ``"model"`` (default) or ``"eth"``: each host behind a NIC port and a 10G cable to the engine's
         host port with the VC709 SFP top's source filter (needs ``links="eth"``; ScheduleNetwork).
@@ -147,7 +148,8 @@ class FastEngineSim(FastSim):
         name = (f"{self.topology.name.replace(':', '')}_p{config.ports}_w{config.width}_mtu{config.mtu}"
                 f"_s{config.slots}_f{config.max_flows}_l{link_latency}j{jitter}s{seed}"
                 f"_r{float(self.link_rate):g}_h{float(self.host_rate):g}" + (f"_t{threads}" if threads > 1 else "")
-                + ("_eth" if self.links == "eth" else "") + ("_ethhost" if self.host_links == "eth" else ""))
+                + (f"_{self.links}" if self.links != "model" else "")
+                + ("_ethhost" if self.host_links == "eth" else ""))
         # -O1 on the per-cycle code unless $WIREREDUCE_CXX_OPT says otherwise (the tests: -O0).
         self.opt_fast = cxx_opt("-O1")
         self.setup = _Setup(self.topology.nodes, config, name)
