@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,demo,torch,bench]'
 	touch $@
 
-demo: $(STAMP)  ## Verilog of one node, then a 4-node simulated ring allreduces real CNN gradients, checked bit for bit
-	$(WR) demo --nodes 4
+demo: $(STAMP)  ## Verilog of one schedule engine (what the board tops carry), then 4 engines run the NTT ring schedule on real CNN gradients, checked bit for bit
+	$(WR) demo --topology ring:4 --algorithm ring
 
 fuzz: $(STAMP)  ## hostile/malformed frames next to real allreduces: link models, Ethernet, codec; prints the table and FUZZ cases=… silent_wrong=… hangs=…; CASES=n SEED=s
 	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --links model
