@@ -293,11 +293,13 @@ class SumUnit(wiring.Component):
             pre_keep = Signal(bpb, name=f"{name}_last_keep")
             pre_last = Signal(name=f"{name}_one_beat")
             pre_bad = Signal(name=f"{name}_slot_bad")
+            pre_qoh = Signal(Q, name=f"{name}_qslot_onehot")   # its port buffers' slot, one-hot
             m.d.sync += [
                 pre_nbeats.eq(exp.last + 1), pre_keep.eq(exp.keep), pre_last.eq(exp.one),
-                pre_bad.eq((self.slot_bad >> slot)[0]),
+                pre_bad.eq((self.slot_bad >> slot)[0]), pre_qoh.eq(Const(1, Q) << qslot),
             ]
-            return rdy, good, (codes, slot, qslot, (pre_nbeats, pre_keep, pre_last, pre_bad), new_depth, ent, need)
+            return rdy, good, (codes, slot, qslot, (pre_nbeats, pre_keep, pre_last, pre_bad, pre_qoh), new_depth,
+                               ent, need)
 
         # Whether each port buffer slot's count agrees with the local slot that holds the same chunk
         # (slot q of a port buffer is chunk g with g mod Q = q, the local slot g mod S = q mod S, as Q is a
@@ -322,6 +324,10 @@ class SumUnit(wiring.Component):
         beat = Signal(16)
         cur_slot = Signal(max(1, slot_bits))
         cur_qslot = Signal(max(1, qbits))
+        # The same slot one-hot (timing: the chunk's first cycle reads its slot's one-beat-frame and bad
+        # flags through an AND-OR of registers, where the shift by ``cur_qslot`` mapped as a chain of
+        # LUT5s: the P = 4 engine's two 10-level pairs, ``single`` → ``bad_acc`` / stage 1's ``bad``).
+        cur_qoh = Signal(Q, name="cur_qoh")
         cur_bad = Signal()
         cur_req = Signal(P + 1)
         bad_acc = Signal()
@@ -364,12 +370,12 @@ class SumUnit(wiring.Component):
                 m.d.sync += stuck[k].eq(1)
 
         def begin(codes, slot, qslot, pre, new_depth, ent, need):
-            pre_nbeats, pre_keep, pre_last, pre_bad = pre
+            pre_nbeats, pre_keep, pre_last, pre_bad, pre_qoh = pre
             fwd_req = Cat(ent[40:40 + P], ent[46])
             m.d.sync += [
                 streaming.eq(1), beat.eq(0), bad_acc.eq(0),
                 nbeats.eq(pre_nbeats), last_keep.eq(pre_keep),
-                cur_slot.eq(slot), cur_qslot.eq(qslot), cur_bad.eq(pre_bad),
+                cur_slot.eq(slot), cur_qslot.eq(qslot), cur_qoh.eq(pre_qoh), cur_bad.eq(pre_bad),
                 cur_req.eq(fwd_req if self._req is None else self._req), depth.eq(new_depth),
                 started.eq(1),
                 used.eq(need),
@@ -441,9 +447,9 @@ class SumUnit(wiring.Component):
                          single.eq(Cat(*(b.done[k] & (b.filled[k] == 1) for k in range(Q))))]
             gt = Mux(fired_q, gt1_q[p], gt0_q[p])
             eqm1 = Mux(fired_q, eq1_q, eq0_q)   # beat == filled - 1
-            bad = (b.bad >> cur_qslot)[0]
+            bad = (b.bad & cur_qoh).any()
             gone.append(~started & done_q[p] & ~gt)                 # ended before this beat: pad
-            end_here.append(Mux(started, (single >> cur_qslot)[0], done_q[p] & eqm1))   # ends at this beat
+            end_here.append(Mux(started, (single & cur_qoh).any(), done_q[p] & eqm1))   # ends at this beat
             bad_now.append(Mux(started, bad, bad_q))
         term_valid = Const(1, 1)
         for p in range(P):
