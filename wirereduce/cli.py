@@ -424,8 +424,12 @@ def _check_schedule_args(args) -> None:
     if args.engine == "cocotb" and getattr(args, "engine_given", False) and args.sim_threads != 1:
         raise CliError("--sim-threads is a fast-engine option; drop it with --engine cocotb")
     _compress_arg(args)   # checks k before anything is built
-    for flag, bad in (("--links cmac", getattr(args, "links", "model") == "cmac"),
-                      ("--links eth with --engine cocotb", getattr(args, "links", "model") == "eth"
+    links = getattr(args, "links", "model")
+    if links == "cmac" and args.width != 512:
+        raise CliError(f"--links cmac is the U55C's 100G CMAC glue, 512 bit: add --width 512 (not {args.width})")
+    if links == "cmac" and _codec_arg(args, getattr(args, "compress", None)):
+        raise CliError("--compress/--codec run on link models and 10G Ethernet: they do not combine with --links cmac")
+    for flag, bad in (("--links eth|cmac with --engine cocotb", links in ("eth", "cmac")
                        and args.engine == "cocotb" and getattr(args, "engine_given", False)),
                       ("--late", getattr(args, "late", None) is not None),
                       ("--retries", getattr(args, "retries", 0) != 0),
@@ -1195,7 +1199,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
                         "MAC + 10GBASE-R PCS (64 bit only); cmac: the 100G CMAC glue on every ring link, "
                         "with a model of the CMAC's AXI4-Stream user side (512 bit only). With --topology: "
-                        "model or eth (the fast engine; eth needs a host link no faster than 10G)")
+                        "the fast engine on any of the three (eth needs a host link no faster than 10G; cmac is "
+                        "the U55C top's glue at every network port)")
     p.add_argument("--pcap", metavar="FILE", default=None,
                    help="write the Ethernet frames node 0 sends node 1 (cw link) to a pcap file "
                         "(needs --engine fast --links eth)")
