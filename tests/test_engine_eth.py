@@ -17,12 +17,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 from test_node import edge_arrays
+from wirereduce.sim.cluster.network import eth_mac
 from wirereduce.sim.cluster.schednet import ScheduleNetwork
 from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
 from wirereduce import schedule as sched
 from wirereduce.config import EngineConfig
-from wirereduce.protocol import STATS_COUNTERS
+from wirereduce.protocol import ETHERTYPE, HEADER_BYTES, STATS_COUNTERS, Header, Opcode, max_elements
 
 pytestmark = pytest.mark.verilator
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,7 +110,8 @@ def test_same_bits_with_host_backpressure(eth_ring4):
 
 def test_cli_sim_allreduce_links_eth(eth_ring4, tmp_path, capsys):
     """``wirereduce sim allreduce --topology ring:4 --algorithm biring --links eth --engine fast
-    --compress 12 --check`` end to end, on the fixture's build."""
+    --compress 12 --check --late 2 15000 --pcap FILE`` end to end, on the fixture's build: bit-exact
+    with rank 2 starting late, the run at least that long, the capture written."""
     from wirereduce.cli import main
 
     arrays = edge_arrays(4, 1234, seed=8)
@@ -117,9 +119,12 @@ def test_cli_sim_allreduce_links_eth(eth_ring4, tmp_path, capsys):
     np.savez(inp, **{f"node{k}": a for k, a in enumerate(arrays)})
     code = main(["sim", "allreduce", "--topology", "ring:4", "--algorithm", "biring", "--links", "eth",
                  "--engine", "fast", "--compress", "12", "--input", str(inp), "--output", str(out), "--check",
-                 "--build-dir", str(BUILD)])
+                 "--build-dir", str(BUILD), "--late", "2", "15000", "--pcap", str(tmp_path / "c.pcap")])
     text = capsys.readouterr().out
     assert code == 0, text
+    assert "rank 2 started 15000 cycles late" in text and "lost to receive FIFO overflow 0" in text, text
+    assert int(text.split("simulated cycles=")[1].split()[0]) >= 15000
+    assert (tmp_path / "c.pcap").stat().st_size > 24 and f"wrote {tmp_path / 'c.pcap'}" in text
     with np.load(out) as got:
         results = [got[f"node{k}"] for k in range(4)]
     assert golden_check(arrays, sched.build("ring:4", "biring"), results, compression=12) == [0, 0, 0, 0]
@@ -156,13 +161,16 @@ def test_capped_host_link_never_cuts_a_frame(eth_ring4):
     _no_drops(r.final_stats)
 
 
-def test_stats_count_every_frame_on_every_cable(eth_ring4):
+def test_stats_count_every_frame_on_every_cable(eth_ring4, tmp_path):
     """Each engine's STATS carry its Ethernet ports' MAC counters (``net{p}_…``): every frame a
     port sent arrived at the port on the other end of its cable, and the engine accepted what its
-    ports delivered (REDUCE + BROADCAST frames = the frames its network ports received)."""
+    ports delivered (REDUCE + BROADCAST frames = the frames its network ports received). The cable
+    out of node 0's port 0 is captured to pcap and read back with scapy: as many frames as the port
+    counted sent, our EtherType and the two ports' addresses, a wirereduce header in every frame."""
     s = sched.build("ring:4", "biring")
     arrays = edge_arrays(4, 2345, seed=21)
-    r = eth_ring4.allreduce(arrays, s, final_stats=True)
+    pcap = tmp_path / "node0-port0.pcap"
+    r = eth_ring4.allreduce(arrays, s, final_stats=True, pcap=pcap)
     assert golden_check(arrays, s, r.results) == [0, 0, 0, 0]
     st = r.final_stats
     _no_drops(st)
@@ -174,6 +182,26 @@ def test_stats_count_every_frame_on_every_cable(eth_ring4):
         assert sum(st[u][f"net{p}_rx_frames"] for p in range(2)) == (st[u]["reduce_frames"]
                                                                      + st[u]["broadcast_frames"])
         assert st[u]["host_rx_frames"] == 0 and st[u]["link_drop_host"] == 0   # the host link is a model
+
+    from scapy.layers.l2 import Ether
+    from scapy.utils import rdpcap
+
+    pkts = rdpcap(str(pcap))
+    assert len(pkts) == st[0]["net0_tx_frames"]
+    times = [float(p.time) for p in pkts]
+    assert times == sorted(times) and times[0] > 0
+    v, q = topo.links[0][0]
+    opcodes = set()
+    for p in pkts:
+        assert Ether in p and p[Ether].type == ETHERTYPE
+        assert int(p[Ether].src.replace(":", ""), 16) == eth_mac(0, 0)
+        assert int(p[Ether].dst.replace(":", ""), 16) == eth_mac(v, q)
+        frame = bytes(p[Ether].payload)
+        h = Header.unpack(frame)
+        assert h.collective == 1 and 0 < h.count <= max_elements(CFG.mtu)
+        assert len(frame) == max(HEADER_BYTES + 4 * h.count, 46)   # short frames padded to the minimum
+        opcodes.add(h.opcode)
+    assert opcodes == {Opcode.REDUCE, Opcode.BROADCAST}
 
 
 def test_bit_error_on_a_cable_is_counted_where_it_happened(eth_ring4):
@@ -193,6 +221,21 @@ def test_bit_error_on_a_cable_is_counted_where_it_happened(eth_ring4):
     others = {(u, name): val for u in st for name, val in st[u].items()
               if val and name.endswith("_fcs_errors") and (u, name) != (v, f"net{q}_rx_fcs_errors")}
     assert not others, others
+
+
+def test_late_host_same_bits(eth_ring4):
+    """A host that starts 20,000 cycles after the others: the engines wait for its chunks (every
+    result needs them), nothing is dropped or overflows, and the bits are those of the run in
+    lock-step; a bad ``late`` raises before anything runs."""
+    s = sched.build("ring:4", "multitree")
+    arrays = edge_arrays(4, 3000, seed=23)
+    r = eth_ring4.allreduce(arrays, s, late=(2, 20_000), final_stats=True)
+    assert golden_check(arrays, s, r.results) == [0, 0, 0, 0]
+    assert r.cycles >= 20_000
+    _no_drops(r.final_stats)
+    for bad, what in (((4, 10), "rank"), ((1, -1), "cycles"), ((1,), "pair")):
+        with pytest.raises(ValueError, match=what):
+            eth_ring4.allreduce(arrays, s, late=bad)
 
 
 def test_corrupt_refused_before_anything_runs(eth_ring4):

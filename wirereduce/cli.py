@@ -269,7 +269,7 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
         cfg = served_engine_config(s.topology.name, width=args.width, mtu=args.mtu, slots=args.slots,
                                    ports=args.ports, codec=_codec_arg(args, k))
         setup = EngineSetup(topology=s.topology.name, config=cfg, link_latency=args.link_latency,
-                            host_gbps=args.host_link_gbps)
+                            host_gbps=args.host_link_gbps, links=getattr(args, "links", "model"))
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     op = getattr(args, "op", "sum")
@@ -312,12 +312,13 @@ def _schedule_corrupt_arg(args, s, cfg):
     corrupt = _corrupt_args(args)
     if corrupt is None:
         return None
-    if getattr(args, "links", "model") != "eth" or (args.engine == "cocotb" and getattr(args, "engine_given", False)):
+    links = getattr(args, "links", "model")
+    if links not in ("eth", "cmac") or (args.engine == "cocotb" and getattr(args, "engine_given", False)):
         raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
-                       "they need --links eth (and not --engine cocotb)")
+                       "they need --links eth|cmac (and not --engine cocotb)")
     value = (corrupt[0], getattr(args, "corrupt_port", 0), *corrupt[1:])
     try:
-        check_engine_corrupt(value, s.topology, cfg.ports, "eth")
+        check_engine_corrupt(value, s.topology, cfg.ports, links)
     except ValueError as e:
         raise CliError(f"--corrupt: {e}") from e
     return value
@@ -346,6 +347,13 @@ def simulate_schedule(arrays, args, progress=True):
     if len(arrays) != s.nodes:
         raise CliError(f"{args.topology} has {s.nodes} nodes; the input has {len(arrays)} arrays")
     corrupt = _schedule_corrupt_arg(args, s, cfg)
+    if getattr(args, "late", None) is not None:
+        from wirereduce.sim.engines.fastsim import check_late
+
+        try:
+            check_late(tuple(args.late), s)
+        except ValueError as e:
+            raise CliError(f"--late: {e}") from e
     from wirereduce.sim.cluster.schednet import engine_rates
 
     try:
@@ -363,8 +371,20 @@ def simulate_schedule(arrays, args, progress=True):
     from wirereduce.sim.engines.fastengine import EngineStalled
 
     try:
+        pcap = getattr(args, "pcap", None)
+        late = getattr(args, "late", None)
+        late = tuple(late) if late is not None else None
         r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args),
-                          op=getattr(args, "op", "sum"), compression=k, corrupt=corrupt)
+                          op=getattr(args, "op", "sum"), compression=k, corrupt=corrupt, pcap=pcap, late=late,
+                          final_stats=late is not None)
+        if pcap is not None:
+            v, q = s.topology.links[0][0]
+            print(f"wrote {pcap} (Ethernet frames node 0 sent out of its port 0 to node {v}'s port {q})")
+        if late is not None:
+            sent = [sum(v for name, v in st.items() if name.endswith("_tx_pause_frames")) for st in r.final_stats]
+            lost = sum(v for st in r.final_stats for name, v in st.items() if name.endswith("_rx_overflow"))
+            print(f"rank {late[0]} started {late[1]} cycles late: PAUSE frames sent per node {sent}, frames lost "
+                  f"to receive FIFO overflow {lost}")
     except ValueError as e:
         raise CliError(str(e)) from e
     except EngineStalled as e:
@@ -429,11 +449,15 @@ def _check_schedule_args(args) -> None:
         raise CliError(f"--links cmac is the U55C's 100G CMAC glue, 512 bit: add --width 512 (not {args.width})")
     if links == "cmac" and _codec_arg(args, getattr(args, "compress", None)):
         raise CliError("--compress/--codec run on link models and 10G Ethernet: they do not combine with --links cmac")
-    for flag, bad in (("--links eth|cmac with --engine cocotb", links in ("eth", "cmac")
+    if getattr(args, "late", None) is not None and args.engine == "cocotb" and getattr(args, "engine_given", False):
+        raise CliError("--late delays one host in the fast engine's frame player: drop --engine cocotb")
+    if getattr(args, "pcap", None) is not None and (links != "eth" or (
+            args.engine == "cocotb" and getattr(args, "engine_given", False))):
+        raise CliError("--pcap captures a 10G Ethernet cable in the fast engine's frame player: with --topology "
+                       "it needs --links eth (and not --engine cocotb)")
+    for flag, bad in (("--links cmac with --engine cocotb", links == "cmac"
                        and args.engine == "cocotb" and getattr(args, "engine_given", False)),
-                      ("--late", getattr(args, "late", None) is not None),
                       ("--retries", getattr(args, "retries", 0) != 0),
-                      ("--pcap", getattr(args, "pcap", None) is not None),
                       ("--simulator icarus", getattr(args, "simulator", None) == "icarus")):
         if bad:
             raise CliError(f"{flag} is not available on the schedule engine yet (--topology); it runs on the ring "
@@ -937,18 +961,16 @@ def cmd_sim_serve(args) -> int:
                        "sim serve runs the cocotb engine")
     if args.topology is not None:
         topo = _parse_topology_arg(args)
-        if args.links != "model":
-            raise CliError("--links eth is a ring-node feature here; the schedule engine (--topology) serves over "
-                           "link models (leave it out, or leave out --topology; `sim allreduce --topology … "
-                           "--links eth --engine fast` runs engines over Ethernet)")
         config = _serve_engine_config(args, topo, codec=args.codec)
         try:
             setup = EngineSetup(topology=topo.name, config=config, link_latency=args.link_latency,
-                                simulator=args.simulator or default_simulator(), host_gbps=args.host_link_gbps)
+                                simulator=args.simulator or default_simulator(), host_gbps=args.host_link_gbps,
+                                links=args.links)
         except (TypeError, ValueError, SimulationError) as e:
             raise CliError(str(e)) from e
         what = (f"{topo.name} schedule engines (ports {config.ports}, max_flows {config.max_flows}, slots "
-                f"{config.slots}, formats {', '.join(config.formats)}{', codec' if config.codec else ''}): "
+                f"{config.slots}, formats {', '.join(config.formats)}{', codec' if config.codec else ''}"
+                f"{', 10G Ethernet links' if args.links == 'eth' else ''}): "
                 f"drive them with `wirereduce rank allreduce "
                 f"--topology {topo.name} --algorithm …` and the same --width/--mtu/--slots/--ports/--max-flows")
     else:
@@ -1199,11 +1221,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
                         "MAC + 10GBASE-R PCS (64 bit only); cmac: the 100G CMAC glue on every ring link, "
                         "with a model of the CMAC's AXI4-Stream user side (512 bit only). With --topology: "
-                        "the fast engine on any of the three (eth needs a host link no faster than 10G; cmac is "
-                        "the U55C top's glue at every network port)")
+                        "any of the three on the fast engine, model or eth on the cocotb engine (eth needs a host "
+                        "link no faster than 10G; cmac is the U55C top's glue at every network port)")
     p.add_argument("--pcap", metavar="FILE", default=None,
-                   help="write the Ethernet frames node 0 sends node 1 (cw link) to a pcap file "
-                        "(needs --engine fast --links eth)")
+                   help="write the Ethernet frames node 0 sends node 1 (cw link; with --topology: out of node "
+                        "0's network port 0) to a pcap file (needs --engine fast --links eth)")
     p.add_argument("--corrupt", nargs=2, type=int, metavar=("NODE", "BLOCK"), default=None,
                    help="fault injection: flip one bit of the BLOCK-th 66-bit data block (--links cmac: "
                         "512-bit beat) node NODE sends node NODE+1; the run then reports the lost chunk and "
@@ -1224,7 +1246,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--late", nargs=2, type=int, metavar=("RANK", "CYCLES"), default=None,
                    help="ranks not in lock-step: RANK's host starts pushing CYCLES simulated cycles after the "
                         "others (10 ms at 10G: 1562500); with --links eth the ports' IEEE 802.3x PAUSE "
-                        "frames hold the ring (needs --engine fast)")
+                        "frames hold the ring (needs --engine fast; with --topology the engines wait for "
+                        "the late host's chunks, and its port's PAUSE frames hold the others with --links eth)")
     _add_sim_args(p)
     p.set_defaults(func=cmd_sim_allreduce)
 
@@ -1243,7 +1266,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tap", nargs="+", metavar="IF", default=None, help="TAP interface names, one per node")
     p.add_argument("--unix", metavar="DIR", default=None, help="UNIX datagram sockets DIR/node<k>.sock instead of TAPs")
     p.add_argument("--links", choices=("model", "eth"), default="model",
-                   help="model: link models at line rate (default); eth: 10G Ethernet on every link")
+                   help="model: link models at line rate (default); eth: 10G Ethernet (MAC + 10GBASE-R PCS) on "
+                        "every network link, 64 bit (with --topology: a host link no faster than 10G)")
     p.add_argument("--idle-cycles", type=int, default=4000,
                    help="cycles without a frame in or out of any host port after which the simulation stops "
                         "clocking until the next frame (default 4000; raise it for long rings or MTU 9000)")

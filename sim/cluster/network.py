@@ -604,12 +604,6 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block, boxes=N
                          p.control_taken.eq(ring[node].control_taken)]
         return p
 
-    def cable(a, b, flip=None):
-        ab, ba = a.line_tx.as_value(), b.line_tx.as_value()
-        if flip is not None:  # fault injection: invert payload bit 5 of one data block
-            ab = flip_line(m, a.line_tx, flip, flip_block)
-        m.d.comb += [b.line_rx.eq(delayed(m, ab, latency)), a.line_rx.eq(delayed(m, ba, latency))]
-
     for k in range(n):
         nxt = (k + 1) % n
         cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True, role="next")
@@ -619,7 +613,7 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block, boxes=N
         wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
         wiring.connect(m, ccw.rx, ring[nxt].cw_in)
         stats[k]["ccw"], stats[nxt]["cw"] = cw.stats, ccw.stats
-        cable(cw, ccw, flip_link == k)
+        eth_cable(m, cw, ccw, latency, flip_link == k, flip_block)
     hosts = []
     for k, node in enumerate(ring):
         if not host_links:
@@ -630,11 +624,47 @@ def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block, boxes=N
         wiring.connect(m, node.host_tx, side.tx)
         wiring.connect(m, side.rx, node.host_rx)
         stats[k]["host"] = side.stats
-        cable(side, nic)
+        eth_cable(m, side, nic, latency)
         hosts.append((nic.tx, nic.rx))
     for node, node_stats in zip(ring, stats):
         m.d.comb += node.port_counters.eq(port_counters(node_stats))
     return hosts
+
+
+def eth_cable(m, a, b, latency: int, flip=None, flip_block=None) -> None:
+    """A 10G cable between Ethernet ports ``a`` and ``b`` (each with ``line_tx``/``line_rx``, one
+    66-bit block a cycle), in ``m``: each direction delayed ``latency`` cycles. Fault injection:
+    with ``flip`` (a 1-bit value), the a → b direction inverts a bit of its ``flip_block``-th data
+    block (:func:`flip_line`); b → a is never flipped."""
+    ab, ba = a.line_tx.as_value(), b.line_tx.as_value()
+    if flip is not None:
+        ab = flip_line(m, a.line_tx, flip, flip_block)
+    m.d.comb += [b.line_rx.eq(delayed(m, ab, latency)), a.line_rx.eq(delayed(m, ba, latency))]
+
+
+def cmac_cable(m, names: tuple[str, str, str], src, dst, mtu: int, latency: int, rate, src_mac: int,
+               cut_through: bool = True):
+    """One direction of a 100G link in ``m``, single clock: ``src`` (a frame stream) →
+    :class:`~wirereduce.hdl.xilinx.cmac.CmacTxGlue` (source address ``src_mac``) →
+    :class:`CmacCable` (``latency`` cycles, ``rate`` wire bytes a cycle) →
+    :class:`~wirereduce.hdl.xilinx.cmac.CmacRxGlue` (``cut_through``) → ``dst`` (or nothing, with
+    ``dst=None``: the caller takes ``rx.o``); the glue's CMAC domains renamed to ``sync``, the three
+    added as submodules ``names`` = (transmit glue, cable, receive glue). Returns ``(tx, cable, rx)``."""
+    from amaranth.hdl import DomainRenamer
+    from wirereduce.hdl.xilinx.cmac import CmacRxGlue, CmacTxGlue
+
+    tx = CmacTxGlue(mtu, src_mac=src_mac)
+    rx = CmacRxGlue(mtu, cut_through=cut_through)
+    cable = CmacCable(latency, rate)
+    m.submodules[names[0]] = DomainRenamer({"cmac_tx": "sync"})(tx)
+    m.submodules[names[1]] = cable
+    m.submodules[names[2]] = DomainRenamer({"cmac_rx": "sync"})(rx)
+    wiring.connect(m, src, tx.i)
+    wiring.connect(m, tx.cmac, cable.tx)
+    wiring.connect(m, cable.rx, rx.cmac)
+    if dst is not None:
+        wiring.connect(m, rx.o, dst)
+    return tx, cable, rx
 
 
 def _cmac_links(m, ring, mtu, latency, rate, flip_link, flip_block):
@@ -652,9 +682,8 @@ def _cmac_links(m, ring, mtu, latency, rate, flip_link, flip_block):
     Fault injection: the cable from node ``flip_link`` to node ``flip_link + 1`` (cw) flips a
     bit of its ``flip_block``-th beat (:class:`CmacCable`; ``flip_block = 0``: never).
     """
-    from amaranth.hdl import DomainRenamer
     from wirereduce.hdl.eth.port import port_counters
-    from wirereduce.hdl.xilinx.cmac import CmacRxGlue, CmacTxGlue, cmac_port_stats
+    from wirereduce.hdl.xilinx.cmac import cmac_port_stats
 
     n = len(ring)
     rxs = [{} for _ in ring]    # each node's receive glue by port ("cw": feeds cw_in, "ccw": ccw_in)
@@ -665,16 +694,8 @@ def _cmac_links(m, ring, mtu, latency, rate, flip_link, flip_block):
         for name, src, dst, (s_node, s_port), (r_node, r_port), flip in (
                 (f"cw{k}_{nxt}", ring[k].cw_out, ring[nxt].cw_in, (k, "ccw"), (nxt, "cw"), flip_link == k),
                 (f"ccw{nxt}_{k}", ring[nxt].ccw_out, ring[k].ccw_in, (nxt, "cw"), (k, "ccw"), None)):
-            tx = CmacTxGlue(mtu, src_mac=eth_mac(s_node, 0 if s_port == "ccw" else 1))
-            rx = CmacRxGlue(mtu, cut_through=True)
-            cable = CmacCable(latency, rate)
-            m.submodules[f"cmac_{name}_tx"] = DomainRenamer({"cmac_tx": "sync"})(tx)
-            m.submodules[f"cmac_{name}_rx"] = DomainRenamer({"cmac_rx": "sync"})(rx)
-            m.submodules[f"cmac_{name}"] = cable
-            wiring.connect(m, src, tx.i)
-            wiring.connect(m, tx.cmac, cable.tx)
-            wiring.connect(m, cable.rx, rx.cmac)
-            wiring.connect(m, rx.o, dst)
+            tx, cable, rx = cmac_cable(m, (f"cmac_{name}_tx", f"cmac_{name}", f"cmac_{name}_rx"), src, dst, mtu,
+                                       latency, rate, eth_mac(s_node, 0 if s_port == "ccw" else 1))
             if flip is not None:
                 m.d.comb += [cable.flip.eq(flip), cable.flip_beat.eq(flip_block)]
             txs[s_node][s_port] = tx
@@ -694,18 +715,8 @@ def _cmac_host_tx(m, k, src, mtu, latency, rate):
     side cannot be back-pressured (an Ethernet NIC): a host that stops reading loses frames
     (the glue's ``overflow``), which the frame player never does at ``tx_ready_prob = 1``.
     """
-    from amaranth.hdl import DomainRenamer
-    from wirereduce.hdl.xilinx.cmac import CmacRxGlue, CmacTxGlue
-
-    tx = CmacTxGlue(mtu, src_mac=eth_mac(k, 2))
-    rx = CmacRxGlue(mtu)
-    cable = CmacCable(latency, rate)
-    m.submodules[f"cmac_host{k}_tx"] = DomainRenamer({"cmac_tx": "sync"})(tx)
-    m.submodules[f"cmac_host{k}"] = cable
-    m.submodules[f"cmac_nic{k}_rx"] = DomainRenamer({"cmac_rx": "sync"})(rx)
-    wiring.connect(m, src, tx.i)
-    wiring.connect(m, tx.cmac, cable.tx)
-    wiring.connect(m, cable.rx, rx.cmac)
+    _, _, rx = cmac_cable(m, (f"cmac_host{k}_tx", f"cmac_host{k}", f"cmac_nic{k}_rx"), src, None, mtu, latency, rate,
+                          eth_mac(k, 2), cut_through=False)
     return rx.o
 
 

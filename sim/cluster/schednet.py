@@ -22,13 +22,14 @@ from wirereduce.hdl.params import rejecting
 from wirereduce.sim.cluster.box import Boxes
 from wirereduce.sim.cluster.network import (
     ETH_MAC_PREFIX,
-    CmacCable,
     LinkModel,
     Network,
     bytes_per_cycle,
     check_links,
     clock_mhz,
+    cmac_cable,
     delayed,
+    eth_cable,
     eth_mac,
     eth_port,
     flip_line,
@@ -97,10 +98,15 @@ class ScheduleNetwork(wiring.Component):
         inputs ``flip_link`` (16 bit) and ``flip_block`` (32 bit); the cable out of port ``p`` of
         node ``u``, ``flip_link = u · config.ports + p``, inverts a bit of its ``flip_block``-th data
         block (or, bit 31 set, of the wirereduce header of its ``flip_block & 0x7FFFFFFF``-th frame;
-        :func:`~wirereduce.sim.cluster.network.flip_line`); ``flip_block = 0``: never.
+        :func:`~wirereduce.sim.cluster.network.flip_line`); ``flip_block = 0``: never. A capture
+        tap, outputs ``tap_t{data,keep,last,valid}``: the Ethernet frames (no FCS) node 0 sends out
+        of its network port 0, one 64-bit beat a cycle ``tap_tvalid`` is high (the frame player's
+        pcap, ``FastEngineSim.allreduce(pcap=…)``).
         ``"cmac"``: the 100G CMAC glue of the U55C top at every cabled network port, 512 bit only
         (:func:`cmac_engine_links`: ``CmacTxGlue`` → ``CmacCable`` at ``link_rate`` →
-        ``CmacRxGlue``, cut-through); host links stay link models.
+        ``CmacRxGlue``, cut-through); host links stay link models. Fault injection as with
+        ``"eth"``, ``flip_block`` counting the cable's 512-bit beats (bit 31 unused): the beat's
+        frame arrives as one with a bad FCS (:class:`~wirereduce.sim.cluster.network.CmacCable`).
     host_links : str
         ``"model"`` (default): each host link a link model at ``host_rate``. ``"eth"`` (with
         ``links="eth"`` and a host link at the line rate): each host reaches its engine over 10G
@@ -179,8 +185,10 @@ class ScheduleNetwork(wiring.Component):
                 members[f"host{k}_{d}_tlast"] = dir_in(1)
                 members[f"host{k}_{d}_tvalid"] = dir_in(1)
                 members[f"host{k}_{d}_tready"] = dir_out(1)
-        if self.links == "eth":
+        if self.links in ("eth", "cmac"):
             members.update({"flip_link": In(16), "flip_block": In(32)})
+        if self.links == "eth":
+            members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1)})
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -210,7 +218,9 @@ class ScheduleNetwork(wiring.Component):
         if self.links == "eth":
             self._eth_ports(m, engines)
         if self.links == "cmac":
-            cmac_engine_links(m, engines, topo, cfg, self.latencies, self.link_rate)
+            cables = cmac_engine_links(m, engines, topo, cfg, self.latencies, self.link_rate)
+            for (u, p), cable in cables.items():
+                m.d.comb += [cable.flip.eq(self.flip_link == u * cfg.ports + p), cable.flip_beat.eq(self.flip_block)]
         return m
 
     def _eth_ports(self, m, engines):
@@ -240,8 +250,7 @@ class ScheduleNetwork(wiring.Component):
                 m.d.comb += [side.rank.eq(e.rank), side.nodes.eq(0), side.control_taken.eq(e.control_taken)]
                 wiring.connect(m, e.host_tx, side.tx)
                 wiring.connect(m, side.rx, e.host_rx)
-                m.d.comb += [nic.line_rx.eq(delayed(m, side.line_tx.as_value(), self.link_latency)),
-                             side.line_rx.eq(delayed(m, nic.line_tx.as_value(), self.link_latency))]
+                eth_cable(m, side, nic, self.link_latency)
                 Network._host_wires(self, m, u, nic_dma.i, nic.rx)
                 host_ports[u] = side
             for p, (v, q) in enumerate(topo.links[u]):
@@ -256,6 +265,9 @@ class ScheduleNetwork(wiring.Component):
             if u in host_ports:
                 stats["host"] = host_ports[u].stats
             m.d.comb += e.port_counters.eq(port_counters(stats, names))
+        tap = ports[(0, 0)]
+        m.d.comb += [self.tap_tdata.eq(tap.tx_tap.data), self.tap_tkeep.eq(tap.tx_tap.keep),
+                     self.tap_tlast.eq(tap.tx_tap.last), self.tap_tvalid.eq(tap.tx_tap_valid)]
         for (u, p), eth in ports.items():
             v, q = topo.links[u][p]
             line = flip_line(m, eth.line_tx, self.flip_link == u * self.config.ports + p, self.flip_block)
@@ -273,25 +285,17 @@ def cmac_engine_links(m, engines, topology: Topology, config: EngineConfig, late
     glue pairs (:func:`~wirereduce.hdl.xilinx.cmac.cmac_port_stats`: ``net{p}_*``, ``link_drop_net{p}``).
     Returns the cables by directed link (each has ``flip``/``flip_beat`` for fault injection, tied low
     unless the caller drives them)."""
-    from amaranth.hdl import DomainRenamer
     from wirereduce.hdl.eth.port import port_counters
-    from wirereduce.hdl.xilinx.cmac import CmacRxGlue, CmacTxGlue, cmac_port_stats
+    from wirereduce.hdl.xilinx.cmac import cmac_port_stats
 
     rxs = [{} for _ in engines]
     txs = [{} for _ in engines]
     cables = {}
     for u, e in enumerate(engines):
         for p, (v, q) in enumerate(topology.links[u]):
-            tx = CmacTxGlue(config.mtu, src_mac=eth_mac(u, p))
-            rx = CmacRxGlue(config.mtu, cut_through=True)
-            cable = CmacCable(latencies[(u, p)], rate)
-            m.submodules[f"cmac{u}_{p}_tx"] = DomainRenamer({"cmac_tx": "sync"})(tx)
-            m.submodules[f"cmac{v}_{q}_rx"] = DomainRenamer({"cmac_rx": "sync"})(rx)
-            m.submodules[f"cmac{u}_{p}"] = cable
-            wiring.connect(m, getattr(e, f"net{p}_out"), tx.i)
-            wiring.connect(m, tx.cmac, cable.tx)
-            wiring.connect(m, cable.rx, rx.cmac)
-            wiring.connect(m, rx.o, getattr(engines[v], f"net{q}_in"))
+            tx, cable, rx = cmac_cable(m, (f"cmac{u}_{p}_tx", f"cmac{u}_{p}", f"cmac{v}_{q}_rx"),
+                                       getattr(e, f"net{p}_out"), getattr(engines[v], f"net{q}_in"), config.mtu,
+                                       latencies[(u, p)], rate, eth_mac(u, p))
             txs[u][p], rxs[v][q] = tx, rx
             cables[(u, p)] = cable
     names = engine_ports(config.ports)

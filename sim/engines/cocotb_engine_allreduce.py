@@ -52,7 +52,7 @@ async def engine_allreduce(dut):
 
         arrays = [a.view(ml_dtypes.bfloat16) for a in arrays]
 
-    await start_network(dut, nodes, period_ps)
+    await start_network(dut, nodes, period_ps, tuple(spec.get("top_inputs", ())))
 
     transport = CocotbTransport(dut, nodes, timeout_cycles=spec["timeout_cycles"],
                                 clock_period_ns=period_ps / 1000)

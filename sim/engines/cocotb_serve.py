@@ -36,7 +36,7 @@ async def serve(dut):
     period_ps = round(1e6 / spec["clock_mhz"])
     parent = os.getppid()
 
-    await start_network(dut, nodes, period_ps)
+    await start_network(dut, nodes, period_ps, tuple(spec.get("top_inputs", ())))
 
     transport = CocotbTransport(dut, nodes)
     ports = open_ports(nodes, spec["taps"], spec["unix"], spec["mtu"])

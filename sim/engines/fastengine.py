@@ -28,9 +28,12 @@ from wirereduce.sim.engines.fastsim import (
     FastSim,
     _gated,
     _read_result,
+    _read_tap,
+    check_late,
     check_options,
     internal_reset,
     strip_zero_memory_init,
+    write_pcap,
 )
 from wirereduce.sim.engines.runner import SimulationError
 from wirereduce.sim.engines.verilator import build_model, cxx_opt, locked_build, setup_verilator_env
@@ -170,7 +173,8 @@ class FastEngineSim(FastSim):
         config_h = (f"#define RESET_CYCLES {RESET_CYCLES}\n#define NODES {n}\n"
                     f"#define BYTES_PER_BEAT {self.config.bytes_per_beat}\n"
                     f"#define PORTS {' '.join(f'HOST({k})' for k in range(n))}\n"
-                    + ("#define FLIP 1\n" if self.links == "eth" else ""))
+                    + ("#define FLIP 1\n" if self.links in ("eth", "cmac") else "")
+                    + ("#define TAP 1\n" if self.links == "eth" else ""))
         tb = _TB.read_text()
         digest = hashlib.sha256((text + tb + config_h + self.opt_fast).encode()).hexdigest()[:12]
         out = self.build_root / f"{self.setup.name}-{digest}"
@@ -189,7 +193,8 @@ class FastEngineSim(FastSim):
                   tx_ready_prob: float = 1.0, seed: int = 1, timeout_cycles: int | None = None,
                   progress: bool = False, collective: int = 1, op: str = "sum",
                   final_stats: bool = False, compression: int | None = None,
-                  corrupt: tuple | None = None, chunk_words: int | None = None) -> EngineResult:
+                  corrupt: tuple | None = None, chunk_words: int | None = None,
+                  pcap: str | Path | None = None, late: tuple[int, int] | None = None) -> EngineResult:
         """Allreduce ``arrays`` (one array per node, all of one dtype: float32, ml_dtypes.bfloat16,
         float16 or int32) with ``schedule`` and ``op`` (``"sum"``, ``"max"``, ``"min"``) on the simulated network.
 
@@ -204,7 +209,12 @@ class FastEngineSim(FastSim):
         is lost, the run stalls (:class:`EngineStalled`) and the receiving engine's STATS count it
         (``link_drop_net{q}``, ``net{q}_rx_fcs_errors``). ``chunk_words``: at most this many
         32-bit words per chunk (:class:`~wirereduce.host.engine.EngineSession`; default: a full
-        frame). Raises ValueError on bad inputs (before
+        frame). ``pcap``: write the Ethernet frames node 0 sends out of its network port 0 (to
+        ``topology.links[0][0]``) to this pcap file, with their first cycles as times
+        (:func:`~wirereduce.sim.engines.fastsim.write_pcap`; ``links="eth"`` only). ``late``:
+        ``(rank, cycles)``, host ``rank`` sends its first push ``cycles`` after every host has its
+        first answer (a host that starts late; the deadline moves by as much).
+        Raises ValueError on bad inputs (before
         anything runs; a dtype of a format the engines are not built with, ``config.formats``,
         among them), :class:`EngineStalled` if results are missing at the deadline,
         :class:`~wirereduce.host.driver.DriverError` on a malformed or duplicated result.
@@ -215,6 +225,10 @@ class FastEngineSim(FastSim):
         _fmt, arrays = check_typed_inputs(arrays, n)
         dtype_byte(_fmt, op)   # a bad op raises here, before anything runs
         flip = check_engine_corrupt(corrupt, self.topology, self.config.ports, self.links)
+        late_rank, late_cycles = check_late(late, self.setup)
+        if pcap is not None and self.links != "eth":
+            raise ValueError("pcap capture needs links='eth' (link models and the CMAC glue carry no 10G Ethernet "
+                             "frames to tap)")
         check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
         window = check_window(self.config.slots if window is None else window, self.config)
         sessions = [EngineSession(k, schedule, self.config, collective, a, window, tag=100 + 10 * k, op=op,
@@ -232,6 +246,7 @@ class FastEngineSim(FastSim):
         run_dir.mkdir(exist_ok=True)
         tag = f"{os.getpid()}-{time.monotonic_ns()}"
         script, result = run_dir / f"script-{tag}.bin", run_dir / f"result-{tag}.bin"
+        tap = run_dir / f"tap-{tag}.bin" if pcap is not None else None
         with open(script, "wb") as f:
             f.write(struct.pack("<5I4Q2I", _SCRIPT_MAGIC, n, self.config.bytes_per_beat,
                                 round(rx_valid_prob * 1e6), round(tx_ready_prob * 1e6), seed & (2**64 - 1),
@@ -244,14 +259,19 @@ class FastEngineSim(FastSim):
                 if final_stats:   # once this host holds every result
                     frames.append(_gated(stats_request, ns + 1 + c, 0))
                 frames.append(_gated(stats_request, _STALL_GATE, 0))
-                f.write(struct.pack("<2IQ", len(frames), ns + 1 + c + bool(final_stats), 0))
+                f.write(struct.pack("<2IQ", len(frames), ns + 1 + c + bool(final_stats),
+                                    late_cycles if k == late_rank else 0))
                 f.write(b"".join(frames))
         try:
-            wall = self._play(script, result, progress, c * n)
+            wall = self._play(script, result, progress, c * n, tap)
             sim_cycles, status, per_node = _read_result(result, n)
+            if tap is not None:
+                write_pcap(pcap, _read_tap(tap), self.config.width)
         finally:
             script.unlink(missing_ok=True)
             result.unlink(missing_ok=True)
+            if tap is not None:
+                tap.unlink(missing_ok=True)
         acks, stalled = [], {}
         first_push, last = None, 0
         for s, (sent, received) in zip(sessions, per_node):
@@ -291,16 +311,23 @@ def check_engine_corrupt(corrupt, topology: Topology, ports: int, links: str) ->
     ``(node, port, frame, "header")``; returns the network's ``(flip_link, flip_block)``
     (:class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`, ``(0, 0)``: no fault).
 
+    ``block`` counts 66-bit data blocks on a 10G cable (``links="eth"``), 512-bit beats on a 100G
+    one (``links="cmac"``); the header mode is 10G only.
+
     Raises
     ------
     ValueError
         ``corrupt`` on a network without Ethernet links, a node or port that is not a cabled port
-        of the topology, ``block``/``frame`` not an int from 1 to 2**31 - 1, a mode not "header".
+        of the topology, ``block``/``frame`` not an int from 1 to 2**31 - 1, a mode not "header",
+        the header mode on CMAC links.
     """
     if corrupt is None:
         return 0, 0
-    if links != "eth":
-        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth'")
+    if links not in ("eth", "cmac"):
+        raise ValueError("corrupt= injects a bit error on an Ethernet cable: it needs links='eth' or 'cmac'")
+    if links == "cmac" and isinstance(corrupt, tuple) and len(corrupt) == 4:
+        raise ValueError("corrupt=(node, port, frame, 'header') hits a 10G cable's wirereduce header: it needs "
+                         "links='eth'")
     if not isinstance(corrupt, tuple) or len(corrupt) not in (3, 4):
         raise ValueError(f"corrupt must be (node, port, block) or (node, port, frame, 'header'), not {corrupt!r}")
     header = len(corrupt) == 4

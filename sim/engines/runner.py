@@ -184,12 +184,16 @@ class EngineSetup:
     host_gbps, link_gbps : float, optional
         Host-link and network-link rates, Gbit/s (default: the width's line rate;
         :func:`~wirereduce.sim.cluster.schednet.engine_rates`, docs/architecture.md "Host link").
+    links : str
+        ``"model"`` (default: link models), ``"eth"`` (10G Ethernet, MAC + 10GBASE-R PCS, at every
+        cabled network port; 64 bit, host link no faster than 10G) or ``"cmac"`` (the U55C top's 100G
+        CMAC glue; 512 bit): :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork` ``links``.
 
     Raises
     ------
     ValueError
-        A bad topology, simulator, latency or rate, or a topology with more ports per node than
-        ``config.ports``.
+        A bad topology, simulator, latency, rate or link kind (or one the width or host rate cannot
+        run), or a topology with more ports per node than ``config.ports``.
     """
 
     topology: str = "ring:4"
@@ -198,9 +202,11 @@ class EngineSetup:
     simulator: str = "verilator"
     host_gbps: float | None = None
     link_gbps: float | None = None
+    links: str = "model"
 
     def __post_init__(self):
-        from wirereduce.sim.cluster.schednet import engine_rates
+        from wirereduce.hdl.params import silence_unused
+        from wirereduce.sim.cluster.schednet import ScheduleNetwork, engine_rates
 
         from wirereduce.schedule import parse_topology
 
@@ -215,7 +221,9 @@ class EngineSetup:
                              f"build them with ports ≥ {topo.degree}")
         if not isinstance(self.link_latency, int) or isinstance(self.link_latency, bool) or self.link_latency < 1:
             raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
-        engine_rates(self.config.width, self.host_gbps, self.link_gbps)   # ValueError on a bad rate
+        _mhz, link, host = engine_rates(self.config.width, self.host_gbps, self.link_gbps)  # ValueError: bad rate
+        # ValueError: a link kind not in LINKS, or one this width or host rate cannot run (nothing built)
+        silence_unused(ScheduleNetwork(topo, self.config, self.link_latency, link, host, links=self.links))
 
     @property
     def nodes(self) -> int:
@@ -237,7 +245,13 @@ class EngineSetup:
         if inject:
             raise ValueError("fault injection is a ring-network feature (SimSetup)")
         _mhz, link, host = engine_rates(self.config.width, self.host_gbps, self.link_gbps)
-        return schednet_verilog(self.topology, self.config, self.link_latency, link, host)
+        return schednet_verilog(self.topology, self.config, self.link_latency, link, host, links=self.links)
+
+    @property
+    def top_inputs(self) -> tuple[str, ...]:
+        """Inputs of the network top besides the host ports, tied to 0 at start (fault injection on
+        Ethernet cables, never used here)."""
+        return ("flip_link", "flip_block") if self.links in ("eth", "cmac") else ()
 
     def tag(self) -> str:
         from wirereduce.schedule import parse_topology
@@ -245,7 +259,9 @@ class EngineSetup:
         c = self.config
         name = re.sub(r"[^A-Za-z0-9]+", "", parse_topology(self.topology).name)
         digest = hashlib.sha256(repr((c, self.host_gbps, self.link_gbps)).encode()).hexdigest()[:6]
-        return f"engine_{name}_w{c.width}_p{c.ports}_s{c.slots}_l{self.link_latency}_{digest}_{self.simulator}"
+        links = f"_{self.links}" if self.links != "model" else ""
+        return (f"engine_{name}_w{c.width}_p{c.ports}_s{c.slots}_l{self.link_latency}_{digest}{links}"
+                f"_{self.simulator}")
 
 
 def check_compression(setup: SimSetup, compression: int | None) -> None:
@@ -348,7 +364,8 @@ def _build_locked(setup: SimSetup | EngineSetup, build_dir: Path, text: str, dig
         # And only the top's ports are public (cocotb drives nothing else): the runner's
         # --public-flat-rw on every signal of four engines made a build of half an hour.
         vlt = build_dir / "engine.vlt"
-        public = "".join(f'public_flat_rw -module "wirereduce_net" -var "{v}"\n' for v in ("clk", "rst", "host*"))
+        public = "".join(f'public_flat_rw -module "wirereduce_net" -var "{v}"\n'
+                         for v in ("clk", "rst", "host*", "flip*"))
         text_vlt = f'`verilator_config\nno_inline -module "{ENGINE_MODULE}"\n{public}'
         if not vlt.exists() or vlt.read_text() != text_vlt:   # a newer file makes the runner rebuild
             vlt.write_text(text_vlt)
@@ -580,7 +597,7 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
                    "formats": list(cfg.formats), "codec": cfg.codec},
         "topology": schedule.topology.name, "algorithm": schedule.algorithm, "op": op, "window": window,
         "collective": collective, "clock_mhz": setup.clock, "inputs": str(in_npz), "outputs": str(out_npz),
-        "record": str(rec), "bf16": bf16, "compression": compression,
+        "record": str(rec), "bf16": bf16, "compression": compression, "top_inputs": list(setup.top_inputs),
         "timeout_cycles": 200_000 if timeout_cycles is None else timeout_cycles,
     }))
     env = {"WIREREDUCE_ENGINE_JOB": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
@@ -722,7 +739,7 @@ def serve(setup: SimSetup | EngineSetup, *, taps: list[str] | None = None, unix:
     spec_file.write_text(json.dumps({
         "nodes": setup.nodes, "clock_mhz": setup.clock, "mtu": setup.config.mtu, "taps": taps,
         "unix": None if unix is None else str(Path(unix).resolve()), "ready": str(ready),
-        "idle_cycles": idle_cycles}))
+        "idle_cycles": idle_cycles, "top_inputs": list(getattr(setup, "top_inputs", ()))}))
     env = {"WIREREDUCE_SERVE": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
            "COCOTB_LOG_LEVEL": "WARNING"}
     done = threading.Event()
