@@ -123,3 +123,22 @@ def pytest_collection_modifyitems(session, config, items):
     module's tests stay together and in their own order."""
     rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@contextlib.contextmanager
+def served_engines(tmp_path_factory, name: str, args: list[str], *needles: str):
+    """``wirereduce sim serve ARGS --unix DIR`` (schedule engines; a cold Verilator build takes
+    minutes), skipped without Verilator; its ``serving`` line must name ``schedule engines`` and every
+    one of ``needles``. Yields ``{"socks": DIR, "tmp": a directory for the ranks' files}``; checks that
+    the server removed its sockets when stopped."""
+    import pytest
+    from wirereduce.sim.engines.runner import available_simulators
+
+    if "verilator" not in available_simulators():
+        pytest.skip("needs Verilator")
+    tmp = tmp_path_factory.mktemp(name)
+    socks = tmp / "socks"
+    with sim_serve([*args, "--unix", str(socks)]) as (_, lines):
+        assert all(n in lines[-1] for n in ("schedule engines", *needles)), lines[-1]
+        yield {"socks": socks, "tmp": tmp}
+    assert not list(socks.glob("*.sock"))

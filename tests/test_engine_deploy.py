@@ -16,7 +16,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import RECEIVE_TIMEOUT, per_rank, rank_processes, sim_serve
+from conftest import RECEIVE_TIMEOUT, per_rank, rank_processes, served_engines
 from wirereduce.host.rank import EngineRankDriver, FileBarrier, served_engine_config
 from wirereduce.host.transports.packet import PacketTransport
 from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
@@ -109,16 +109,8 @@ def test_cli_rank_without_a_server(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``wirereduce sim serve --topology ring:4 --codec --unix DIR`` (a cold Verilator build takes minutes)."""
-    from wirereduce.sim.engines.runner import available_simulators
-
-    if "verilator" not in available_simulators():
-        pytest.skip("needs Verilator")
-    tmp = tmp_path_factory.mktemp("engine-serve")
-    socks = tmp / "socks"
-    with sim_serve(["--topology", TOPOLOGY, "--codec", "--unix", str(socks)]) as (_, lines):
-        assert "schedule engines" in lines[-1] and "codec" in lines[-1]
-        yield {"socks": socks, "tmp": tmp}
-    assert not list(socks.glob("*.sock"))
+    with served_engines(tmp_path_factory, "engine-serve", ["--topology", TOPOLOGY, "--codec"], "codec") as srv:
+        yield srv
 
 
 def _ranks(server, calls, first_collective: int, name: str, timeout: float = RECEIVE_TIMEOUT):

@@ -209,13 +209,18 @@ def test_bit_error_on_a_cable_is_counted_where_it_happened(eth_ring4):
     end counts the frame's bad FCS on its own port (``link_drop_net{q}``, ``net{q}_rx_fcs_errors``)
     and no other port does; the frame never reaches a sum, and the run stalls with the count in
     its message instead of a wrong result."""
+    cable_error_counted(eth_ring4, sched.build("ring:4", "biring"), edge_arrays(4, 1500, seed=22), 40, 12_000)
+
+
+def cable_error_counted(sim, s, arrays, block: int, timeout_cycles: int) -> None:
+    """Run ``arrays`` with a bit flipped in the ``block``-th block (beat) node 0 sends out of its
+    port 0: the run stalls (EngineStalled) naming the far end's ``link_drop_net{q} 1``; that port
+    counts one FCS error and no other port counts any."""
     from wirereduce.sim.engines.fastengine import EngineStalled
 
-    s = sched.build("ring:4", "biring")
     v, q = s.topology.links[0][0]
-    arrays = edge_arrays(4, 1500, seed=22)
     with pytest.raises(EngineStalled, match=f"link_drop_net{q} 1") as info:
-        eth_ring4.allreduce(arrays, s, corrupt=(0, 0, 40), timeout_cycles=12_000)
+        sim.allreduce(arrays, s, corrupt=(0, 0, block), timeout_cycles=timeout_cycles)
     st = info.value.stats
     assert st[v][f"link_drop_net{q}"] == 1 and st[v][f"net{q}_rx_fcs_errors"] == 1
     others = {(u, name): val for u in st for name, val in st[u].items()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import RECEIVE_TIMEOUT, rank_processes, sim_serve
+from conftest import RECEIVE_TIMEOUT, rank_processes, served_engines
 from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
 from wirereduce.sim.golden.schedule import mismatches
 
@@ -26,16 +26,9 @@ NODES = 3
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """``wirereduce sim serve --topology ring:3 --links eth --unix DIR`` (a cold Verilator build takes minutes)."""
-    from wirereduce.sim.engines.runner import available_simulators
-
-    if "verilator" not in available_simulators():
-        pytest.skip("needs Verilator")
-    tmp = tmp_path_factory.mktemp("engine-serve-eth")
-    socks = tmp / "socks"
-    with sim_serve(["--topology", TOPOLOGY, "--links", "eth", "--unix", str(socks)]) as (_, lines):
-        assert "schedule engines" in lines[-1] and "10G Ethernet links" in lines[-1], lines[-1]
-        yield {"socks": socks, "tmp": tmp}
-    assert not list(socks.glob("*.sock"))
+    with served_engines(tmp_path_factory, "engine-serve-eth", ["--topology", TOPOLOGY, "--links", "eth"],
+                        "10G Ethernet links") as srv:
+        yield srv
 
 
 def _hard_fp32(rng, n):
