@@ -269,6 +269,8 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
     (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb", "--sim-threads", "2"], ["--sim-threads"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--pcap", "x.pcap"], ["--pcap", "--links eth"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--late", "4", "100"], ["--late", "rank"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--host-links", "eth"], ["host_links='eth'", "links='eth'"]),
+    (["--nodes", "4", "--host-links", "eth"], ["--host-links", "need --topology"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--simulator", "icarus"],
      ["--simulator icarus", "--engine cocotb"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--late", "1", "-5"], ["--late", "cycles"]),

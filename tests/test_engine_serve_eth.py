@@ -1,9 +1,11 @@
-"""Schedule engines served live over real 10G Ethernet links: ``wirereduce sim serve --topology
-ring:3 --links eth`` (the cocotb engine of a :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork`
-with ``links="eth"``: MAC + 10GBASE-R PCS at every network port, the cables carrying scrambled 66-bit
-blocks) behind UNIX sockets, driven by one ``wirereduce rank allreduce --topology`` process per rank,
-and ``sim allreduce --topology … --links eth --engine cocotb`` on the same build. Every result is
-compared bit for bit with the golden model in the schedule's order."""
+"""Schedule engines served live over real 10G Ethernet, as the VC709 SFP top cables them:
+``wirereduce sim serve --topology ring:3 --links eth --host-links eth`` (the cocotb engine of a
+:class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork` with ``links="eth"``: MAC + 10GBASE-R PCS at
+every network port, the cables carrying scrambled 66-bit blocks; ``host_links="eth"``: each host
+behind a simulated NIC cabled to its engine's host port, with the SFP top's source filter) behind
+UNIX sockets, driven by one ``wirereduce rank allreduce --topology`` process per rank, and ``sim
+allreduce --topology … --links eth --host-links eth --engine cocotb`` on the same build. Every result
+is compared bit for bit with the golden model in the schedule's order."""
 
 from __future__ import annotations
 
@@ -25,9 +27,11 @@ NODES = 3
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """``wirereduce sim serve --topology ring:3 --links eth --unix DIR`` (a cold Verilator build takes minutes)."""
-    with served_engines(tmp_path_factory, "engine-serve-eth", ["--topology", TOPOLOGY, "--links", "eth"],
-                        "10G Ethernet links") as srv:
+    """``wirereduce sim serve --topology ring:3 --links eth --host-links eth --unix DIR`` (a cold Verilator
+    build takes minutes)."""
+    with served_engines(tmp_path_factory, "engine-serve-eth",
+                        ["--topology", TOPOLOGY, "--links", "eth", "--host-links", "eth"],
+                        "10G Ethernet links", "hosts behind 10G NICs") as srv:
         yield srv
 
 
@@ -62,15 +66,16 @@ def test_ranks_over_served_ethernet_engines(server, algorithm, collective):
 
 @pytest.mark.cocotb
 def test_sim_allreduce_links_eth_on_the_cocotb_engine(server, tmp_path, capsys):
-    """`wirereduce sim allreduce --topology ring:3 --algorithm ring --links eth --engine cocotb --check`
-    reuses the server's build (the same engines and ports) and is bit-exact; int32 sums wrap."""
+    """`wirereduce sim allreduce --topology ring:3 --algorithm ring --links eth --host-links eth --engine
+    cocotb --check` reuses the server's build (the same engines and ports) and is bit-exact; int32 sums wrap."""
     rng = np.random.default_rng(5)
     arrays = [rng.integers(-2**31, 2**31, 777, dtype=np.int64).astype(np.int32) for _ in range(NODES)]
     arrays[0][:2] = [2**31 - 1, -2**31]
     arrays[1][:2] = [1, -1]
     arrays[2][:2] = [0, 0]
     np.savez(tmp_path / "in.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
-    argv = ["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--links", "eth", "--engine", "cocotb",
+    argv = ["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--links", "eth", "--host-links", "eth",
+            "--engine", "cocotb",
             "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"), "--check",
             "--build-dir", str(ROOT / "build" / "sim")]
     assert main(argv) == 0

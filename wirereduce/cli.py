@@ -270,6 +270,7 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
                                    ports=args.ports, codec=_codec_arg(args, k))
         setup = EngineSetup(topology=s.topology.name, config=cfg, link_latency=args.link_latency,
                             host_gbps=args.host_link_gbps, links=getattr(args, "links", "model"),
+                            host_links=getattr(args, "host_links", "model"),
                             simulator=getattr(args, "simulator", None) or default_simulator())
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
@@ -367,7 +368,8 @@ def simulate_schedule(arrays, args, progress=True):
     t0 = time.perf_counter()
     try:
         sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
-                            build_root=args.build_dir, threads=args.sim_threads, links=getattr(args, "links", "model"))
+                            build_root=args.build_dir, threads=args.sim_threads, links=getattr(args, "links", "model"),
+                            host_links=getattr(args, "host_links", "model"))
     except ValueError as e:
         raise CliError(str(e)) from e
     from wirereduce.sim.engines.fastengine import EngineStalled
@@ -491,9 +493,10 @@ def cmd_sim_allreduce(args) -> int:
             return 1
         return 0
     if (args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None or args.op != "sum"
-            or args.sim_threads != 1):
-        raise CliError("--algorithm, --ports, --host-link-gbps, --op and --sim-threads need --topology (the schedule "
-                       "engine; the ring node sums fp32 only)")
+            or args.sim_threads != 1 or args.host_links != "model"):
+        raise CliError("--algorithm, --ports, --host-link-gbps, --op, --sim-threads and --host-links need --topology "
+                       "(the schedule engine; the ring node sums fp32 only, and its --links eth puts its hosts on "
+                       "Ethernet already)")
     if args.nodes is None:
         raise CliError("--nodes is required (or --topology for the schedule engine)")
     if args.nodes < 2:
@@ -968,19 +971,22 @@ def cmd_sim_serve(args) -> int:
         try:
             setup = EngineSetup(topology=topo.name, config=config, link_latency=args.link_latency,
                                 simulator=args.simulator or default_simulator(), host_gbps=args.host_link_gbps,
-                                links=args.links)
+                                links=args.links, host_links=args.host_links)
         except (TypeError, ValueError, SimulationError) as e:
             raise CliError(str(e)) from e
         what = (f"{topo.name} schedule engines (ports {config.ports}, max_flows {config.max_flows}, slots "
                 f"{config.slots}, formats {', '.join(config.formats)}{', codec' if config.codec else ''}"
-                f"{', 10G Ethernet links' if args.links == 'eth' else ''}): "
+                f"{', 10G Ethernet links' if args.links == 'eth' else ''}"
+                f"{', hosts behind 10G NICs' if args.host_links == 'eth' else ''}): "
                 f"drive them with `wirereduce rank allreduce "
                 f"--topology {topo.name} --algorithm …` and the same --width/--mtu/--slots/--ports/--max-flows")
     else:
         if args.nodes is None:
             raise CliError("give --nodes N (the ring node) or --topology SPEC (the schedule engine)")
-        if args.ports is not None or args.max_flows != 64 or args.host_link_gbps is not None:
-            raise CliError("--ports, --max-flows and --host-link-gbps need --topology (the schedule engine)")
+        if (args.ports is not None or args.max_flows != 64 or args.host_link_gbps is not None
+                or args.host_links != "model"):
+            raise CliError("--ports, --max-flows, --host-link-gbps and --host-links need --topology (the schedule "
+                           "engine; the ring node's --links eth puts its hosts on Ethernet already)")
         config = _node_config(args, codec=args.codec)
         try:
             setup = SimSetup(nodes=args.nodes, config=config, link_latency=args.link_latency,
@@ -1221,6 +1227,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
+    p.add_argument("--host-links", choices=("model", "eth"), default="model",
+                   help="with --topology --links eth: eth puts each host behind a simulated NIC on 10G Ethernet to "
+                        "its engine's host port, as on the VC709 SFP top (default: model)")
     p.add_argument("--links", choices=("model", "eth", "cmac"), default="model",
                    help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
                         "MAC + 10GBASE-R PCS (64 bit only); cmac: the 100G CMAC glue on every ring link, "
@@ -1269,6 +1278,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_serve_args(p, rank=False)
     p.add_argument("--tap", nargs="+", metavar="IF", default=None, help="TAP interface names, one per node")
     p.add_argument("--unix", metavar="DIR", default=None, help="UNIX datagram sockets DIR/node<k>.sock instead of TAPs")
+    p.add_argument("--host-links", choices=("model", "eth"), default="model",
+                   help="with --topology --links eth: eth puts each host behind a simulated NIC on 10G Ethernet to "
+                        "its engine's host port, as on the VC709 SFP top (default: model)")
     p.add_argument("--links", choices=("model", "eth"), default="model",
                    help="model: link models at line rate (default); eth: 10G Ethernet (MAC + 10GBASE-R PCS) on "
                         "every network link, 64 bit (with --topology: a host link no faster than 10G)")

@@ -188,6 +188,10 @@ class EngineSetup:
         ``"model"`` (default: link models), ``"eth"`` (10G Ethernet, MAC + 10GBASE-R PCS, at every
         cabled network port; 64 bit, host link no faster than 10G) or ``"cmac"`` (the U55C top's 100G
         CMAC glue; 512 bit): :class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork` ``links``.
+    host_links : str
+        ``"model"`` (default) or ``"eth"``: each host behind a simulated NIC cabled over 10G
+        Ethernet to its engine's host port with the VC709 SFP top's source filter (needs
+        ``links="eth"``; ``ScheduleNetwork`` ``host_links``).
 
     Raises
     ------
@@ -203,6 +207,7 @@ class EngineSetup:
     host_gbps: float | None = None
     link_gbps: float | None = None
     links: str = "model"
+    host_links: str = "model"
 
     def __post_init__(self):
         from wirereduce.hdl.params import silence_unused
@@ -223,7 +228,8 @@ class EngineSetup:
             raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
         _mhz, link, host = engine_rates(self.config.width, self.host_gbps, self.link_gbps)  # ValueError: bad rate
         # ValueError: a link kind not in LINKS, or one this width or host rate cannot run (nothing built)
-        silence_unused(ScheduleNetwork(topo, self.config, self.link_latency, link, host, links=self.links))
+        silence_unused(ScheduleNetwork(topo, self.config, self.link_latency, link, host, links=self.links,
+                                       host_links=self.host_links))
 
     @property
     def nodes(self) -> int:
@@ -245,7 +251,8 @@ class EngineSetup:
         if inject:
             raise ValueError("fault injection is a ring-network feature (SimSetup)")
         _mhz, link, host = engine_rates(self.config.width, self.host_gbps, self.link_gbps)
-        return schednet_verilog(self.topology, self.config, self.link_latency, link, host, links=self.links)
+        return schednet_verilog(self.topology, self.config, self.link_latency, link, host, links=self.links,
+                                host_links=self.host_links)
 
     @property
     def top_inputs(self) -> tuple[str, ...]:
@@ -259,7 +266,7 @@ class EngineSetup:
         c = self.config
         name = re.sub(r"[^A-Za-z0-9]+", "", parse_topology(self.topology).name)
         digest = hashlib.sha256(repr((c, self.host_gbps, self.link_gbps)).encode()).hexdigest()[:6]
-        links = f"_{self.links}" if self.links != "model" else ""
+        links = (f"_{self.links}" if self.links != "model" else "") + ("_ethhost" if self.host_links == "eth" else "")
         return (f"engine_{name}_w{c.width}_p{c.ports}_s{c.slots}_l{self.link_latency}_{digest}{links}"
                 f"_{self.simulator}")
 
