@@ -9,18 +9,14 @@ is compared bit for bit with the golden model in the schedule's order."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-from conftest import RECEIVE_TIMEOUT, rank_processes, served_engines
+from conftest import RECEIVE_TIMEOUT, rank_processes, served_engines, sim_allreduce_checked
 from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
 from wirereduce.sim.golden.schedule import mismatches
 
 from wirereduce import schedule as sched
-from wirereduce.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
 TOPOLOGY = "ring:3"
 NODES = 3
 
@@ -73,16 +69,6 @@ def test_sim_allreduce_links_eth_on_the_cocotb_engine(server, tmp_path, capsys):
     arrays[0][:2] = [2**31 - 1, -2**31]
     arrays[1][:2] = [1, -1]
     arrays[2][:2] = [0, 0]
-    np.savez(tmp_path / "in.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
-    argv = ["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--links", "eth", "--host-links", "eth",
-            "--engine", "cocotb",
-            "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"), "--check",
-            "--build-dir", str(ROOT / "build" / "sim")]
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert out.count("bit-exact") == NODES, out
-    got = np.load(tmp_path / "out.npz")
-    want = golden_allreduce(arrays, sched.build(TOPOLOGY, "ring"), "sum")
-    for k in range(NODES):
-        assert mismatches(got[f"node{k}"], want[k]).size == 0
-    assert got["node0"][0] == np.int32(-2**31) and got["node0"][1] == np.int32(2**31 - 1)   # modulo 2^32
+    got = sim_allreduce_checked(tmp_path, capsys, arrays, TOPOLOGY, "ring", "--links", "eth", "--host-links", "eth",
+                                "--engine", "cocotb")
+    assert got[0][0] == np.int32(-2**31) and got[0][1] == np.int32(2**31 - 1)   # modulo 2^32
