@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from dataclasses import replace
 from fractions import Fraction
 
@@ -24,6 +25,7 @@ from wirereduce.schedule import (
     build,
     describe,
     frame_efficiency,
+    hamiltonian_cycles,
     hypercube,
     lower_bound,
     mesh,
@@ -248,6 +250,67 @@ def test_biring_loads_every_link_equally_and_sums_along_the_ring():
             assert _same_bits(got[node][sl[4 + r]], ccw[sl[4 + r]])
 
 
+@pytest.mark.parametrize("spec", ["ring:2", "ring:5", "torus:3x3", "torus:4x4", "torus:3x4", "torus:8x8",
+                                  "torus:3x3x3"])
+def test_hamiltonian_cycles_split_every_cable_once(spec):
+    topo = parse_topology(spec)
+    rings = hamiltonian_cycles(topo)
+    assert len(rings) == topo.degree // 2
+    used = Counter()
+    for cyc in rings:
+        assert sorted(u for u, _ in cyc) == list(range(topo.nodes))          # every node once
+        assert cyc[0][0] == 0
+        for k, (u, port) in enumerate(cyc):
+            v, far_port = topo.links[u][port]
+            assert v == cyc[(k + 1) % len(cyc)][0]                           # the cw port leads to the next rank
+            used[(u, port)] += 1
+            used[(v, far_port)] += 1
+    # every directed cable end exactly once over all rings (ring:2's two cables: one ring uses both)
+    assert used == Counter({(u, p): 1 for u in range(topo.nodes) for p in range(len(topo.links[u]))})
+    assert hamiltonian_cycles(spec) == rings                                 # deterministic
+
+
+@pytest.mark.parametrize("spec", ["mesh:3x3", "hypercube:8", "torus:2x4", "torus:2x2x2"])
+def test_multiring_refuses_topologies_without_hamiltonian_split(spec):
+    with pytest.raises(ValueError, match="Hamiltonian rings"):
+        build(spec, "multiring")
+
+
+def test_multiring_on_a_ring_is_biring_and_bad_roots_raise():
+    assert build("ring:4", "multiring").tables == build("ring:4", "biring").tables
+    for roots in (0, 3, 5, True, "4"):
+        with pytest.raises(ValueError, match="roots must be a divisor"):
+            build("torus:4x4", "multiring", roots=roots)
+
+
+@pytest.mark.parametrize("roots,flows", [(None, 64), (4, 16)])
+def test_multiring_4x4_loads_every_link_and_sums_along_each_ring(roots, flows):
+    opts = {} if roots is None else {"roots": roots}
+    s = build("torus:4x4", "multiring", **opts)
+    assert len(s.flows) == flows
+    load = s.link_load()
+    assert len(load) == 64                                                   # every directed link carries flows
+    if roots is None:   # each directed link: 15 of 16 cw chains' reduces + 15 of 16 ccw chains' gathers, of 64
+        assert set(load.values()) == {Fraction(30, 64)}
+        assert float(s.pipelined_time()) == pytest.approx(lower_bound(16, 4))
+    else:               # links into a root's successor miss one chain in four: 7 or 8 flows of 16
+        assert set(load.values()) == {Fraction(7, 16), Fraction(8, 16)}
+    g = _grads(16, n=5 * flows + 3, seed=7)
+    got = allreduce(g, s)
+    rings = hamiltonian_cycles("torus:4x4")
+    step = 16 // (roots or 16)
+    expect = []
+    for cyc in rings:   # each flow: the chain that ends at its root, summed in ring order from the far end
+        nodes = [u for u, _ in cyc]
+        for r in range(0, 16, step):
+            expect.append(_add(*[g[nodes[(r + 1 + k) % 16]] for k in range(16)]))
+        for r in range(0, 16, step):
+            expect.append(_add(*[g[nodes[(r - 1 - k) % 16]] for k in range(16)]))
+    for fl, sl, want in zip(s.flows, s.split(g[0].size), expect):
+        for node in range(16):
+            assert _same_bits(got[node][sl], want[sl]), (fl.index, node)
+
+
 # ------------------------------------------------------------------------------------------------
 # validate()
 # ------------------------------------------------------------------------------------------------
@@ -264,6 +327,8 @@ def test_biring_loads_every_link_equally_and_sums_along_the_ring():
     ("torus:2x2", "multitree-balanced"), ("torus:4x4", "multitree-balanced"), ("mesh:3x3", "multitree-balanced"),
     ("hypercube:8", "multitree-balanced"), ("torus:3x4", "multitree-balanced"), ("mesh:2x3", "multitree-balanced"),
     ("torus:3x3x3", "multitree-balanced"),
+    ("ring:3", "multiring"), ("ring:8", "multiring"), ("torus:3x3", "multiring"), ("torus:4x4", "multiring"),
+    ("torus:3x4", "multiring"), ("torus:3x3x3", "multiring"),
 ])
 def test_validate_accepts(spec, algorithm):
     s = build(spec, algorithm)

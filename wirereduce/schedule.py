@@ -120,7 +120,8 @@ from wirereduce.protocol import HEADER_BYTES, max_elements, wire_bytes
 __all__ = [
     "MAX_NODES", "ALGORITHMS", "TOPOLOGY_KINDS", "ScheduleError", "Topology", "PortRef", "TreeEdge",
     "Flow", "FlowEntry", "NodeTable", "Schedule", "ring", "torus", "mesh", "hypercube",
-    "parse_topology", "ring_order", "ring_schedule", "biring_schedule", "multitree_schedule",
+    "parse_topology", "ring_order", "ring_schedule", "biring_schedule", "hamiltonian_cycles", "multiring_schedule",
+    "multitree_schedule",
     "multitree_trees", "balanced_trees", "balanced_schedule", "build", "validate", "lower_bound",
     "frame_efficiency", "describe",
     "describe_schedule", "plot_trees",
@@ -130,7 +131,7 @@ __all__ = [
 #: (``src``, and ``hop`` in CONTROL frames), as for the ring (2 … 255 nodes).
 MAX_NODES = 255
 #: Schedules :func:`build` makes.
-ALGORITHMS = ("ring", "biring", "multitree", "multitree-balanced")
+ALGORITHMS = ("ring", "biring", "multiring", "multitree", "multitree-balanced")
 #: Topology kinds :func:`parse_topology` reads.
 TOPOLOGY_KINDS = ("ring", "torus", "mesh", "hypercube")
 
@@ -709,6 +710,127 @@ def biring_schedule(topology: Topology | str) -> Schedule:
     return _assemble(topo, "biring", 2, n - 1, trees, local_first=False, options={})
 
 
+#: Search steps :func:`hamiltonian_cycles` takes before it gives up (a 3x3x3 torus needs ~35,000).
+HAMILTONIAN_SEARCH_STEPS = 2_000_000
+
+
+def hamiltonian_cycles(topology: Topology | str) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Split every cable of a 2k-regular topology into k edge-disjoint Hamiltonian cycles.
+
+    Each cycle is given as :func:`ring_order` gives one: ``(node, cw port)`` per rank, rank 0 at
+    node 0, the ``cw`` port leading to the next rank. ``ring:N`` is one cycle (its own ring); a
+    2-D torus with both sides ≥ 3 is two (Kotzig: the Cartesian product of two cycles splits into
+    two Hamiltonian cycles), a 3-D torus with every side ≥ 3 three. Found by a depth-first search
+    in port order (deterministic: the same topology always gives the same cycles) that prunes a
+    partial cycle leaving an unvisited node with fewer than two free cables.
+
+    Raises
+    ------
+    ValueError
+        The topology is not regular of even degree with one cable between any two neighbours
+        (a mesh, a hypercube, a torus with a side of 2), or the search found no split within
+        :data:`HAMILTONIAN_SEARCH_STEPS` steps.
+    """
+    topo = parse_topology(topology)
+    if topo.kind == "ring":   # its own ring (ring:2's two cables between the same two nodes included)
+        return (ring_order(topo),)
+    n = topo.nodes
+    adj0 = [set(topo.neighbours(u)) for u in range(n)]
+    degree = topo.degree
+    if (topo.min_degree != degree or degree % 2 or any(len(a) != degree for a in adj0)):
+        raise ValueError(f"{topo.name} does not split into Hamiltonian rings: that needs every node to have the same "
+                         f"even number of ports, each to a different neighbour (ring:N, or a torus with every side "
+                         f"≥ 3); use multitree or multitree-balanced")
+    steps = 0
+
+    def one_cycle(adj):   # adj is 2-regular: its cycle through node 0, if it visits every node
+        path, prev, cur = [0], None, 0
+        while True:
+            nxt = min(v for v in adj[cur] if v != prev) if prev is not None else min(adj[cur])
+            if nxt == 0:
+                return path if len(path) == n else None
+            path.append(nxt)
+            prev, cur = cur, nxt
+
+    def cycles_through(adj):   # every Hamiltonian cycle of adj, depth first in neighbour order
+        nonlocal steps
+        path, on = [0], [False] * n
+        on[0] = True
+
+        def rec():
+            nonlocal steps
+            steps += 1
+            if steps > HAMILTONIAN_SEARCH_STEPS:
+                raise ValueError(f"no split of {topo.name} into Hamiltonian rings found within "
+                                 f"{HAMILTONIAN_SEARCH_STEPS:,} search steps; use multitree or multitree-balanced")
+            u = path[-1]
+            if len(path) == n:
+                if 0 in adj[u]:
+                    yield list(path)
+                return
+            for v in sorted(adj[u]):
+                if on[v]:
+                    continue
+                on[v] = True
+                path.append(v)
+                if all(sum(1 for x in adj[w] if not on[x] or x in (v, 0)) >= 2 for w in adj[v] if not on[w]):
+                    yield from rec()
+                path.pop()
+                on[v] = False
+        yield from rec()
+
+    def split(adj, k):
+        if k == 1:
+            cyc = one_cycle(adj)
+            if cyc is not None:
+                yield [cyc]
+            return
+        for cyc in cycles_through(adj):
+            rest = [set(a) for a in adj]
+            for i, a in enumerate(cyc):
+                b = cyc[(i + 1) % n]
+                rest[a].discard(b)
+                rest[b].discard(a)
+            for more in split(rest, k - 1):
+                yield [cyc] + more
+
+    found = next(split(adj0, degree // 2), None)
+    if found is None:
+        raise ValueError(f"{topo.name} does not split into {degree // 2} Hamiltonian rings; use multitree")
+    return tuple(tuple((u, topo.neighbours(u).index(cyc[(k + 1) % n])) for k, u in enumerate(cyc)) for cyc in found)
+
+
+def multiring_schedule(topology: Topology | str, roots: int | None = None) -> Schedule:
+    """``multiring``: a :func:`biring_schedule` on each of the topology's edge-disjoint Hamiltonian rings.
+
+    :func:`hamiltonian_cycles` splits the cables into k = degree / 2 rings; on each, ``roots``
+    clockwise chains (rooted at ranks spaced N / ``roots`` apart) and as many counter-clockwise ones,
+    so 2·k·``roots`` flows and every directed link carries the same load (``roots`` = N: exactly;
+    fewer: within one flow in ``roots``). It uses every port, as MULTITREE does, but its flows are
+    cut-through chains of N − 1 hops, which pipeline a chunk per flow where a tree needs several
+    to fill: a schedule for small messages (docs/architecture.md "Hamiltonian rings"). On
+    ``ring:N`` with ``roots`` = N it is ``biring``.
+
+    Raises
+    ------
+    ValueError
+        From :func:`hamiltonian_cycles`, or ``roots`` is not a divisor of N.
+    """
+    topo = parse_topology(topology)
+    n = topo.nodes
+    roots = n if roots is None else roots
+    if isinstance(roots, bool) or not isinstance(roots, int) or roots < 1 or n % roots:
+        raise ValueError(f"roots must be a divisor of the {n} nodes (flows per ring direction), not {roots!r}")
+    rings = hamiltonian_cycles(topo)
+    ranks = range(0, n, n // roots)
+    trees = []
+    for i, cyc in enumerate(rings):
+        trees += [(cyc[r][0], f"h{i}cw", _ring_tree(topo, cyc, r, cw=True)) for r in ranks]
+        trees += [(cyc[r][0], f"h{i}ccw", _ring_tree(topo, cyc, r, cw=False)) for r in ranks]
+    return _assemble(topo, "multiring", topo.degree, n - 1, trees, local_first=False,
+                     options={} if roots == n else {"roots": roots})
+
+
 def _priority(topo: Topology, mesh_distance_fix: bool) -> list[int]:
     """The simulator's root priority: 0 on tori; on meshes the distance to the farthest corner."""
     if topo.kind != "mesh":
@@ -948,6 +1070,8 @@ def build(topology: Topology | str, algorithm: str = "multitree", **options) -> 
         return multitree_schedule(topo, **options)
     if algorithm == "multitree-balanced":
         return balanced_schedule(topo, **options)
+    if algorithm == "multiring":
+        return multiring_schedule(topo, **options)
     if algorithm in ("ring", "biring"):
         if options:
             raise ValueError(f"the {algorithm} schedule takes no options, got {', '.join(sorted(options))}")

@@ -151,10 +151,12 @@ class ScheduleNetwork(wiring.Component):
             w = self.config.width
             if isinstance(link_latency, dict):
                 self.latencies = dict(link_latency)
+            elif isinstance(link_latency, bool):   # True + 0 would be a latency of 1
+                raise ValueError(f"every link latency must be an int ≥ 1 cycle, not {link_latency!r}")
             else:
                 self.latencies = link_latencies(self.topology, link_latency)
-            if any(not isinstance(v, int) or v < 1 for v in self.latencies.values()):
-                raise ValueError("every link latency must be an int ≥ 1 cycle")
+            if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in self.latencies.values()):
+                raise ValueError(f"every link latency must be an int ≥ 1 cycle, not {link_latency!r}")
             self.link_latency = max(self.latencies.values())
             self.link_rate = Fraction(link_rate) if link_rate is not None else line_bytes_per_cycle(w)
             self.host_rate = Fraction(host_rate) if host_rate is not None else line_bytes_per_cycle(w)

@@ -221,13 +221,9 @@ class EngineSetup:
             object.__setattr__(self, "config", EngineConfig(ports=max(2, topo.degree)))
         if not isinstance(self.config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, not {self.config!r}")
-        if topo.degree > self.config.ports:
-            raise ValueError(f"{topo.name} has nodes with {topo.degree} ports; the engines have {self.config.ports}: "
-                             f"build them with ports ≥ {topo.degree}")
-        if not isinstance(self.link_latency, int) or isinstance(self.link_latency, bool) or self.link_latency < 1:
-            raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
         _mhz, link, host = engine_rates(self.config.width, self.host_gbps, self.link_gbps)  # ValueError: bad rate
-        # ValueError: a link kind not in LINKS, or one this width or host rate cannot run (nothing built)
+        # ValueError (nothing built): more ports per node than the engines have, a latency < 1 cycle, a link
+        # kind not in LINKS, or one this width or host rate cannot run
         silence_unused(ScheduleNetwork(topo, self.config, self.link_latency, link, host, links=self.links,
                                        host_links=self.host_links))
 
