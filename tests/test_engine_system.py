@@ -71,9 +71,9 @@ def test_same_bits_any_timing(ring4):
     assert len({r.cycles for r in runs}) > 1  # the timing did change
 
 
-def test_torus2x2_multitree_bitexact():
+def test_torus2x2_multitree_and_multiring_bitexact():
     sim = FastEngineSim("torus:2x2", CFG2, 4, link_rate=Fraction(8, 5), host_rate=8)
-    for alg in ("multitree", "multitree-balanced"):
+    for alg in ("multitree", "multitree-balanced", "multiring"):
         s = sched.build("torus:2x2", alg)
         for n in (1, 777):
             arrays = edge_arrays(4, n, seed=n + 1)
