@@ -679,6 +679,15 @@ def cmd_bench_schedules(args) -> int:
         chunk_bytes = schedules.check_chunk_bytes(args.chunk_bytes or (None,))
     except ValueError as e:
         raise CliError(f"--chunk-bytes: {e}") from e
+    if args.multiring_roots is not None:
+        if args.compress:
+            raise CliError("--multiring-roots is for uncompressed rows; leave it out with --compress")
+        for t, algs in rows:
+            if "multiring" in algs:
+                try:
+                    sched.build(t, "multiring", roots=args.multiring_roots)
+                except ValueError as e:
+                    raise CliError(f"--multiring-roots: {e}") from e
     if args.compress and args.chunk_bytes:
         raise CliError("--chunk-bytes is for uncompressed rows; leave it out with --compress")
     if args.compress:
@@ -699,7 +708,8 @@ def cmd_bench_schedules(args) -> int:
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
                                         build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority,
                                         slots=args.schedule_slots, threads=args.sim_threads,
-                                        progress=not args.no_progress, chunk_bytes=chunk_bytes)
+                                        progress=not args.no_progress, chunk_bytes=chunk_bytes,
+                                        multiring_roots=args.multiring_roots)
     print(f"# wrote {Path(args.out_dir) / (name + '.json')} and {name}.png")
     return 0 if all(r["bitexact"] for r in recs) else 1
 
@@ -1431,6 +1441,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "most B payload bytes, for each B given (a multiple of 4; 1484, a frame's payload at MTU "
                         "1500, is the default chunking): more chunks per flow for a small message to pipeline "
                         "(docs/architecture.md 'Small messages')")
+    p.add_argument("--multiring-roots", type=int, default=None, metavar="R",
+                   help="multiring rows: R roots per Hamiltonian ring and direction (a divisor of the nodes; 2·k·R "
+                        "flows on k rings; default: every node, 64 flows on torus:4x4)")
     p.set_defaults(func=cmd_bench_schedules)
 
     p = sub.add_parser(

@@ -1,4 +1,4 @@
-"""Allreduce schedules for the schedule engine: topologies, ring / bidirectional ring / MULTITREE.
+"""Allreduce schedules for the schedule engine: topologies, ring / bidirectional ring / Hamiltonian rings / MULTITREE.
 
 A *schedule* splits the message into F *flows* (flow r carries a 1/F share of every node's
 gradient) and gives each flow a spanning tree of the network: partial sums travel up the tree to
@@ -41,6 +41,15 @@ Algorithms
     2N flows on the same ring: flow r (r < N) is the clockwise ring rooted at rank r, flow N + r
     the counter-clockwise ring rooted at rank r. Every directed ring link carries 2(N-1) shares
     of M/(2N), i.e. (N-1)/N · M, the 2-port lower bound.
+``multiring``
+    A ``biring`` on each of the topology's edge-disjoint Hamiltonian rings
+    (:func:`hamiltonian_cycles`): a 2-D torus with both sides ≥ 3 splits into two (Kotzig), a 3-D
+    one into three, a ring is its own. 2·k·N flows (k rings; ``roots=R``: R roots per ring and
+    direction, 2·k·R flows); every directed link carries 2(N-1)/(N·d) · M, the d-port bound, in
+    the lock-step count as well (4x4 torus: 30 steps of M/64 = 0.47 M/B, where MULTITREE's 5
+    reduce and 5 gather steps of M/16 take 1/0.75 of it). Not from the three papers: offered beside them as the
+    schedule whose chunks stream through chains of N-1 cut-through hops (docs/architecture.md
+    "Hamiltonian rings"). Meshes, hypercubes and tori with a side of 2 have no such split.
 ``multitree``
     MULTITREE (Huang et al., ISCA 2021), the greedy construction of the authors' simulator
     (``src/allreduce/multitree_allreduce.py``, ``compute_trees(kary, alternate=True, sort=True)``,
@@ -1059,11 +1068,11 @@ def balanced_schedule(topology: Topology | str, ports: int | None = None, *, see
 
 
 def build(topology: Topology | str, algorithm: str = "multitree", **options) -> Schedule:
-    """The schedule ``algorithm`` (``ring``, ``biring``, ``multitree``) on ``topology``.
+    """The schedule ``algorithm`` (one of :data:`ALGORITHMS`) on ``topology``.
 
     ``options`` go to :func:`multitree_schedule` (``ports``, ``sort``, ``full_round``,
-    ``mesh_distance_fix``) or :func:`balanced_schedule` (``ports``, ``seed``, ``moves``); ring and
-    biring take none.
+    ``mesh_distance_fix``), :func:`balanced_schedule` (``ports``, ``seed``, ``moves``) or
+    :func:`multiring_schedule` (``roots``); ring and biring take none.
     """
     topo = parse_topology(topology)
     if algorithm == "multitree":

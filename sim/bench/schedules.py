@@ -95,7 +95,8 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
                        lookahead: int = 2, priority: str = "auto", slots: int | None = None, threads: int = 1,
-                       progress: bool = False, chunk_bytes: Iterable[int | None] = (None,)) -> list[dict]:
+                       progress: bool = False, chunk_bytes: Iterable[int | None] = (None,),
+                       multiring_roots: int | None = None) -> list[dict]:
     """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
 
     ``lookahead``, ``priority`` and ``slots`` are the engines' :class:`~wirereduce.config.EngineConfig`
@@ -108,6 +109,9 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     and host link. ``chunk_bytes``: chunk payload sizes
     to run every algorithm but the ring at, bytes, a multiple of 4 (None: full frames; the ring,
     the ``vs_ring`` reference, always runs full frames); records carry ``chunk_bytes``.
+    ``multiring_roots``: roots per ring and direction of the ``multiring`` rows
+    (:func:`~wirereduce.schedule.multiring_schedule` ``roots``; None: every node); records carry
+    ``options``, the schedule's options.
 
     Raises
     ------
@@ -128,7 +132,8 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
         built: dict[str, object] = {}   # algorithm -> its schedule, or why it has none
         for alg in algs:
             try:
-                built[alg] = sched.build(topo, alg)
+                opts = {"roots": multiring_roots} if alg == "multiring" and multiring_roots is not None else {}
+                built[alg] = sched.build(topo, alg, **opts)
             except ValueError as e:   # e.g. no ring order on a 3-D torus
                 built[alg] = e
         most_flows = max((len(s.flows) for s in built.values() if not isinstance(s, ValueError)), default=1)
@@ -169,7 +174,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     rec = {
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
                         "ports": cfg.ports, "lookahead": lookahead, "priority": cfg.priority, "slots": cfg.slots,
-                        "formats": list(cfg.formats), "flows": flows, "bytes": size,
+                        "formats": list(cfg.formats), "flows": flows, "options": dict(s.options), "bytes": size,
                         "chunk_bytes": 4 * min(words or cfg.max_elements, cfg.max_elements),
                         "elements": elements, "chunks": r.chunks,
                         "host_link_gbps": host, "link_gbps": link_gbps, "clock_mhz": mhz, "cycles": r.cycles,
