@@ -709,13 +709,17 @@ def ring_schedule(topology: Topology | str) -> Schedule:
     return _assemble(topo, "ring", 2, n - 1, [(cyc[n - 1][0], "cw", tree)], local_first=False, options={})
 
 
+def _biring_trees(topo: Topology, cyc, ranks, tag: str = "") -> list[tuple[int, str, list]]:
+    """The chains of a biring on ring ``cyc``: clockwise ones rooted at ``ranks``, then counter-clockwise ones."""
+    return ([(cyc[r][0], f"{tag}cw", _ring_tree(topo, cyc, r, cw=True)) for r in ranks]
+            + [(cyc[r][0], f"{tag}ccw", _ring_tree(topo, cyc, r, cw=False)) for r in ranks])
+
+
 def biring_schedule(topology: Topology | str) -> Schedule:
     """2N flows: clockwise rings rooted at ranks 0 … N-1, then counter-clockwise rings rooted at 0 … N-1."""
     topo = parse_topology(topology)
-    cyc = ring_order(topo)
     n = topo.nodes
-    trees = [(cyc[r][0], "cw", _ring_tree(topo, cyc, r, cw=True)) for r in range(n)]
-    trees += [(cyc[r][0], "ccw", _ring_tree(topo, cyc, r, cw=False)) for r in range(n)]
+    trees = _biring_trees(topo, ring_order(topo), range(n))
     return _assemble(topo, "biring", 2, n - 1, trees, local_first=False, options={})
 
 
@@ -746,7 +750,7 @@ def hamiltonian_cycles(topology: Topology | str) -> tuple[tuple[tuple[int, int],
     n = topo.nodes
     adj0 = [set(topo.neighbours(u)) for u in range(n)]
     degree = topo.degree
-    if (topo.min_degree != degree or degree % 2 or any(len(a) != degree for a in adj0)):
+    if degree % 2 or any(len(a) != degree for a in adj0):   # every node: `degree` distinct neighbours
         raise ValueError(f"{topo.name} does not split into Hamiltonian rings: that needs every node to have the same "
                          f"even number of ports, each to a different neighbour (ring:N, or a torus with every side "
                          f"≥ 3); use multitree or multitree-balanced")
@@ -830,12 +834,8 @@ def multiring_schedule(topology: Topology | str, roots: int | None = None) -> Sc
     roots = n if roots is None else roots
     if isinstance(roots, bool) or not isinstance(roots, int) or roots < 1 or n % roots:
         raise ValueError(f"roots must be a divisor of the {n} nodes (flows per ring direction), not {roots!r}")
-    rings = hamiltonian_cycles(topo)
     ranks = range(0, n, n // roots)
-    trees = []
-    for i, cyc in enumerate(rings):
-        trees += [(cyc[r][0], f"h{i}cw", _ring_tree(topo, cyc, r, cw=True)) for r in ranks]
-        trees += [(cyc[r][0], f"h{i}ccw", _ring_tree(topo, cyc, r, cw=False)) for r in ranks]
+    trees = [t for i, cyc in enumerate(hamiltonian_cycles(topo)) for t in _biring_trees(topo, cyc, ranks, f"h{i}")]
     return _assemble(topo, "multiring", topo.degree, n - 1, trees, local_first=False,
                      options={} if roots == n else {"roots": roots})
 

@@ -61,7 +61,8 @@ NIC_PORT = 0xFE
 def link_latencies(topology: Topology, latency: int, jitter: int = 0, seed: int = 0) -> dict[tuple[int, int], int]:
     """Latency in cycles of every directed link ``(node, port)``: ``latency`` plus a random 0 … ``jitter``."""
     rng = random.Random(seed)
-    return {lk: latency + (rng.randint(0, jitter) if jitter else 0) for lk in topology.directed_links()}
+    # without jitter the latency itself, so the caller's check sees what was given (True + 0 would be 1)
+    return {lk: latency + rng.randint(0, jitter) if jitter else latency for lk in topology.directed_links()}
 
 
 class ScheduleNetwork(wiring.Component):
@@ -151,8 +152,6 @@ class ScheduleNetwork(wiring.Component):
             w = self.config.width
             if isinstance(link_latency, dict):
                 self.latencies = dict(link_latency)
-            elif isinstance(link_latency, bool):   # True + 0 would be a latency of 1
-                raise ValueError(f"every link latency must be an int ≥ 1 cycle, not {link_latency!r}")
             else:
                 self.latencies = link_latencies(self.topology, link_latency)
             if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in self.latencies.values()):
