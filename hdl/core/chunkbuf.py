@@ -27,12 +27,16 @@ def reader_signature(width: int, slots: int, max_beats: int) -> wiring.Signature
 
     ``valid`` (a frame's first beat is in), ``seq``, ``count`` (its header fields), ``filled``
     (beats written), ``done`` (its last beat is in), ``bad`` (that last beat was marked bad): one
-    per slot. ``rd_addr`` = slot · ``max_beats`` + beat and ``rd_en`` read a beat, whose ``data``
+    per slot. ``new``, ``new_seq`` and ``new_count`` (registers): a frame's first beat was written at
+    the last clock edge, and its ``seq`` and ``count`` (a reader that waits for chunk g compares
+    ``new_seq`` with g, two registers, instead of selecting slot g mod Q's ``seq`` first: timing).
+    ``rd_addr`` = slot · ``max_beats`` + beat and ``rd_en`` read a beat, whose ``data``
     appears the cycle after; ``free`` with ``free_slot`` empties a slot.
     """
     return wiring.Signature({
         "valid": In(slots), "done": In(slots), "bad": In(slots),
         "seq": In(data.ArrayLayout(32, slots)), "count": In(data.ArrayLayout(16, slots)),
+        "new": In(1), "new_seq": In(32), "new_count": In(16),
         "filled": In(data.ArrayLayout(range(max_beats + 1), slots)),
         "rd_addr": Out(range(slots * max_beats)), "rd_en": Out(1), "rd_data": In(width),
         "free": Out(1), "free_slot": Out(range(slots)),
@@ -164,5 +168,11 @@ class ChunkBuffer(wiring.Component):
                     m.d.sync += valid[k].eq(1)
         with m.If(self.i.valid & self.i.ready & self.i.payload.first):
             m.d.sync += wslot.eq(new_slot)
+        # The frame whose first beat was written at the last edge (the slot it made valid): its seq, count.
+        new, new_seq, new_count = Signal(name="new"), Signal(32, name="new_seq"), Signal(16, name="new_count")
+        m.d.sync += new.eq(write & self.i.payload.first & ~(self.r.free & (self.r.free_slot == new_slot)))
+        with m.If(write & self.i.payload.first):
+            m.d.sync += [new_seq.eq(self.i_seq), new_count.eq(self.i_count)]
+        m.d.comb += [self.r.new.eq(new), self.r.new_seq.eq(new_seq), self.r.new_count.eq(new_count)]
         return m
 

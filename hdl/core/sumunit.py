@@ -137,6 +137,8 @@ class SumUnit(wiring.Component):
         self._mb = slot_beats if max_beats is None else max_beats
         self._formats = formats
         self._lanes_latency = lanes_latency(self._deep)
+        # Whether a term's frame can be a single beat: only where a beat holds the whole header.
+        self._one_beat = width // 8 >= HEADER_BYTES
         self._q = 2 * slots
         members = {}
         for p in range(ports):
@@ -245,30 +247,61 @@ class SumUnit(wiring.Component):
             # sample as well (timing: the take loop, readiness → take → the candidates' next state, was
             # the VC709 engine's deepest path): for an unchanged candidate it is the same at the sample
             # and at the use. ``base`` is the entry's verdict, loaded, g < chunks and the local chunk
-            # in. (Folding the needed ports into the port samples as well made those compares a level
-            # deeper than the take loop saved.)
+            # in. The needed ports are folded into the port samples too (once the compares behind them
+            # were registers against registers, below, that no longer made them the deeper side).
             fresh = Signal(name=f"{name}_fresh")
             base = Signal(name=f"{name}_base")
             here = Signal(P, name=f"{name}_terms_in")
             same = Signal(P, name=f"{name}_counts_agree")
+            # The local chunk's slot (g mod S) is selected into registers at the edge before and compared
+            # now, as ``kept`` below (timing: the select and the 32-bit compare behind it measured 8 levels
+            # in the unit alone): a local chunk reads as in two cycles after it was written.
+            sel_ok = Signal(name=f"{name}_sel_ok")   # the candidate did not change at the edge before
+            lsel_valid = Signal(name=f"{name}_local_valid")
+            lsel_seq = Signal(32, name=f"{name}_local_seq")
+            lsel_count = Signal(16, name=f"{name}_local_count")
             m.d.sync += [
-                fresh.eq(~changed[idx]),
-                base.eq(cand_ok[idx] & loaded & (g < self.chunks)
-                        & (self.slot_valid >> slot)[0] & (slot_seqs[slot] == g)),
+                fresh.eq(~changed[idx]), sel_ok.eq(~changed[idx]),
+                lsel_valid.eq((self.slot_valid >> slot)[0]), lsel_seq.eq(slot_seqs[slot]), lsel_count.eq(count),
+                base.eq(cand_ok[idx] & loaded & (g < self.chunks) & sel_ok & lsel_valid & (lsel_seq == g)),
             ]
             # A port buffer fills slot q only with a frame whose seq is q modulo Q (``ChunkBuffer``:
             # the slot is the seq's low bits), so chunk g is in slot g mod Q iff the slot is valid and
-            # the seq's bits above the slot's equal g's (timing: a narrower compare behind the select).
+            # the seq's bits above the slot's equal g's. Two ways in (timing: the select of slot g mod Q
+            # and the compare behind it were the P = 4 engine's deepest path, 10 levels):
+            # - ``arrived``: the frame's first beat was written at the last edge with seq = g (the
+            #   buffer's ``new``/``new_seq`` registers against the candidate's chunk number), so a
+            #   frame that arrives while its chunk waits reads as in a cycle after it was written, as
+            #   before;
+            # - ``kept``: slot g mod Q's valid flag and seq, selected into registers at the edge before
+            #   (``sel_ok``: the candidate did not change at that edge, so the slot selected is still
+            #   its own) and compared now. A frame that was in before the candidate came up reads as
+            #   in a cycle later than before, which only costs time while the unit is idle.
+            # Both are exact compares of registers the slot's frame keeps until this unit frees it.
+            # The counts agree likewise: the frame's count (``new_count``, or slot g mod Q's selected at
+            # the edge before) against the local chunk's, selected at the edge before as well
+            # (``lsel_count``). Whenever the candidate is ready, ``base`` says the local chunk was in at that
+            # edge, so that count is its own; a frame's count is written with its first beat.
+            need = cand_need[idx]
             for p, b in enumerate(bufs):
+                sel_valid = Signal(name=f"{name}_b{p}_valid")
+                sel_hi = Signal(32 - qbits, name=f"{name}_b{p}_seq_hi")
+                sel_count = Signal(16, name=f"{name}_b{p}_count")
+                m.d.sync += [sel_valid.eq((b.valid >> qslot)[0]),
+                             sel_hi.eq(Array(b.seq[k][qbits:] for k in range(Q))[qslot]),
+                             sel_count.eq(Array(b.count[k] for k in range(Q))[qslot])]
+                arrived = b.new & (b.new_seq == g)
+                kept = sel_ok & sel_valid & (sel_hi == g[qbits:])
+                # (the entry's ports folded in: ``need`` changes only with the candidate; timing, the take
+                # loop behind the readiness)
                 m.d.sync += [
-                    here[p].eq((b.valid >> qslot)[0]
-                               & (Array(b.seq[k][qbits:] for k in range(Q))[qslot] == g[qbits:])),
-                    same[p].eq((agree[p] >> qslot)[0]),
+                    here[p].eq(~need[p] | arrived | kept),
+                    same[p].eq(~need[p] | (arrived & (b.new_count == lsel_count))
+                               | (kept & (sel_count == lsel_count))),
                 ]
             # Every term in (the local chunk, each port it has a term on) and the counts agree.
-            need = cand_need[idx]
-            ready = fresh & base & (~need | here).all()
-            count_ok = (~need | same).all()
+            ready = fresh & base & here.all()
+            count_ok = same.all()
             new_depth = cand_depth[idx]
             # Frames in the chain all leave at one tap (``depth`` adders in): a frame with another
             # number of terms joins only once the chain is empty. Whether the depths agree is sampled
@@ -296,21 +329,13 @@ class SumUnit(wiring.Component):
             pre_qoh = Signal(Q, name=f"{name}_qslot_onehot")   # its port buffers' slot, one-hot
             m.d.sync += [
                 pre_nbeats.eq(exp.last + 1), pre_keep.eq(exp.keep), pre_last.eq(exp.one),
-                pre_bad.eq((self.slot_bad >> slot)[0]), pre_qoh.eq(Const(1, Q) << qslot),
+                pre_bad.eq((self.slot_bad >> slot)[0]),
             ]
+            if self._one_beat:   # only read where a term's frame can be one beat (below)
+                m.d.sync += pre_qoh.eq(Const(1, Q) << qslot)
             return rdy, good, (codes, slot, qslot, (pre_nbeats, pre_keep, pre_last, pre_bad, pre_qoh), new_depth,
                                ent, need)
 
-        # Whether each port buffer slot's count agrees with the local slot that holds the same chunk
-        # (slot q of a port buffer is chunk g with g mod Q = q, the local slot g mod S = q mod S, as Q is a
-        # multiple of S): every slot compared at once, shared by the candidates, which select one bit
-        # (timing: the compares are on registers, not behind two selects; docs/architecture.md
-        # "Timing budgets").
-        agree = []
-        for p, b in enumerate(bufs):
-            a_p = Signal(Q, name=f"b{p}_count_agree")
-            m.d.comb += a_p.eq(Cat(*(b.count[k] == self.slot_counts[k % S] for k in range(Q))))
-            agree.append(a_p)
         # changed[k]: candidate k's chunk, entry or state changes at this clock edge (set below).
         changed = Signal(D, name="changed")
         cands = [candidate(k, cand_g[k], cand_ent[k], ld[k]) for k in range(D)]
@@ -436,21 +461,32 @@ class SumUnit(wiring.Component):
         # unit took the chunk with each term's first beat in: ``here``), and its frame ends there only
         # if it is a frame of one beat, a flag per slot (``single``) known since that beat was written.
         # ``is_last_q`` is ``beat == nbeats - 1``, decided as the beat before it is read.
+        #
+        # A frame of one beat reaches a buffer only where a beat holds the whole header (the gates drop
+        # a frame shorter than the header, ``drop_short``): at 64 bit (8 of the header's 16 bytes a
+        # beat) no term's frame ends at beat 0, and the flags for it are left out (timing: the
+        # per-slot ``single`` and ``bad`` flags behind the one-hot slot were the P = 4 engine's
+        # ``bad_acc``/stage 1 ``bad`` pairs at 10 levels).
+        one_beat_frames = self._one_beat
         gone, end_here, bad_now = [], [], []
         for p, b in enumerate(bufs):
             filled = Array(b.filled[k] for k in range(Q))[cur_qslot]
             eq0_q, eq1_q, bad_q = Signal(name=f"eq0_q{p}"), Signal(name=f"eq1_q{p}"), Signal(name=f"bad_q{p}")
-            single = Signal(Q, name=f"single{p}")
             m.d.sync += [gt0_q[p].eq(filled > beat), gt1_q[p].eq(filled > beat + 1),
                          eq0_q.eq(filled == beat + 1), eq1_q.eq(filled == beat + 2),
-                         done_q[p].eq((b.done >> cur_qslot)[0]), bad_q.eq((b.bad >> cur_qslot)[0]),
-                         single.eq(Cat(*(b.done[k] & (b.filled[k] == 1) for k in range(Q))))]
+                         done_q[p].eq((b.done >> cur_qslot)[0]), bad_q.eq((b.bad >> cur_qslot)[0])]
             gt = Mux(fired_q, gt1_q[p], gt0_q[p])
             eqm1 = Mux(fired_q, eq1_q, eq0_q)   # beat == filled - 1
-            bad = (b.bad & cur_qoh).any()
             gone.append(~started & done_q[p] & ~gt)                 # ended before this beat: pad
-            end_here.append(Mux(started, (single & cur_qoh).any(), done_q[p] & eqm1))   # ends at this beat
-            bad_now.append(Mux(started, bad, bad_q))
+            if one_beat_frames:
+                single = Signal(Q, name=f"single{p}")
+                m.d.sync += single.eq(Cat(*(b.done[k] & (b.filled[k] == 1) for k in range(Q))))
+                bad = (b.bad & cur_qoh).any()
+                end_here.append(Mux(started, (single & cur_qoh).any(), done_q[p] & eqm1))   # ends at this beat
+                bad_now.append(Mux(started, bad, bad_q))
+            else:
+                end_here.append(~started & done_q[p] & eqm1)
+                bad_now.append(bad_q)
         term_valid = Const(1, 1)
         for p in range(P):
             avail = started | done_q[p] | Mux(fired_q, gt1_q[p], gt0_q[p])
