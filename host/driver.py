@@ -44,8 +44,8 @@ from wirereduce.protocol import (
 
 __all__ = ["plan_chunks", "chunk_elements", "parse_stats", "NodeSession", "CollectiveIds", "RequestTags", "Push",
            "Round", "Allreduce", "Transport", "Cluster", "DriverError", "ControlRefused", "ChunksLost",
-           "loss_report", "lost_ranges", "gather_ranges", "scatter_ranges", "check_retries", "check_window",
-           "check_timeout", "default_window", "expected_cycles", "deadline_cycles", "DEADLINE_FACTOR",
+           "loss_report", "lost_chunks", "lost_ranges", "gather_ranges", "scatter_ranges", "check_retries",
+           "check_window", "check_timeout", "default_window", "expected_cycles", "deadline_cycles", "DEADLINE_FACTOR",
            "DEADLINE_SLACK_CYCLES", "HOP_CYCLES", "ANSWER_CYCLES"]
 
 
@@ -83,7 +83,8 @@ class ChunksLost(DriverError):
     Raised instead of waiting for ever: when the round's deadline (:func:`deadline_cycles`) passes
     with results missing, or when every missing chunk was reported lost by the nodes (a HOST_RESULT
     with ``Flag.LOST``). The lost chunks are summed again only with ``retries``
-    (:meth:`Allreduce.retry`).
+    (:meth:`Allreduce.retry`; on schedule engines
+    :meth:`EngineAllreduce.retry <wirereduce.host.engine.EngineAllreduce.retry>`).
 
     What it claims: every chunk in :attr:`received` passed every check :meth:`NodeSession.receive`
     makes (opcode, collective, sequence number, dtype, codec, ``eb_k``, flags, length and, for
@@ -230,20 +231,26 @@ def default_window(config: NodeConfig) -> int:
     return config.slots
 
 
+def lost_chunks(err: ChunksLost) -> list[int]:
+    """Sequence numbers of every chunk that some host is missing, in increasing order."""
+    return sorted(set().union(*err.missing.values()))
+
+
 def lost_ranges(err: ChunksLost) -> list[tuple[int, int]]:
     """(offset, count) in elements of every chunk that some host is missing, in order."""
-    lost = sorted(set().union(*err.missing.values()))
-    return [err.chunks[s] for s in lost]
+    return [err.chunks[s] for s in lost_chunks(err)]
 
 
-def gather_ranges(arrays, ranges) -> list[np.ndarray]:
-    """Each array's elements in ``ranges``, concatenated (float32, shape (sum of counts,))."""
-    return [np.concatenate([a[off:off + n] for off, n in ranges]).astype(np.float32) for a in arrays]
+def gather_ranges(arrays, ranges, dtype=np.float32) -> list[np.ndarray]:
+    """Each array's elements in ``ranges`` ((offset, count) pairs), concatenated: ``dtype`` (default
+    float32; the schedule engine's retries gather uint32 payload words), shape (sum of counts,)."""
+    return [np.concatenate([a[off:off + n] for off, n in ranges]).astype(dtype) for a in arrays]
 
 
-def scatter_ranges(result: np.ndarray, ranges, values: np.ndarray) -> np.ndarray:
-    """A copy of ``result`` with ``values`` (as :func:`gather_ranges` laid them out) put back in ``ranges``."""
-    out = np.array(result, dtype=np.float32, copy=True)
+def scatter_ranges(result: np.ndarray, ranges, values: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """A copy of ``result`` (as ``dtype``, default float32) with ``values`` (as :func:`gather_ranges`
+    laid them out) put back in ``ranges``."""
+    out = np.array(result, dtype=dtype, copy=True)
     pos = 0
     for off, n in ranges:
         out[off:off + n] = values[pos:pos + n]

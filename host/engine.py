@@ -12,22 +12,39 @@ checks every frame it gets back, and leaves the sending to a transport or a fram
    come in any order across flows, and the count is what the engine's queue bound needs,
    docs/architecture.md "Why the engine cannot deadlock");
 4. HOST_RESULT frames, one per chunk, are put in place by their chunk's element range.
+
+:class:`EngineAllreduce` is :class:`~wirereduce.host.driver.Allreduce`'s counterpart: the rounds of
+one allreduce over every rank, the first over the whole message and, when chunks are lost and
+``retries`` are left, one over just the lost chunks, each kept in its own flow
+(:func:`plan_retry`), whose sums are put back in place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from wirereduce.host.driver import CodecFields, DriverError, parse_stats
+from wirereduce.host.driver import (
+    ChunksLost,
+    CodecFields,
+    CollectiveIds,
+    DriverError,
+    RequestTags,
+    check_retries,
+    gather_ranges,
+    lost_chunks,
+    parse_stats,
+    scatter_ranges,
+)
 
 from wirereduce.config import EngineConfig
-from wirereduce.formats import CANONICAL_NAN, Op, dtype_byte, format_of, from_words, to_words
+from wirereduce.formats import CANONICAL_NAN, Op, check_typed_inputs, dtype_byte, format_of, from_words, to_words
 from wirereduce.protocol import HEADER_BYTES, Flag, Header, Opcode, frame
 from wirereduce.schedule import Schedule
-from wirereduce.table import ENTRY_BYTES, plan, table_frames_payloads
+from wirereduce.table import ENTRY_BYTES, Chunk, plan, table_frames_payloads
 
-__all__ = ["EngineSession", "EnginePush", "check_window"]
+__all__ = ["EngineSession", "EnginePush", "check_window", "RetryPlan", "plan_retry", "EngineAllreduce"]
 
 
 def check_window(window: int, config: EngineConfig) -> int:
@@ -264,3 +281,195 @@ class EngineSession(CodecFields):
     @property
     def never_arrived(self) -> list[int]:
         return self.missing
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """Where a retry round puts the chunks a round of a schedule-engine allreduce lost, so that each
+    is summed again by its own flow (:func:`plan_retry`; sans-IO).
+
+    The engine sums flow f's share of a message (``schedule.split(words)[f]``) in flow f's tree
+    order, and different flows have different orders, so a word is summed bit for bit as in a
+    loss-free run only if it is in its own flow's share. The retry message therefore has
+    F × :attr:`share` payload words, every flow's share the same length (``Schedule.split`` cuts
+    a message into equal shares): flow f's share, ``[f·share, (f+1)·share)``, holds flow f's lost
+    chunks, in chunk order, then zero words up to :attr:`share`. The zero words' sums are discarded.
+    A retried word's sum depends neither on where in its flow's share it lands nor on how that
+    share is cut into chunks (each element's sum is its flow's terms, element by element), so the
+    retried sums are those of the round that lost them.
+
+    Attributes
+    ----------
+    chunks : tuple of int
+        The lost chunks' ``seq`` in the round that lost them, flow by flow (flow 0's first), in
+        chunk order within a flow.
+    ranges : tuple of (int, int)
+        (start, count) in payload words (32-bit; two bf16/fp16 elements each) of each of
+        :attr:`chunks` in that round's message, in the same order.
+    per_flow : tuple of int
+        Lost payload words of each flow, F entries (0 for a flow that lost nothing).
+    """
+
+    chunks: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]
+    per_flow: tuple[int, ...]
+
+    @property
+    def share(self) -> int:
+        """Payload words of each flow's share of the retry message: the most any flow lost."""
+        return max(self.per_flow)
+
+    @property
+    def words(self) -> int:
+        """Payload words of the retry message: F × :attr:`share`."""
+        return self.share * len(self.per_flow)
+
+    def gather(self, words: np.ndarray) -> np.ndarray:
+        """One rank's retry message: uint32 payload words, shape (:attr:`words`,), from its payload
+        words (uint32, the message of the round that lost the chunks)."""
+        (lost,) = gather_ranges([words], self.ranges, np.uint32)
+        out = np.zeros(self.words, dtype=np.uint32)
+        at = 0
+        for f, n in enumerate(self.per_flow):
+            out[f * self.share:f * self.share + n] = lost[at:at + n]
+            at += n
+        return out
+
+    def scatter(self, result_words: np.ndarray, retry_words: np.ndarray) -> np.ndarray:
+        """A copy of ``result_words`` (one rank's result words, uint32, of the round that lost the
+        chunks) with the retry round's sums of them (``retry_words``, uint32, shape (:attr:`words`,))
+        put in place; the padding's sums are dropped."""
+        values = np.concatenate([retry_words[f * self.share:f * self.share + n] for f, n in enumerate(self.per_flow)])
+        return scatter_ranges(result_words, self.ranges, values, np.uint32)
+
+
+def plan_retry(chunks: Sequence[Chunk], lost: Iterable[int], flows: int) -> RetryPlan:
+    """The :class:`RetryPlan` of the chunks ``lost`` (``seq`` numbers) of a round whose chunks are
+    ``chunks`` (:func:`wirereduce.table.plan`, in ``seq`` order) on a schedule of ``flows`` flows.
+
+    Raises ValueError if ``lost`` is empty or names a chunk the round does not have.
+    """
+    lost = sorted(set(lost))
+    if not lost:
+        raise ValueError("nothing to retry: no chunk was lost")
+    if lost[0] < 0 or lost[-1] >= len(chunks):
+        raise ValueError(f"lost chunks {lost} outside the round's chunks 0 … {len(chunks) - 1}")
+    ordered = sorted((chunks[g] for g in lost), key=lambda c: (c.flow, c.seq))
+    return RetryPlan(tuple(c.seq for c in ordered), tuple((c.start, c.count) for c in ordered),
+                     tuple(sum(c.count for c in ordered if c.flow == f) for f in range(flows)))
+
+
+class EngineAllreduce:
+    """One allreduce on a network of schedule engines, retries included, sans-IO: the collective to
+    run now (a session per rank) and how the sums of the retries go back in place.
+
+    :class:`~wirereduce.host.driver.Allreduce`'s counterpart. An engine runs :attr:`sessions`
+    (every rank's SCHEDULE frames, CONTROL, pushes); when chunks are lost (the round's deadline
+    passed with results missing: an engine sends no LOST placeholders) it hands the
+    :class:`~wirereduce.host.driver.ChunksLost` to :meth:`retry`, which sets up the next round over
+    just the lost chunks (every chunk some host is missing) or says that no retries are left; at
+    the end :meth:`results` puts every round's sums in place.
+
+    A retry round keeps every lost chunk in its own flow (:func:`plan_retry`): each flow's share
+    of the retry message holds that flow's lost chunks, padded with zero words to the longest
+    share. The result is therefore the loss-free run's, bit for bit
+    (:func:`wirereduce.sim.golden.schedule.allreduce`). Re-running the whole collective would be
+    bit-exact too, but costs the whole message for a lost chunk; summing the lost elements again
+    in a message of their own (the ring node's retry, :class:`~wirereduce.host.driver.Allreduce`)
+    would put them in other flows, summed in other orders: other bits. The padding costs at most
+    F − 1 chunks per lost chunk (one lost chunk of a full frame: F frames, one per flow). A
+    padding chunk lost in a retry round is summed again like any other (its sum discarded).
+
+    Parameters
+    ----------
+    schedule : Schedule
+    config : EngineConfig
+        How the engines were built.
+    arrays : sequence of numpy.ndarray, shape (n,)
+        One per rank, all float32, ml_dtypes.bfloat16, float16 or int32
+        (:func:`wirereduce.formats.check_typed_inputs`).
+    window : int, optional
+        Chunks pushed ahead of the results received, 1 … ``config.slots`` (default ``slots``).
+    op, compression, chunk_words
+        As :class:`EngineSession`; every round has them.
+    retries : int
+        Rounds over lost chunks allowed after the first (an int ≥ 0).
+    ids : CollectiveIds, optional
+        Where the rounds' collective ids come from (default: from 1).
+    tags : RequestTags, optional
+        Where the request tags come from (default: from 1): per rank and round, its CONTROL's
+        and one per SCHEDULE frame (:meth:`EngineSession.schedule_tag`).
+    abort : bool
+        The first round's CONTROL frames carry ``Flag.ABORT``. Retry rounds always carry it: the
+        round that lost chunks never finished on some engine.
+
+    Attributes
+    ----------
+    sessions : list of EngineSession
+        The round to run now, one session per rank.
+    retried : int
+        Lost chunks summed again so far.
+    elements : int
+        Elements per rank.
+    chunks : int
+        Chunks per rank of the first round (the whole message).
+
+    Raises
+    ------
+    ValueError
+        On bad arrays, ``window``, ``op``, ``compression``, ``chunk_words`` or ``retries``, or a
+        schedule of another node count or with more flows than the engines hold
+        (:class:`EngineSession`), before anything is sent.
+    """
+
+    def __init__(self, schedule: Schedule, config: EngineConfig, arrays, *, window: int | None = None,
+                 op: str | Op = "sum", compression: int | None = None, chunk_words: int | None = None,
+                 retries: int = 0, ids: CollectiveIds | None = None, tags: RequestTags | None = None,
+                 abort: bool = False):
+        self.format, arrays = check_typed_inputs(arrays, schedule.nodes)
+        self.retries = check_retries(retries)
+        self.schedule = schedule
+        self.config = config
+        self.window = check_window(config.slots if window is None else window, config)
+        self.op, self.compression, self.chunk_words = op, compression, chunk_words
+        self.ids = ids if ids is not None else CollectiveIds()
+        self.tags = tags if tags is not None else RequestTags()
+        self._abort = bool(abort)
+        self.elements = int(arrays[0].size)
+        self.retried = 0
+        #: Per retry so far: every rank's result words of the round that lost chunks, and the plan.
+        self._lost: list[tuple[list[np.ndarray], RetryPlan]] = []
+        self.sessions = self._round(arrays)
+        self.chunks = len(self.sessions[0].chunks)
+
+    def _round(self, arrays) -> list[EngineSession]:
+        collective = self.ids.take()
+        abort = self._abort or bool(self._lost)   # retry rounds abort the round that lost chunks
+        sessions = []
+        for k, a in enumerate(arrays):
+            s = EngineSession(k, self.schedule, self.config, collective, a, self.window, tag=self.tags.next,
+                              op=self.op, abort=abort, compression=self.compression, chunk_words=self.chunk_words)
+            for _ in range(1 + len(s.schedule_frames())):   # its CONTROL's tag and its SCHEDULE frames'
+                self.tags.take()
+            sessions.append(s)
+        return sessions
+
+    def retry(self, err: ChunksLost) -> bool:
+        """Take the loss of the round :attr:`sessions` ran (``err``, raised with those sessions): with
+        retries left, make :attr:`sessions` a new collective of just the chunks some host is
+        missing, each in its own flow (:func:`plan_retry`), and return True; else False (raise ``err``)."""
+        if len(self._lost) == self.retries:
+            return False
+        rp = plan_retry(self.sessions[0].chunks, lost_chunks(err), len(self.schedule.flows))
+        self._lost.append(([s.result_words.copy() for s in self.sessions], rp))
+        self.retried += len(rp.chunks)
+        self.sessions = self._round([from_words(rp.gather(s.words), self.format) for s in self.sessions])
+        return True
+
+    def results(self) -> list[np.ndarray]:
+        """What each host holds once the round :attr:`sessions` completed: every round's sums in
+        place. One array per rank, shape (:attr:`elements`,), the arrays' dtype."""
+        words = [s.result_words for s in self.sessions]
+        for received, rp in reversed(self._lost):
+            words = [rp.scatter(r, w) for r, w in zip(received, words)]
+        return [from_words(w, self.format, self.elements) for w in words]

@@ -133,6 +133,23 @@ def _timeout_arg(args) -> int | None:
         raise CliError(f"--timeout: {e}") from e
 
 
+def _retries_arg(args) -> int:
+    """``--retries N`` (0 if absent); CliError unless an int ≥ 0."""
+    from wirereduce.host.driver import check_retries
+
+    try:
+        return check_retries(getattr(args, "retries", 0))
+    except ValueError as e:
+        raise CliError(f"--retries: {e}") from e
+
+
+def _report_retried(rec) -> None:
+    """The line a run that summed lost chunks again prints (ring node or engine)."""
+    if rec.get("retried"):
+        print(f"{rec['retried']} lost chunk(s) summed again (--retries); the time below includes the stall "
+              f"detection and the retry")
+
+
 def simulate_allreduce(arrays, args, progress=True):
     """Run one allreduce in the simulated cluster; returns (results, record, setup, wall seconds)."""
     from dataclasses import replace
@@ -155,9 +172,7 @@ def simulate_allreduce(arrays, args, progress=True):
         raise CliError(str(e)) from e
     if pcap is not None and (links != "eth" or getattr(args, "engine", "cocotb") != "fast"):
         raise CliError("--pcap captures an Ethernet link of the fast engine: it needs --engine fast --links eth")
-    retries = getattr(args, "retries", 0)
-    if not isinstance(retries, int) or retries < 0:
-        raise CliError(f"--retries must be an int ≥ 0, not {retries!r}")
+    retries = _retries_arg(args)
     timeout = _timeout_arg(args)
     corrupt = _corrupt_args(args)
     if corrupt is not None:
@@ -240,9 +255,7 @@ def report(rec, setup, wall: float, arrays, results, compression: int | None = N
     if compression is not None:
         print(f"compression ratio of the pushed gradients: "
               f"{compression_ratio(np.concatenate(arrays), compression):.2f} (algbw counts uncompressed bytes)")
-    if rec.get("retried"):
-        print(f"{rec['retried']} lost chunk(s) summed again (--retries); the time below includes the stall "
-              f"detection and the retry")
+    _report_retried(rec)
     print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
     print(f"simulation speed={rec['cycles'] / rec['wall_s']:,.0f} simulated cycles per wall-clock second "
           f"({setup.simulator}; {wall:.1f} s wall in all, build included)")
@@ -386,7 +399,7 @@ def simulate_schedule(arrays, args, progress=True):
         late = tuple(late) if late is not None else None
         r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args),
                           op=getattr(args, "op", "sum"), compression=k, corrupt=corrupt, pcap=pcap, late=late,
-                          final_stats=late is not None)
+                          final_stats=late is not None, retries=_retries_arg(args))
         if pcap is not None:
             v, q = s.topology.links[0][0]
             print(f"wrote {pcap} (Ethernet frames node 0 sent out of its port 0 to node {v}'s port {q})")
@@ -397,7 +410,7 @@ def simulate_schedule(arrays, args, progress=True):
     except EngineStalled as e:
         raise CliError(f"the allreduce stalled: {e}") from e
     rec = {"cycles": r.cycles, "bytes": r.bytes, "elements": r.elements, "chunks": r.chunks, "wall_s": r.wall_s,
-           "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum"), "compression": k}
+           "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum"), "compression": k, "retried": r.retried}
     return r.results, rec, s, cfg, mhz, time.perf_counter() - t0
 
 
@@ -415,6 +428,7 @@ def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
           f"flows={len(s.flows)} nodes={s.nodes} "
           f"ports={cfg.ports} elements={rec['elements']} bytes={rec['bytes']} chunks={rec['chunks']} "
           f"width={cfg.width} mtu={cfg.mtu}")
+    _report_retried(rec)
     print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
     print(f"simulation speed={rec['sim_cycles'] / max(rec['wall_s'], 1e-9):,.0f} simulated cycles per "
           f"wall-clock second ({rec.get('simulator', 'verilator')}; {wall:.1f} s wall in all, build included)")
@@ -462,14 +476,15 @@ def _check_schedule_args(args) -> None:
                        "the default is the fast engine, Verilator with a C++ frame player)")
     if getattr(args, "late", None) is not None and cocotb:
         raise CliError("--late delays one host in the fast engine's frame player: drop --engine cocotb")
+    if _retries_arg(args) and cocotb:
+        raise CliError("--retries runs on the fast engine with --topology (the host side plays each retry round "
+                       "there); drop --engine cocotb")
     if getattr(args, "pcap", None) is not None and (links != "eth" or cocotb):
         raise CliError("--pcap captures a 10G Ethernet cable in the fast engine's frame player: with --topology "
                        "it needs --links eth (and not --engine cocotb)")
-    for flag, bad in (("--links cmac with --engine cocotb", links == "cmac" and cocotb),
-                      ("--retries", getattr(args, "retries", 0) != 0)):
-        if bad:
-            raise CliError(f"{flag} is not available on the schedule engine yet (--topology); it runs on the ring "
-                           f"node (leave out --topology)")
+    if links == "cmac" and cocotb:
+        raise CliError("--links cmac with --engine cocotb is not available on the schedule engine yet (--topology); "
+                       "it runs on the ring node (leave out --topology)")
 
 
 def cmd_sim_allreduce(args) -> int:
@@ -1273,7 +1288,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "reports the stall")
     p.add_argument("--retries", type=int, default=0, metavar="N",
                    help="when chunks are lost, sum just their elements again, up to N more times "
-                        "(default 0: fail and report the lost chunks)")
+                        "(default 0: fail and report the lost chunks); with --topology (fast engine only) "
+                        "each lost chunk is summed again in its own flow, so the result is the loss-free run's "
+                        "bit for bit")
     p.add_argument("--late", nargs=2, type=int, metavar=("RANK", "CYCLES"), default=None,
                    help="ranks not in lock-step: RANK's host starts pushing CYCLES simulated cycles after the "
                         "others (10 ms at 10G: 1562500); with --links eth the ports' IEEE 802.3x PAUSE "

@@ -5,7 +5,9 @@ The script per host is: its SCHEDULE frames (each sent once the previous one is 
 CONTROL, then its pushes, each once the host holds the CONTROL answer plus ``after`` results (the
 window) and every host has its CONTROL answer (the start barrier); a STATS_REQUEST if the run
 stalls. What comes back is checked by the sessions (every result once, in place) and compared by
-the callers with :func:`wirereduce.sim.golden.schedule.allreduce`.
+the callers with :func:`wirereduce.sim.golden.schedule.allreduce`. The rounds of an allreduce (the
+first, and with ``retries`` one per loss over just the lost chunks) are
+:class:`~wirereduce.host.engine.EngineAllreduce`'s, each played in a fresh simulation.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from wirereduce.host.driver import ANSWER_CYCLES, DriverError, parse_stats
-from wirereduce.host.engine import EngineSession, check_window
+from wirereduce.host.driver import ANSWER_CYCLES, ChunksLost, CollectiveIds, RequestTags, parse_stats
+from wirereduce.host.engine import EngineAllreduce
 from wirereduce.sim.engines.fastsim import (
     _SCRIPT_MAGIC,
     _STALL_GATE,
@@ -29,9 +31,12 @@ from wirereduce.sim.engines.fastsim import (
     _gated,
     _read_result,
     _read_tap,
+    _Run,
     check_late,
     check_options,
     internal_reset,
+    play_rounds,
+    rounds_cycles,
     strip_zero_memory_init,
     write_pcap,
 )
@@ -58,20 +63,52 @@ def check_threads(threads) -> int:
     return threads
 
 
-class EngineStalled(DriverError):
-    """Results were still missing at the deadline; ``stats`` holds each node's counters."""
+class EngineStalled(ChunksLost):
+    """Results were still missing at a round's deadline: the driver's
+    :class:`~wirereduce.host.driver.ChunksLost` as the fast engine saw it (an engine sends no LOST
+    placeholders, so every missing chunk :attr:`never_arrived`).
 
-    def __init__(self, message: str, stats: dict):
-        super().__init__(message)
-        self.stats = stats
+    Not a :class:`~wirereduce.sim.engines.runner.SimulationError`: the simulator worked, a frame
+    was lost in the simulated network. :attr:`stats` holds, per rank whose engine answered the
+    STATS_REQUEST sent after the stall, its counters (``link_drop_net{p}``,
+    ``net{p}_rx_fcs_errors``, ``drop_*``: where the frame was lost); :attr:`missing` the chunks
+    (``seq``) each host lacks, :attr:`results` what each host did get (the format's NaN, 0 for
+    int32, where a chunk is missing), :attr:`received` per host the set of chunks (``seq``) it
+    got, and :attr:`chunks` the round's :class:`~wirereduce.table.Chunk` list (payload words).
+    """
 
 
 @dataclass
 class EngineResult:
-    """What :meth:`FastEngineSim.allreduce` returns."""
+    """What :meth:`FastEngineSim.allreduce` returns.
+
+    Attributes
+    ----------
+    results : list of numpy.ndarray, shape (elements,), the inputs' dtype
+        What each host received (after retries: every round's sums in place).
+    cycles : int
+        Simulated cycles from the first push to the last result beat; after retries, from the
+        first push of the first round to the end of the last (stall detection, the new SCHEDULE
+        and CONTROL frames included).
+    sim_cycles : int
+        Every cycle simulated, every round's.
+    wall_s, build_s : float
+        Wall-clock seconds of the simulations and of the (cached) Verilator build.
+    elements, chunks : int
+        Elements per node and chunks per node of the first round (the whole message).
+    stats : list of dict
+        Each engine's STATS as its CONTROL acknowledgement reported them; after retries, as the
+        first round's engines reported them after the stall (None for one that did not answer).
+    element_bytes : int
+        Bytes of one element (4 for fp32/int32, 2 for bf16/fp16).
+    final_stats : list of dict or None
+        Every node's STATS after its last result of the last round (``allreduce(final_stats=True)``),
+        else None.
+    retried : int
+        Lost chunks summed again (``retries``; 0 if nothing was lost).
+    """
 
     results: list
-    #: Cycles from the first push to the last result beat.
     cycles: int
     sim_cycles: int
     wall_s: float
@@ -79,10 +116,9 @@ class EngineResult:
     elements: int
     chunks: int
     stats: list
-    #: Bytes of one element (4 for fp32/int32, 2 for bf16/fp16).
     element_bytes: int = 4
-    #: Every node's STATS after its last result (``allreduce(final_stats=True)``), else None.
     final_stats: list | None = None
+    retried: int = 0
 
     @property
     def bytes(self) -> int:
@@ -194,11 +230,17 @@ class FastEngineSim(FastSim):
                   progress: bool = False, collective: int = 1, op: str = "sum",
                   final_stats: bool = False, compression: int | None = None,
                   corrupt: tuple | None = None, chunk_words: int | None = None,
-                  pcap: str | Path | None = None, late: tuple[int, int] | None = None) -> EngineResult:
+                  pcap: str | Path | None = None, late: tuple[int, int] | None = None,
+                  retries: int = 0) -> EngineResult:
         """Allreduce ``arrays`` (one array per node, all of one dtype: float32, ml_dtypes.bfloat16,
         float16 or int32) with ``schedule`` and ``op`` (``"sum"``, ``"max"``, ``"min"``) on the simulated network.
 
-        ``window`` defaults to the engines' ``slots``. ``final_stats``: every host asks its engine
+        The host side is :class:`~wirereduce.host.engine.EngineAllreduce` (sessions, collective ids
+        from ``collective`` on, window, retries); every round of it is played in a fresh
+        simulation. ``window`` defaults to the engines' ``slots``. ``timeout_cycles``: the
+        deadline of every round, cycles from the start of its simulation (default: 8 × the time
+        its frames take on the slower of the cable and host link rates, + 200,000).
+        ``final_stats``: every host asks its engine
         for STATS once it holds its last result (:attr:`EngineResult.final_stats`: the drop
         counters of the whole run). ``compression``: error-bound exponent k of a compressed
         collective (fp32, engines built with ``EngineConfig(codec=True)``;
@@ -206,18 +248,26 @@ class FastEngineSim(FastSim):
         cable (``links="eth"`` only), ``(node, port, block)`` in the ``block``-th 66-bit data block
         node ``node`` sends out of network port ``port``, or ``(node, port, frame, "header")`` in
         the wirereduce header of its ``frame``-th frame (:func:`check_engine_corrupt`); the frame
-        is lost, the run stalls (:class:`EngineStalled`) and the receiving engine's STATS count it
-        (``link_drop_net{q}``, ``net{q}_rx_fcs_errors``). ``chunk_words``: at most this many
+        is lost, the round stalls until its deadline (:class:`EngineStalled`, or a retry) and the
+        receiving engine's STATS count it (``link_drop_net{q}``, ``net{q}_rx_fcs_errors``).
+        ``chunk_words``: at most this many
         32-bit words per chunk (:class:`~wirereduce.host.engine.EngineSession`; default: a full
         frame). ``pcap``: write the Ethernet frames node 0 sends out of its network port 0 (to
         ``topology.links[0][0]``) to this pcap file, with their first cycles as times
         (:func:`~wirereduce.sim.engines.fastsim.write_pcap`; ``links="eth"`` only). ``late``:
         ``(rank, cycles)``, host ``rank`` sends its first push ``cycles`` after every host has its
-        first answer (a host that starts late; the deadline moves by as much).
+        first answer (a host that starts late; the deadline moves by as much). ``retries``: when a
+        round ends with chunks missing, run up to this many more collectives over just those
+        chunks, each in its own flow, and put their sums in place: the result is the loss-free
+        run's, bit for bit (:class:`~wirereduce.host.engine.EngineAllreduce`;
+        :attr:`EngineResult.retried`); default 0: raise :class:`EngineStalled`. Only the first
+        round has the ``corrupt`` fault, the ``pcap`` tap and the ``late`` host.
         Raises ValueError on bad inputs (before
         anything runs; a dtype of a format the engines are not built with, ``config.formats``,
-        among them), :class:`EngineStalled` if results are missing at the deadline,
-        :class:`~wirereduce.host.driver.DriverError` on a malformed or duplicated result.
+        among them, and ``retries`` not an int ≥ 0), :class:`EngineStalled` (a
+        :class:`~wirereduce.host.driver.ChunksLost`) if results are missing at a round's deadline
+        and the retries are used up, :class:`~wirereduce.host.driver.DriverError` on a malformed
+        or duplicated result.
         """
         n = self.setup.nodes
         if schedule.topology.name != self.topology.name:
@@ -225,15 +275,32 @@ class FastEngineSim(FastSim):
         _fmt, arrays = check_typed_inputs(arrays, n)
         dtype_byte(_fmt, op)   # a bad op raises here, before anything runs
         flip = check_engine_corrupt(corrupt, self.topology, self.config.ports, self.links)
-        late_rank, late_cycles = check_late(late, self.setup)
+        late = check_late(late, self.setup)
         if pcap is not None and self.links != "eth":
             raise ValueError("pcap capture needs links='eth' (link models and the CMAC glue carry no 10G Ethernet "
                              "frames to tap)")
         check_options(window, rx_valid_prob, tx_ready_prob, seed, timeout_cycles, collective)
-        window = check_window(self.config.slots if window is None else window, self.config)
-        sessions = [EngineSession(k, schedule, self.config, collective, a, window, tag=100 + 10 * k, op=op,
-                                  compression=compression, chunk_words=chunk_words)
-                    for k, a in enumerate(arrays)]
+        job = EngineAllreduce(schedule, self.config, arrays, window=window, op=op, compression=compression,
+                              chunk_words=chunk_words, retries=retries, ids=CollectiveIds(collective),
+                              tags=RequestTags(100))
+        play = dict(rx_valid_prob=rx_valid_prob, tx_ready_prob=tx_ready_prob, seed=seed,
+                    timeout_cycles=timeout_cycles, progress=progress, final_stats=bool(final_stats))
+        first_only = dict(flip=flip, pcap=pcap, late=late)   # the fault, the tap, the late host
+        runs = play_rounds(job, lambda first: self._play_round(job.sessions, **play, **(first_only if first else {})),
+                           lambda run: EngineStalled(run.what, job.sessions, run.stall_stats))
+        cycles, stats = rounds_cycles(runs, n)
+        return EngineResult(results=job.results(), cycles=cycles, sim_cycles=sum(r.sim_cycles for r in runs),
+                            wall_s=sum(r.wall_s for r in runs), build_s=self.build_s, elements=job.elements,
+                            chunks=job.chunks, stats=stats, element_bytes=arrays[0].dtype.itemsize,
+                            final_stats=runs[-1].final if final_stats else None, retried=job.retried)
+
+    def _play_round(self, sessions, *, rx_valid_prob: float, tx_ready_prob: float, seed: int,
+                    timeout_cycles: int | None, progress: bool, final_stats: bool, flip: tuple[int, int] = (0, 0),
+                    pcap: str | Path | None = None, late: tuple[int, int] = (0, 0)) -> _Run:
+        """Play one round (``sessions``, one per rank) as a frame script in a fresh simulation; feed
+        what came back to the sessions. A run with ``stall_stats`` (rank → STATS of the engines
+        that answered after the stall) ended with results missing (``what`` says how)."""
+        n = self.setup.nodes
         c = len(sessions[0].chunks)
         if timeout_cycles is None:
             wire = sum(wire_bytes(16 + 4 * ch.count) for ch in sessions[0].chunks)
@@ -241,7 +308,6 @@ class FastEngineSim(FastSim):
             timeout_cycles = int(8 * wire / rate) + 200_000
         sched_frames = [s.schedule_frames() for s in sessions]
         ns = len(sched_frames[0])
-        stall_tags = [7000 + k for k in range(n)]
         run_dir = self.exe.parent / "run"
         run_dir.mkdir(exist_ok=True)
         tag = f"{os.getpid()}-{time.monotonic_ns()}"
@@ -255,12 +321,12 @@ class FastEngineSim(FastSim):
                 frames = [_gated(fr, i, 0) for i, fr in enumerate(sched_frames[k])]
                 frames.append(_gated(s.control_frame(), ns, 0))
                 frames += [_gated(p.frame, ns + 1 + p.after, ns + 1) for p in s.push_frames()]
-                stats_request = Header(opcode=Opcode.STATS_REQUEST, count=stall_tags[k]).pack()
+                stats_request = Header(opcode=Opcode.STATS_REQUEST, count=7000 + k).pack()
                 if final_stats:   # once this host holds every result
                     frames.append(_gated(stats_request, ns + 1 + c, 0))
                 frames.append(_gated(stats_request, _STALL_GATE, 0))
                 f.write(struct.pack("<2IQ", len(frames), ns + 1 + c + bool(final_stats),
-                                    late_cycles if k == late_rank else 0))
+                                    late[1] if k == late[0] else 0))
                 f.write(b"".join(frames))
         try:
             wall = self._play(script, result, progress, c * n, tap)
@@ -272,8 +338,8 @@ class FastEngineSim(FastSim):
             result.unlink(missing_ok=True)
             if tap is not None:
                 tap.unlink(missing_ok=True)
-        acks, stalled = [], {}
-        first_push, last = None, 0
+        run = _Run(sim_cycles=sim_cycles, first_push=0, wall_s=wall)
+        stalled, first_push = {}, None
         for s, (sent, received) in zip(sessions, per_node):
             if len(sent) > ns + 1:
                 fp = int(sent[ns + 1][0])
@@ -281,13 +347,14 @@ class FastEngineSim(FastSim):
             for i, (_f, _l, data) in enumerate(received[:ns + 1]):
                 s.check_ack(data, s.schedule_tag(i) if i < ns else s.tag)
                 if i == ns:
-                    acks.append(parse_stats(data))
+                    run.acks.append(parse_stats(data))
             for _f, lst, data in received[ns + 1:]:
                 if Header.unpack(data).opcode == Opcode.STATS:
                     stalled[s.rank] = parse_stats(data)
                     continue
                 s.receive(data)
-                last = max(last, lst)
+                run.last_result = max(run.last_result, lst)
+        run.first_push = first_push or 0
         if status != 0 or not all(s.done for s in sessions):
             missing = {s.rank: s.missing[:8] for s in sessions if not s.done}
             counted = []
@@ -296,14 +363,13 @@ class FastEngineSim(FastSim):
                          if v and (k.startswith(("drop_", "link_drop_")) or k.endswith("_fcs_errors"))]
                 if drops:
                     counted.append(f"node {rank}: " + ", ".join(drops))
-            raise EngineStalled(f"results still missing after {sim_cycles:,} cycles (deadline {timeout_cycles:,}): "
-                                f"first missing chunks per node {missing}"
-                                + (f"; dropped frames counted (STATS): {'; '.join(counted)}" if counted else ""),
-                                stalled)
-        return EngineResult(results=[s.result for s in sessions], cycles=last - (first_push or 0) + 1,
-                            sim_cycles=sim_cycles, wall_s=wall, build_s=self.build_s,
-                            elements=arrays[0].size, chunks=c, stats=acks, element_bytes=arrays[0].dtype.itemsize,
-                            final_stats=[stalled[k] for k in range(n)] if final_stats else None)
+            run.what = (f"results still missing after {sim_cycles:,} cycles (deadline {timeout_cycles:,}): "
+                        f"first missing chunks per node {missing}"
+                        + (f"; dropped frames counted (STATS): {'; '.join(counted)}" if counted else ""))
+            run.stall_stats = stalled
+        elif final_stats:
+            run.final = [stalled[k] for k in range(n)]
+        return run
 
 
 def check_engine_corrupt(corrupt, topology: Topology, ports: int, links: str) -> tuple[int, int]:

@@ -29,6 +29,7 @@ import shutil
 import struct
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -90,6 +91,37 @@ class _Run:
     last_result: int = 0
     #: Each node's STATS after its last result (a completed round with ``final_stats``).
     final: list = field(default_factory=list)
+
+
+def play_rounds(job, play: Callable[[bool], _Run], lost: Callable[[_Run], ChunksLost]) -> list[_Run]:
+    """Play the rounds of ``job`` (a driver :class:`~wirereduce.host.driver.Allreduce` or a
+    :class:`~wirereduce.host.engine.EngineAllreduce`) until one completes; their runs, in order.
+
+    ``play(first)`` plays the round ``job`` holds now in a fresh simulation (``first``: the first
+    round, the only one with the fault injection, the tap and a late host). A run with
+    ``stall_stats`` lost chunks: ``lost(run)`` is the :class:`~wirereduce.host.driver.ChunksLost`
+    that ``job.retry`` takes; it is raised when no retries are left.
+    """
+    runs = [play(True)]
+    while runs[-1].stall_stats is not None:
+        err = lost(runs[-1])
+        if not job.retry(err):
+            raise err
+        runs.append(play(False))
+    return runs
+
+
+def rounds_cycles(runs: list[_Run], nodes: int) -> tuple[int, list]:
+    """An allreduce's cycles and STATS from the runs of its rounds (:func:`play_rounds`). One round:
+    from its first push to its last result beat, and the CONTROL acknowledgements. After retries:
+    from the first push of the first round to the end of the last (stall detection and the new
+    CONTROLs included), and the first round's STATS read after its stall (None where a node did
+    not answer)."""
+    first, last = runs[0], runs[-1]
+    if len(runs) == 1:
+        return last.last_result - first.first_push + 1, last.acks
+    return (first.sim_cycles - first.first_push + sum(r.sim_cycles for r in runs[1:]),
+            [first.stall_stats.get(k) for k in range(nodes)])
 
 
 def _gated(data: bytes, own_gate: int, all_gate: int) -> bytes:
@@ -318,22 +350,14 @@ class FastSim:
                         ids=CollectiveIds(collective))
         play = dict(rx_valid_prob=rx_valid_prob, tx_ready_prob=tx_ready_prob, seed=seed,
                     timeout_cycles=timeout_cycles, progress=progress, final_stats=bool(final_stats))
-        runs = [self._replay(job.round, flip=flip, pcap=pcap, late=late, **play)]
-        while runs[-1].stall_stats is not None:
-            err = job.round.lost(runs[-1].stall_stats, runs[-1].what, RingStalled)
-            if not job.retry(err):
-                raise err
-            runs.append(self._replay(job.round, **play))
-        first, last = runs[0], runs[-1]
-        if len(runs) == 1:
-            cycles, stats = last.last_result - first.first_push + 1, last.acks
-        else:  # from the first push of the first round to the end of the last, stalls and new CONTROLs included
-            cycles = first.sim_cycles - first.first_push + sum(r.sim_cycles for r in runs[1:])
-            stats = [first.stall_stats[k] for k in range(s.nodes)]
+        first_only = dict(flip=flip, pcap=pcap, late=late)   # the fault, the tap, the late host
+        runs = play_rounds(job, lambda first: self._replay(job.round, **play, **(first_only if first else {})),
+                           lambda run: job.round.lost(run.stall_stats, run.what, RingStalled))
+        cycles, stats = rounds_cycles(runs, s.nodes)
         return FastResult(results=job.results(), cycles=cycles, sim_cycles=sum(r.sim_cycles for r in runs),
                           wall_s=sum(r.wall_s for r in runs), build_s=self.build_s, elements=job.elements,
                           frames=job.frames, stats=stats, retried=job.retried,
-                          final_stats=last.final if final_stats else None)
+                          final_stats=runs[-1].final if final_stats else None)
 
     def deadline(self, rnd: Round, rx_valid_prob: float = 1.0, tx_ready_prob: float = 1.0) -> int:
         """The driver's deadline of ``rnd`` on this ring (:func:`~wirereduce.host.driver.deadline_cycles`):
