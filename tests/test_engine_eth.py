@@ -254,7 +254,8 @@ def test_corrupt_refused_before_anything_runs(eth_ring4):
 
 def test_cli_corrupt_on_a_schedule_engine_cable(eth_ring4, tmp_path, capsys):
     """``sim allreduce --topology ring:4 --links eth --corrupt 0 40 --corrupt-port 1``: the run
-    stalls, and the CLI says so with the receiving engine's count (exit 2, no traceback); without
+    stalls, and the CLI says so with the receiving engine's count and that --retries would sum the lost
+    chunks again (exit 2, no traceback); without
     ``--links eth`` the option is refused before anything is built."""
     from wirereduce.cli import main
 
@@ -268,6 +269,7 @@ def test_cli_corrupt_on_a_schedule_engine_cable(eth_ring4, tmp_path, capsys):
     assert main(args + ["--links", "eth"]) == 2
     err = capsys.readouterr().err
     assert "stalled" in err and f"node {v}: " in err and f"link_drop_net{q} 1" in err, err
+    assert "--retries N sums the lost chunks again" in err, err   # what to do about it
     assert main(args) == 2
     assert "need --links eth" in capsys.readouterr().err
     assert main(args + ["--links", "eth", "--corrupt-port", "2"]) == 2

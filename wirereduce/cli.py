@@ -408,7 +408,11 @@ def simulate_schedule(arrays, args, progress=True):
     except ValueError as e:
         raise CliError(str(e)) from e
     except EngineStalled as e:
-        raise CliError(f"the allreduce stalled: {e}") from e
+        n = _retries_arg(args)
+        hint = (f"chunks were still lost after {n} retr{'y' if n == 1 else 'ies'} (--retries N)" if n else
+                "a lost frame stalls its chunk until the deadline (--timeout): --retries N sums the lost chunks "
+                "again, each in its own flow, bit-exact")
+        raise CliError(f"the allreduce stalled: {e}\n{hint}") from e
     rec = {"cycles": r.cycles, "bytes": r.bytes, "elements": r.elements, "chunks": r.chunks, "wall_s": r.wall_s,
            "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum"), "compression": k, "retried": r.retried}
     return r.results, rec, s, cfg, mhz, time.perf_counter() - t0
