@@ -256,14 +256,14 @@ class SumUnit(wiring.Component):
             # The local chunk's slot (g mod S) is selected into registers at the edge before and compared
             # now, as ``kept`` below (timing: the select and the 32-bit compare behind it measured 8 levels
             # in the unit alone): a local chunk reads as in two cycles after it was written.
-            sel_ok = Signal(name=f"{name}_sel_ok")   # the candidate did not change at the edge before
+            # (``fresh`` says the candidate did not change at the edge the selects were taken)
             lsel_valid = Signal(name=f"{name}_local_valid")
             lsel_seq = Signal(32, name=f"{name}_local_seq")
             lsel_count = Signal(16, name=f"{name}_local_count")
             m.d.sync += [
-                fresh.eq(~changed[idx]), sel_ok.eq(~changed[idx]),
+                fresh.eq(~changed[idx]),
                 lsel_valid.eq((self.slot_valid >> slot)[0]), lsel_seq.eq(slot_seqs[slot]), lsel_count.eq(count),
-                base.eq(cand_ok[idx] & loaded & (g < self.chunks) & sel_ok & lsel_valid & (lsel_seq == g)),
+                base.eq(cand_ok[idx] & loaded & (g < self.chunks) & fresh & lsel_valid & (lsel_seq == g)),
             ]
             # A port buffer fills slot q only with a frame whose seq is q modulo Q (``ChunkBuffer``:
             # the slot is the seq's low bits), so chunk g is in slot g mod Q iff the slot is valid and
@@ -274,7 +274,7 @@ class SumUnit(wiring.Component):
             #   frame that arrives while its chunk waits reads as in a cycle after it was written, as
             #   before;
             # - ``kept``: slot g mod Q's valid flag and seq, selected into registers at the edge before
-            #   (``sel_ok``: the candidate did not change at that edge, so the slot selected is still
+            #   (``fresh``: the candidate did not change at that edge, so the slot selected is still
             #   its own) and compared now. A frame that was in before the candidate came up reads as
             #   in a cycle later than before, which only costs time while the unit is idle.
             # Both are exact compares of registers the slot's frame keeps until this unit frees it.
@@ -291,7 +291,7 @@ class SumUnit(wiring.Component):
                              sel_hi.eq(Array(b.seq[k][qbits:] for k in range(Q))[qslot]),
                              sel_count.eq(Array(b.count[k] for k in range(Q))[qslot])]
                 arrived = b.new & (b.new_seq == g)
-                kept = sel_ok & sel_valid & (sel_hi == g[qbits:])
+                kept = fresh & sel_valid & (sel_hi == g[qbits:])
                 # (the entry's ports folded in: ``need`` changes only with the candidate; timing, the take
                 # loop behind the readiness)
                 m.d.sync += [
@@ -467,7 +467,6 @@ class SumUnit(wiring.Component):
         # beat) no term's frame ends at beat 0, and the flags for it are left out (timing: the
         # per-slot ``single`` and ``bad`` flags behind the one-hot slot were the P = 4 engine's
         # ``bad_acc``/stage 1 ``bad`` pairs at 10 levels).
-        one_beat_frames = self._one_beat
         gone, end_here, bad_now = [], [], []
         for p, b in enumerate(bufs):
             filled = Array(b.filled[k] for k in range(Q))[cur_qslot]
@@ -478,7 +477,7 @@ class SumUnit(wiring.Component):
             gt = Mux(fired_q, gt1_q[p], gt0_q[p])
             eqm1 = Mux(fired_q, eq1_q, eq0_q)   # beat == filled - 1
             gone.append(~started & done_q[p] & ~gt)                 # ended before this beat: pad
-            if one_beat_frames:
+            if self._one_beat:
                 single = Signal(Q, name=f"single{p}")
                 m.d.sync += single.eq(Cat(*(b.done[k] & (b.filled[k] == 1) for k in range(Q))))
                 bad = (b.bad & cur_qoh).any()
