@@ -16,8 +16,12 @@ Two things a one-process-per-rank run cannot get from the driver alone:
   :class:`FileBarrier`) is called between the acknowledgement and the first push. Without one the
   ranks must start within the ring's slack.
 - **Retries.** Which chunks were lost is known only to the rank that misses them; re-running them
-  needs every rank to agree on the lost set, so a rank raises :class:`ChunksLost` (or
-  ``TimeoutError``) and the caller decides.
+  needs every rank to agree on the lost set. :class:`RankDriver` raises :class:`ChunksLost` (or
+  ``TimeoutError``) and the caller decides. :class:`EngineRankDriver` with ``retries`` and an
+  ``exchange`` (an all-gather of a small list: ``torch.distributed.all_gather_object`` of the gloo
+  group DDP keeps, or :class:`FileExchange`) has every rank hand in the chunks it misses after each
+  round; the union is summed again, each chunk in its own flow
+  (:func:`~wirereduce.host.engine.plan_retry`), so the result is the loss-free run's bit for bit.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from wirereduce.host.driver import (
 from wirereduce.config import EngineConfig, NodeConfig
 from wirereduce.protocol import Header, Opcode, ProtocolError
 
-__all__ = ["RankDriver", "EngineRankDriver", "FileBarrier", "served_engine_config", "SERVED_ENGINE_SLOTS"]
+__all__ = ["RankDriver", "EngineRankDriver", "FileBarrier", "FileExchange", "served_engine_config",
+           "SERVED_ENGINE_SLOTS"]
 
 #: Chunk slots of the engines ``wirereduce sim serve --topology`` builds by default (the host window
 #: the engine needs for full bandwidth; ``sim allreduce --topology`` uses the same).
@@ -100,6 +105,67 @@ class FileBarrier:
                 raise TimeoutError(f"rank {self.rank}: only {here} of {self.nodes} ranks reached barrier round {r} "
                                    f"in {self.timeout:g} s (a rank stopped or started late)")
             time.sleep(0.002)
+
+
+class FileExchange:
+    """An all-gather of small JSON values between ``nodes`` processes that share a directory (one
+    file per rank and round): what :class:`EngineRankDriver`'s retries use to agree on the lost
+    chunks when the ranks have no other channel (the simulated cluster's tests, ``wirereduce rank
+    allreduce --retries``); on real hosts use the training framework's
+    (``torch.distributed.all_gather_object`` on a gloo group).
+
+    ``exchange(value)`` writes this rank's ``value`` (anything ``json`` writes; a list of chunk
+    numbers for the retries), waits for every rank's of the same round and returns them, rank by
+    rank. A file is written under a temporary name and renamed, so no rank reads half of one.
+
+    Parameters
+    ----------
+    directory : path
+        Shared by every rank (created if missing); use a fresh one per job.
+    rank, nodes : int
+    timeout : float
+        Seconds to wait for the others before ``TimeoutError``.
+
+    Raises
+    ------
+    ValueError
+        ``rank`` not in 0 … nodes − 1, or a timeout that is not positive.
+    """
+
+    def __init__(self, directory: str | os.PathLike, rank: int, nodes: int, timeout: float = 30.0):
+        if not isinstance(nodes, int) or nodes < 1 or not isinstance(rank, int) or not 0 <= rank < nodes:
+            raise ValueError(f"rank must be 0 … nodes − 1 (nodes ≥ 1), not rank {rank!r} of {nodes!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank, self.nodes, self.timeout = rank, nodes, timeout
+        self.round = 0
+
+    def __call__(self, value) -> list:
+        import json
+
+        r = self.round
+        self.round += 1
+        mine = self.dir / f"xround{r}.rank{self.rank}.json"
+        tmp = mine.with_suffix(".tmp")
+        tmp.write_text(json.dumps(value))
+        tmp.replace(mine)
+        deadline = time.monotonic() + self.timeout
+        paths = [self.dir / f"xround{r}.rank{k}.json" for k in range(self.nodes)]
+        while True:
+            here = [p.exists() for p in paths]
+            if all(here):
+                return [json.loads(p.read_text()) for p in paths]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: only {sum(here)} of {self.nodes} ranks reached exchange round "
+                                   f"{r} in {self.timeout:g} s (a rank stopped, or one is still waiting for results: "
+                                   f"give the exchange a timeout longer than a receive's)")
+            time.sleep(0.002)
+
+
+async def _maybe_await(r):
+    return (await r) if inspect.isawaitable(r) else r
 
 
 async def push_and_collect(transport, rank: int, pushes, session, skip_stats: bool = False) -> bool:
@@ -293,19 +359,35 @@ class EngineRankDriver:
         the CONTROL frame and before the first push.
     first_collective : int
         Collective id of the first allreduce (the same at every rank).
+    retries : int
+        Rounds over lost chunks allowed after an allreduce's first round (the same at every rank;
+        default 0: a loss raises :class:`~wirereduce.host.driver.ChunksLost`). An engine sends no
+        LOST placeholders, so a loss shows as results that stop coming (a receive timeout). With
+        retries, after every round each rank hands the chunks it misses to ``exchange``; if any rank
+        misses any, every rank runs a new collective (CONTROL with ABORT) of just those chunks,
+        each in its own flow's share (:func:`~wirereduce.host.engine.plan_retry`), and puts the sums
+        in place: the result is the loss-free run's bit for bit. With the retries used up and
+        chunks still missing somewhere, every rank raises ChunksLost (the collective failed as a
+        whole; a rank that holds all its results says so in the message).
+    exchange : callable, optional
+        Needed with ``retries``: ``exchange(value)`` returns every rank's ``value`` in rank order (a
+        list of ints here; awaited if it returns an awaitable), e.g. :class:`FileExchange` or
+        ``lambda v: (out := [None] * n, dist.all_gather_object(out, v, group=gloo))[0]``. Its
+        timeout must outlast a receive's: a rank that stalled arrives a receive timeout later.
 
     Raises
     ------
     ValueError
         A rank outside the topology, a bad window or collective id, a schedule with more flows
-        than the engines hold.
+        than the engines hold, bad ``retries``, or ``retries`` without ``exchange``.
     TypeError
         ``config`` is not an :class:`~wirereduce.config.EngineConfig`.
     """
 
     def __init__(self, transport, rank: int, schedule, config: EngineConfig, *, window=_DEFAULT,
-                 barrier: Callable | None = None, first_collective: int = 1):
-        from wirereduce.host.driver import RequestTags
+                 barrier: Callable | None = None, first_collective: int = 1, retries: int = 0,
+                 exchange: Callable | None = None):
+        from wirereduce.host.driver import RequestTags, check_retries
         from wirereduce.host.engine import check_window as check_engine_window
 
         if not isinstance(config, EngineConfig):
@@ -323,6 +405,13 @@ class EngineRankDriver:
         self.config = config
         self.window = config.slots if window is _DEFAULT else check_engine_window(window, config)
         self.barrier = barrier
+        self.retries = check_retries(retries)
+        if self.retries and exchange is None:
+            raise ValueError("retries need exchange (every rank's missing chunks, e.g. FileExchange or "
+                             "torch.distributed.all_gather_object): one rank alone does not know what the others lost")
+        self.exchange = exchange
+        #: Lost chunks summed again by the last allreduce (0: none were lost).
+        self.retried = 0
         self.ids = CollectiveIds(first_collective)
         self.tags = RequestTags(1)
         #: The node holds this driver's table (loaded and acknowledged).
@@ -366,7 +455,8 @@ class EngineRankDriver:
         ValueError
             A bad array, dtype, op or compression, before anything is sent.
         ChunksLost
-            Results stopped coming (a frame was lost, a rank died).
+            Results stopped coming (a frame was lost, a rank died), and no retries were left
+            (``retries``: then every rank raises it).
         TimeoutError
             The node did not answer, or the barrier timed out.
         DriverError
@@ -378,13 +468,69 @@ class EngineRankDriver:
                               op: str = "sum") -> np.ndarray:
         """:meth:`allreduce` in a running event loop."""
         s = self.session(bucket, op, compression)
-        try:
-            await self._run(s)
-        except BaseException:
+        self.retried = 0
+        if not self.retries:
+            try:
+                await self._run(s)
+            except BaseException:
+                self.unfinished = True
+                raise
+            self.unfinished = False
+            return s.result
+        return await self._run_with_retries(s, op, compression)
+
+    async def _run_with_retries(self, s, op, compression) -> np.ndarray:
+        """:meth:`allreduce_async` with :attr:`retries`: after each round every rank's missing
+        chunks go through :attr:`exchange`; their union is summed again (each in its own flow) until
+        none is missing or the retries are used up (class docstring)."""
+        from wirereduce.host.engine import plan_retry
+
+        from wirereduce.formats import from_words
+
+        elements, fmt = np.asarray(s.array).size, s.format
+        lost_rounds = []   # (this rank's result words of the round that lost chunks, its RetryPlan)
+        while True:
+            err = None
+            try:
+                await self._run(s)
+            except ChunksLost as e:
+                err = e
+            except BaseException:
+                self.unfinished = True
+                raise
+            mine = [int(g) for g in s.missing]
+            try:
+                everyone = await _maybe_await(self.exchange(mine))
+            except BaseException:
+                self.unfinished = True
+                raise
+            if len(everyone) != self.nodes:
+                self.unfinished = True
+                raise ValueError(f"exchange returned {len(everyone)} values, not one per rank ({self.nodes})")
+            lost = sorted(set().union(*map(set, everyone)))
+            if not lost:
+                break
             self.unfinished = True
-            raise
+            if len(lost_rounds) == self.retries:
+                who = [k for k, m in enumerate(everyone) if m]
+                tries = f"{self.retries} retr{'y' if self.retries == 1 else 'ies'}"
+                numbering = (f" (chunk numbers of retry round {len(lost_rounds)}, collective {s.collective}: a "
+                             f"message of the lost chunks only)" if lost_rounds else "")
+                if err is None:
+                    raise ChunksLost(f"rank {self.rank}: every result arrived here, but ranks {who} still miss "
+                                     f"chunks {lost}{numbering} after {tries}: the collective failed", [s],
+                                     {self.rank: None})
+                raise ChunksLost(f"{err}\nStill lost after {tries}{numbering}; ranks {who} miss chunks {lost}.",
+                                 [s], err.stats)
+            rp = plan_retry(s.chunks, lost, len(self.schedule.flows))
+            lost_rounds.append((s.result_words.copy(), rp))
+            self.retried += len(rp.chunks)
+            s = self.session(from_words(rp.gather(s.words), fmt), op, compression)
         self.unfinished = False
-        return s.result
+        words = s.result_words
+        for received, rp in reversed(lost_rounds):
+            words = rp.scatter(received, words)
+        return from_words(words, fmt, elements)
 
     async def stats(self) -> dict[str, int]:
         """This rank's node's status and drop counters (a STATS_REQUEST round trip)."""

@@ -78,6 +78,12 @@ def test_engine_rank_driver_refuses_bad_arguments():
     (["sim", "serve", "--topology", "torus:4x4", "--ports", "2", "--unix", "x"], "ports ≥ 4"),
     (["sim", "serve", "--nodes", "4", "--ports", "4", "--unix", "x"], "need --topology"),
     (["sim", "serve", "--unix", "x"], "--nodes N"),
+    (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--retries", "1", "--rank", "0",
+      "--unix", "x"], "--barrier DIR"),
+    (["rank", "allreduce", "--nodes", "4", "--retries", "1", "--barrier", "x", "--rank", "0", "--unix", "x"],
+     "--retries needs --topology"),
+    (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--retries", "-1", "--rank", "0",
+      "--unix", "x"], "--retries"),
 ])
 def test_cli_engine_deploy_errors(argv, message, capsys, tmp_path):
     """Wrong arguments of `sim serve --topology` / `rank allreduce --topology` are refused with a
@@ -285,6 +291,98 @@ def test_engine_rank_without_pushes_fails_bounded_then_aborts(server):
     for k in range(NODES):
         assert not drivers[k].unfinished and drivers[k].ids.next == 52
         assert mismatches(out[k][0], want[k]).size == 0, f"rank {k}: the collective after the abort differs"
+
+
+class _LossyRounds:
+    """Every rank's transport for the retry test: loses the HOST_PUSH of chunk ``seq`` in the
+    collectives ``lose`` (at the rank that has ``lose``), and waits ``short`` seconds per receive in
+    the collectives ``short`` (so a stall shows in seconds; RECEIVE_TIMEOUT elsewhere). It tells
+    the collective from the CONTROL frames it sends."""
+
+    def __init__(self, transport, seq: int, lose=(), short=()):
+        self.inner, self.seq, self.lose, self.short = transport, seq, set(lose), set(short)
+        self.dropped = []
+
+    async def send(self, node, data):
+        from wirereduce.protocol import Header, Opcode
+
+        h = Header.unpack(data)
+        if h.opcode == Opcode.CONTROL:
+            self.inner.timeout = 3 if h.collective in self.short else RECEIVE_TIMEOUT
+        if h.opcode == Opcode.HOST_PUSH and h.collective in self.lose and h.seq == self.seq:
+            self.dropped.append(h.collective)
+            return
+        await self.inner.send(node, data)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.cocotb
+def test_engine_rank_retries_agree_on_the_lost_chunks(server):
+    """EngineRankDriver(retries=1, exchange=FileExchange): rank 1's push of chunk 2 is lost in
+    collective 60; every rank stalls, the ranks exchange what they miss, and collective 61 sums
+    chunk 2 again in its own flow's share: every rank's bf16 result (odd length) equals the golden
+    model's of the whole array bit for bit, as if nothing was lost. Then the push is lost in the
+    first round and in the retry (62, 63): every rank raises ChunksLost. The next allreduce (64,
+    ABORT) is bit-exact again."""
+    from wirereduce.host.driver import ChunksLost
+    from wirereduce.host.rank import FileExchange
+
+    rng = np.random.default_rng(29)
+    n = 801
+    arrays = [rng.standard_normal(n).astype(ml_dtypes.bfloat16) for _ in range(NODES)]
+    later = [rng.standard_normal(333).astype(np.float32) for _ in range(NODES)]
+    biring = sched.build(TOPOLOGY, "biring")
+    drivers, errors, dropped = {}, {}, {}
+
+    def calls(k, tr, bar):
+        lossy = _LossyRounds(tr, seq=2, lose={60, 62, 63} if k == 1 else (), short={60, 62, 63})
+        ex = FileExchange(server["tmp"] / "exchange-retries", k, NODES, timeout=RECEIVE_TIMEOUT)
+        d = drivers[k] = EngineRankDriver(lossy, k, biring, CONFIG, barrier=bar, first_collective=60, retries=1,
+                                          exchange=ex)
+        first = d.allreduce(arrays[k])
+        retried = d.retried
+        try:
+            d.allreduce(arrays[k])
+        except ChunksLost as e:
+            errors[k] = e
+        assert d.unfinished
+        dropped[k] = list(lossy.dropped)
+        return [first, retried, d.allreduce(later[k])]
+
+    out = _ranks(server, calls, 60, "bar-retries")
+    assert dropped[1] == [60, 62, 63] and not any(dropped[k] for k in (0, 2, 3)), dropped
+    want = golden_allreduce(arrays, biring, "sum")
+    for k in range(NODES):
+        first, retried, last = out[k]
+        assert retried >= 1, f"rank {k}: nothing was retried"
+        assert first.dtype == arrays[k].dtype and first.shape == (n,)
+        assert mismatches(first, want[k]).size == 0, f"rank {k}: the retried allreduce differs from the golden model"
+    assert sorted(errors) == list(range(NODES)), "with the retry lost too, every rank must raise ChunksLost"
+    assert all(2 in e.missing.get(k, []) or "still miss chunks" in str(e) for k, e in errors.items())
+    want = golden_allreduce(later, biring, "sum")
+    for k in range(NODES):
+        assert not drivers[k].unfinished and drivers[k].ids.next == 65
+        assert mismatches(out[k][2], want[k]).size == 0, f"rank {k}: the allreduce after the failed one differs"
+
+
+def test_engine_rank_retries_refuse_bad_arguments(tmp_path):
+    """retries without an exchange, or a bad count, raise before anything is sent; FileExchange
+    gathers every rank's value in rank order and times out naming how many ranks came."""
+    from wirereduce.host.rank import FileExchange
+
+    s = sched.build(TOPOLOGY, "biring")
+    with pytest.raises(ValueError, match="retries need exchange"):
+        EngineRankDriver(None, 0, s, CONFIG, retries=1)
+    with pytest.raises(ValueError, match="retries must be an int"):
+        EngineRankDriver(None, 0, s, CONFIG, retries=-1, exchange=lambda v: [v])
+    with pytest.raises(ValueError, match="rank must be"):
+        FileExchange(tmp_path, 3, 3)
+    out = per_rank(3, lambda k: FileExchange(tmp_path / "x", k, 3, timeout=30)([k, k * 10]))
+    assert [out[k] for k in range(3)] == [[[0, 0], [1, 10], [2, 20]]] * 3
+    with pytest.raises(TimeoutError, match="only 1 of 2 ranks reached exchange round 0"):
+        FileExchange(tmp_path / "y", 0, 2, timeout=0.05)([1])
 
 
 @pytest.mark.cocotb

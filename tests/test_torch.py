@@ -285,6 +285,14 @@ def test_backend_from_env_errors():
                              config=NodeConfig())
     with pytest.raises(FileNotFoundError, match="sim serve"):   # the nodes default to the topology's
         wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring"})
+    with pytest.raises(ValueError, match="needs torch.distributed"):   # retries agree over a gloo group
+        wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring",
+                              "WIREREDUCE_RETRIES": "1"})
+    with pytest.raises(ValueError, match="needs WIREREDUCE_TOPOLOGY"):
+        wrt.backend_from_env({**engine, "WIREREDUCE_NODES": "2", "WIREREDUCE_RETRIES": "1"})
+    with pytest.raises(ValueError, match="≥ 0"):
+        wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring",
+                              "WIREREDUCE_RETRIES": "-2"})
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1048,7 +1048,7 @@ def cmd_sim_serve(args) -> int:
 def cmd_rank_allreduce(args) -> int:
     """``wirereduce rank allreduce``: one rank's host allreduces its own array through its own node."""
     from wirereduce.host.driver import ChunksLost, DriverError
-    from wirereduce.host.rank import EngineRankDriver, FileBarrier, RankDriver
+    from wirereduce.host.rank import EngineRankDriver, FileBarrier, FileExchange, RankDriver
     from wirereduce.host.transports.packet import PacketTransport
 
     if (args.interface is None) == (args.unix is None):
@@ -1077,6 +1077,10 @@ def cmd_rank_allreduce(args) -> int:
         nodes = args.nodes
     if not 2 <= nodes <= 255 or not 0 <= args.rank < nodes:
         raise CliError(f"--rank must be 0 … N − 1 with 2 ≤ N ≤ 255, not rank {args.rank} of {nodes}")
+    retries = _retries_arg(args)
+    if retries and (args.topology is None or args.barrier is None):
+        raise CliError("--retries needs --topology (the schedule engine) and --barrier DIR (where the ranks agree "
+                       "on the lost chunks); the ring node's ranks report a loss and leave the retry to the caller")
     array = load_inputs(args.input, nodes, any_format=args.topology is not None)[args.rank]
     if args.topology is not None:
         from wirereduce.host.engine import EngineSession
@@ -1099,8 +1103,10 @@ def cmd_rank_allreduce(args) -> int:
     barrier = FileBarrier(args.barrier, args.rank, nodes, timeout=args.timeout * 5) if args.barrier else None
     try:
         if args.topology is not None:
+            exchange = (FileExchange(Path(args.barrier) / f"exchange-{args.collective}", args.rank, nodes,
+                                     timeout=args.timeout * 5) if retries else None)
             driver = EngineRankDriver(transport, args.rank, schedule, config, barrier=barrier,
-                                      first_collective=args.collective)
+                                      first_collective=args.collective, retries=retries, exchange=exchange)
             run = lambda: driver.allreduce(array, k, op=args.op)  # noqa: E731
         else:
             driver = RankDriver(transport, args.rank, nodes, config, barrier=barrier,
@@ -1117,7 +1123,9 @@ def cmd_rank_allreduce(args) -> int:
         print(f"wirereduce: rank {args.rank}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     np.save(args.output, result)
-    print(f"rank {args.rank}: {array.size} elements allreduced in {time.perf_counter() - t0:.3f} s -> {args.output}")
+    again = getattr(driver, "retried", 0)
+    print(f"rank {args.rank}: {array.size} elements allreduced in {time.perf_counter() - t0:.3f} s -> {args.output}"
+          + (f" ({again} lost chunk(s) summed again, --retries)" if again else ""))
     return 0
 
 
@@ -1359,6 +1367,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="INCEPTIONN-compressed allreduce, error bound 2^-K (4 … 24; fp32): the nodes must be "
                         "served with the codec (`sim serve --codec`); the same K at every rank")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds without a frame before giving up (default 5)")
+    p.add_argument("--retries", type=int, default=0, metavar="N",
+                   help="with --topology and --barrier: when results stop coming, the ranks agree on the lost "
+                        "chunks through files in the --barrier directory and sum them again, each in its own flow "
+                        "(bit-exact), up to N times; the same N at every rank (default 0: report the loss)")
     _add_node_args(p)
     p.set_defaults(func=cmd_rank_allreduce)
 

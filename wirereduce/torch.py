@@ -76,6 +76,7 @@ ENV_NODE_MAC = "WIREREDUCE_NODE_MAC"
 ENV_TIMEOUT = "WIREREDUCE_TIMEOUT"
 ENV_TOPOLOGY = "WIREREDUCE_TOPOLOGY"
 ENV_ALGORITHM = "WIREREDUCE_ALGORITHM"
+ENV_RETRIES = "WIREREDUCE_RETRIES"
 
 #: Number formats the hook carries (torch dtype names), and their wirereduce format names.
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -643,7 +644,11 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     With ``WIREREDUCE_TOPOLOGY`` and ``WIREREDUCE_ALGORITHM`` (``sim serve --topology``: schedule
     engines) the driver is an :class:`~wirereduce.host.rank.EngineRankDriver` running that
     schedule, and buckets may be bf16/fp16 as well as fp32; ``WIREREDUCE_NODES`` then defaults
-    to the topology's nodes.
+    to the topology's nodes. ``WIREREDUCE_RETRIES`` = N (schedule engines, torch.distributed
+    initialised; default 0): a bucket whose results stop coming has its lost chunks summed again,
+    up to N times, the ranks agreeing on them with ``all_gather_object`` on a gloo group
+    (``EngineRankDriver(retries=N)``; bit-exact); set ``WIREREDUCE_TIMEOUT`` low enough that a
+    stall is noticed in time, and the same N at every rank.
 
     Parameters
     ----------
@@ -715,9 +720,26 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         timeout = float(env.get(ENV_TIMEOUT, "2"))
     except ValueError:
         raise ValueError(f"{ENV_TIMEOUT} must be seconds, not {env.get(ENV_TIMEOUT)!r}") from None
-    if barrier is None and dist is not None:
+    retries = number(ENV_RETRIES, 0)
+    if retries < 0:
+        raise ValueError(f"{ENV_RETRIES} must be ≥ 0, not {retries}")
+    if retries and schedule is None:
+        raise ValueError(f"{ENV_RETRIES} needs {ENV_TOPOLOGY} (schedule engines); the ring node's ranks report a "
+                         f"loss (ChunksLost) and leave the retry to the caller")
+    if retries and dist is None:
+        raise ValueError(f"{ENV_RETRIES} needs torch.distributed initialised: the ranks agree on the lost chunks "
+                         f"with all_gather_object on a gloo group")
+    group = None
+    if dist is not None and (barrier is None or retries):
         group = dist.new_group(backend="gloo")
+    if barrier is None and dist is not None:
         barrier = lambda: dist.barrier(group=group)  # noqa: E731
+
+    def exchange(value):
+        """Every rank's missing chunks (EngineRankDriver's retries), over the gloo group."""
+        out = [None] * nodes
+        dist.all_gather_object(out, value, group=group)
+        return out
     if unix is not None:
         transport = PacketTransport.unix(unix, rank, nodes, timeout=timeout)
     else:
@@ -727,7 +749,8 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         if schedule is not None:
             from wirereduce.host.rank import EngineRankDriver
 
-            driver = EngineRankDriver(transport, rank, schedule, config, barrier=barrier)
+            driver = EngineRankDriver(transport, rank, schedule, config, barrier=barrier, retries=retries,
+                                      exchange=exchange if retries else None)
         else:
             driver = RankDriver(transport, rank, nodes, config, barrier=barrier)
     except ValueError:
