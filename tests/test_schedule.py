@@ -511,11 +511,20 @@ def test_schedule_cli(tmp_path, capsys):
                               "--ports", "2"])
     assert args.func(args) == 0
     assert "port budget 2 per node" in capsys.readouterr().out
-    for bad in (["schedule", "--topology", "torus:4"], ["schedule", "--algorithm", "ring", "--ports", "2"],
-                ["schedule", "--topology", "mesh:3x3", "--algorithm", "biring"],
-                ["schedule", "--algorithm", "multitree-balanced", "--full-round"]):
+    # multiring with 4 roots per ring and direction: 16 flows, the busiest link 8/16 of M where the
+    # bound is 2(N-1)/(N d) = 7.5/16 (what docs/architecture.md "Hamiltonian rings" states)
+    args = parser.parse_args(["schedule", "--topology", "torus:4x4", "--algorithm", "multiring", "--roots", "4"])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "16 flows" in text and "(roots=4)" in text and "max 0.5000, mean 0.4688" in text, text
+    for bad, message in ((["schedule", "--topology", "torus:4"], "torus"),
+                         (["schedule", "--algorithm", "ring", "--ports", "2"], "--ports"),
+                         (["schedule", "--topology", "mesh:3x3", "--algorithm", "biring"], "mesh"),
+                         (["schedule", "--algorithm", "multitree-balanced", "--full-round"], "--full-round"),
+                         (["schedule", "--algorithm", "multitree", "--roots", "4"], "multiring option"),
+                         (["schedule", "--algorithm", "multiring", "--roots", "5"], "divisor")):
         args = parser.parse_args(bad)
-        with pytest.raises(CliError):
+        with pytest.raises(CliError, match=message):
             args.func(args)
 
 

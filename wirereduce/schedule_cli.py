@@ -31,6 +31,9 @@ def add_subcommand(subparsers) -> None:
                         "stops when the last root does; shortens mesh schedules)")
     p.add_argument("--mesh-distance-fix", action="store_true",
                    help="multitree: use the correct corner distance for mesh priorities (the simulator's differs)")
+    p.add_argument("--roots", type=int, default=None, metavar="R",
+                   help="multiring: roots per ring and direction, a divisor of the node count (2·k·R flows on k "
+                        "rings; default: every node; bench-schedules --multiring-roots runs the same)")
     p.add_argument("--mtu", type=int, default=None, help="also print the bound with frames of this MTU")
     p.add_argument("--json", metavar="FILE", default=None, help="write the schedule and its tables as JSON")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="draw the trees (needs matplotlib)")
@@ -50,6 +53,10 @@ def cmd_schedule(args) -> int:
         raise CliError(f"--full-round and --mesh-distance-fix are multitree options, not {args.algorithm}")
     elif args.ports is not None:
         raise CliError(f"--ports is a multitree and multitree-balanced option, not {args.algorithm}")
+    if args.roots is not None:
+        if args.algorithm != "multiring":
+            raise CliError(f"--roots is a multiring option, not {args.algorithm}")
+        options = {"roots": args.roots}
     try:
         if args.mtu is not None:
             frame_efficiency(args.mtu)
