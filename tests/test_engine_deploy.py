@@ -232,23 +232,36 @@ def test_train_bf16_gradients_through_served_engines(server):
     assert "every bucket's sum bit-identical to the golden model (2 checked at rank 0)" in r.stdout
 
 
-class _NoPushes:
-    """A transport that loses every HOST_PUSH it is asked to send (a rank whose pushes never reach
-    its node: a dead NIC queue, a process stopped after the barrier)."""
+class _Lossy:
+    """A rank's transport that loses the frames it is asked to send for which ``drop(header)`` is
+    true (a dead NIC queue, a frame lost on the host link), and, with ``short``, waits 3 s per
+    receive in the collectives ``short`` (so a stall shows in seconds) and RECEIVE_TIMEOUT in the
+    others (it tells the collective from the CONTROL frames it sends)."""
 
-    def __init__(self, transport):
-        self.inner, self.dropped = transport, 0
+    def __init__(self, transport, drop, short=None):
+        self.inner, self.drop, self.short = transport, drop, short
+        self.dropped = []
 
     async def send(self, node, data):
         from wirereduce.protocol import Header, Opcode
 
-        if Header.unpack(data).opcode == Opcode.HOST_PUSH:
-            self.dropped += 1
+        h = Header.unpack(data)
+        if h.opcode == Opcode.CONTROL and self.short is not None:
+            self.inner.timeout = 3 if h.collective in self.short else RECEIVE_TIMEOUT
+        if self.drop(h):
+            self.dropped.append(h.collective)
             return
         await self.inner.send(node, data)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+
+def _no_pushes(transport):
+    """Every HOST_PUSH lost (a rank whose pushes never reach its node)."""
+    from wirereduce.protocol import Opcode
+
+    return _Lossy(transport, lambda h: h.opcode == Opcode.HOST_PUSH)
 
 
 @pytest.mark.cocotb
@@ -270,7 +283,7 @@ def test_engine_rank_without_pushes_fails_bounded_then_aborts(server):
     t0 = time.monotonic()
 
     def calls(k, tr, bar):
-        lossy = _NoPushes(tr) if k == NODES - 1 else tr
+        lossy = _no_pushes(tr) if k == NODES - 1 else tr
         d = drivers[k] = EngineRankDriver(lossy, k, biring, CONFIG, barrier=bar, first_collective=50)
         try:
             d.allreduce(first[k])
@@ -293,31 +306,6 @@ def test_engine_rank_without_pushes_fails_bounded_then_aborts(server):
         assert mismatches(out[k][0], want[k]).size == 0, f"rank {k}: the collective after the abort differs"
 
 
-class _LossyRounds:
-    """Every rank's transport for the retry test: loses the HOST_PUSH of chunk ``seq`` in the
-    collectives ``lose`` (at the rank that has ``lose``), and waits ``short`` seconds per receive in
-    the collectives ``short`` (so a stall shows in seconds; RECEIVE_TIMEOUT elsewhere). It tells
-    the collective from the CONTROL frames it sends."""
-
-    def __init__(self, transport, seq: int, lose=(), short=()):
-        self.inner, self.seq, self.lose, self.short = transport, seq, set(lose), set(short)
-        self.dropped = []
-
-    async def send(self, node, data):
-        from wirereduce.protocol import Header, Opcode
-
-        h = Header.unpack(data)
-        if h.opcode == Opcode.CONTROL:
-            self.inner.timeout = 3 if h.collective in self.short else RECEIVE_TIMEOUT
-        if h.opcode == Opcode.HOST_PUSH and h.collective in self.lose and h.seq == self.seq:
-            self.dropped.append(h.collective)
-            return
-        await self.inner.send(node, data)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 @pytest.mark.cocotb
 def test_engine_rank_retries_agree_on_the_lost_chunks(server):
     """EngineRankDriver(retries=1, exchange=FileExchange): rank 1's push of chunk 2 is lost in
@@ -337,7 +325,11 @@ def test_engine_rank_retries_agree_on_the_lost_chunks(server):
     drivers, errors, dropped = {}, {}, {}
 
     def calls(k, tr, bar):
-        lossy = _LossyRounds(tr, seq=2, lose={60, 62, 63} if k == 1 else (), short={60, 62, 63})
+        from wirereduce.protocol import Opcode
+
+        lose = {60, 62, 63} if k == 1 else set()
+        lossy = _Lossy(tr, lambda h: h.opcode == Opcode.HOST_PUSH and h.seq == 2 and h.collective in lose,
+                       short={60, 62, 63})
         ex = FileExchange(server["tmp"] / "exchange-retries", k, NODES, timeout=RECEIVE_TIMEOUT)
         d = drivers[k] = EngineRankDriver(lossy, k, biring, CONFIG, barrier=bar, first_collective=60, retries=1,
                                           exchange=ex)
