@@ -1361,7 +1361,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help=".npy to write the sum to")
     p.add_argument("--barrier", metavar="DIR", default=None,
                    help="a directory every rank shares: wait there for every rank's node to take the collective "
-                        "before pushing (ranks on one machine; without it ranks must start together)")
+                        "before pushing (ranks on one machine; without it ranks must start together); a fresh "
+                        "one per job: the files an earlier job left there would let a rank through early")
     p.add_argument("--collective", type=int, default=1, help="collective id, the same at every rank (default 1)")
     p.add_argument("--compress", type=int, default=None, metavar="K",
                    help="INCEPTIONN-compressed allreduce, error bound 2^-K (4 … 24; fp32): the nodes must be "
