@@ -96,15 +96,23 @@ class FileBarrier:
         r = self.round
         self.round += 1
         (self.dir / f"round{r}.rank{self.rank}").touch()
-        deadline = time.monotonic() + self.timeout
-        while True:
-            here = sum((self.dir / f"round{r}.rank{k}").exists() for k in range(self.nodes))
-            if here == self.nodes:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {self.rank}: only {here} of {self.nodes} ranks reached barrier round {r} "
-                                   f"in {self.timeout:g} s (a rank stopped or started late)")
-            time.sleep(0.002)
+        _wait_for_ranks([self.dir / f"round{r}.rank{k}" for k in range(self.nodes)], self.rank, self.timeout,
+                        f"barrier round {r}", "a rank stopped or started late")
+
+
+def _wait_for_ranks(paths, rank: int, timeout: float, what: str, why: str) -> None:
+    """Poll (every 2 ms) until every rank's file in ``paths`` exists (:class:`FileBarrier`,
+    :class:`FileExchange`); TimeoutError after ``timeout`` seconds naming how many ranks reached
+    ``what``, and ``why`` that may be."""
+    deadline = time.monotonic() + timeout
+    while True:
+        here = sum(p.exists() for p in paths)
+        if here == len(paths):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank {rank}: only {here} of {len(paths)} ranks reached {what} in {timeout:g} s "
+                               f"({why})")
+        time.sleep(0.002)
 
 
 class FileExchange:
@@ -151,17 +159,11 @@ class FileExchange:
         tmp = mine.with_suffix(".tmp")
         tmp.write_text(json.dumps(value))
         tmp.replace(mine)
-        deadline = time.monotonic() + self.timeout
         paths = [self.dir / f"xround{r}.rank{k}.json" for k in range(self.nodes)]
-        while True:
-            here = [p.exists() for p in paths]
-            if all(here):
-                return [json.loads(p.read_text()) for p in paths]
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {self.rank}: only {sum(here)} of {self.nodes} ranks reached exchange round "
-                                   f"{r} in {self.timeout:g} s (a rank stopped, or one is still waiting for results: "
-                                   f"give the exchange a timeout longer than a receive's)")
-            time.sleep(0.002)
+        _wait_for_ranks(paths, self.rank, self.timeout, f"exchange round {r}",
+                        "a rank stopped, or one is still waiting for results: give the exchange a timeout longer "
+                        "than a receive's")
+        return [json.loads(p.read_text()) for p in paths]
 
 
 async def _maybe_await(r):
