@@ -22,7 +22,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## Verilog of one schedule engine (what the board tops carry), then 4 engines run the NTT ring schedule on real CNN gradients, checked bit for bit
 	$(WR) demo --topology ring:4 --algorithm ring
 
-fuzz: $(STAMP)  ## hostile/malformed frames next to real allreduces: link models, Ethernet, codec; prints the table and FUZZ cases=… silent_wrong=… hangs=…; CASES=n SEED=s
+fuzz: $(STAMP)  ## hostile/malformed frames next to real allreduces: schedule engines (ring:3 biring, torus:2x2 multitree, Ethernet, codec), then the ring node; prints the table and FUZZ cases=… silent_wrong=… hangs=…; CASES=n SEED=s
+	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --topology ring:3 --algorithm biring
+	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --topology torus:2x2 --algorithm multitree
+	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --topology ring:3 --algorithm biring --links eth
+	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --topology ring:3 --algorithm biring --compress 10
 	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --links model
 	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --links eth
 	$(WR) fuzz --cases $(or $(CASES),72) --seed $(or $(SEED),1) --links model --compress 10

@@ -342,3 +342,37 @@ def test_count_mismatch_reported_once_and_the_next_chunk_sums():
     out, bad = seen["out"]
     assert not bad
     check_partial(out, 1)
+
+
+@pytest.mark.parametrize("opcode", [Opcode.CONTROL, Opcode.SCHEDULE], ids=["control", "schedule"])
+def test_stray_command_refused_at_once_while_a_unit_is_held(opcode):
+    """A CONTROL (without ABORT) or SCHEDULE that reaches the host port while a collective runs is
+    refused and answered at once, even while the engine is not quiet: here a unit is held in the
+    middle of its partial sum by a port that takes nothing. Before, the command waited for a quiet
+    engine, and the pushes queued behind it at the host port were what a neighbour's gate waited
+    for (holding its link, so the unit here stayed busy): the whole network stopped, STATS and
+    ABORT included (found by the fuzz suite on a ring:3 biring). The held partial sum then leaves
+    exact."""
+    seen = {}
+    if opcode == Opcode.CONTROL:
+        stray = Header(opcode=Opcode.CONTROL, collective=COLL + 100, src=RANK, hop=1, seq=2, count=4242).pack()
+    else:
+        stray = Header(opcode=Opcode.SCHEDULE, seq=0, count=2, collective=4242).pack() + bytes(8)
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, GOOD0)       # the unit sums it into net1_out, which takes nothing
+        await ctx.tick().repeat(40)
+        await send(ctx, dut.host_rx, stray)
+        data, _ = await recv(ctx, dut.host_tx, 300)
+        seen["answer"] = parse_stats(data)
+        seen["partial"] = await recv(ctx, dut.net1_out)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb)
+    assert seen["answer"]["request_tag"] == 4242 and seen["answer"]["control_refused"] == 1, seen["answer"]
+    assert seen["answer"]["collective"] == COLL
+    data, bad = seen["partial"]
+    assert not bad
+    check_partial(data, 0)
+    st = seen["stats"]
+    assert st["control_refused"] == 1 and not any(v for k, v in st.items() if k.startswith("drop_")), st

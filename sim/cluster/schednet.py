@@ -19,6 +19,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.hdl.params import rejecting
+from wirereduce.hdl.stream.frame import FrameArbiter, FrameStream, beat_layout
 from wirereduce.sim.cluster.box import Boxes
 from wirereduce.sim.cluster.network import (
     ETH_MAC_PREFIX,
@@ -41,7 +42,7 @@ from wirereduce.config import EngineConfig
 from wirereduce.protocol import engine_ports
 from wirereduce.schedule import Topology, parse_topology
 
-__all__ = ["ScheduleNetwork", "schednet_verilog", "link_latencies", "engine_rates"]
+__all__ = ["ScheduleNetwork", "InjectableEngine", "schednet_verilog", "link_latencies", "engine_rates"]
 
 #: Beats an engine's Ethernet port buffers before it starts a frame on the wire
 #: (:class:`~wirereduce.hdl.eth.port.TxStartBuffer`): a multicast feeds its ports in lock-step, and
@@ -63,6 +64,45 @@ def link_latencies(topology: Topology, latency: int, jitter: int = 0, seed: int 
     rng = random.Random(seed)
     # without jitter the latency itself, so the caller's check sees what was given (True + 0 would be 1)
     return {lk: latency + rng.randint(0, jitter) if jitter else latency for lk in topology.directed_links()}
+
+
+class InjectableEngine(wiring.Component):
+    """An :class:`~wirereduce.hdl.core.engine.Engine` whose network inputs also take frames from
+    injection ports ``inj{p}`` (p = 0 … P-1), merged a whole frame at a time with what the cable
+    delivers (:class:`~wirereduce.hdl.stream.frame.FrameArbiter`), in front of everything the
+    engine does with a frame (its codec stage, its gate): the fuzz suite's hook for hostile
+    frames on a network port (:mod:`wirereduce.sim.fuzz`). Every other member is the engine's own.
+    Simulation only.
+    """
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self._engine = Engine(config)
+        beat = FrameStream(config.width)
+        members = dict(self._engine.signature.members)
+        members.update({f"inj{p}": In(beat) for p in range(config.ports)})
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.engine = engine = self._engine
+        nets = {f"net{p}_in": p for p in range(self.config.ports)}
+        for name, member in engine.signature.members.items():
+            if name in nets:
+                arb = m.submodules[f"inj_arb{nets[name]}"] = FrameArbiter(beat_layout(self.config.width), 2)
+                wiring.connect(m, wiring.flipped(getattr(self, name)), arb.i0)
+                wiring.connect(m, wiring.flipped(getattr(self, f"inj{nets[name]}")), arb.i1)
+                wiring.connect(m, arb.o, getattr(engine, name))
+            elif member.is_signature:
+                if member.flow == In:
+                    wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(engine, name))
+                else:
+                    wiring.connect(m, getattr(engine, name), wiring.flipped(getattr(self, name)))
+            elif member.flow == In:
+                m.d.comb += getattr(engine, name).eq(getattr(self, name))
+            else:
+                m.d.comb += getattr(self, name).eq(getattr(engine, name))
+        return m
 
 
 class ScheduleNetwork(wiring.Component):
@@ -123,6 +163,11 @@ class ScheduleNetwork(wiring.Component):
         :class:`~wirereduce.sim.cluster.box.Box` of its design, collected in ``boxes`` as the network
         elaborates, so that identical ones are converted once (conversion time). Default
         False: the components themselves, for simulating in Python.
+    inject : bool
+        Give every engine injection ports (:class:`InjectableEngine`), flat on the top as
+        ``inj{u}_{p}_t{data,keep,last,valid,ready,user}`` (``tuser`` = ``bad``) for every cabled
+        network port p of node u: frames put there enter the engine's ``net{p}_in`` as if the
+        cable had delivered them (the fuzz suite, :mod:`wirereduce.sim.fuzz`).
 
     Raises
     ------
@@ -136,8 +181,9 @@ class ScheduleNetwork(wiring.Component):
     def __init__(self, topology: Topology | str, config: EngineConfig | None = None,
                  link_latency: int | dict = 4, link_rate: Fraction | int | None = None,
                  host_rate: Fraction | int | None = None, boxed: bool = False, links: str = "model",
-                 host_links: str = "model"):
+                 host_links: str = "model", inject: bool = False):
         self.boxed = bool(boxed)
+        self.inject = bool(inject)
         self.boxes = Boxes() if self.boxed else None
         with rejecting(self):
             self.topology = parse_topology(topology)
@@ -179,6 +225,10 @@ class ScheduleNetwork(wiring.Component):
         members = {}
         for k in range(self.nodes):
             members[f"host{k}_tx_tuser"] = Out(1)
+            for p in range(len(self.topology.links[k]) if self.inject else 0):
+                for sig, shape in (("tdata", w), ("tkeep", w // 8), ("tlast", 1), ("tvalid", 1), ("tuser", 1)):
+                    members[f"inj{k}_{p}_{sig}"] = In(shape)
+                members[f"inj{k}_{p}_tready"] = Out(1)
             for d, flow_in in (("rx", True), ("tx", False)):
                 dir_in, dir_out = (In, Out) if flow_in else (Out, In)
                 members[f"host{k}_{d}_tdata"] = dir_in(w)
@@ -196,12 +246,24 @@ class ScheduleNetwork(wiring.Component):
         m = Module()
         topo, cfg = self.topology, self.config
         w = cfg.width
+        make = (lambda: InjectableEngine(cfg)) if self.inject else (lambda: Engine(cfg))
         if self.boxed:
-            engines = [self.boxes.box("engine", cfg, lambda: Engine(cfg)) for _ in range(topo.nodes)]
+            key = ("inject", cfg) if self.inject else cfg
+            engines = [self.boxes.box("engine", key, make) for _ in range(topo.nodes)]
         else:
-            engines = [Engine(cfg) for _ in range(topo.nodes)]
+            engines = [make() for _ in range(topo.nodes)]
         for u, e in enumerate(engines):
             m.submodules[f"node{u}"] = e
+            for p in range(len(topo.links[u]) if self.inject else 0):
+                g = lambda s, u=u, p=p: getattr(self, f"inj{u}_{p}_{s}")  # noqa: E731
+                inj = getattr(e, f"inj{p}")
+                m.d.comb += [
+                    inj.payload.data.eq(g("tdata")), inj.payload.keep.eq(g("tkeep")),
+                    inj.payload.last.eq(g("tlast")), inj.payload.bad.eq(g("tuser")),
+                    inj.valid.eq(g("tvalid")), g("tready").eq(inj.ready),
+                ]
+            for p in range(len(topo.links[u]), cfg.ports if self.inject else 0):
+                m.d.comb += getattr(e, f"inj{p}").valid.eq(0)
             if self.host_links == "model":
                 m.submodules[f"link_host{u}_rx"] = rx = LinkModel(w, self.link_latency, self.host_rate)
                 m.submodules[f"link_host{u}_tx"] = tx = LinkModel(w, self.link_latency, self.host_rate)
@@ -308,7 +370,7 @@ def cmac_engine_links(m, engines, topology: Topology, config: EngineConfig, late
 
 def schednet_verilog(topology: Topology | str, config: EngineConfig | None = None, link_latency: int | dict = 4,
                      link_rate: Fraction | int | None = None, host_rate: Fraction | int | None = None,
-                     links: str = "model", host_links: str = "model") -> str:
+                     links: str = "model", host_links: str = "model", inject: bool = False) -> str:
     """Verilog text of a :class:`ScheduleNetwork` with top module ``wirereduce_net``, boxed: the
     engine is converted once, as module :data:`ENGINE_MODULE`, and instantiated at every node; with
     ``links="eth"`` so is each kind of Ethernet port (``wirereduce_ethport``, … : one per distinct
@@ -318,7 +380,7 @@ def schednet_verilog(topology: Topology | str, config: EngineConfig | None = Non
     from wirereduce.sim.cluster.vcache import cached_verilog
 
     top = ScheduleNetwork(topology, config, link_latency, link_rate, host_rate, boxed=True, links=links,
-                          host_links=host_links)
+                          host_links=host_links, inject=inject)
     top._MustUse__silence = True   # a cached text leaves it unconverted
 
     def make():
@@ -328,7 +390,7 @@ def schednet_verilog(topology: Topology | str, config: EngineConfig | None = Non
     # The key is what the network was built from after its checks and defaults (the topology's
     # links, every directed link's latency, the rates as fractions).
     args = (top.topology, top.config, top.latencies, top.link_rate, top.host_rate, links,
-            *((host_links,) if host_links != "model" else ()))
+            *((host_links,) if host_links != "model" else ()), *(("inject",) if inject else ()))
     return cached_verilog("schednet", args, make)
 
 

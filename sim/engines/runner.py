@@ -241,14 +241,13 @@ class EngineSetup:
         return engine_rates(self.config.width, self.host_gbps, self.link_gbps)[0]
 
     def verilog(self, inject: bool = False) -> str:
-        """The network's Verilog (top ``wirereduce_net``)."""
+        """The network's Verilog (top ``wirereduce_net``); ``inject``: with the fuzz suite's
+        injection ports (:class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork` ``inject``)."""
         from wirereduce.sim.cluster.schednet import engine_rates, schednet_verilog
 
-        if inject:
-            raise ValueError("fault injection is a ring-network feature (SimSetup)")
         _mhz, link, host = engine_rates(self.config.width, self.host_gbps, self.link_gbps)
         return schednet_verilog(self.topology, self.config, self.link_latency, link, host, links=self.links,
-                                host_links=self.host_links)
+                                host_links=self.host_links, inject=inject)
 
     @property
     def top_inputs(self) -> tuple[str, ...]:
@@ -368,7 +367,7 @@ def _build_locked(setup: SimSetup | EngineSetup, build_dir: Path, text: str, dig
         # --public-flat-rw on every signal of four engines made a build of half an hour.
         vlt = build_dir / "engine.vlt"
         public = "".join(f'public_flat_rw -module "wirereduce_net" -var "{v}"\n'
-                         for v in ("clk", "rst", "host*", "flip*"))
+                         for v in ("clk", "rst", "host*", "flip*", "inj*"))
         text_vlt = f'`verilator_config\nno_inline -module "{ENGINE_MODULE}"\n{public}'
         if not vlt.exists() or vlt.read_text() != text_vlt:   # a newer file makes the runner rebuild
             vlt.write_text(text_vlt)

@@ -17,9 +17,10 @@ import numpy as np
 
 from wirereduce.protocol import HEADER_BYTES, Codec, DType, Flag, Header, Opcode, frame
 
-__all__ = ["KINDS", "PORTS", "EXPECTED", "FuzzCase", "make_cases", "build_frame"]
+__all__ = ["KINDS", "PORTS", "EXPECTED", "FuzzCase", "make_cases", "build_frame", "engine_ports", "engine_routes"]
 
-#: Where a frame can be injected: the node's host input, or its two ring inputs.
+#: Where a frame can be injected: the node's host input, or its two ring inputs. On a network of
+#: schedule engines: ``"host"`` or ``"net{p}"``, a cabled network port (:func:`engine_ports`).
 PORTS = ("host", "cw", "ccw")
 
 #: What each kind of frame must be counted as at the node it hits (any one of the counters; the
@@ -29,6 +30,9 @@ PORTS = ("host", "cw", "ccw")
 #: placeholder): no counter need move, but that chunk must then be reported missing.
 #: ``"taken"``: a CONTROL that arrives after the collective finished starts a new one (as any
 #: CONTROL then does); the node's ``collective`` changes instead of ``control_refused``.
+#: ``abort_mid`` is a valid CONTROL with ABORT from the node's own host (a rank that restarted, or
+#: gave up on the collective early): it must be taken whatever runs, so that collective is lost
+#: everywhere (reported missing, never wrong) and the next one is bit-exact.
 EXPECTED: dict[str, tuple[str, ...] | None] = {
     "short": ("drop_short",),
     "version": ("drop_version",),
@@ -46,12 +50,13 @@ EXPECTED: dict[str, tuple[str, ...] | None] = {
     "oversize": ("drop_seq", "drop_count", "drop_oversize"),
     "lost_forged": ("drop_seq", "drop_flags", "lost"),
     "control_mid": ("control_refused", "taken"),
+    "abort_mid": ("taken",),
     "stats_request": None,
     "garbage": ("drop_short", "drop_version", "drop_opcode", "drop_collective", "drop_flags", "drop_dtype",
                 "drop_codec", "drop_seq", "drop_count", "drop_length", "drop_oversize"),
 }
 KINDS = tuple(EXPECTED)
-_HOST_ONLY = ("control_mid", "stats_request")
+_HOST_ONLY = ("control_mid", "abort_mid", "stats_request")
 
 
 @dataclass(frozen=True)
@@ -72,14 +77,38 @@ class FuzzCase:
         return asdict(self)
 
 
-def make_cases(n: int, nodes: int, seed: int = 0, kinds: tuple[str, ...] = KINDS) -> list[FuzzCase]:
+def engine_ports(topology) -> list[tuple[str, ...]]:
+    """Where a frame can be injected at each node of a network of schedule engines on ``topology``
+    (a :class:`~wirereduce.schedule.Topology`): ``"host"`` and ``"net{p}"`` for every cabled port p."""
+    return [("host",) + tuple(f"net{p}" for p in range(len(links))) for links in topology.links]
+
+
+def engine_routes(schedule, node: int, port: int) -> list[tuple[int, int]]:
+    """The ``(opcode, flow)`` pairs a data frame may carry into network port ``port`` of ``node``
+    under ``schedule`` (docs/protocol.md "Schedule engine frames"): a REDUCE of a flow whose terms
+    include the port (a child's partial sum), a BROADCAST of a flow whose parent is on the port
+    (its result). A frame of any other pair is dropped at the engine's gate as misrouted
+    (``drop_opcode``) before the other checks could tell what else is wrong with it."""
+    from wirereduce.table import node_entries
+
+    entries = node_entries(schedule.tables[node], max(1, len(schedule.topology.links[node])))
+    routes = [(int(Opcode.REDUCE), f) for f, e in enumerate(entries) if port in e.terms]
+    routes += [(int(Opcode.BROADCAST), f) for f, e in enumerate(entries) if not e.is_root and e.unit == port]
+    return routes
+
+
+def make_cases(n: int, nodes: int, seed: int = 0, kinds: tuple[str, ...] = KINDS,
+               ports: list[tuple[str, ...]] | None = None) -> list[FuzzCase]:
     """``n`` cases, every kind in turn (so any ``n ≥ len(kinds)`` covers each), ports, nodes and
     timing drawn from ``numpy.random.default_rng(seed)``.
+
+    ``ports``: per node, the ports a frame may be injected into (default :data:`PORTS` at every
+    node, the ring node's; :func:`engine_ports` for schedule engines).
 
     Raises
     ------
     ValueError
-        If ``n`` < 1, ``nodes`` < 2 or a kind is unknown.
+        If ``n`` < 1, ``nodes`` < 2, a kind is unknown or ``ports`` does not give every node "host".
     """
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an int ≥ 1, not {n!r}")
@@ -88,30 +117,59 @@ def make_cases(n: int, nodes: int, seed: int = 0, kinds: tuple[str, ...] = KINDS
     unknown = set(kinds) - set(KINDS)
     if unknown:
         raise ValueError(f"unknown fuzz kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    if ports is not None and (len(ports) != nodes or any("host" not in p for p in ports)):
+        raise ValueError(f"ports must list the ports of each of the {nodes} nodes, \"host\" among them")
     rng = np.random.default_rng(seed)
     cases = []
     for i in range(n):
         kind = kinds[i % len(kinds)]
-        port = "host" if kind in _HOST_ONLY else str(rng.choice(PORTS))
-        cases.append(FuzzCase(index=i, kind=kind, node=int(rng.integers(nodes)), port=port,
+        node = int(rng.integers(nodes))
+        choices = PORTS if ports is None else ports[node]
+        port = "host" if kind in _HOST_ONLY else str(rng.choice(choices))
+        cases.append(FuzzCase(index=i, kind=kind, node=node, port=port,
                               after=int(rng.integers(0, 3)), seed=int(rng.integers(1 << 31)),
                               bad=bool(port != "host" and rng.random() < 0.25)))
     return cases
 
 
 def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nodes: int, max_elements: int,
-                mtu: int, codec: int = Codec.NONE, eb_k: int = 0) -> bytes:
+                mtu: int, codec: int = Codec.NONE, eb_k: int = 0, flows: int | None = None,
+                counts: list[int] | None = None, routes: list[tuple[int, int]] | None = None,
+                dtype: int = DType.FP32) -> bytes:
     """The frame ``case`` injects into a collective ``collective`` of ``chunks`` chunks of ``count``
     elements (``codec``/``eb_k`` its codec), on a ring of ``nodes`` nodes built for ``mtu``.
 
     Its opcode is the one the port takes (HOST_PUSH on the host port, REDUCE on cw, BROADCAST on
     ccw), its ``seq`` a chunk of the collective, and exactly one thing is wrong with it (the
-    ``kind``); ``garbage`` is random bytes after a random header."""
+    ``kind``); ``garbage`` is random bytes after a random header.
+
+    On a network of schedule engines (``flows`` given: the schedule's F; ``case.port`` "host" or
+    "net{p}"): ``counts`` are the elements of each chunk g (``count`` is then ignored), ``routes``
+    the ``(opcode, flow)`` pairs port p takes (:func:`engine_routes`; empty: the port takes none
+    of this schedule's frames, and a REDUCE of a random flow goes in, dropped as misrouted); the
+    frame's ``seq`` is a chunk g of its flow f (g mod F = f) and ``hop`` = f, the CONTROL's ``hop``
+    = F, and an ``opcode`` kind never carries REDUCE or BROADCAST there (either may be valid on
+    that port for some flow). ``dtype`` is the collective's dtype byte."""
     rng = np.random.default_rng(case.seed)
-    op = {"host": Opcode.HOST_PUSH, "cw": Opcode.REDUCE, "ccw": Opcode.BROADCAST}[case.port]
-    seq = int(rng.integers(chunks))
-    hdr = Header(opcode=op, collective=collective, seq=seq, count=count, src=int(rng.integers(nodes)),
-                 hop=int(rng.integers(nodes)), codec=codec, eb_k=eb_k)
+    engine = flows is not None
+    if engine and case.port != "host":
+        op, flow = routes[int(rng.integers(len(routes)))] if routes else (int(Opcode.REDUCE), int(rng.integers(flows)))
+        own = [g for g in range(chunks) if g % flows == flow]
+        seq = int(rng.choice(own)) if own else int(rng.integers(chunks))
+    elif engine:
+        op = Opcode.HOST_PUSH
+        seq = int(rng.integers(chunks))
+        flow = seq % flows
+    else:
+        op = {"host": Opcode.HOST_PUSH, "cw": Opcode.REDUCE, "ccw": Opcode.BROADCAST}[case.port]
+        seq = int(rng.integers(chunks))
+    if engine:
+        count = counts[seq]
+        hop, src = flow, int(rng.integers(nodes))
+    else:
+        src, hop = int(rng.integers(nodes)), int(rng.integers(nodes))
+    hdr = Header(opcode=op, collective=collective, seq=seq, count=count, src=src, hop=hop, codec=codec, eb_k=eb_k,
+                 dtype=dtype)
     payload = rng.standard_normal(count).astype(np.float32)
     k = case.kind
     if k == "short":
@@ -119,7 +177,8 @@ def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nod
     if k == "version":
         return frame(hdr.replace(version=int(rng.choice([0, 2, 0x81, 0xFF]))), payload)
     if k == "opcode":
-        bad_ops = [o for o in range(256) if o not in (op, Opcode.CONTROL, Opcode.STATS_REQUEST)]
+        taken = (op, Opcode.CONTROL, Opcode.STATS_REQUEST) + ((Opcode.REDUCE, Opcode.BROADCAST) if engine else ())
+        bad_ops = [o for o in range(256) if o not in taken]
         return frame(hdr.replace(opcode=int(rng.choice(bad_ops))), payload)
     if k == "collective":
         return frame(hdr.replace(collective=(collective + int(rng.integers(1, 1 << 16))) & 0xFFFF), payload)
@@ -128,7 +187,7 @@ def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nod
         bits = int(rng.integers(1, 256)) & ~allowed or 0x80
         return frame(hdr.replace(flags=bits), payload)
     if k == "dtype":
-        return frame(hdr.replace(dtype=int(rng.choice([0, 2, 3, 0xFF]))), payload)
+        return frame(hdr.replace(dtype=int(rng.choice([d for d in (0, 1, 2, 3, 0xFF) if d != dtype]))), payload)
     if k == "codec":
         if codec == Codec.NONE:
             return frame(hdr.replace(codec=Codec.INCEPTIONN_V1, eb_k=int(rng.integers(4, 25))), payload)
@@ -154,8 +213,12 @@ def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nod
         return hdr.replace(count=0, flags=Flag.LOST).pack()
     if k == "control_mid":
         return Header(opcode=Opcode.CONTROL, collective=(collective + 100) & 0xFFFF, src=int(rng.integers(nodes)),
-                      hop=nodes, seq=chunks, count=int(rng.integers(1 << 16)), codec=codec, eb_k=eb_k,
-                      dtype=DType.FP32).pack()
+                      hop=flows if engine else nodes, seq=chunks, count=int(rng.integers(1 << 16)), codec=codec,
+                      eb_k=eb_k, dtype=dtype).pack()
+    if k == "abort_mid":
+        return Header(opcode=Opcode.CONTROL, collective=(collective + 100) & 0xFFFF, src=case.node,
+                      hop=flows if engine else nodes, seq=chunks, count=int(rng.integers(1 << 16)), codec=codec,
+                      eb_k=eb_k, dtype=dtype, flags=Flag.ABORT).pack()
     if k == "stats_request":
         return Header(opcode=Opcode.STATS_REQUEST, count=int(rng.integers(1 << 16))).pack()
     if k == "garbage":

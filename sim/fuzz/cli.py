@@ -11,26 +11,45 @@ __all__ = ["add_subcommand", "cmd_fuzz"]
 
 
 def cmd_fuzz(args) -> int:
-    from wirereduce.sim.engines.runner import SimSetup, SimulationError
-    from wirereduce.sim.fuzz.cases import KINDS, make_cases
+    from wirereduce.sim.engines.runner import EngineSetup, SimSetup, SimulationError
+    from wirereduce.sim.fuzz.cases import KINDS, engine_ports, make_cases
     from wirereduce.sim.fuzz.run import format_table, run_fuzz
 
-    from wirereduce.config import NodeConfig
+    from wirereduce import schedule as sched
+    from wirereduce.config import EngineConfig, NodeConfig
 
     kinds = tuple(args.kinds.split(",")) if args.kinds else KINDS
     try:
-        config = NodeConfig(args.width, args.mtu, slots=4, codec=args.compress is not None)
-        setup = SimSetup(nodes=args.nodes, config=config, links=args.links)
-        cases = make_cases(args.cases, args.nodes, args.seed, kinds)
+        if args.topology is not None:
+            if args.algorithm is None:
+                raise ValueError(f"--topology needs --algorithm ({', '.join(sched.ALGORITHMS)}): the schedule every "
+                                 f"rank runs while the frames go in")
+            if args.nodes is not None:
+                raise ValueError("--nodes is the ring node's ring size; with --topology the topology gives the nodes")
+            topo = sched.parse_topology(args.topology)
+            sched.build(topo.name, args.algorithm)   # an unknown algorithm, or one the topology cannot run
+            config = EngineConfig(args.width, args.mtu, slots=4, ports=max(2, topo.degree),
+                                  codec=args.compress is not None)
+            setup = EngineSetup(topology=topo.name, config=config, links=args.links)
+            cases = make_cases(args.cases, topo.nodes, args.seed, kinds, ports=engine_ports(topo))
+            where = f"{topo.name} {args.algorithm} (schedule engines)"
+        else:
+            if args.algorithm is not None:
+                raise ValueError("--algorithm needs --topology (the schedule engine); without it the ring node runs")
+            nodes = 3 if args.nodes is None else args.nodes
+            config = NodeConfig(args.width, args.mtu, slots=4, codec=args.compress is not None)
+            setup = SimSetup(nodes=nodes, config=config, links=args.links)
+            cases = make_cases(args.cases, nodes, args.seed, kinds)
+            where = f"{nodes} ring nodes"
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
-    print(f"fuzz: {len(cases)} cases on {args.nodes} nodes, {args.width} bit, links={args.links}"
+    print(f"fuzz: {len(cases)} cases on {where}, {args.width} bit, links={args.links}"
           f"{'' if args.compress is None else f', compressed k={args.compress}'}, seed {args.seed} "
           f"(the build is cached under {args.build_dir})", flush=True)
     t0 = time.perf_counter()
     try:
         verdicts = run_fuzz(setup, cases, seed=args.seed, compression=args.compress, build_root=args.build_dir,
-                            timeout_cycles=args.timeout)
+                            timeout_cycles=args.timeout, algorithm=args.algorithm)
     except ValueError as e:
         raise CliError(str(e)) from e
     except SimulationError as e:
@@ -47,9 +66,11 @@ def cmd_fuzz(args) -> int:
 
 def add_subcommand(sub) -> None:
     p = sub.add_parser(
-        "fuzz", help="inject hostile and malformed frames next to real allreduces in a simulated ring",
-        description="Runs CASES allreduces on a simulated ring (cocotb + Verilator), each with one malformed "
-                    "or hostile frame injected into a host or ring port (kinds: short, version, opcode, "
+        "fuzz", help="inject hostile and malformed frames next to real allreduces in a simulated network",
+        description="Runs CASES allreduces on a simulated network (cocotb + Verilator): schedule engines on "
+                    "--topology running --algorithm (what the board tops carry), or a ring of ring nodes "
+                    "(--nodes), each with one malformed or hostile frame injected into a host or network port "
+                    "(kinds: short, version, opcode, "
                     "collective, flags, dtype, codec, seq_far, count_zero, count_big, payload_short, "
                     "payload_long, header_only, oversize, lost_forged, control_mid, stats_request, garbage), "
                     "and checks after each: no hang, no host holds a wrong value (every result chunk is the "
@@ -58,8 +79,14 @@ def add_subcommand(sub) -> None:
                     "line 'FUZZ cases=<n> silent_wrong=<w> hangs=<h> …'; exit 1 if any case failed.")
     p.add_argument("--cases", type=int, default=36, help="number of cases (default: 36, every kind twice)")
     p.add_argument("--seed", type=int, default=0, help="seed of the case generator and the arrays (default: 0)")
-    p.add_argument("--nodes", type=int, default=3, help="ring size (default: 3)")
-    p.add_argument("--links", choices=("model", "eth"), default="model", help="link models or 10G Ethernet")
+    p.add_argument("--topology", default=None, metavar="SPEC",
+                   help="schedule engines on this topology (ring:N, torus:AxB, mesh:AxB, hypercube:N); "
+                        "with --algorithm")
+    p.add_argument("--algorithm", default=None, help="with --topology: the schedule the ranks run (ring, biring, "
+                   "multiring, multitree, multitree-balanced)")
+    p.add_argument("--nodes", type=int, default=None, help="ring size of ring nodes, without --topology (default: 3)")
+    p.add_argument("--links", choices=("model", "eth"), default="model",
+                   help="link models or 10G Ethernet (64 bit) between the nodes")
     p.add_argument("--width", type=int, default=64, help="datapath width in bits (default: 64)")
     p.add_argument("--mtu", type=int, default=1500, help="MTU in bytes (default: 1500)")
     p.add_argument("--compress", type=int, default=None, metavar="K",

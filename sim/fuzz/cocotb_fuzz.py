@@ -28,7 +28,8 @@ from wirereduce.protocol import Codec, max_elements
 
 @cocotb.test()
 async def fuzz(dut):
-    spec = json.loads(open(os.environ["WIREREDUCE_FUZZ"]).read())
+    with open(os.environ["WIREREDUCE_FUZZ"]) as f:
+        spec = json.load(f)
     nodes = spec["nodes"]
     config = NodeConfig(**spec["config"])
     period_ps = round(1e6 / spec["clock_mhz"])
@@ -71,6 +72,7 @@ async def fuzz(dut):
                            max_elements=max_elements(config.mtu), mtu=config.mtu, codec=codec,
                            eb_k=compression or 0)
         rec["frame_bytes"] = len(data)
+        rec["collective"] = collective
 
         async def injector(case=case, data=data):
             # after every node took the CONTROL, then ``after`` chunk times into the collective

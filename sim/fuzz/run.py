@@ -1,9 +1,13 @@
 """The fuzz suite: build a network with injection ports, run the cases, judge them.
 
-:func:`run_fuzz` builds the simulated ring (:class:`~wirereduce.sim.cluster.network.Network` with
-``inject=True``; link models or 10G Ethernet, with or without the codec), runs every
-:class:`~wirereduce.sim.fuzz.cases.FuzzCase` in one simulation
-(:mod:`wirereduce.sim.fuzz.cocotb_fuzz`) and returns one :class:`Verdict` a case (:func:`judge`):
+:func:`run_fuzz` builds the simulated network with injection ports: the ring of ring nodes
+(:class:`~wirereduce.sim.cluster.network.Network` with ``inject=True``, :mod:`wirereduce.sim.fuzz.cocotb_fuzz`)
+or schedule engines on any topology running any schedule
+(:class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork` with ``inject=True``, every rank an
+:class:`~wirereduce.host.rank.EngineRankDriver`, :mod:`wirereduce.sim.fuzz.cocotb_engine_fuzz`); link
+models or 10G Ethernet, with or without the codec. It runs every
+:class:`~wirereduce.sim.fuzz.cases.FuzzCase` in one simulation and returns one :class:`Verdict` a
+case (:func:`judge`):
 
 - **hang**: the case did not finish (the simulation stopped);
 - **error**: the driver raised something other than a report of lost chunks (a malformed result);
@@ -49,7 +53,12 @@ class Verdict:
         return not (self.hang or self.error or self.silent_wrong or self.uncounted or self.fresh_wrong)
 
 
-def _golden(arrays, compression):
+def _golden(arrays, compression, schedule=None):
+    """Every host's golden result: the ring node's (one array for all), or ``schedule``'s (one per node)."""
+    if schedule is not None:
+        from wirereduce.sim.golden.schedule import allreduce
+
+        return allreduce(arrays, schedule, compression=compression)
     from wirereduce.sim.golden.allreduce import ring_allreduce
 
     if compression is None:
@@ -64,24 +73,28 @@ def _same_bits(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
 
 
-def judge(rec: dict, arrays, fresh, compression, chunk: int) -> Verdict:
-    """The :class:`Verdict` of one case's record (what :mod:`cocotb_fuzz` wrote)."""
+def judge(rec: dict, arrays, fresh, compression, chunk: int, schedule=None) -> Verdict:
+    """The :class:`Verdict` of one case's record (what :mod:`cocotb_fuzz` or, with ``schedule``,
+    :mod:`cocotb_engine_fuzz` wrote; the engine's record names each chunk's ``[start, count]``)."""
     case = FuzzCase(**rec["case"])
     nodes = len(arrays)
     if rec.get("outcome") not in ("complete", "lost"):
         return Verdict(case, rec.get("error", "did not finish"), "-", error=True)
-    want = _golden(arrays, compression)
+    want = _golden(arrays, compression, schedule)
+    n = arrays[0].size
+    spans = ([tuple(c) for c in rec["chunks"]] if "chunks" in rec else
+             [(g * chunk, min(chunk, n - g * chunk)) for g in range(-(-n // chunk))])
     wrong = False
     any_missing = False
     for k, hexdata in enumerate(rec["results"]):
         got = np.frombuffer(bytes.fromhex(hexdata), np.float32)
         missing = set(rec["missing"].get(str(k), []))
         any_missing |= bool(missing)
-        ok = _same_bits(got, want)
-        for seq in range(-(-len(got) // chunk)):
+        ok = _same_bits(got, want[k] if schedule is not None else want)
+        for seq, (start, count) in enumerate(spans):
             if seq in missing:
                 continue
-            if not ok[seq * chunk:(seq + 1) * chunk].all():
+            if not ok[start:start + count].all():
                 wrong = True
     before, after = rec["stats_before"][case.node], rec["stats_after"][case.node]
     moved = {}
@@ -92,8 +105,16 @@ def judge(rec: dict, arrays, fresh, compression, chunk: int) -> Verdict:
     if expected is not None and ((case.port == "cw" and case.node == 0) or
                                  (case.port == "ccw" and case.node == nodes - 1)):
         expected = expected + ("drop_opcode",)  # that port takes no frames at that rank
-    taken = (before is not None and after is not None and after["collective"] != before["collective"])
-    if case.kind == "control_mid" and taken:
+    if expected is not None and schedule is not None and case.port.startswith("net"):
+        from wirereduce.sim.fuzz.cases import engine_routes
+
+        if not engine_routes(schedule, case.node, int(case.port[3:])):
+            expected = expected + ("drop_opcode",)  # that port takes no frames of this schedule
+    if "collective" in rec:   # the stray CONTROL's collective is the case's + 100 (build_frame)
+        taken = after is not None and after["collective"] == (rec["collective"] + 100) & 0xFFFF
+    else:
+        taken = (before is not None and after is not None and after["collective"] != before["collective"])
+    if case.kind in ("control_mid", "abort_mid") and taken:
         moved["taken"] = 1  # arrived between collectives: a new collective, as any CONTROL then
     if expected is None:
         uncounted = False
@@ -101,9 +122,10 @@ def judge(rec: dict, arrays, fresh, compression, chunk: int) -> Verdict:
         uncounted = not any(moved.get(n, 0) for n in expected) and not ("lost" in expected and any_missing)
     fresh_wrong = True
     if rec.get("fresh") is not None:
-        want_fresh = _golden(fresh, compression)
-        fresh_wrong = not all(_same_bits(np.frombuffer(bytes.fromhex(h), np.float32), want_fresh).all()
-                              for h in rec["fresh"])
+        want_fresh = _golden(fresh, compression, schedule)
+        fresh_wrong = not all(_same_bits(np.frombuffer(bytes.fromhex(h), np.float32),
+                                         want_fresh[k] if schedule is not None else want_fresh).all()
+                              for k, h in enumerate(rec["fresh"]))
     outcome = "complete" if rec["outcome"] == "complete" else (
         "lost " + ",".join(str(s) for s in sorted({s for v in rec["missing"].values() for s in v})))
     counted = " ".join(f"{n}+{v}" for n, v in sorted(moved.items())) or "-"
@@ -112,19 +134,26 @@ def judge(rec: dict, arrays, fresh, compression, chunk: int) -> Verdict:
 
 def run_fuzz(setup, cases: list[FuzzCase] | int, *, seed: int = 0, compression: int | None = None,
              elements: int | None = None, build_root: str | Path = "build/fuzz", timeout_cycles: int = 8000,
-             waves: bool = False) -> list[Verdict]:
-    """Run ``cases`` (or that many :func:`make_cases` from ``seed``) on ``setup``'s ring.
+             waves: bool = False, algorithm: str | None = None) -> list[Verdict]:
+    """Run ``cases`` (or that many :func:`make_cases` from ``seed``) on ``setup``'s network.
 
     Parameters
     ----------
-    setup : wirereduce.sim.engines.runner.SimSetup
+    setup : wirereduce.sim.engines.runner.SimSetup or EngineSetup
+        A ring of ring nodes, or schedule engines on ``setup.topology`` (then ``algorithm`` is the
+        schedule every rank runs, and the cases' ports are "host" and "net{p}",
+        :func:`~wirereduce.sim.fuzz.cases.engine_ports`).
     cases : list of FuzzCase, or int
     compression : int, optional
         Run compressed collectives (k), on nodes built with the codec.
     elements : int, optional
-        Elements per host per collective; default three chunks.
+        Elements per host per collective; default three chunks on the ring, two a flow (the last
+        one short) on the engines.
     timeout_cycles : int
         Quiet cycles after which a host's driver reports its missing chunks.
+    algorithm : str, optional
+        With an ``EngineSetup``: ``"ring"``, ``"biring"``, ``"multitree"``, …
+        (:func:`wirereduce.schedule.build`); required there, refused with a ``SimSetup``.
 
     Raises
     ------
@@ -134,15 +163,50 @@ def run_fuzz(setup, cases: list[FuzzCase] | int, *, seed: int = 0, compression: 
         If the simulator fails to build or run (a hang shows as cases with no record).
     """
     from wirereduce.host.driver import chunk_elements
-    from wirereduce.sim.engines.runner import SimulationError, _build, check_compression
+    from wirereduce.sim.engines.runner import EngineSetup, SimulationError, _build, check_compression
 
-    check_compression(setup, compression)
+    from wirereduce import schedule as sched
+
+    engine = isinstance(setup, EngineSetup)
+    schedule = None
+    if engine:
+        if algorithm is None:
+            raise ValueError(f"fuzzing schedule engines needs the schedule they run: algorithm= one of "
+                             f"{', '.join(sched.ALGORITHMS)}")
+        schedule = sched.build(setup.topology, algorithm)   # ValueError: unknown algorithm
+        if len(schedule.flows) > setup.config.max_flows:
+            raise ValueError(f"{setup.topology} {algorithm} has {len(schedule.flows)} flows; the engines hold "
+                             f"{setup.config.max_flows}")
+        if compression is not None:
+            from wirereduce.codec import check_k
+
+            check_k(compression)
+            if not setup.config.codec:
+                raise ValueError("compression needs engines built with the codec: EngineConfig(codec=True)")
+        if "fp32" not in setup.config.formats:
+            raise ValueError("the fuzz suite runs fp32 collectives: build the engines with fp32 among their formats")
+    else:
+        if algorithm is not None:
+            raise ValueError("algorithm= is for schedule engines (an EngineSetup); a SimSetup ring runs the ring")
+        check_compression(setup, compression)
     if isinstance(cases, int):
-        cases = make_cases(cases, setup.nodes, seed)
+        from wirereduce.sim.fuzz.cases import engine_ports
+
+        cases = make_cases(cases, setup.nodes, seed, ports=engine_ports(schedule.topology) if engine else None)
     if not isinstance(timeout_cycles, int) or timeout_cycles < 1000:
         raise ValueError(f"timeout_cycles must be an int ≥ 1000, not {timeout_cycles!r}")
-    chunk = chunk_elements(setup.config, compression)
-    n = elements if elements is not None else 3 * chunk - chunk // 3
+    if engine:
+        if compression is None:
+            chunk = setup.config.max_elements
+        else:
+            from wirereduce.codec import max_elements_compressed
+
+            chunk = max_elements_compressed(setup.config.mtu)
+        default_n = 2 * len(schedule.flows) * chunk - chunk // 3
+    else:
+        chunk = chunk_elements(setup.config, compression)
+        default_n = 3 * chunk - chunk // 3
+    n = elements if elements is not None else default_n
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"elements must be an int ≥ 1, not {n!r}")
     rng = np.random.default_rng(seed + 7)
@@ -166,18 +230,23 @@ def run_fuzz(setup, cases: list[FuzzCase] | int, *, seed: int = 0, compression: 
 
     spec_file = run_dir / "fuzz.json"
     lines_per_chunk = -(-(16 + 4 * chunk) // setup.config.bytes_per_beat)
-    spec_file.write_text(json.dumps({
+    spec = {
         "nodes": setup.nodes, "config": asdict(setup.config), "clock_mhz": setup.clock,
         "inputs": str(inputs), "records": str(records_path), "cases": [c.as_dict() for c in cases],
         "compression": compression, "timeout_cycles": timeout_cycles,
         "cycles_per_chunk": lines_per_chunk + 16, "start_cycles": 60 * setup.nodes + 200,
-    }))
+    }
+    if engine:
+        spec.update({"topology": schedule.topology.name, "algorithm": algorithm, "window": setup.config.slots,
+                     "collective": 1, "top_inputs": list(setup.top_inputs)})
+    spec_file.write_text(json.dumps(spec))
     env = {"WIREREDUCE_FUZZ": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
            "COCOTB_LOG_LEVEL": "WARNING"}
     results_xml = run_dir / "results.xml"
     results_xml.unlink(missing_ok=True)
+    module = "wirereduce.sim.fuzz.cocotb_engine_fuzz" if engine else "wirereduce.sim.fuzz.cocotb_fuzz"
     try:
-        runner.test(test_module="wirereduce.sim.fuzz.cocotb_fuzz", hdl_toplevel="wirereduce_net",
+        runner.test(test_module=module, hdl_toplevel="wirereduce_net",
                     build_dir=build_dir, test_dir=run_dir, extra_env=env, waves=waves,
                     results_xml=str(results_xml), log_file=run_dir / "sim.log", timescale=("1ps", "1ps"))
     except SystemExit:
@@ -193,7 +262,7 @@ def run_fuzz(setup, cases: list[FuzzCase] | int, *, seed: int = 0, compression: 
         if c.index not in done:
             verdicts.append(Verdict(c, "no record: the simulation stopped", "-", hang=True))
             continue
-        verdicts.append(judge(done[c.index], arrays[c.index], fresh[c.index], compression, chunk))
+        verdicts.append(judge(done[c.index], arrays[c.index], fresh[c.index], compression, chunk, schedule))
     return verdicts
 
 
