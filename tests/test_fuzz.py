@@ -119,27 +119,19 @@ def test_engine_frames_are_routed_and_wrong_in_one_way(kind):
 def test_engine_fuzz_subset(tmp_path_factory):
     """One case of every kind, seeded, on schedule engines (ring:3 biring: six flows, every port
     carrying both REDUCE and BROADCAST frames), every rank an EngineRankDriver: no hang, no silent
-    wrong value, every frame counted where it must be, a fresh allreduce after each bit-exact."""
+    wrong value, every frame counted where it must be, a fresh allreduce after each bit-exact. Its
+    ``abort_mid`` and ``control_mid`` cases stopped the whole network before 2026-11-29
+    (docs/protocol.md "When the answer comes")."""
     from wirereduce.sim.engines.runner import EngineSetup
     from wirereduce.sim.fuzz.run import format_table, run_fuzz
 
     from wirereduce.config import EngineConfig
 
     setup = EngineSetup(topology="ring:3", config=EngineConfig(64, 1500, slots=4, ports=2))
-    from wirereduce.sim.fuzz.cases import engine_ports
-
-    kinds = tuple(k for k in KINDS if k != "abort_mid")   # TODO(abort): wedges the engines, being fixed
-    cases = make_cases(len(kinds), 3, 3, kinds, ports=engine_ports(setup_topology()))
-    verdicts = run_fuzz(setup, cases, seed=3, algorithm="biring", build_root=tmp_path_factory.mktemp("fuzz"))
+    verdicts = run_fuzz(setup, len(KINDS), seed=3, algorithm="biring", build_root=tmp_path_factory.mktemp("fuzz"))
     table = format_table(verdicts)
     assert all(v.ok for v in verdicts), table
-    assert table.splitlines()[-1].startswith(f"FUZZ cases={len(cases)} silent_wrong=0 hangs=0")
-
-
-def setup_topology():
-    from wirereduce.schedule import parse_topology
-
-    return parse_topology("ring:3")
+    assert table.splitlines()[-1].startswith(f"FUZZ cases={len(KINDS)} silent_wrong=0 hangs=0")
 
 
 def test_engine_fuzz_refuses_bad_arguments():

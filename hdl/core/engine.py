@@ -458,6 +458,12 @@ class Engine(wiring.Component):
         # starts into them, and ``quiet`` can be registered (``may_q``, below).
         start_q = Signal()
         ctl_hold = Signal()
+        # An ABORT CONTROL that will be taken waits at the host gate (registered with ``ctl_hold``): the
+        # network gates then drop the frames at their heads instead of holding them, and the ports and the
+        # root's writer go on sending what is in flight (below), so the engine drains to quiet whatever
+        # its neighbours do (the fuzz suite's ``abort_mid``: held, a CONTROL with ABORT mid-collective
+        # stopped the whole network).
+        abort_drop = Signal()
         m.d.sync += start_q.eq(start)
         m.submodules.status = status = StatusResponder(w, len(engine_stats_counters(P)), settle=2)
 
@@ -684,10 +690,20 @@ class Engine(wiring.Component):
             # cycles after the head shows (the same head: it leaves only when accepted or dropped); the
             # unit check, on the looked-up entry, is registered with it.
             count_bad = (h.count == 0) | (h.count > cfg.max_elements) | (h.hop >= run.flows)
+            # While an ABORT CONTROL that will be taken waits for a quiet engine, a head is dropped
+            # rather than held (every data frame then is of the collective being aborted: the hosts push
+            # nothing of the next one before every node took its CONTROL). Held, it would keep the
+            # neighbour's port busy in the middle of a frame, then its output queue towards here full,
+            # its writer waiting, its broadcast queue full, and its gate from here shut, so that this
+            # engine's unit sending there could never finish and the CONTROL never be taken: the whole
+            # network stopped (the fuzz suite's ``abort_mid``, docs/protocol.md "When the answer comes").
+            # Counted in ``drop_collective`` unless a check of its own drops it.
             check_header(m, g, run, events, (h.opcode == Opcode.REDUCE) | (h.opcode == Opcode.BROADCAST),
                          h.seq, count_bad, ~looked | slot_wait | ctl_hold, opcode=Opcode.REDUCE, flags_allowed=0,
                          codec_built=cfg.codec, lost_ok=0, lost_wait=0,
-                         apply=looked, late_count_bad=unit_bad, late_opcode=port_bad, late_seq=seq_bad)
+                         apply=looked, late_count_bad=unit_bad, late_opcode=port_bad, late_seq=seq_bad,
+                         also_drop=looked & abort_drop & ctl_hold)
+            m.d.comb += events.flag("drop_collective").eq(g.drop & ~g.drop_track)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------
         bsrc = []
@@ -784,7 +800,12 @@ class Engine(wiring.Component):
             blocked = wbusy
             for j in range(i):
                 blocked = blocked | wres_q[j]
-            m.d.comb += grants[i].eq(wreq_q[i] & ~ctl_hold & ((wres_q[i] & blocked) == 0))
+            # While an ABORT that will be taken waits (``abort_drop``), the root's result is still
+            # granted: the root unit that summed it is busy until it has left, and the CONTROL waits
+            # for every unit to be idle (the broadcast sources are not units; they wait, and CONTROL
+            # flushes their queues).
+            hold = ctl_hold & ~abort_drop if i == 0 else ctl_hold
+            m.d.comb += grants[i].eq(wreq_q[i] & ~hold & ((wres_q[i] & blocked) == 0))
             with m.If(grants[i]):
                 m.d.sync += [wactive[i].eq(1), wmask[i].eq(wreqs_q[i])]
         # At most one writer is granted a given queue in a cycle, so its owner is the OR of the
@@ -854,7 +875,10 @@ class Engine(wiring.Component):
             oq, u = oqs[o], units[o].o
             qreq, ureq = Signal(name=f"p{o}_qreq"), Signal(name=f"p{o}_ureq")
             qgrant, ugrant = Signal(name=f"p{o}_qgrant"), Signal(name=f"p{o}_ugrant")
-            idle = ~pactive[o] & ~ctl_hold
+            # While an ABORT that will be taken waits, the ports go on sending what is in their output
+            # queues and units (frames of the collective being aborted, none of which can start any
+            # more): the CONTROL waits for them to be empty, and held they never would be.
+            idle = ~pactive[o] & (~ctl_hold | abort_drop)
             if self.config.priority == "broadcast":
                 m.d.comb += [qgrant.eq(idle & qreq), ugrant.eq(idle & ureq & ~qreq)]
             else:
@@ -995,7 +1019,8 @@ class Engine(wiring.Component):
         st_fill = st_valid & st_push & st.last   # fills slot st_slot at the next edge
         m.d.sync += push_busy.eq((slot_valid >> push_slot)[0] | (st_fill & (st_slot == push_slot)))
         host_cmd = host_seen & cmd_hdr
-        m.d.sync += ctl_hold.eq(host_cmd & (is_ctl | is_sched))
+        m.d.sync += [ctl_hold.eq(host_cmd & (is_ctl | is_sched)),
+                     abort_drop.eq(host_cmd & is_ctl & abort & ~refuse_hdr & table_ok)]
         # The commands' verdict, OR-ed into the gate's drop/accept by check_header below (timing: the
         # gate's decisions and its length check's expectation are not behind a select by the command
         # tree). A SCHEDULE frame is accepted with the length check_header registered from its header
