@@ -295,8 +295,12 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
      ["corrupt port", "cabled port of node 0"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--links", "eth", "--corrupt-header", "4", "1"], ["corrupt node"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--retries", "-1"], ["--retries", "int ≥ 0", "-1"]),
-    (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb", "--retries", "1"],
-     ["--retries", "fast engine", "drop --engine cocotb"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb", "--corrupt", "0", "5"],
+     ["--corrupt", "--links eth|cmac"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb", "--links", "eth", "--corrupt", "0", "5",
+      "--corrupt-port", "3"], ["corrupt port", "cabled port of node 0"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb", "--retries", "-1"],
+     ["--retries", "int ≥ 0", "-1"]),
 ])
 def test_schedule_engine_options_refused_before_building(work, capsys, extra, needles):
     nodes = 16 if "torus:4x4" in extra else 4

@@ -274,14 +274,21 @@ def _report_late(late, final_stats) -> None:
           f"frames lost to receive FIFO overflow {lost}")
 
 
-def _simulate_schedule_cocotb(arrays, args, s, mhz):
+def _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt=None):
     """``sim allreduce --topology … --engine cocotb``: the engines on the cocotb engine (Verilator),
     every rank an EngineRankDriver, built as ``sim serve --topology`` builds them (one build for
-    every schedule of the topology)."""
+    every schedule of the topology); ``--corrupt``/``--corrupt-header`` and ``--retries`` as on the
+    fast engine (the ranks agree on the lost chunks inside the simulation)."""
     import time
 
     from wirereduce.host.rank import served_engine_config
-    from wirereduce.sim.engines.runner import EngineSetup, SimulationError, default_simulator, run_engine_allreduce
+    from wirereduce.sim.engines.runner import (
+        EngineChunksLost,
+        EngineSetup,
+        SimulationError,
+        default_simulator,
+        run_engine_allreduce,
+    )
 
     try:
         k = _compress_arg(args)
@@ -299,18 +306,25 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz):
           flush=True)
     try:
         r = run_engine_allreduce(setup, arrays, s, op=op, build_root=args.build_dir, waves=args.waves,
-                                 timeout_cycles=_timeout_arg(args), compression=k)
+                                 timeout_cycles=_timeout_arg(args), compression=k, retries=_retries_arg(args),
+                                 corrupt=corrupt)
     except ValueError as e:
         raise CliError(str(e)) from e
     except SimulationError as e:
         raise CliError(str(e)) from e
+    except EngineChunksLost as e:
+        n = _retries_arg(args)
+        hint = (f"chunks were still lost after {n} retr{'y' if n == 1 else 'ies'} (--retries N)" if n else
+                "a lost frame stalls its chunk until the deadline (--timeout): --retries N sums the lost chunks "
+                "again, each in its own flow, bit-exact")
+        raise CliError(f"the allreduce lost chunks: {e}\n{hint}") from e
     from wirereduce.host.engine import EngineSession
 
     chunks = len(EngineSession(0, s, cfg, 1, np.asarray(arrays[0]), cfg.slots, op=op, compression=k).chunks)
     esize = np.asarray(arrays[0]).dtype.itemsize
     rec = {"cycles": r["cycles"], "bytes": r["elements"] * esize, "elements": r["elements"], "chunks": chunks,
            "wall_s": r["wall_s"], "sim_cycles": r["cycles"], "op": op, "engine": "cocotb", "compression": k,
-           "simulator": setup.simulator}
+           "simulator": setup.simulator, "retried": r.get("retried", 0)}
     return r["results"], rec, s, cfg, mhz, time.perf_counter() - t0
 
 
@@ -335,9 +349,8 @@ def _schedule_corrupt_arg(args, s, cfg):
     if corrupt is None:
         return None
     links = getattr(args, "links", "model")
-    if links not in ("eth", "cmac") or (args.engine == "cocotb" and getattr(args, "engine_given", False)):
-        raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
-                       "they need --links eth|cmac (and not --engine cocotb)")
+    if links not in ("eth", "cmac"):
+        raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable: they need --links eth|cmac")
     value = (corrupt[0], getattr(args, "corrupt_port", 0), *corrupt[1:])
     try:
         check_engine_corrupt(value, s.topology, cfg.ports, links)
@@ -383,7 +396,7 @@ def simulate_schedule(arrays, args, progress=True):
     except ValueError as e:
         raise CliError(str(e)) from e
     if args.engine == "cocotb" and getattr(args, "engine_given", False):
-        return _simulate_schedule_cocotb(arrays, args, s, mhz)
+        return _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt)
     t0 = time.perf_counter()
     try:
         sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
@@ -469,6 +482,7 @@ def _check_schedule_args(args) -> None:
     if args.engine == "cocotb" and getattr(args, "engine_given", False) and args.sim_threads != 1:
         raise CliError("--sim-threads is a fast-engine option; drop it with --engine cocotb")
     _compress_arg(args)   # checks k before anything is built
+    _retries_arg(args)    # and the retries
     links = getattr(args, "links", "model")
     if links == "cmac" and args.width != 512:
         raise CliError(f"--links cmac is the U55C's 100G CMAC glue, 512 bit: add --width 512 (not {args.width})")
@@ -480,9 +494,6 @@ def _check_schedule_args(args) -> None:
                        "the default is the fast engine, Verilator with a C++ frame player)")
     if getattr(args, "late", None) is not None and cocotb:
         raise CliError("--late delays one host in the fast engine's frame player: drop --engine cocotb")
-    if _retries_arg(args) and cocotb:
-        raise CliError("--retries runs on the fast engine with --topology (the host side plays each retry round "
-                       "there); drop --engine cocotb")
     if getattr(args, "pcap", None) is not None and (links != "eth" or cocotb):
         raise CliError("--pcap captures a 10G Ethernet cable in the fast engine's frame player: with --topology "
                        "it needs --links eth (and not --engine cocotb)")
@@ -1287,7 +1298,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corrupt", nargs=2, type=int, metavar=("NODE", "BLOCK"), default=None,
                    help="fault injection: flip one bit of the BLOCK-th 66-bit data block (--links cmac: "
                         "512-bit beat) node NODE sends node NODE+1; the run then reports the lost chunk and "
-                        "the link (needs --engine fast --links eth|cmac)")
+                        "the link (needs --links eth|cmac; without --topology also --engine fast)")
     p.add_argument("--corrupt-header", nargs=2, type=int, metavar=("NODE", "FRAME"), default=None,
                    help="fault injection: flip a bit in the wirereduce header of the FRAME-th frame node NODE "
                         "sends node NODE+1; the frame is dropped at the header check, a LOST placeholder "
@@ -1300,7 +1311,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "reports the stall")
     p.add_argument("--retries", type=int, default=0, metavar="N",
                    help="when chunks are lost, sum just their elements again, up to N more times "
-                        "(default 0: fail and report the lost chunks); with --topology (fast engine only) "
+                        "(default 0: fail and report the lost chunks); with --topology (fast and cocotb engines) "
                         "each lost chunk is summed again in its own flow, so the result is the loss-free run's "
                         "bit for bit")
     p.add_argument("--late", nargs=2, type=int, metavar=("RANK", "CYCLES"), default=None,

@@ -31,11 +31,17 @@ from wirereduce.sim.engines.verilator import build_lock, cxx_opt, setup_verilato
 
 from wirereduce.config import EngineConfig, NodeConfig
 
-__all__ = ["SimSetup", "EngineSetup", "run_engine_allreduce",
+__all__ = ["SimSetup", "EngineSetup", "run_engine_allreduce", "EngineChunksLost",
            "SimulationError", "available_simulators", "default_simulator", "run_jobs",
            "build_block_model", "run_block_case", "check_compression"]
 
 SIMULATORS = ("verilator", "icarus")
+
+
+class EngineChunksLost(RuntimeError):
+    """:func:`run_engine_allreduce`: chunks were lost (a frame dropped on the way) and not recovered
+    within the retries; the message holds every rank's report
+    (:class:`~wirereduce.host.driver.ChunksLost`)."""
 
 
 class SimulationError(RuntimeError):
@@ -526,7 +532,8 @@ def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/
 
 def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum", window: int | None = None,
                          collective: int = 1, build_root: str | Path = "build/sim", waves: bool = False,
-                         timeout_cycles: int | None = None, compression: int | None = None) -> dict:
+                         timeout_cycles: int | None = None, compression: int | None = None, retries: int = 0,
+                         corrupt: tuple | None = None) -> dict:
     """One allreduce on a :class:`EngineSetup` network on the cocotb engine (Verilator or Icarus),
     every rank an :class:`~wirereduce.host.rank.EngineRankDriver`
     (:mod:`wirereduce.sim.engines.cocotb_engine_allreduce`): the other simulator of the schedule
@@ -549,12 +556,20 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
         Error-bound exponent k (4 … 24) of a compressed collective: fp32 arrays on engines built with
         the codec (``EngineConfig(codec=True)``); every host pushes its chunks compressed and gets
         the result compressed (:class:`~wirereduce.host.engine.EngineSession`).
+    retries : int
+        Rounds over lost chunks after the first (:class:`~wirereduce.host.rank.EngineRankDriver`
+        ``retries``; the ranks agree on what was lost inside the simulation). Default 0.
+    corrupt : tuple, optional
+        One bit error on one cable, as the fast engine's
+        (:meth:`FastEngineSim.allreduce <wirereduce.sim.engines.fastengine.FastEngineSim.allreduce>`):
+        ``(node, port, block)`` or ``(node, port, frame, "header")``; needs ``setup.links`` "eth" or "cmac".
 
     Returns
     -------
     dict
         ``results`` (one array per node, the inputs' dtype), ``cycles`` (from the barrier every
-        node passed after taking its CONTROL to the last result), ``elements``, ``wall_s``.
+        node passed after taking its CONTROL to the last result), ``elements``, ``wall_s``,
+        ``retried`` (lost chunks summed again).
 
     Raises
     ------
@@ -563,8 +578,10 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
         engines hold, a compression the engines or the arrays cannot take, before anything is built.
     SimulationError
         The simulation failed (log tail attached; the waveform path with ``waves``).
+    EngineChunksLost
+        Chunks were lost and not recovered within ``retries`` (every rank's report attached).
     """
-    from wirereduce.host.driver import check_timeout
+    from wirereduce.host.driver import check_retries, check_timeout
     from wirereduce.host.engine import EngineSession
     from wirereduce.host.engine import check_window as check_engine_window
 
@@ -581,6 +598,12 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
     fmt, arrays = check_typed_inputs(arrays, setup.nodes)
     window = setup.config.slots if window is None else check_engine_window(window, setup.config)
     check_timeout(timeout_cycles)
+    retries = check_retries(retries)
+    flip = None
+    if corrupt is not None:
+        from wirereduce.sim.engines.fastengine import check_engine_corrupt
+
+        flip = list(check_engine_corrupt(corrupt, parse_topology(setup.topology), setup.config.ports, setup.links))
     for k, a in enumerate(arrays):   # dtype against the engines' formats, flows, op: before the build
         EngineSession(k, schedule, setup.config, collective, a, window, op=op, compression=compression)
     bf16 = fmt.name == "bf16"
@@ -601,6 +624,7 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
         "collective": collective, "clock_mhz": setup.clock, "inputs": str(in_npz), "outputs": str(out_npz),
         "record": str(rec), "bf16": bf16, "compression": compression, "top_inputs": list(setup.top_inputs),
         "timeout_cycles": 200_000 if timeout_cycles is None else timeout_cycles,
+        "retries": retries, "flip": flip,
     }))
     env = {"WIREREDUCE_ENGINE_JOB": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
            "COCOTB_LOG_LEVEL": "WARNING"}
@@ -626,6 +650,8 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.exists() else ""
         raise SimulationError(f"simulation failed ({setup.tag()}); log {log}:\n{tail}", wave)
     record = json.loads(rec.read_text())
+    if record.get("lost"):
+        raise EngineChunksLost("\n".join(record["lost"][k] for k in sorted(record["lost"], key=int)))
     outs = np.load(out_npz)
     results = []
     for k in range(setup.nodes):
