@@ -73,6 +73,10 @@ def _same_bits(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
 
 
+#: Kinds whose compressed frame no longer matches its tags (a count or a length changed after encoding).
+_CODEC_LENGTH = ("count_zero", "count_big", "payload_short", "payload_long", "header_only", "oversize")
+
+
 def judge(rec: dict, arrays, fresh, compression, chunk: int, schedule=None) -> Verdict:
     """The :class:`Verdict` of one case's record (what :mod:`cocotb_fuzz` or, with ``schedule``,
     :mod:`cocotb_engine_fuzz` wrote; the engine's record names each chunk's ``[start, count]``)."""
@@ -105,6 +109,14 @@ def judge(rec: dict, arrays, fresh, compression, chunk: int, schedule=None) -> V
     if expected is not None and ((case.port == "cw" and case.node == 0) or
                                  (case.port == "ccw" and case.node == nodes - 1)):
         expected = expected + ("drop_opcode",)  # that port takes no frames at that rank
+    if expected is not None and schedule is not None and compression is not None and case.kind in _CODEC_LENGTH:
+        # a compressed frame whose length does not match its tags is dropped whole by the engine's codec
+        # stage, in front of the gate, and counted in drop_length (docs/protocol.md "Length check")
+        expected = expected + ("drop_length",)
+    if expected is not None and schedule is not None and compression is not None and case.bad:
+        # the codec stage turns a compressed frame marked bad into a LOST placeholder (the ring node's
+        # rule, hdl/codec/port.py), which the engine's gate, taking no placeholders, drops as drop_flags
+        expected = expected + ("drop_flags",)
     if expected is not None and schedule is not None and case.port.startswith("net"):
         from wirereduce.sim.fuzz.cases import engine_routes
 
