@@ -143,6 +143,15 @@ def _retries_arg(args) -> int:
         raise CliError(f"--retries: {e}") from e
 
 
+def _engine_loss_hint(args) -> str:
+    """What to do about chunks a schedule-engine run lost (fast or cocotb engine)."""
+    n = _retries_arg(args)
+    if n:
+        return f"chunks were still lost after {n} retr{'y' if n == 1 else 'ies'} (--retries N)"
+    return ("a lost frame stalls its chunk until the deadline (--timeout): --retries N sums the lost chunks "
+            "again, each in its own flow, bit-exact")
+
+
 def _report_retried(rec) -> None:
     """The line a run that summed lost chunks again prints (ring node or engine)."""
     if rec.get("retried"):
@@ -313,11 +322,7 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt=None):
     except SimulationError as e:
         raise CliError(str(e)) from e
     except EngineChunksLost as e:
-        n = _retries_arg(args)
-        hint = (f"chunks were still lost after {n} retr{'y' if n == 1 else 'ies'} (--retries N)" if n else
-                "a lost frame stalls its chunk until the deadline (--timeout): --retries N sums the lost chunks "
-                "again, each in its own flow, bit-exact")
-        raise CliError(f"the allreduce lost chunks: {e}\n{hint}") from e
+        raise CliError(f"the allreduce lost chunks: {e}\n{_engine_loss_hint(args)}") from e
     from wirereduce.host.engine import EngineSession
 
     chunks = len(EngineSession(0, s, cfg, 1, np.asarray(arrays[0]), cfg.slots, op=op, compression=k).chunks)
@@ -421,11 +426,7 @@ def simulate_schedule(arrays, args, progress=True):
     except ValueError as e:
         raise CliError(str(e)) from e
     except EngineStalled as e:
-        n = _retries_arg(args)
-        hint = (f"chunks were still lost after {n} retr{'y' if n == 1 else 'ies'} (--retries N)" if n else
-                "a lost frame stalls its chunk until the deadline (--timeout): --retries N sums the lost chunks "
-                "again, each in its own flow, bit-exact")
-        raise CliError(f"the allreduce stalled: {e}\n{hint}") from e
+        raise CliError(f"the allreduce stalled: {e}\n{_engine_loss_hint(args)}") from e
     rec = {"cycles": r.cycles, "bytes": r.bytes, "elements": r.elements, "chunks": r.chunks, "wall_s": r.wall_s,
            "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum"), "compression": k, "retried": r.retried}
     return r.results, rec, s, cfg, mhz, time.perf_counter() - t0

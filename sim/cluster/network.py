@@ -158,6 +158,45 @@ class LinkModel(wiring.Component):
         return m
 
 
+def injectable_members(inner, ports: dict[str, str], width: int) -> dict:
+    """The signature members of a wrapper around ``inner`` (a node or an engine) with an injection
+    port ``ports[name]`` (``In(FrameStream(width))``) beside each of ``inner``'s inputs ``name``."""
+    members = dict(inner.signature.members)
+    members.update({inj: In(FrameStream(width)) for inj in ports.values()})
+    return members
+
+
+def wire_injectable(m, outer, inner, ports: dict[str, str], width: int) -> None:
+    """Elaborate a wrapper made with :func:`injectable_members`: each input ``name`` in ``ports``
+    reaches ``inner`` through a :class:`~wirereduce.hdl.stream.frame.FrameArbiter` (whole frames)
+    with its injection port ``ports[name]``; every other member is passed straight through."""
+    for name, member in inner.signature.members.items():
+        if name in ports:
+            arb = m.submodules[f"inj_arb_{name}"] = FrameArbiter(beat_layout(width), 2)
+            wiring.connect(m, wiring.flipped(getattr(outer, name)), arb.i0)
+            wiring.connect(m, wiring.flipped(getattr(outer, ports[name])), arb.i1)
+            wiring.connect(m, arb.o, getattr(inner, name))
+        elif member.is_signature:
+            if member.flow == In:
+                wiring.connect(m, wiring.flipped(getattr(outer, name)), getattr(inner, name))
+            else:
+                wiring.connect(m, getattr(inner, name), wiring.flipped(getattr(outer, name)))
+        elif member.flow == In:
+            m.d.comb += getattr(inner, name).eq(getattr(outer, name))
+        else:
+            m.d.comb += getattr(outer, name).eq(getattr(inner, name))
+
+
+def drive_injection(m, stream, flat) -> None:
+    """Drive injection port ``stream`` from the flat AXI4-Stream ports ``flat("tdata")`` … of a
+    network top (``tuser`` = ``bad``)."""
+    m.d.comb += [
+        stream.payload.data.eq(flat("tdata")), stream.payload.keep.eq(flat("tkeep")),
+        stream.payload.last.eq(flat("tlast")), stream.payload.bad.eq(flat("tuser")),
+        stream.valid.eq(flat("tvalid")), flat("tready").eq(stream.ready),
+    ]
+
+
 class InjectableNode(wiring.Component):
     """A :class:`~wirereduce.hdl.core.node.Node` whose ring inputs also take frames from two
     injection ports, ``inj_cw`` and ``inj_ccw``, merged a whole frame at a time with what the
@@ -166,33 +205,17 @@ class InjectableNode(wiring.Component):
     node's own. Simulation only.
     """
 
+    _PORTS = {"cw_in": "inj_cw", "ccw_in": "inj_ccw"}
+
     def __init__(self, config: NodeConfig):
         self.config = config
         self._node = Node(config)
-        beat = FrameStream(config.width)
-        members = dict(self._node.signature.members)
-        members.update({"inj_cw": In(beat), "inj_ccw": In(beat)})
-        super().__init__(members)
+        super().__init__(injectable_members(self._node, self._PORTS, config.width))
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.node = node = self._node
-        for name, member in node.signature.members.items():
-            if name in ("cw_in", "ccw_in"):
-                port = name[:-3]
-                arb = m.submodules[f"inj_arb_{port}"] = FrameArbiter(beat_layout(self.config.width), 2)
-                wiring.connect(m, wiring.flipped(getattr(self, name)), arb.i0)
-                wiring.connect(m, wiring.flipped(getattr(self, f"inj_{port}")), arb.i1)
-                wiring.connect(m, arb.o, getattr(node, name))
-            elif member.is_signature:
-                if member.flow == In:
-                    wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(node, name))
-                else:
-                    wiring.connect(m, getattr(node, name), wiring.flipped(getattr(self, name)))
-            elif member.flow == In:
-                m.d.comb += getattr(node, name).eq(getattr(self, name))
-            else:
-                m.d.comb += getattr(self, name).eq(getattr(node, name))
+        wire_injectable(m, self, node, self._PORTS, self.config.width)
         return m
 
 
@@ -400,13 +423,8 @@ class Network(wiring.Component):
         if self.inject:
             for k, node in enumerate(ring):
                 for port in ("cw", "ccw"):
-                    g = lambda s, k=k, port=port: getattr(self, f"inj{k}_{port}_{s}")  # noqa: E731
-                    inj = getattr(node, f"inj_{port}")
-                    m.d.comb += [
-                        inj.payload.data.eq(g("tdata")), inj.payload.keep.eq(g("tkeep")),
-                        inj.payload.last.eq(g("tlast")), inj.payload.bad.eq(g("tuser")),
-                        inj.valid.eq(g("tvalid")), g("tready").eq(inj.ready),
-                    ]
+                    drive_injection(m, getattr(node, f"inj_{port}"),
+                                    lambda s, k=k, port=port: getattr(self, f"inj{k}_{port}_{s}"))
         if self.links == "eth":
             for k, node in enumerate(ring):
                 m.submodules[f"node{k}"] = node

@@ -19,7 +19,6 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.hdl.params import rejecting
-from wirereduce.hdl.stream.frame import FrameArbiter, FrameStream, beat_layout
 from wirereduce.sim.cluster.box import Boxes
 from wirereduce.sim.cluster.network import (
     ETH_MAC_PREFIX,
@@ -30,12 +29,15 @@ from wirereduce.sim.cluster.network import (
     clock_mhz,
     cmac_cable,
     delayed,
+    drive_injection,
     eth_cable,
     eth_mac,
     eth_port,
     flip_line,
+    injectable_members,
     line_bytes_per_cycle,
     line_rate_gbps,
+    wire_injectable,
 )
 
 from wirereduce.config import EngineConfig
@@ -78,30 +80,13 @@ class InjectableEngine(wiring.Component):
     def __init__(self, config: EngineConfig):
         self.config = config
         self._engine = Engine(config)
-        beat = FrameStream(config.width)
-        members = dict(self._engine.signature.members)
-        members.update({f"inj{p}": In(beat) for p in range(config.ports)})
-        super().__init__(members)
+        self._ports = {f"net{p}_in": f"inj{p}" for p in range(config.ports)}
+        super().__init__(injectable_members(self._engine, self._ports, config.width))
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.engine = engine = self._engine
-        nets = {f"net{p}_in": p for p in range(self.config.ports)}
-        for name, member in engine.signature.members.items():
-            if name in nets:
-                arb = m.submodules[f"inj_arb{nets[name]}"] = FrameArbiter(beat_layout(self.config.width), 2)
-                wiring.connect(m, wiring.flipped(getattr(self, name)), arb.i0)
-                wiring.connect(m, wiring.flipped(getattr(self, f"inj{nets[name]}")), arb.i1)
-                wiring.connect(m, arb.o, getattr(engine, name))
-            elif member.is_signature:
-                if member.flow == In:
-                    wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(engine, name))
-                else:
-                    wiring.connect(m, getattr(engine, name), wiring.flipped(getattr(self, name)))
-            elif member.flow == In:
-                m.d.comb += getattr(engine, name).eq(getattr(self, name))
-            else:
-                m.d.comb += getattr(self, name).eq(getattr(engine, name))
+        wire_injectable(m, self, engine, self._ports, self.config.width)
         return m
 
 
@@ -255,13 +240,7 @@ class ScheduleNetwork(wiring.Component):
         for u, e in enumerate(engines):
             m.submodules[f"node{u}"] = e
             for p in range(len(topo.links[u]) if self.inject else 0):
-                g = lambda s, u=u, p=p: getattr(self, f"inj{u}_{p}_{s}")  # noqa: E731
-                inj = getattr(e, f"inj{p}")
-                m.d.comb += [
-                    inj.payload.data.eq(g("tdata")), inj.payload.keep.eq(g("tkeep")),
-                    inj.payload.last.eq(g("tlast")), inj.payload.bad.eq(g("tuser")),
-                    inj.valid.eq(g("tvalid")), g("tready").eq(inj.ready),
-                ]
+                drive_injection(m, getattr(e, f"inj{p}"), lambda s, u=u, p=p: getattr(self, f"inj{u}_{p}_{s}"))
             for p in range(len(topo.links[u]), cfg.ports if self.inject else 0):
                 m.d.comb += getattr(e, f"inj{p}").valid.eq(0)
             if self.host_links == "model":

@@ -17,7 +17,8 @@ import numpy as np
 
 from wirereduce.protocol import HEADER_BYTES, Codec, DType, Flag, Header, Opcode, frame
 
-__all__ = ["KINDS", "PORTS", "EXPECTED", "FuzzCase", "make_cases", "build_frame", "engine_ports", "engine_routes"]
+__all__ = ["KINDS", "PORTS", "EXPECTED", "FuzzCase", "make_cases", "build_frame", "engine_ports", "engine_routes",
+           "case_inputs"]
 
 #: Where a frame can be injected: the node's host input, or its two ring inputs. On a network of
 #: schedule engines: ``"host"`` or ``"net{p}"``, a cabled network port (:func:`engine_ports`).
@@ -238,3 +239,14 @@ def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nod
         head[int(rng.integers(HEADER_BYTES))] ^= 1 << int(rng.integers(8))
         return bytes(head) + body
     raise ValueError(f"unknown fuzz kind {k!r}")
+
+
+def case_inputs(inputs, case_dict: dict, nodes: int) -> tuple[FuzzCase, list, list, dict]:
+    """A testbench's view of one case of ``$WIREREDUCE_FUZZ``: the :class:`FuzzCase`, the arrays of
+    its collective and of the fresh one after it (from the ``inputs`` npz :func:`~wirereduce.sim.fuzz.run.run_fuzz`
+    wrote), and its record so far."""
+    case = FuzzCase(**case_dict)
+    i = case.index
+    arrays = [inputs[f"node{k}_case{i}"] for k in range(nodes)]
+    fresh = [inputs[f"node{k}_fresh{i}"] for k in range(nodes)]
+    return case, arrays, fresh, {"case": case.as_dict()}

@@ -26,7 +26,7 @@ from wirereduce.host.driver import ChunksLost, DriverError
 from wirereduce.host.engine import EngineSession
 from wirereduce.host.rank import EngineRankDriver
 from wirereduce.host.transports.cocotb import CocotbTransport, start_network
-from wirereduce.sim.fuzz.cases import FuzzCase, build_frame, engine_routes
+from wirereduce.sim.fuzz.cases import build_frame, case_inputs, engine_routes
 
 from wirereduce import schedule as sched
 from wirereduce.config import EngineConfig
@@ -103,11 +103,7 @@ async def engine_fuzz(dut):
                                 first_collective=spec["collective"]) for k in range(nodes)]
     records = []
     for case_dict in spec["cases"]:
-        case = FuzzCase(**case_dict)
-        i = case.index
-        arrays = [inputs[f"node{k}_case{i}"] for k in range(nodes)]
-        fresh = [inputs[f"node{k}_fresh{i}"] for k in range(nodes)]
-        rec = {"case": case.as_dict()}
+        case, arrays, fresh, rec = case_inputs(inputs, case_dict, nodes)
         before = await stats_all(drivers)
         # the session every rank is about to run (same collective id at every rank): its chunks
         s = EngineSession(0, schedule, config, drivers[0].ids.next, arrays[0], drivers[0].window,

@@ -20,7 +20,7 @@ from cocotb.triggers import ClockCycles
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
 from wirereduce.host.driver import ChunksLost, Cluster, DriverError, default_window
 from wirereduce.host.transports.cocotb import CocotbTransport, start_network
-from wirereduce.sim.fuzz.cases import FuzzCase, build_frame
+from wirereduce.sim.fuzz.cases import build_frame, case_inputs
 
 from wirereduce.config import NodeConfig
 from wirereduce.protocol import Codec, max_elements
@@ -60,11 +60,7 @@ async def fuzz(dut):
 
     records = []
     for case_dict in spec["cases"]:
-        case = FuzzCase(**case_dict)
-        i = case.index
-        arrays = [inputs[f"node{k}_case{i}"] for k in range(nodes)]
-        fresh = [inputs[f"node{k}_fresh{i}"] for k in range(nodes)]
-        rec = {"case": case.as_dict()}
+        case, arrays, fresh, rec = case_inputs(inputs, case_dict, nodes)
         before = await stats_all()
         plan = cluster.plan(arrays, compression=compression)
         collective = plan.round.collective
