@@ -124,6 +124,8 @@ class EngineSession(CodecFields):
     chunk_words: int | None = None
     result_words: np.ndarray = field(init=False)
     received: set = field(init=False, default_factory=set)
+    #: Headers of the frames :meth:`receive` ignored (another opcode or collective).
+    unexpected: list = field(init=False, default_factory=list)
     last_stats: dict | None = field(init=False, default=None)
 
     def __post_init__(self):
@@ -231,11 +233,17 @@ class EngineSession(CodecFields):
         return st
 
     def receive(self, data: bytes) -> None:
-        """Take one HOST_RESULT frame. Raises DriverError on a frame that is not a result of this
-        collective, a duplicate, or a length that does not match its chunk."""
+        """Take one frame from the node. A frame of another opcode or collective (a stray STATS, a
+        late result of a collective that was aborted) is recorded in :attr:`unexpected` and
+        otherwise ignored, as :meth:`NodeSession.receive <wirereduce.host.driver.NodeSession.receive>`
+        does: an engine that takes an ABORT while results of the old collective are still in its host
+        FIFOs delivers them after the CONTROL's answer. Raises DriverError on a result of this
+        collective that is a duplicate, of no chunk, or does not match its chunk (flow, count,
+        dtype, codec, length)."""
         h = Header.unpack(data)
         if h.opcode != Opcode.HOST_RESULT or h.collective != self.collective:
-            raise DriverError(f"node {self.rank}: unexpected frame {h!r}")
+            self.unexpected.append(h)
+            return
         if not 0 <= h.seq < len(self.chunks):
             raise DriverError(f"node {self.rank}: result for chunk {h.seq} of {len(self.chunks)}")
         c = self.chunks[h.seq]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from wirereduce.host.driver import ANSWER_CYCLES, ChunksLost, CollectiveIds, RequestTags, parse_stats
+from wirereduce.host.driver import ANSWER_CYCLES, ChunksLost, CollectiveIds, DriverError, RequestTags, parse_stats
 from wirereduce.host.engine import EngineAllreduce
 from wirereduce.sim.engines.fastsim import (
     _SCRIPT_MAGIC,
@@ -354,6 +354,8 @@ class FastEngineSim(FastSim):
                     continue
                 s.receive(data)
                 run.last_result = max(run.last_result, lst)
+            if s.unexpected:   # one collective a run: no frame of another can come
+                raise DriverError(f"node {s.rank} got {len(s.unexpected)} unexpected frames, first {s.unexpected[0]!r}")
         run.first_push = first_push or 0
         if status != 0 or not all(s.done for s in sessions):
             missing = {s.rank: s.missing[:8] for s in sessions if not s.done}
