@@ -1003,9 +1003,10 @@ class Engine(wiring.Component):
         running_q = Signal()
         may_q, sched_go_q = Signal(name="host_cmd_may"), Signal(name="host_sched_go")
         # A CONTROL or SCHEDULE that comes while a collective runs, without ABORT, is refused at once:
-        # it needs no quiet engine, and waiting for one could wait for ever (the pushes queued behind
-        # it at the host port are what a network gate may be waiting for, holding its link, so a
-        # neighbour's unit stays busy; the fuzz suite's stray CONTROL, docs/protocol.md "Drop rules").
+        # it needs no quiet engine, and waiting for one could wait for ever (while it waits the ports
+        # are held, so a frame in an output queue or at a unit's tap never leaves, and the held gates
+        # back up into the neighbours, which stop too; the fuzz suite's ``control_mid``,
+        # docs/protocol.md "When the answer comes").
         refuse_now_d = (is_ctl_d | is_sched_d) & run.running & ((hr.flags & int(Flag.ABORT)) == 0)
         m.d.sync += [running_q.eq(run.running), may_q.eq(is_stats_d | refuse_now_d | (quiet & ctl_hold)),
                      sched_go_q.eq(is_sched_d & ~run.running & ~sched_bad_d)]
