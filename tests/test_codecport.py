@@ -29,7 +29,9 @@ def _beats_of(frames, width):
     return [byte_beats(f, width) for f in frames]
 
 
-def run(dut, frames, width, n_out, *, valid_prob=1.0, ready_prob=1.0, seed=0):
+def run(dut, frames, width, n_out, *, valid_prob=1.0, ready_prob=1.0, seed=0, beats=None):
+    """Run ``dut`` on ``frames`` (or the given ``beats``) until ``n_out`` frames came out: the
+    received frames (with ``bad`` of each as its error) and the ``dropped`` pulses."""
     rec = Received()
     drops = []
 
@@ -40,8 +42,8 @@ def run(dut, frames, width, n_out, *, valid_prob=1.0, ready_prob=1.0, seed=0):
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    sim.add_testbench(source(dut.i, _beats_of(frames, width), valid_prob=valid_prob, seed=seed))
-    sim.add_testbench(sink(dut.o, n_out, width, rec, ready_prob=ready_prob, seed=seed + 1))
+    sim.add_testbench(source(dut.i, beats or _beats_of(frames, width), valid_prob=valid_prob, seed=seed))
+    sim.add_testbench(sink(dut.o, n_out, width, rec, ready_prob=ready_prob, seed=seed + 1, error=dut.o.payload.bad))
     sim.add_process(count_drops)
     sim.run()
     return rec, len(drops)
@@ -177,6 +179,14 @@ def _marked(frames_bad, width):
     return out
 
 
+def _run_marked(dut, inputs, want, width) -> int:
+    """Run ``dut`` (a CodecIn) on (frame, bad) ``inputs``; check it sends ``want`` ((frame, bad)
+    pairs) and return how many frames it counted as dropped."""
+    rec, drops = run(dut, None, width, len(want), beats=_marked(inputs, width))
+    assert [(f, e) for f, e in zip(rec.frames, rec.errors)] == want
+    return drops
+
+
 @pytest.mark.parametrize("width", [64, 512])
 def test_marked_frames_never_reach_the_adders(width):
     """Frames marked ``bad`` (a cut-through port found them spoilt). A compressed one leaves
@@ -199,21 +209,8 @@ def test_marked_frames_never_reach_the_adders(width):
             (lost, 1), (raw, 1),
             (frame(h.replace(count=7, seq=4), codec.decode(codec.encode(g3, k), 7, k)), 0)]
     dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)))
-    rec, drops = Received(), []
-
-    async def count_drops(ctx):
-        async for _, _, d in ctx.tick().sample(dut.dropped):
-            if d:
-                drops.append(1)
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(source(dut.i, _marked(inputs, width)))
-    sim.add_testbench(sink(dut.o, len(want), width, rec, error=dut.o.payload.bad))
-    sim.add_process(count_drops)
-    sim.run()
-    assert [(f, e) for f, e in zip(rec.frames, rec.errors)] == want
-    assert drops == []
+    drops = _run_marked(dut, inputs, want, width)
+    assert drops == 0
 
     # CodecOut: the placeholder and the raw frame pass as they are; a compressed frame keeps its mark.
     vals = frame(h.replace(opcode=Opcode.BROADCAST, count=7), g3)
@@ -228,3 +225,30 @@ def test_marked_frames_never_reach_the_adders(width):
     sim.add_testbench(sink(dut.o, len(want), width, rec, error=dut.o.payload.bad))
     sim.run()
     assert [(f, e) for f, e in zip(rec.frames, rec.errors)] == want
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_marked_frames_pass_decoded_without_placeholders(width):
+    """The schedule engine's CodecIn (``placeholders=False``): a compressed frame marked ``bad``
+    leaves decoded, every value of it, still marked bad on its last beat (the engine sums it and
+    marks what it turns into, as for an uncompressed frame marked bad); one whose payload does not
+    decode is dropped whole and counted, marked bad or not."""
+    rng = np.random.default_rng(width + 1)
+    k = 10
+    g1, g2, g3 = (gradients(rng, n, k) for n in (40, 33, 7))
+    h = Header(opcode=Opcode.REDUCE, count=40, seq=0, codec=Codec.INCEPTIONN_V1, eb_k=k)
+    dec = [codec.decode(codec.encode(g, k), g.size, k) for g in (g1, g2, g3)]
+    spoilt = frame(h.replace(count=33, seq=1), codec.encode(g2, k))
+    spoilt_long = frame(h.replace(count=7, seq=2), codec.encode(g3, k) + b"\x55")
+    malformed = frame(h.replace(count=7, seq=3), codec.encode(g3, k) + b"\x55")
+    raw = frame(h.replace(codec=Codec.NONE, eb_k=0, count=7, seq=4), g3)
+    good = frame(h.replace(count=7, seq=5), codec.encode(g3, k))
+    inputs = [(frame(h, codec.encode(g1, k)), 0), (spoilt, 1), (spoilt_long, 1), (malformed, 0), (raw, 1),
+              (good, 0)]
+    want = [(frame(h, dec[0]), False), (frame(h.replace(count=33, seq=1), dec[1]), True), (raw, True),
+            (frame(h.replace(count=7, seq=5), dec[2]), False)]
+    want = [(f, int(b)) for f, b in want]
+    dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)), placeholders=False)
+    drops = _run_marked(dut, inputs, want, width)
+    assert drops == 2
+

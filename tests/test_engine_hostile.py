@@ -376,3 +376,72 @@ def test_stray_command_refused_at_once_while_a_unit_is_held(opcode):
     check_partial(data, 0)
     st = seen["stats"]
     assert st["control_refused"] == 1 and not any(v for k, v in st.items() if k.startswith("drop_")), st
+
+
+def test_next_control_waits_for_the_forwards_of_a_finished_collective():
+    """A host that has every result sends the next CONTROL (no ABORT) at once, while its engine still
+    has results to forward to a child whose link is slow (here: takes nothing until the CONTROL
+    is waiting). The engine is no longer running, so the CONTROL waits for a quiet engine; the ports
+    go on sending what their output queues hold while it waits (held, the queues never empty and
+    the engine never gets quiet: the node and the child that waits for those results stop for
+    good). The child gets both results, bit for bit, then the CONTROL is taken and answered."""
+    seen = {}
+
+    async def tb(ctx, dut):
+        for g in range(2):
+            await send(ctx, dut.net0_in, frame(reduce_hdr(g), CHILD[g]))
+            seen[f"partial{g}"] = await recv(ctx, dut.net1_out)
+        for g in range(2):
+            await send(ctx, dut.net1_in, frame(bcast_hdr(g), RESULT[g]))
+        seen["host"] = [await recv(ctx, dut.host_tx) for _ in range(2)]
+        await send(ctx, dut.host_rx, Header(opcode=Opcode.CONTROL, collective=COLL + 1, src=RANK, hop=1,
+                                            seq=2).pack())
+        await ctx.tick().repeat(50)
+        seen["child"] = [await recv(ctx, dut.net0_out, 400) for _ in range(2)]
+        seen["answer"] = parse_stats((await recv(ctx, dut.host_tx, 400))[0])
+
+    run_engine(tb)
+    for g in range(2):
+        check_partial(seen[f"partial{g}"][0], g)
+    for g, ((host, hbad), (child, cbad)) in enumerate(zip(seen["host"], seen["child"])):
+        assert not hbad and not cbad
+        for data, opcode in ((host, Opcode.HOST_RESULT), (child, Opcode.BROADCAST)):
+            h = Header.unpack(data)
+            assert (h.opcode, h.seq, h.count) == (opcode, g, 3), h
+            assert words(np.frombuffer(data[16:], "<f4")) == words(RESULT[g])
+    assert seen["answer"]["control_refused"] == 0 and seen["answer"]["collective"] == COLL + 1, seen["answer"]
+
+
+def test_compressed_frame_marked_bad_is_summed_and_its_sum_marked():
+    """On an engine built with the codec, a compressed partial sum that arrives marked ``bad`` (its
+    FCS found wrong by a cut-through port after the engine started on it) is taken as an
+    uncompressed one would be: decoded, summed, and the partial sum it turns into leaves marked bad
+    (so no host ever receives a value of it), with no drop counted (its link counted it). Before,
+    the codec stage made it a LOST placeholder, which the engine's gates drop (``drop_flags``), and
+    the unit then waited for that chunk until the host gave up. The next chunk sums exactly."""
+    from wirereduce.codec import decode
+
+    k = 10
+    seen = {}
+
+    def compressed(g):
+        return frame(reduce_hdr(g, codec=Codec.INCEPTIONN_V1, eb_k=k), encode(CHILD[g], k))
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, compressed(0), bad=True)
+        seen["partial0"] = await recv(ctx, dut.net1_out)
+        await send(ctx, dut.net0_in, compressed(1))
+        seen["partial1"] = await recv(ctx, dut.net1_out)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb, k=k)
+    for g, marked in ((0, True), (1, False)):
+        data, bad = seen[f"partial{g}"]
+        assert bad == marked, g
+        h = Header.unpack(data)
+        assert (h.opcode, h.seq, h.count, h.codec, h.eb_k) == (Opcode.REDUCE, g, 3, Codec.INCEPTIONN_V1, k), h
+        terms = [decode(encode(np.asarray(x, np.float32), k), 3, k) for x in (CHILD[g], LOCAL_CHUNKS[g])]
+        assert data[16:] == encode((terms[0] + terms[1]).astype(np.float32), k), g   # the table's order
+    st = seen["stats"]
+    assert not any(v for n, v in st.items() if n.startswith("drop_")), st
+    assert st["reduce_frames"] == 2, st

@@ -33,7 +33,7 @@ with ``codec=True``).
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.codec.compressor import Compressor, Decompressor
@@ -335,6 +335,14 @@ class CodecIn(_CodecStage):
         Most fp32 values in one frame (``NodeConfig.max_elements``).
     max_beats : int
         Beats of the longest frame on the input (``NodeConfig.max_beats``).
+    placeholders : bool
+        What becomes of a compressed frame marked ``bad`` on its last beat (spoilt on a
+        cut-through cable, docs/protocol.md): True (the ring node) makes it a LOST placeholder
+        (its header with ``flags | LOST``, no payload, marked bad); False (the schedule engine,
+        which sums bad-marked frames and marks every frame they turn into bad, but takes no
+        placeholders) passes its decoded values on, still marked bad on the last beat, as an
+        uncompressed frame marked bad would arrive; if its payload does not decode it is dropped
+        whole and counted in ``dropped`` like any malformed frame.
 
     Attributes
     ----------
@@ -353,6 +361,10 @@ class CodecIn(_CodecStage):
     """
 
     _opcodes = _DATA_OPS_IN
+
+    def __init__(self, width: int, max_elements: int, max_beats: int, placeholders: bool = True):
+        self._placeholders = bool(placeholders)
+        super().__init__(width, max_elements, max_beats)
 
     def _transform(self, m, src, dst):
         w = self._width
@@ -375,15 +387,18 @@ class CodecIn(_CodecStage):
             beats.w_data.eq(d.as_value()),
             beats.w_en.eq(dec.o.valid & dec.o.ready),
             dec.o.ready.eq(beats.w_rdy & (~last | (verdicts.w_rdy & hdrq.r_rdy & ibad.r_rdy))),
-            # good: it leaves (a bad frame leaves as a placeholder); lost: it was marked bad.
-            verdicts.w_data.eq(Cat(~dec.error | ibad.r_data[0], ibad.r_data[0], hdrq.r_data)),
+            # good: it leaves (with placeholders, a frame marked bad leaves as one); marked: it was
+            # marked bad (without placeholders it leaves decoded, its last beat marked by the merge).
+            verdicts.w_data.eq(Cat(~dec.error | (ibad.r_data[0] & self._placeholders), ibad.r_data[0],
+                                   hdrq.r_data)),
             ibad.r_en.eq(dec.o.valid & dec.o.ready & last),
             verdicts.w_en.eq(dec.o.valid & dec.o.ready & last),
             hdrq.r_en.eq(dec.o.valid & dec.o.ready & last),
         ]
         stored = data.View(blay, beats.r_data)
         good = verdicts.r_data[0]
-        lost = verdicts.r_data[1]
+        marked = verdicts.r_data[1]
+        lost = marked if self._placeholders else Const(0, 1)   # leaves as a placeholder
         hdr = Signal(header_layout())
         m.d.comb += [hdr.eq(verdicts.r_data[2:]), hdr.flags.eq(verdicts.r_data[2:].bit_select(56, 8) | Flag.LOST)]
         emit_lost = Signal()   # a lost frame's beats are discarded; its placeholder leaves now
@@ -424,8 +439,10 @@ class CodecIn(_CodecStage):
             with m.Elif(ann_now):
                 m.d.sync += announced.eq(1)
         m.d.comb += [skips.w_en.eq(ann_now), skips.w_data.eq(good)]
-        # Once per frame dropped as malformed, before its route is retired; a frame marked bad
-        # is not counted here (its link counted it) but leaves as a placeholder.
+        # Once per frame dropped as malformed, before its route is retired. A frame marked bad
+        # leaves as a placeholder (its link counted it), or without placeholders decoded, or, its
+        # payload not decoding, is dropped and counted here like any malformed frame (every frame
+        # a node drops is counted at that node).
         m.d.comb += self.dropped.eq(ann_now & ~good)
         return skips
 
@@ -457,7 +474,7 @@ class CodecOut(_CodecStage):
         ]
 
 
-def codec_port_stages(m, component, config, inputs, outputs):
+def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool = True):
     """A component's ports as its logic sees them: straight, or (``config.codec``) through a
     :class:`CodecIn` behind each of ``inputs`` and a :class:`CodecOut` in front of each of
     ``outputs`` (submodules ``codec_{name}``), as the ring node and the schedule engine put them.
@@ -471,6 +488,9 @@ def codec_port_stages(m, component, config, inputs, outputs):
     config : NodeConfig
         ``width``, ``max_elements``, ``max_beats`` and ``codec``.
     inputs, outputs : sequence of str
+    placeholders : bool
+        :class:`CodecIn`'s: True for the ring node (a compressed frame marked bad becomes a LOST
+        placeholder), False for the schedule engine (it passes decoded, still marked bad).
 
     Returns
     -------
@@ -487,7 +507,7 @@ def codec_port_stages(m, component, config, inputs, outputs):
     beat = FrameStream(w)
     ins, outs, dropped = {}, {}, []
     for name in inputs:
-        stage = m.submodules[f"codec_{name}"] = CodecIn(w, config.max_elements, config.max_beats)
+        stage = m.submodules[f"codec_{name}"] = CodecIn(w, config.max_elements, config.max_beats, placeholders)
         wiring.connect(m, wiring.flipped(getattr(component, name)), stage.i)
         dropped.append(stage.dropped)
         ins[name] = beat.create()

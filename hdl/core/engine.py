@@ -453,16 +453,17 @@ class Engine(wiring.Component):
         # it fans out to every register of every unit). They take nothing from the cycle after a
         # CONTROL (or SCHEDULE) frame shows at the host gate (``ctl_hold``, registered) until their
         # reset, and the frame is taken only with ``ctl_hold`` up the cycle before as well, so no unit
-        # starts a chunk in between. Nor does a network gate pass a frame's first beat, a writer or a
-        # port get a grant while ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing
-        # starts into them, and ``quiet`` can be registered (``may_q``, below).
+        # starts a chunk in between. Nor does a network gate pass a frame's first beat or a writer get
+        # a grant while ``ctl_hold`` is up: in the cycle CONTROL flushes the queues, nothing starts
+        # into them, and ``quiet`` can be registered (``may_q``, below). The ports do go on sending
+        # (they only empty queues, and a quiet engine has nothing for them to start).
         start_q = Signal()
         ctl_hold = Signal()
         # An ABORT CONTROL that will be taken waits at the host gate (registered with ``ctl_hold``): the
-        # network gates then drop the frames at their heads instead of holding them, and the ports and the
-        # root's writer go on sending what is in flight (below), so the engine drains to quiet whatever
-        # its neighbours do (the fuzz suite's ``abort_mid``: held, a CONTROL with ABORT mid-collective
-        # stopped the whole network).
+        # network gates then drop the frames at their heads instead of holding them, and the root's
+        # writer goes on sending what is in flight (below; the ports do for every command), so the
+        # engine drains to quiet whatever its neighbours do (the fuzz suite's ``abort_mid``: held, a
+        # CONTROL with ABORT mid-collective stopped the whole network).
         abort_drop = Signal()
         m.d.sync += start_q.eq(start)
         m.submodules.status = status = StatusResponder(w, len(engine_stats_counters(P)), settle=2)
@@ -488,9 +489,11 @@ class Engine(wiring.Component):
         # CodecOut in front of every output, as on the ring node: compressed frames are decompressed on
         # arrival and recompressed with their header's ``eb_k`` as they leave, so every hop decompresses,
         # sums and recompresses (docs/codec.md); a compressed frame whose length does not match its tags
-        # is dropped whole by its CodecIn (``drop_length``).
+        # is dropped whole by its CodecIn (``drop_length``); one marked bad (spoilt on a cut-through
+        # cable) passes decoded and still marked, as an uncompressed frame would (no LOST placeholders).
         ports_in, ports_out, dropped = codec_port_stages(m, self, cfg, ["host_rx"] + [f"net{p}_in" for p in range(P)],
-                                                         ["host_tx"] + [f"net{p}_out" for p in range(P)])
+                                                         ["host_tx"] + [f"net{p}_out" for p in range(P)],
+                                                         placeholders=False)
         for d in dropped:
             m.d.comb += events.flag("drop_length").eq(d)
         host_gate = gate("host")
@@ -875,10 +878,13 @@ class Engine(wiring.Component):
             oq, u = oqs[o], units[o].o
             qreq, ureq = Signal(name=f"p{o}_qreq"), Signal(name=f"p{o}_ureq")
             qgrant, ugrant = Signal(name=f"p{o}_qgrant"), Signal(name=f"p{o}_ugrant")
-            # While an ABORT that will be taken waits, the ports go on sending what is in their output
-            # queues and units (frames of the collective being aborted, none of which can start any
-            # more): the CONTROL waits for them to be empty, and held they never would be.
-            idle = ~pactive[o] & (~ctl_hold | abort_drop)
+            # While a CONTROL or SCHEDULE waits for a quiet engine (``ctl_hold``), the ports go on
+            # sending what is in their output queues and units: the command waits for them to be
+            # empty, and held they never would be. With ABORT these are frames of the collective being
+            # aborted; without, the forwards of a finished collective (its host has every result while a
+            # child's results still wait in a queue behind a slow link). No writer or unit starts
+            # anything new while ``ctl_hold`` is up, so nothing enters a queue the command flushes.
+            idle = ~pactive[o]
             if self.config.priority == "broadcast":
                 m.d.comb += [qgrant.eq(idle & qreq), ugrant.eq(idle & ureq & ~qreq)]
             else:

@@ -10,11 +10,44 @@ from __future__ import annotations
 from collections.abc import Awaitable, Sequence
 
 import cocotb
-from cocotb.triggers import ClockCycles, with_timeout
+from cocotb.triggers import ClockCycles, Event, with_timeout
 from cocotb.utils import get_sim_time
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
-__all__ = ["CocotbTransport", "start_network"]
+__all__ = ["Barrier", "CocotbTransport", "start_network"]
+
+
+class Barrier:
+    """The start barrier of ranks that share one simulation: every rank's driver awaits it between
+    its CONTROL acknowledgement and its first push (:class:`~wirereduce.host.rank.EngineRankDriver`
+    ``barrier``), so no node gets a frame of a collective before it took its CONTROL.
+
+    Released once ``parties`` ranks reached it (``on_release()`` is called then, once);
+    :meth:`release` lets every rank through at once (a rank that failed before reaching it);
+    :meth:`reset` re-arms it for the next collective.
+    """
+
+    def __init__(self, parties: int, on_release=None):
+        self.parties, self.on_release = parties, on_release
+        self.reset()
+
+    def reset(self) -> None:
+        self.count, self.event = 0, Event()
+
+    def release(self) -> None:
+        self.event.set()
+
+    def __call__(self):
+        self.count += 1
+        if self.count == self.parties:
+            if self.on_release is not None:
+                self.on_release()
+            self.event.set()
+        return self.event.wait()
+
+    def wait(self):
+        """Await the release without counting as a rank (an injector that starts with the collective)."""
+        return self.event.wait()
 
 
 async def start_network(dut, nodes: int, period_ps: int, inputs: tuple[str, ...] = ()) -> None:

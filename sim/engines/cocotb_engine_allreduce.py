@@ -21,7 +21,7 @@ import numpy as np
 from cocotb.triggers import ClockCycles, Event
 from wirereduce.host.driver import ChunksLost
 from wirereduce.host.rank import EngineRankDriver
-from wirereduce.host.transports.cocotb import CocotbTransport, start_network
+from wirereduce.host.transports.cocotb import Barrier, CocotbTransport, start_network
 
 from wirereduce import schedule as sched
 from wirereduce.config import EngineConfig
@@ -50,19 +50,6 @@ class _Exchange:
         return exchange
 
 
-class _Barrier:
-    """Every rank's driver awaits it between its CONTROL acknowledgement and its first push."""
-
-    def __init__(self, parties: int, on_release):
-        self.parties, self.count, self.event, self.on_release = parties, 0, Event(), on_release
-
-    def __call__(self):
-        self.count += 1
-        if self.count == self.parties:
-            self.on_release()
-            self.event.set()
-        return self.event.wait()
-
 
 @cocotb.test()
 async def engine_allreduce(dut):
@@ -86,7 +73,7 @@ async def engine_allreduce(dut):
     transport = CocotbTransport(dut, nodes, timeout_cycles=spec["timeout_cycles"],
                                 clock_period_ns=period_ps / 1000)
     start = []
-    barrier = _Barrier(nodes, lambda: start.append(transport.now()))
+    barrier = Barrier(nodes, lambda: start.append(transport.now()))
     retries = spec.get("retries", 0)
     exchange = _Exchange(nodes)
     drivers = [EngineRankDriver(transport, k, schedule, config, window=spec["window"], barrier=barrier,

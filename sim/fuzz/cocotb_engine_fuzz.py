@@ -20,30 +20,17 @@ import os
 
 import cocotb
 import numpy as np
-from cocotb.triggers import ClockCycles, Event
+from cocotb.triggers import ClockCycles
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSource
 from wirereduce.host.driver import ChunksLost, DriverError
 from wirereduce.host.engine import EngineSession
 from wirereduce.host.rank import EngineRankDriver
-from wirereduce.host.transports.cocotb import CocotbTransport, start_network
+from wirereduce.host.transports.cocotb import Barrier, CocotbTransport, start_network
 from wirereduce.sim.fuzz.cases import build_frame, case_inputs, engine_routes
 
 from wirereduce import schedule as sched
 from wirereduce.config import EngineConfig
 from wirereduce.protocol import Codec
-
-
-class _Barrier:
-    """Released once every rank's driver reached it (after its CONTROL was taken)."""
-
-    def __init__(self, parties: int):
-        self.parties, self.count, self.event = parties, 0, Event()
-
-    def __call__(self):
-        self.count += 1
-        if self.count == self.parties:
-            self.event.set()
-        return self.event.wait()
 
 
 async def _run_all(transport, drivers, arrays, compression, barrier):
@@ -55,10 +42,10 @@ async def _run_all(transport, drivers, arrays, compression, barrier):
         try:
             return ("complete", await d.allreduce_async(a, compression))
         except ChunksLost as e:
-            barrier.event.set()
+            barrier.release()
             return ("lost", e)
         except (DriverError, TimeoutError) as e:
-            barrier.event.set()
+            barrier.release()
             return ("error", f"{type(e).__name__}: {e}")
 
     return await transport.gather([one(d, a) for d, a in zip(drivers, arrays)])
@@ -94,12 +81,8 @@ async def engine_fuzz(dut):
                 out.append(None)
         return out
 
-    barrier = {"b": None}
-
-    def current_barrier():
-        return barrier["b"]()
-
-    drivers = [EngineRankDriver(transport, k, schedule, config, window=spec["window"], barrier=current_barrier,
+    barrier = Barrier(nodes)
+    drivers = [EngineRankDriver(transport, k, schedule, config, window=spec["window"], barrier=barrier,
                                 first_collective=spec["collective"]) for k in range(nodes)]
     records = []
     for case_dict in spec["cases"]:
@@ -116,11 +99,11 @@ async def engine_fuzz(dut):
         rec["frame_bytes"] = len(data)
         rec["collective"] = s.collective
         rec["chunks"] = [[c.start, c.count] for c in s.chunks]
-        b = barrier["b"] = _Barrier(nodes)
+        barrier.reset()
 
-        async def injector(case=case, data=data, b=b):
+        async def injector(case=case, data=data):
             # once every node took its CONTROL, then ``after`` chunk times into the collective
-            await b.event.wait()
+            await barrier.wait()
             await ClockCycles(dut.clk, 1 + case.after * spec["cycles_per_chunk"])
             if case.port == "host":
                 await transport.send(case.node, data)
@@ -128,7 +111,7 @@ async def engine_fuzz(dut):
                 await inject[(case.node, case.port)].send(AxiStreamFrame(data, tuser=int(case.bad)))
 
         task = cocotb.start_soon(injector())
-        outcomes = await _run_all(transport, drivers, arrays, compression, b)
+        outcomes = await _run_all(transport, drivers, arrays, compression, barrier)
         await task
         errors = [o[1] for o in outcomes if o[0] == "error"]
         if errors:
@@ -146,10 +129,10 @@ async def engine_fuzz(dut):
                     rec["missing"][str(k)] = [int(g) for g in val.missing[k]]
         await ClockCycles(dut.clk, 50)
         rec["stats_before"], rec["stats_after"] = before, await stats_all(drivers)
-        b = barrier["b"] = _Barrier(nodes)
+        barrier.reset()
         for d in drivers:   # CONTROL with ABORT: a hostile CONTROL may have started a collective somewhere
             d.unfinished = True
-        outcomes = await _run_all(transport, drivers, fresh, compression, b)
+        outcomes = await _run_all(transport, drivers, fresh, compression, barrier)
         if all(o[0] == "complete" for o in outcomes):
             rec["fresh"] = [np.asarray(o[1]).tobytes().hex() for o in outcomes]
         else:

@@ -113,10 +113,6 @@ def judge(rec: dict, arrays, fresh, compression, chunk: int, schedule=None) -> V
         # a compressed frame whose length does not match its tags is dropped whole by the engine's codec
         # stage, in front of the gate, and counted in drop_length (docs/protocol.md "Length check")
         expected = expected + ("drop_length",)
-    if expected is not None and schedule is not None and compression is not None and case.bad:
-        # the codec stage turns a compressed frame marked bad into a LOST placeholder (the ring node's
-        # rule, hdl/codec/port.py), which the engine's gate, taking no placeholders, drops as drop_flags
-        expected = expected + ("drop_flags",)
     if expected is not None and schedule is not None and case.port.startswith("net"):
         from wirereduce.sim.fuzz.cases import engine_routes
 
