@@ -187,6 +187,16 @@ def wire_injectable(m, outer, inner, ports: dict[str, str], width: int) -> None:
             m.d.comb += getattr(outer, name).eq(getattr(inner, name))
 
 
+def injection_members(prefix: str, width: int) -> dict:
+    """The flat AXI4-Stream members of one injection port on a network top:
+    ``{prefix}_t{data,keep,last,valid,user}`` in (``tuser`` = ``bad``) and ``{prefix}_tready`` out
+    (driven by :func:`drive_injection`)."""
+    members = {f"{prefix}_{sig}": In(shape) for sig, shape in
+               (("tdata", width), ("tkeep", width // 8), ("tlast", 1), ("tvalid", 1), ("tuser", 1))}
+    members[f"{prefix}_tready"] = Out(1)
+    return members
+
+
 def drive_injection(m, stream, flat) -> None:
     """Drive injection port ``stream`` from the flat AXI4-Stream ports ``flat("tdata")`` … of a
     network top (``tuser`` = ``bad``)."""
@@ -392,9 +402,7 @@ class Network(wiring.Component):
             members[f"host{k}_tx_tuser"] = Out(1)
             if self.inject:
                 for port in ("cw", "ccw"):
-                    for sig, shape in (("tdata", w), ("tkeep", w // 8), ("tlast", 1), ("tvalid", 1), ("tuser", 1)):
-                        members[f"inj{k}_{port}_{sig}"] = In(shape)
-                    members[f"inj{k}_{port}_tready"] = Out(1)
+                    members.update(injection_members(f"inj{k}_{port}", w))
             for d, flow_in in (("rx", True), ("tx", False)):
                 dir_in, dir_out = (In, Out) if flow_in else (Out, In)
                 members[f"host{k}_{d}_tdata"] = dir_in(w)

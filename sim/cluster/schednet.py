@@ -35,6 +35,7 @@ from wirereduce.sim.cluster.network import (
     eth_port,
     flip_line,
     injectable_members,
+    injection_members,
     line_bytes_per_cycle,
     line_rate_gbps,
     wire_injectable,
@@ -211,9 +212,7 @@ class ScheduleNetwork(wiring.Component):
         for k in range(self.nodes):
             members[f"host{k}_tx_tuser"] = Out(1)
             for p in range(len(self.topology.links[k]) if self.inject else 0):
-                for sig, shape in (("tdata", w), ("tkeep", w // 8), ("tlast", 1), ("tvalid", 1), ("tuser", 1)):
-                    members[f"inj{k}_{p}_{sig}"] = In(shape)
-                members[f"inj{k}_{p}_tready"] = Out(1)
+                members.update(injection_members(f"inj{k}_{p}", w))
             for d, flow_in in (("rx", True), ("tx", False)):
                 dir_in, dir_out = (In, Out) if flow_in else (Out, In)
                 members[f"host{k}_{d}_tdata"] = dir_in(w)
