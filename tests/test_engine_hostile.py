@@ -11,7 +11,7 @@ from test_hostile import no_frame, recv, send, stats
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.host.driver import parse_stats
 
-from wirereduce.codec import encode
+from wirereduce.codec import decode, encode
 from wirereduce.config import EngineConfig
 from wirereduce.protocol import Codec, Flag, Header, Opcode, frame
 from wirereduce.table import LOCAL, EngineEntry, encode_entry
@@ -419,8 +419,6 @@ def test_compressed_frame_marked_bad_is_summed_and_its_sum_marked():
     (so no host ever receives a value of it), with no drop counted (its link counted it). Before,
     the codec stage made it a LOST placeholder, which the engine's gates drop (``drop_flags``), and
     the unit then waited for that chunk until the host gave up. The next chunk sums exactly."""
-    from wirereduce.codec import decode
-
     k = 10
     seen = {}
 
