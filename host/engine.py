@@ -1,7 +1,7 @@
 """Driving a schedule engine: one rank's side of an allreduce that runs any tree schedule (sans-IO).
 
-:class:`EngineSession` is :class:`~wirereduce.host.driver.NodeSession`'s counterpart for the
-schedule engine (:mod:`wirereduce.hdl.core.engine`): it makes every frame one host sends and
+:class:`EngineSession` is one host's side of one collective on the schedule engine
+(:mod:`wirereduce.hdl.core.engine`): it makes every frame one host sends and
 checks every frame it gets back, and leaves the sending to a transport or a frame script.
 
 1. SCHEDULE frames load the node's table (:func:`wirereduce.table.table_frames_payloads`), each
@@ -13,10 +13,9 @@ checks every frame it gets back, and leaves the sending to a transport or a fram
    docs/architecture.md "Why the engine cannot deadlock");
 4. HOST_RESULT frames, one per chunk, are put in place by their chunk's element range.
 
-:class:`EngineAllreduce` is :class:`~wirereduce.host.driver.Allreduce`'s counterpart: the rounds of
-one allreduce over every rank, the first over the whole message and, when chunks are lost and
-``retries`` are left, one over just the lost chunks, each kept in its own flow
-(:func:`plan_retry`), whose sums are put back in place.
+:class:`EngineAllreduce` holds the rounds of one allreduce over every rank, the first over the whole
+message and, when chunks are lost and ``retries`` are left, one over just the lost chunks, each kept
+in its own flow (:func:`plan_retry`), whose sums are put back in place.
 """
 
 from __future__ import annotations
@@ -235,8 +234,7 @@ class EngineSession(CodecFields):
     def receive(self, data: bytes) -> None:
         """Take one frame from the node. A frame of another opcode or collective (a stray STATS, a
         late result of a collective that was aborted) is recorded in :attr:`unexpected` and
-        otherwise ignored, as :meth:`NodeSession.receive <wirereduce.host.driver.NodeSession.receive>`
-        does: an engine that takes an ABORT while results of the old collective are still in its host
+        otherwise ignored: an engine that takes an ABORT while results of the old collective are still in its host
         FIFOs delivers them after the CONTROL's answer. Raises DriverError on a result of this
         collective that is a duplicate, of no chunk, or does not match its chunk (flow, count,
         dtype, codec, length)."""
@@ -371,22 +369,21 @@ class EngineAllreduce:
     """One allreduce on a network of schedule engines, retries included, sans-IO: the collective to
     run now (a session per rank) and how the sums of the retries go back in place.
 
-    :class:`~wirereduce.host.driver.Allreduce`'s counterpart. An engine runs :attr:`sessions`
+    An engine runs :attr:`sessions`
     (every rank's SCHEDULE frames, CONTROL, pushes); when chunks are lost (the round's deadline
     passed with results missing: an engine sends no LOST placeholders) it hands the
     :class:`~wirereduce.host.driver.ChunksLost` to :meth:`retry`, which sets up the next round over
     just the lost chunks (every chunk some host is missing) or says that no retries are left; at
     the end :meth:`results` puts every round's sums in place.
 
-    A retry round keeps every lost chunk in its own flow (:func:`plan_retry`): each flow's share
-    of the retry message holds that flow's lost chunks, padded with zero words to the longest
-    share. The result is therefore the loss-free run's, bit for bit
-    (:func:`wirereduce.sim.golden.schedule.allreduce`). Re-running the whole collective would be
-    bit-exact too, but costs the whole message for a lost chunk; summing the lost elements again
-    in a message of their own (the ring node's retry, :class:`~wirereduce.host.driver.Allreduce`)
-    would put them in other flows, summed in other orders: other bits. The padding costs at most
-    F − 1 chunks per lost chunk (one lost chunk of a full frame: F frames, one per flow). A
-    padding chunk lost in a retry round is summed again like any other (its sum discarded).
+    A retry round keeps every lost chunk in its own flow (:func:`plan_retry`): each flow's share of the
+    retry message holds that flow's lost chunks, padded with zero words to the longest share. The result
+    is therefore the loss-free run's, bit for bit (:func:`wirereduce.sim.golden.schedule.allreduce`).
+    Re-running the whole collective would be bit-exact too, but costs the whole message for a lost
+    chunk; summing the lost elements again in a message of their own (what the removed ring-only node's
+    driver did) would put them in other flows, summed in other orders: other bits. The padding costs at
+    most F − 1 chunks per lost chunk (one lost chunk of a full frame: F frames, one per flow). A padding
+    chunk lost in a retry round is summed again like any other (its sum discarded).
 
     Parameters
     ----------

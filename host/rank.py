@@ -1,23 +1,23 @@
-"""One process per rank: the allreduce as ONE host sees it, against its own node only.
+"""One process per rank: the allreduce as ONE host sees it, against its own engine only.
 
 On a real cluster every training host runs its own process with its own gradient and knows
-nothing of the others' memory. :class:`RankDriver` runs that host's part of the collective over
-a transport that reaches its node only (:class:`wirereduce.host.transports.packet.PacketTransport`)
-with the same planning every engine uses (:class:`wirereduce.host.driver.Allreduce`: chunks,
-collective ids, window): every rank computes the same plan and the same collective ids from the
-same call sequence, so no id travels between hosts.
+nothing of the others' memory. :class:`EngineRankDriver` runs that host's part of the collective
+over a transport that reaches its engine only (:class:`wirereduce.host.transports.packet.PacketTransport`)
+with the same planning every simulator uses (:class:`wirereduce.host.engine.EngineSession`: flows,
+chunks, collective ids, window): every rank computes the same plan and the same collective ids
+from the same call sequence, so no id travels between hosts.
 
 Two things a one-process-per-rank run cannot get from the driver alone:
 
-- **The start barrier.** :class:`~wirereduce.host.driver.Cluster` sends no push before every node
-  has acknowledged its CONTROL frame, so no node sees a REDUCE frame of a collective it was not
-  told about (it would drop it: ``drop_collective``). One rank cannot see the other nodes, so
+- **The start barrier.** No rank pushes before every engine has acknowledged its CONTROL frame, so
+  no engine sees a REDUCE frame of a collective it was not told about (it would drop it:
+  ``drop_collective``). One rank cannot see the other nodes, so
   ``barrier`` (any callable, e.g. ``torch.distributed.barrier`` of the gloo group DDP keeps, or
   :class:`FileBarrier`) is called between the acknowledgement and the first push. Without one the
   ranks must start within the ring's slack.
 - **Retries.** Which chunks were lost is known only to the rank that misses them; re-running them
-  needs every rank to agree on the lost set. :class:`RankDriver` raises :class:`ChunksLost` (or
-  ``TimeoutError``) and the caller decides. :class:`EngineRankDriver` with ``retries`` and an
+  needs every rank to agree on the lost set. Without ``retries`` :class:`EngineRankDriver` raises
+  :class:`ChunksLost` (or ``TimeoutError``) and the caller decides; with ``retries`` and an
   ``exchange`` (an all-gather of a small list: ``torch.distributed.all_gather_object`` of the gloo
   group DDP keeps, or :class:`FileExchange`) has every rank hand in the chunks it misses after each
   round; the union is summed again, each chunk in its own flow
@@ -35,20 +35,16 @@ from pathlib import Path
 
 import numpy as np
 from wirereduce.host.driver import (
-    Allreduce,
     ChunksLost,
     CollectiveIds,
-    NodeSession,
-    check_window,
-    default_window,
     loss_report,
     parse_stats,
 )
 
-from wirereduce.config import EngineConfig, NodeConfig
+from wirereduce.config import EngineConfig
 from wirereduce.protocol import Header, Opcode, ProtocolError
 
-__all__ = ["RankDriver", "EngineRankDriver", "FileBarrier", "FileExchange", "served_engine_config",
+__all__ = ["EngineRankDriver", "FileBarrier", "FileExchange", "served_engine_config",
            "SERVED_ENGINE_SLOTS"]
 
 #: Chunk slots of the engines ``wirereduce sim serve --topology`` builds by default (the host window
@@ -220,128 +216,16 @@ async def _barrier_push_collect(driver, session, pushes, skip_stats: bool = Fals
         raise ChunksLost(loss_report([session], stats, what), [session], stats)
 
 
-class RankDriver:
-    """Rank ``rank``'s host: allreduces its own gradient through its own node.
-
-    Parameters
-    ----------
-    transport : Transport
-        Reaches node ``rank`` (``send(rank, …)``/``recv(rank)``), e.g.
-        :class:`~wirereduce.host.transports.packet.PacketTransport`.
-    rank, nodes : int
-        This host's rank and the ring size.
-    config : NodeConfig, optional
-        How the nodes were built (MTU and codec set the chunk size).
-    window : int or None, optional
-        Chunks pushed ahead of the results received; default :func:`default_window` (the nodes'
-        buffer slots: a NIC has no back-pressure).
-    barrier : callable, optional
-        Called (and awaited if it returns an awaitable) after the node acknowledged the CONTROL
-        frame and before the first push; every rank must call it the same number of times.
-    first_collective : int
-        Collective id of the first allreduce (every rank must use the same); the ids then go on in
-        turn (:class:`~wirereduce.host.driver.CollectiveIds`).
-
-    Raises
-    ------
-    ValueError
-        On a bad rank, nodes, window or first_collective.
-    """
-
-    def __init__(self, transport, rank: int, nodes: int, config: NodeConfig | None = None, *,
-                 window=_DEFAULT, barrier: Callable | None = None, first_collective: int = 1):
-        if not isinstance(nodes, int) or isinstance(nodes, bool) or not 2 <= nodes <= 255:
-            raise ValueError(f"nodes must be 2 … 255, not {nodes!r}")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < nodes:
-            raise ValueError(f"rank must be 0 … {nodes - 1}, not {rank!r}")
-        self.transport = transport
-        self.rank = rank
-        self.nodes = nodes
-        self.config = config if config is not None else NodeConfig()
-        self.window = default_window(self.config) if window is _DEFAULT else check_window(window)
-        self.barrier = barrier
-        self.ids = CollectiveIds(first_collective)
-        #: The last allreduce did not finish (chunks lost, an error): the next CONTROL carries
-        #: ``Flag.ABORT``, so the node drops what it left running instead of refusing.
-        self.unfinished = False
-
-    def plan(self, array: np.ndarray, compression: int | None = None) -> Allreduce:
-        """The :class:`Allreduce` every rank computes for an ``array`` of this length (checked,
-        nothing sent). Other ranks' arrays are unknown here: the plan's arrays are this one's
-        ``nodes`` times, and only this rank's session is run."""
-        return Allreduce(self.config, [array] * self.nodes, nodes=self.nodes, compression=compression,
-                         window=self.window, ids=self.ids, abort=self.unfinished)
-
-    def allreduce(self, bucket: np.ndarray, compression: int | None = None) -> np.ndarray:
-        """The sum over every rank of ``bucket``, as this rank's node returns it (blocking).
-
-        Parameters
-        ----------
-        bucket : numpy.ndarray, float32, shape (n,)
-            This rank's gradient; every rank must pass the same length.
-        compression : int, optional
-            Error-bound exponent k (4 … 24) of INCEPTIONN-compressed pushes (nodes built with the codec).
-
-        Returns
-        -------
-        numpy.ndarray, float32, shape (n,)
-            The ring's sum ``((g0 + g1) + g2) + …`` in rank order, bit for bit
-            (``wirereduce.sim.golden.allreduce.ring_allreduce``).
-
-        Raises
-        ------
-        ValueError
-            On a bad array or compression, before anything is sent.
-        ChunksLost
-            If results stopped coming (a frame was lost, a rank died): names this rank's missing chunks.
-        TimeoutError
-            If the node does not answer, or the ``barrier`` times out.
-        DriverError
-            If the node refuses the CONTROL frame or a result is malformed.
-        """
-        return asyncio.run(self.allreduce_async(bucket, compression))
-
-    async def allreduce_async(self, bucket: np.ndarray, compression: int | None = None) -> np.ndarray:
-        """:meth:`allreduce` in a running event loop."""
-        job = self.plan(bucket, compression)
-        try:
-            await self._run_round(job.round.sessions[self.rank], job.round)
-        except BaseException:
-            self.unfinished = True
-            raise
-        self.unfinished = False
-        return job.results()[self.rank]
-
-    async def stats(self) -> dict[str, int]:
-        """This rank's node's status and drop counters (a STATS_REQUEST round trip)."""
-        t = self.transport
-        await t.send(self.rank, Header(opcode=Opcode.STATS_REQUEST).pack())
-        while True:
-            data = await t.recv(self.rank)
-            if Header.unpack(data).opcode == Opcode.STATS:
-                return parse_stats(data)
-
-    async def _run_round(self, s: NodeSession, rnd) -> None:
-        t, rank = self.transport, self.rank
-        await t.send(rank, rnd.control(rank))
-        while True:  # a stray result of an earlier collective, or a stray STATS, may still be on its way
-            data = await t.recv(rank)
-            if Header.unpack(data).opcode == Opcode.STATS and s.is_answer(data):
-                break
-        s.check_ack(data)
-        await _barrier_push_collect(self, s, rnd.pushes(rank))
-
-
 class EngineRankDriver:
     """Rank ``rank``'s host on a network of schedule engines: any schedule, any format, one process per rank.
 
-    :class:`RankDriver`'s counterpart for :mod:`wirereduce.hdl.core.engine`, with the same
-    planning every engine uses (:class:`~wirereduce.host.engine.EngineSession`: chunks, flows,
-    window, dtype byte): every rank computes the same plan and collective ids from the same call
-    sequence. Per allreduce it reads the node's counters (STATS_REQUEST: the baseline the
-    acknowledgements are checked against), loads the node's table (SCHEDULE frames, each
-    acknowledged; on the first call, then only after a table load failed), starts the collective
-    (CONTROL), calls ``barrier``, pushes within the window and collects the results.
+    It drives its :mod:`wirereduce.hdl.core.engine` with the same planning every simulator uses
+    (:class:`~wirereduce.host.engine.EngineSession`: chunks, flows, window, dtype byte): every rank
+    computes the same plan and collective ids from the same call sequence. Per allreduce it reads the
+    node's counters (STATS_REQUEST: the baseline the acknowledgements are checked against), loads the
+    node's table (SCHEDULE frames, each acknowledged; on the first call, then only after a table load
+    failed), starts the collective (CONTROL), calls ``barrier``, pushes within the window and collects
+    the results.
 
     Parameters
     ----------
@@ -357,8 +241,9 @@ class EngineRankDriver:
     window : int, optional
         Chunks pushed ahead of the results received, 1 … ``config.slots`` (default ``slots``).
     barrier : callable, optional
-        As :class:`RankDriver`'s: called (awaited if it returns an awaitable) after the node took
-        the CONTROL frame and before the first push.
+        Called (awaited if it returns an awaitable) after the node took the CONTROL frame and
+        before the first push, at every rank (:class:`FileBarrier`, or the training framework's
+        barrier, e.g. ``torch.distributed.barrier`` of a gloo group).
     first_collective : int
         Collective id of the first allreduce (the same at every rank).
     retries : int

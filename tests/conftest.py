@@ -110,11 +110,10 @@ def per_rank(nodes: int, fn, join_timeout: float = 600) -> dict:
 #: are short ones and neither worker idles long at the end. Modules not listed follow in their
 #: usual order. The order never changes which tests run or what they check.
 HEAVY_FIRST = (
-    "test_engine.py", "test_ethring.py", "test_engine_deploy.py", "test_system.py", "test_ethcodec.py",
-    "test_fastsim.py", "test_engine_eth.py",
-    "test_torch.py", "test_engine_system.py", "test_pause.py", "test_codecring.py", "test_pcie.py",
-    "test_lanes_exhaustive.py", "test_ethport.py", "test_cmacring.py", "test_guard.py",
-    "test_deploy.py", "test_fuzz.py", "test_mac.py", "test_wirespeed.py", "test_boards.py",
+    "test_engine.py", "test_engine_deploy.py", "test_engine_eth.py", "test_engine_cmac.py",
+    "test_torch.py", "test_engine_system.py", "test_engine_serve_eth.py", "test_pause.py", "test_pcie.py",
+    "test_lanes_exhaustive.py", "test_ethport.py", "test_fuzz.py", "test_mac.py", "test_latency.py",
+    "test_boards.py",
 )
 
 

@@ -97,7 +97,7 @@ def test_parse_size_bad(text):
 
 
 def _fake_runner(efficiency=0.995, fill=200, corrupt=None):
-    """A stand-in for fastsim.run_allreduce: golden results, cycles from the bound and a fill time."""
+    """A stand-in for algbw.run_ring: golden results, cycles from the bound and a fill time."""
     calls = []
 
     def run(setup, arrays, *, build_root, progress, compression=None):
@@ -392,54 +392,3 @@ def test_codec_link_bound_busiest_link():
     arrays = [np.zeros(n, np.float32), np.full(n, 2.0, np.float32)]
     worst = wire_bytes(16 + _tag_block(n) + 4 * n)
     assert bench.codec_link_bound(arrays, 8, 1500) == pytest.approx(wire_bytes(16 + 4 * n) / worst)
-
-
-def test_frametrace_reads_stamps_and_fills_links(tmp_path):
-    """The frame-stamp reader of ``sim/bench/frametrace.py`` (probe bus words, least significant
-    first; a (first, last) pair per node and point) and its link table: a link whose frames start
-    one wire time apart is 100 % busy."""
-    from wirereduce.hdl.core.node import PROBE_POINTS
-    from wirereduce.sim.bench import frametrace
-    from wirereduce.sim.golden import codec as G
-
-    from wirereduce import codec
-    from wirereduce.protocol import HEADER_BYTES, wire_bytes
-
-    nodes, p, k = 2, len(PROBE_POINTS), 8
-    rng = np.random.default_rng(5)
-    arrays = [(rng.standard_normal(20 * 349) * 1e-2).astype(np.float32) for _ in range(nodes)]
-    final = G.ring_payloads(arrays, k, host_compressed=True)[-1]
-    wire = [wire_bytes(HEADER_BYTES + codec.encoded_size(final[i:i + 349], k)) for i in range(0, final.size, 349)]
-    bit = 2 * PROBE_POINTS.index("ccw_in")   # node 0's ccw_in
-    lines, t = [], 100
-    for w in wire:   # 8 bytes a cycle; the last beat 8 cycles before the next frame's first
-        lines += [f"{t} {1 << bit:x} 0 0", f"{t + w // 8 - 9} {1 << (bit + 1):x} 0 0"]
-        t += w // 8
-    one = 2 * p + 2 * PROBE_POINTS.index("host_tx")   # node 1's host_tx: first and last beat at once
-    lines.append(f"{t} 0 {(3 << one) >> 32:x} {(3 << one) >> 64:x}")
-    (tmp_path / "stamps.txt").write_text("\n".join(lines) + "\n")
-    stamps = frametrace.read_stamps(tmp_path / "stamps.txt", nodes)
-    s, e = stamps[(0, "ccw_in")]
-    assert len(s) == len(e) == len(wire) and s[0] == 100
-    assert len(stamps[(1, "ccw_in")][0]) == 0
-    assert list(stamps[(1, "host_tx")][0]) == list(stamps[(1, "host_tx")][1]) == [t]
-    rows = {r[1]: r for r in frametrace.point_rows(stamps)}
-    assert set(rows) == {"ccw_in"} and rows["ccw_in"][5] == pytest.approx(8.0)
-    links = {r[0]: r for r in frametrace.link_rows(stamps, arrays, k, 1500, 8)}
-    name, per_chunk, w, busy = links["broadcast 1->0"]
-    assert per_chunk == pytest.approx(w, rel=0.01) and busy == pytest.approx(1.0, rel=0.01)
-
-
-def test_probing_node_elaborates():
-    """``Node(probe=True)`` (simulation only) drives a (first, last) pair per probe point."""
-    from amaranth.hdl import Fragment
-    from wirereduce.hdl.core.node import PROBE_POINTS, Node
-
-    from wirereduce.config import NodeConfig
-
-    node = Node(NodeConfig(64, 1500, 4, codec=True), probe=True)
-    assert len(node.probe) == 2 * len(PROBE_POINTS)
-    Fragment.get(node, None)
-    plain = Node(NodeConfig(64, 1500, 4))
-    assert plain.probe is None
-    Fragment.get(plain, None)

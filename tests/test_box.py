@@ -17,10 +17,10 @@ from test_ethport import random_frames
 from wirereduce.hdl.eth.pcs import block_layout
 from wirereduce.hdl.eth.port import EthPort10G, EthPort10GCdc
 from wirereduce.sim.cluster.box import Box
-from wirereduce.sim.cluster.network import Network, eth_port
+from wirereduce.sim.cluster.network import eth_port
 from wirereduce.sim.cluster.schednet import ENGINE_MODULE, ScheduleNetwork
 
-from wirereduce.config import EngineConfig, NodeConfig
+from wirereduce.config import EngineConfig
 
 MTU = 1500
 LOCAL, PEER = 0x02_77_72_00_01_00, 0x02_77_72_00_02_01
@@ -96,25 +96,6 @@ def test_address_inputs_are_members_and_only_single_clock():
     Fragment.get(fixed, None)
     with pytest.raises(ValueError, match="local_mac"):
         EthPort10GCdc(MTU, local_mac=None)
-
-
-def test_ring_boxes_one_node_and_four_kinds_of_port():
-    """A boxed Ethernet ring of any size holds one node design and four port designs (ring cw,
-    ring ccw with flow control, the node's host port, the NIC); every port's addresses are tied
-    outside its box."""
-    for nodes in (2, 5):
-        net = Network(nodes, NodeConfig(64, 1500, 4), links="eth", boxed=True)
-        Fragment.get(net, None)
-        names = [name for name, _ in net.boxes.modules()]
-        assert names == ["wirereduce_node", "wirereduce_ethport", "wirereduce_ethport1",
-                         "wirereduce_ethport2", "wirereduce_ethport3"]
-    probing = Network(3, NodeConfig(64, 1500, 4), boxed=True, probe=True)
-    Fragment.get(probing, None)
-    [(name, node)] = probing.boxes.modules()
-    assert name == "wirereduce_node" and "probe" in node.signature.members
-    plain = Network(3, NodeConfig(64, 1500, 4))
-    assert plain.boxes is None
-    Fragment.get(plain, None)
 
 
 def test_schednet_boxes_the_engine_under_its_module_name():

@@ -8,7 +8,7 @@ import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth_harness import recv_beats, simulate, stream_recv, stream_send
-from test_node import edge_arrays
+from helpers import edge_arrays
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.host.driver import parse_stats
 from wirereduce.sim.cluster.network import LinkModel, line_bytes_per_cycle

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import edge_arrays
 from test_engine_eth import cable_error_counted
-from test_node import edge_arrays
 from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
 from wirereduce import schedule as sched

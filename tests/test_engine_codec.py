@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from amaranth_harness import simulate
 from conftest import shared_tmp
+from helpers import no_frame, recv, send, stats
 from test_codec_hdl import gradients
 from test_engine_hostile import COLL, LOCAL_CHUNKS, RANK, reduce_hdr, run_engine
-from test_hostile import no_frame, recv, send, stats
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.host.driver import parse_stats
 from wirereduce.host.engine import EngineSession

@@ -65,8 +65,8 @@ def test_engine_rank_driver_refuses_bad_arguments():
      "--topology"),
     (["rank", "allreduce", "--topology", TOPOLOGY, "--nodes", "3", "--algorithm", "ring", "--rank", "0",
       "--unix", "x"], "disagrees"),
-    (["rank", "allreduce", "--nodes", "4", "--algorithm", "ring", "--rank", "0", "--unix", "x"], "need --topology"),
-    (["rank", "allreduce", "--nodes", "4", "--op", "max", "--rank", "0", "--unix", "x"], "need --topology"),
+    (["rank", "allreduce", "--nodes", "300", "--rank", "0", "--unix", "x"], "ring size from 2 to 255"),
+    (["rank", "allreduce", "--nodes", "4", "--max-flows", "3", "--rank", "0", "--unix", "x"], "max_flows"),
     (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--max-flows", "3", "--rank", "0",
       "--unix", "x"], "max_flows"),
     (["sim", "serve", "--topology", TOPOLOGY, "--links", "eth", "--host-link-gbps", "50", "--unix", "x"],
@@ -76,12 +76,11 @@ def test_engine_rank_driver_refuses_bad_arguments():
       "--unix", "x"], "--compress"),
     (["rank", "allreduce", "--nodes", "4", "--compress", "25", "--rank", "0", "--unix", "x"], "--compress"),
     (["sim", "serve", "--topology", "torus:4x4", "--ports", "2", "--unix", "x"], "ports ≥ 4"),
-    (["sim", "serve", "--nodes", "4", "--ports", "4", "--unix", "x"], "need --topology"),
+    (["sim", "serve", "--nodes", "4", "--ports", "1", "--unix", "x"], "ports"),
     (["sim", "serve", "--unix", "x"], "--nodes N"),
     (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--retries", "1", "--rank", "0",
       "--unix", "x"], "--barrier DIR"),
-    (["rank", "allreduce", "--nodes", "4", "--retries", "1", "--barrier", "x", "--rank", "0", "--unix", "x"],
-     "--retries needs --topology"),
+    (["rank", "allreduce", "--nodes", "4", "--retries", "1", "--rank", "0", "--unix", "x"], "--barrier DIR"),
     (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "ring", "--retries", "-1", "--rank", "0",
       "--unix", "x"], "--retries"),
 ])
@@ -416,7 +415,7 @@ def test_demo_topology_bf16_on_the_cocotb_engine(server, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["demo", "--dtype", "bf16"], "need --topology"),
+    (["demo", "--nodes", "1", "--dtype", "bf16"], "ring size from 2 to 255"),
     (["demo", "--topology", TOPOLOGY], "--algorithm"),
     (["demo", "--topology", TOPOLOGY, "--nodes", "3", "--algorithm", "ring"], "disagrees"),
     (["demo", "--topology", TOPOLOGY, "--algorithm", "ring", "--compress", "3"], "--compress"),

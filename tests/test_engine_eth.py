@@ -16,7 +16,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from test_node import edge_arrays
+from helpers import edge_arrays
 from wirereduce.sim.cluster.network import eth_mac
 from wirereduce.sim.cluster.schednet import ScheduleNetwork
 from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check

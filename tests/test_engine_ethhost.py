@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_node import edge_arrays
+from helpers import edge_arrays
 from wirereduce.sim.cluster.schednet import ScheduleNetwork
 from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from amaranth_harness import simulate
-from test_hostile import no_frame, recv, send, stats
+from helpers import no_frame, recv, send, stats
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.host.driver import parse_stats
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import edge_arrays
 from test_engine_eth import BUILD, CFG
-from test_node import edge_arrays
 from wirereduce.host.driver import ChunksLost, CollectiveIds, lost_chunks
 from wirereduce.host.engine import EngineAllreduce, plan_retry
 from wirereduce.sim.golden import schedule as golden

@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from test_node import edge_arrays
+from helpers import edge_arrays
 from wirereduce.host.driver import DriverError
 from wirereduce.host.engine import EngineSession
 from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check

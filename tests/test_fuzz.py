@@ -50,22 +50,6 @@ def test_each_frame_is_wrong_in_the_way_its_kind_says(kind, port):
     assert kind in EXPECTED
 
 
-@pytest.mark.verilator
-def test_fuzz_subset_link_models(tmp_path_factory):
-    """One case of every kind, seeded, on 3 link-model nodes: no hang, no silent wrong value,
-    every frame counted where it must be, and a fresh allreduce after each is bit-exact."""
-    from wirereduce.sim.engines.runner import SimSetup
-    from wirereduce.sim.fuzz.run import format_table, run_fuzz
-
-    from wirereduce.config import NodeConfig
-
-    setup = SimSetup(nodes=3, config=NodeConfig(64, 1500, slots=4))
-    verdicts = run_fuzz(setup, len(KINDS), seed=3, build_root=tmp_path_factory.mktemp("fuzz"))
-    table = format_table(verdicts)
-    assert all(v.ok for v in verdicts), table
-    assert table.splitlines()[-1].startswith(f"FUZZ cases={len(KINDS)} silent_wrong=0 hangs=0")
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_engine_frames_are_routed_and_wrong_in_one_way(kind):
     """On schedule engines (ring:3 biring, six flows) a network frame carries a (opcode, flow) its
@@ -135,7 +119,7 @@ def test_engine_fuzz_subset(tmp_path_factory):
 
 
 def test_engine_fuzz_refuses_bad_arguments():
-    from wirereduce.sim.engines.runner import EngineSetup, SimSetup
+    from wirereduce.sim.engines.runner import EngineSetup
     from wirereduce.sim.fuzz.run import run_fuzz
 
     from wirereduce.config import EngineConfig
@@ -145,7 +129,7 @@ def test_engine_fuzz_refuses_bad_arguments():
                        ({"algorithm": "biring", "compression": 10}, "codec")):
         with pytest.raises(ValueError, match=needle):
             run_fuzz(setup, 2, **kw)
-    with pytest.raises(ValueError, match="for schedule engines"):
-        run_fuzz(SimSetup(nodes=3), 2, algorithm="ring")
+    with pytest.raises(TypeError, match="EngineSetup"):
+        run_fuzz(object(), 2, algorithm="ring")
     with pytest.raises(ValueError, match="ports must list"):
         make_cases(3, 3, ports=[("net0",)] * 3)

@@ -1,4 +1,4 @@
-"""Icarus Verilog sees what Verilator sees: the Ethernet-linked network (``links="eth"``) on Icarus 11.
+"""Icarus Verilog sees what Verilator sees: the Ethernet-linked engines (``links="eth"``) on Icarus 11.
 
 Icarus starts an ``always @*`` block waiting for a change of what it reads; a block that reads
 nothing (``always @* verdict[3] = 1'h0;``, what a constant-only Amaranth assignment becomes in
@@ -16,10 +16,12 @@ import shutil
 
 import numpy as np
 import pytest
-from wirereduce.sim.engines.runner import SimSetup, run_jobs
-from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
+from wirereduce.sim.engines.runner import EngineSetup, run_engine_allreduce
+from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
+from wirereduce.sim.golden.schedule import mismatches
 
-from wirereduce.config import NodeConfig
+from wirereduce import schedule as sched
+from wirereduce.config import EngineConfig
 
 pytestmark = pytest.mark.cocotb
 
@@ -53,17 +55,18 @@ def test_unstarted_blocks_are_found():
 
 @pytest.mark.skipif(shutil.which("iverilog") is None, reason="Icarus Verilog (iverilog) is not installed")
 def test_eth_allreduce_on_icarus(tmp_path):
-    """Two nodes, every link 10GBASE-R (MAC + PCS, the source filters on): 150 elements, one
-    chunk padded on the wire (the last, 7 elements), bit for bit; no verdict or other
-    combinational output is left X (an X verdict would drop or corrupt frames)."""
+    """Two engines running the ring schedule, every network link 10GBASE-R (MAC + PCS, the source
+    filters on): 150 elements, one chunk padded on the wire (the last, 7 elements), bit for bit; no
+    verdict or other combinational output is left X (an X verdict would drop or corrupt frames)."""
     rng = np.random.default_rng(5)
     arrays = [rng.standard_normal(150).astype(np.float32) for _ in range(2)]
-    setup = SimSetup(nodes=2, config=NodeConfig(64, 588, 4), links="eth", simulator="icarus")
-    (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays}, ][:1], build_root=tmp_path,
-                      timeout_cycles=5_000)
-    want = ring_allreduce(arrays)
+    setup = EngineSetup(topology="ring:2", config=EngineConfig(64, 588, 4, ports=2, max_flows=8), links="eth",
+                        simulator="icarus")
+    schedule = sched.build("ring:2", "ring")
+    rec = run_engine_allreduce(setup, arrays, schedule, build_root=tmp_path, timeout_cycles=20_000)
+    want = golden_allreduce(arrays, schedule, "sum")
     for k, got in enumerate(rec["results"]):
-        assert bit_mismatches(got, want).size == 0, f"node {k} differs from the golden sum"
+        assert mismatches(got, want[k]).size == 0, f"node {k} differs from the golden sum"
     text = (tmp_path / setup.tag() / "wirereduce_net.v").read_text()
     assert _unstarted_blocks(text) == []
     assert "verdict[3] = 1'h0" not in text, "MacRx's verdict is a continuous assign, not a constant block"
@@ -76,10 +79,6 @@ def test_schedule_engines_on_icarus(tmp_path, capsys):
     order, and every combinational block of the Verilog it ran started."""
     if not shutil.which("iverilog"):
         pytest.skip("needs Icarus Verilog (apt-get install iverilog)")
-    from wirereduce.sim.golden.schedule import allreduce as golden_allreduce
-    from wirereduce.sim.golden.schedule import mismatches
-
-    from wirereduce import schedule as sched
     from wirereduce.cli import main
 
     rng = np.random.default_rng(9)

@@ -45,7 +45,7 @@ def test_layer_contracts_hold(tmp_path):
 
 @pytest.mark.parametrize("module, forbidden", [
     ("host/driver.py", "wirereduce.sim.golden.allreduce"),
-    ("hdl/core/node.py", "wirereduce.hdl.eth.mac"),
+    ("hdl/core/engine.py", "wirereduce.hdl.eth.mac"),
     ("hdl/stream/frame.py", "wirereduce.host.driver"),
     ("wirereduce/protocol.py", "wirereduce.hdl.stream.frame"),
 ])

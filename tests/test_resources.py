@@ -176,9 +176,9 @@ def test_logic_levels_errors():
 def test_select_blocks():
     assert [b.name for b, _ in resources.select_blocks(family="xcup")] == [
         "fp32_adder_deep", "lanes512", "engine_p2_512"]
-    # the ring-only node is in no bitstream: synthesised only when asked for
-    assert "node64" not in [b.name for b, _ in resources.select_blocks()]
-    assert [b.name for b, _ in resources.select_blocks(["node64"])] == ["node64"]
+    # blocks outside the default set are synthesised only when asked for
+    assert "engine_p4_64_s32" not in [b.name for b, _ in resources.select_blocks()]
+    assert [b.name for b, _ in resources.select_blocks(["engine_p4_64_s32"])] == ["engine_p4_64_s32"]
     assert ("xcup" in {f for _, f in resources.select_blocks(["fp32_adder"], family="xcup")})
     assert all(b.quick for b, _ in resources.select_blocks(quick=True))
     with pytest.raises(ResourceError, match="unknown block"):
@@ -458,7 +458,7 @@ def test_headroom_verdict_is_on_the_engines_the_vc709_tops_carry():
     (the ring-only node is in none)."""
     rec = lambda block, lut, bram: {"block": block, "family": "xc7", "part": "xc7vx690t",  # noqa: E731
                                     "pct": {"lut": lut, "bram36": bram}}
-    lines = resources.verdicts([rec("engine_p2_64", 6.0, 4.3), rec("engine_p4_64", 60.0, 12.5), rec("node64", 1, 1)])
+    lines = resources.verdicts([rec("engine_p2_64", 6.0, 4.3), rec("engine_p4_64", 60.0, 12.5), rec("lanes64", 1, 1)])
     assert len(lines) == 2
     assert lines[0].startswith("PASS VC709 node headroom (engine_p2_64, the SFP top): 94.0 % LUT")
     assert lines[1].startswith("FAIL VC709 node headroom (engine_p4_64, the PCIe top): 40.0 % LUT")

@@ -288,8 +288,8 @@ def test_backend_from_env_errors():
     with pytest.raises(ValueError, match="needs torch.distributed"):   # retries agree over a gloo group
         wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring",
                               "WIREREDUCE_RETRIES": "1"})
-    with pytest.raises(ValueError, match="needs WIREREDUCE_TOPOLOGY"):
-        wrt.backend_from_env({**engine, "WIREREDUCE_NODES": "2", "WIREREDUCE_RETRIES": "1"})
+    with pytest.raises(ValueError, match="ring size from 2 to 255"):   # no topology: a ring of NODES engines
+        wrt.backend_from_env({**engine, "WIREREDUCE_NODES": "1"})
     with pytest.raises(ValueError, match="≥ 0"):
         wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring",
                               "WIREREDUCE_RETRIES": "-2"})
@@ -400,7 +400,6 @@ def test_train_cli_runs():
     (["--topology", "ring:4", "--algorithm", "biring", "--backend", "gloo"], "--backend sim or loopback"),
     (["--topology", "ring:4", "--algorithm", "biring", "--wire-dtype", "bf16", "--compress", "10"],
      "without --compress"),
-    (["--wire-dtype", "bf16", "--backend", "sim"], "needs the schedule engine"),
     (["--wire-dtype", "bf16", "--backend", "gloo"], "needs the wirereduce hook"),
     (["--topology", "ring:1", "--algorithm", "ring"], "--topology"),
     (["--unix", "/tmp"], "needs --backend sim"),
@@ -437,17 +436,6 @@ def test_checked_backend_names_a_difference():
     ok = wrt.CheckedBackend(ScaleBackend(nodes=2), ScaleBackend(nodes=2))
     ok.allreduce(_grad(7))
     assert ok.checked == 1
-
-
-@pytest.mark.cocotb
-def test_train_through_sim_serve_is_bit_exact():
-    """2 ranks, each bucket through `wirereduce sim serve --unix` (cocotb, codec nodes) with RankDriver,
-    compressed with error feedback, every sum compared bit for bit with the golden compressed ring."""
-    r = subprocess.run([sys.executable, "-m", "wirereduce.cli", "train", "--nodes", "2", "--epochs", "1",
-                        "--steps", "2", "--backend", "sim", "--compress", "10", "--error-feedback", "--check",
-                        "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "every bucket's sum bit-identical to the golden model (2 checked at rank 0)" in r.stdout
 
 
 @pytest.mark.verilator

@@ -22,18 +22,7 @@ def _add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mtu", type=int, default=1500, help="largest frame in bytes, header + payload "
                    "(default: 1500; 9000 for jumbo frames)")
     p.add_argument("--slots", type=int, default=None, help="chunks the local buffer holds, a power of two "
-                   "(default: 8; 16 with --topology, where the schedule engine's window needs it for full "
-                   "bandwidth)")
-
-
-def _node_config(args, codec: bool = False):
-    """The :class:`~wirereduce.config.NodeConfig` of ``--width``, ``--mtu``, ``--slots``; CliError if bad."""
-    from wirereduce.config import NodeConfig
-
-    try:
-        return NodeConfig(args.width, args.mtu, args.slots, codec)
-    except (TypeError, ValueError) as e:
-        raise CliError(str(e)) from e
+                   "(default: 16, what the schedule engine's host window needs for full bandwidth)")
 
 
 def _serve_engine_config(args, topo, codec: bool = False):
@@ -63,17 +52,38 @@ def _parse_topology_arg(args):
     return topo
 
 
+def _nodes_as_ring(args, default: int | None = None) -> None:
+    """``--nodes N`` without ``--topology``: the shorthand for ``--topology ring:N --algorithm ring``
+    (the NTT ring schedule on schedule engines; the ring-only node is gone, one engine runs every
+    schedule). ``default``: the ring size when neither is given. CliError on a ring size outside
+    2 … 255."""
+    if getattr(args, "topology", None) is not None:
+        return
+    n = args.nodes if args.nodes is not None else default
+    if n is None:
+        return
+    if not 2 <= n <= 255:
+        raise CliError(f"--nodes must be a ring size from 2 to 255, not {n}")
+    args.topology = f"ring:{n}"
+    if getattr(args, "algorithm", None) is None:
+        args.algorithm = "ring"
+
+
 def cmd_verilog(args) -> int:
     from amaranth.back import verilog
 
-    from wirereduce.hdl.core.node import Node
+    from wirereduce.config import EngineConfig
+    from wirereduce.hdl.core.engine import Engine
 
-    cfg = _node_config(args)
+    try:
+        cfg = EngineConfig(args.width, args.mtu, args.slots, ports=args.ports, max_flows=args.max_flows)
+    except (TypeError, ValueError) as e:
+        raise CliError(str(e)) from e
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = verilog.convert(Node(cfg), name="wirereduce_node", emit_src=False)
+    text = verilog.convert(Engine(cfg), name="wirereduce_engine", emit_src=False)
     out.write_text(text)
-    print(f"wrote {out} ({len(text.splitlines())} lines): one node, {cfg}")
+    print(f"wrote {out} ({len(text.splitlines())} lines): one schedule engine, {cfg}")
     return 0
 
 
@@ -112,11 +122,6 @@ def load_inputs(path: str | Path, nodes: int, any_format: bool = False) -> list[
             arrays = [a.view(FORMATS["bf16"].numpy_dtype) if a.dtype.kind == "V" and a.dtype.itemsize == 2 else a
                       for a in arrays]
             return check_typed_inputs(arrays, nodes)[1]
-        if arrays[0].dtype != np.float32 and arrays[0].dtype.kind in "fiV" and arrays[0].dtype.itemsize in (2, 4):
-            kind = "bfloat16" if arrays[0].dtype.kind == "V" else arrays[0].dtype
-            raise ValueError(f"the arrays are {kind}; the ring node sums float32 only. Run other "
-                             f"formats (bf16, fp16, int32) on the schedule engine: --topology ring:{nodes} "
-                             f"--algorithm ring")
         return check_inputs(arrays, nodes)
     except ValueError as e:
         raise CliError(f"{path}: {e}") from e
@@ -157,120 +162,6 @@ def _report_retried(rec) -> None:
     if rec.get("retried"):
         print(f"{rec['retried']} lost chunk(s) summed again (--retries); the time below includes the stall "
               f"detection and the retry")
-
-
-def simulate_allreduce(arrays, args, progress=True):
-    """Run one allreduce in the simulated cluster; returns (results, record, setup, wall seconds)."""
-    from dataclasses import replace
-
-    from wirereduce.host.driver import ChunksLost
-    from wirereduce.sim.engines.runner import SimSetup, SimulationError, default_simulator, run_jobs
-
-    links = getattr(args, "links", "model")
-    pcap = getattr(args, "pcap", None)
-    k = _compress_arg(args)
-    codec = _codec_arg(args, k)
-    if codec and links == "cmac":
-        raise CliError("--compress/--codec run on link models and 10G Ethernet: they do not combine with --links cmac")
-    config = _node_config(args, codec=codec)
-    try:
-        sim = args.simulator or default_simulator()
-        setup = SimSetup(nodes=len(arrays), config=config, link_latency=args.link_latency, simulator=sim,
-                         links=links)
-    except (TypeError, ValueError, SimulationError) as e:
-        raise CliError(str(e)) from e
-    if pcap is not None and (links != "eth" or getattr(args, "engine", "cocotb") != "fast"):
-        raise CliError("--pcap captures an Ethernet link of the fast engine: it needs --engine fast --links eth")
-    retries = _retries_arg(args)
-    timeout = _timeout_arg(args)
-    corrupt = _corrupt_args(args)
-    if corrupt is not None:
-        if links not in ("eth", "cmac") or getattr(args, "engine", "cocotb") != "fast":
-            raise CliError("--corrupt/--corrupt-header flip a bit on an Ethernet cable of the fast engine: "
-                           "they need --engine fast --links eth|cmac")
-        from wirereduce.sim.engines.fastsim import check_corrupt
-
-        try:
-            check_corrupt(corrupt, setup)
-        except ValueError as e:
-            raise CliError(f"--corrupt: {e}") from e
-    late = getattr(args, "late", None)
-    if late is not None:
-        if getattr(args, "engine", "cocotb") != "fast":
-            raise CliError("--late delays one host in the fast engine's frame player: it needs --engine fast")
-        from wirereduce.sim.engines.fastsim import check_late
-
-        try:
-            check_late(tuple(late), setup)
-        except ValueError as e:
-            raise CliError(f"--late: {e}") from e
-    if getattr(args, "engine", "cocotb") == "fast":
-        if args.simulator == "icarus" or args.waves:
-            raise CliError("--engine fast runs Verilator with a C++ frame player: it takes neither "
-                           "--simulator icarus nor --waves (use --engine cocotb for those)")
-        setup = replace(setup, simulator="verilator")
-    t0 = time.perf_counter()
-    try:
-        if getattr(args, "engine", "cocotb") == "fast":
-            from wirereduce.sim.engines.fastsim import run_allreduce
-
-            extra = {"pcap": pcap} if pcap is not None else {}
-            if corrupt is not None:
-                extra["corrupt"] = corrupt
-            if late is not None:
-                extra["late"] = tuple(late)
-                extra["final_stats"] = True
-            if retries:
-                extra["retries"] = retries
-            if k is not None:
-                extra["compression"] = k
-            if timeout is not None:
-                extra["timeout_cycles"] = timeout
-            rec = run_allreduce(setup, arrays, build_root=Path(args.build_dir) / "fast", progress=progress, **extra)
-            if pcap is not None:
-                print(f"wrote {pcap} (Ethernet frames node 0 sent node 1 on the cw link)")
-            if late is not None and rec.get("final_stats"):
-                _report_late(late, rec["final_stats"])
-        else:
-            (rec,) = run_jobs(setup, [{"op": "allreduce", "arrays": arrays, "compression": k, "retries": retries}],
-                              build_root=args.build_dir, waves=args.waves, progress=progress, timeout_cycles=timeout)
-    except (SimulationError, ChunksLost) as e:
-        raise CliError(f"simulation failed: {e}") from e
-    return rec["results"], rec, setup, time.perf_counter() - t0
-
-
-def report(rec, setup, wall: float, arrays, results, compression: int | None = None) -> dict:
-    """Print the run's figures; returns them (cycles, microseconds, algbw, bitexact).
-
-    With ``compression=k`` the golden model is the compressed ring
-    (:func:`wirereduce.sim.codec.ring_allreduce_compressed`, ``host_compressed=True``)."""
-    from wirereduce.sim.golden.allreduce import bit_mismatches, ring_allreduce
-
-    mhz = setup.clock
-    us = rec["cycles"] / mhz
-    algbw = rec["bytes"] * 8 / (us * 1e3)  # bits per ns = Gbit/s
-    if compression is None:
-        want, golden = ring_allreduce(arrays), "the golden ring allreduce"
-    else:
-        from wirereduce.codec import compression_ratio
-        from wirereduce.sim.golden.codec import ring_allreduce_compressed
-
-        want = ring_allreduce_compressed(arrays, compression, host_compressed=True)
-        golden = f"the golden compressed ring allreduce (k={compression})"
-    bad = [len(bit_mismatches(r, want)) for r in results]
-    codec = "" if compression is None else f" compression=k{compression}"
-    print(f"nodes={setup.nodes} elements={rec['elements']} bytes={rec['bytes']} frames={rec['frames']} "
-          f"width={setup.config.width} mtu={setup.config.mtu} simulator={setup.simulator}{codec}")
-    if compression is not None:
-        print(f"compression ratio of the pushed gradients: "
-              f"{compression_ratio(np.concatenate(arrays), compression):.2f} (algbw counts uncompressed bytes)")
-    _report_retried(rec)
-    print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
-    print(f"simulation speed={rec['cycles'] / rec['wall_s']:,.0f} simulated cycles per wall-clock second "
-          f"({setup.simulator}; {wall:.1f} s wall in all, build included)")
-    for k, b in enumerate(bad):
-        print(f"node{k}: {'bit-exact' if b == 0 else f'{b} elements differ'} vs {golden}")
-    return {"cycles": rec["cycles"], "us": us, "algbw_gbps": algbw, "bitexact": not any(bad)}
 
 
 def _report_late(late, final_stats) -> None:
@@ -493,57 +384,41 @@ def _check_schedule_args(args) -> None:
     if getattr(args, "simulator", None) == "icarus" and not cocotb:
         raise CliError("--simulator icarus runs the engines on the cocotb engine: add --engine cocotb (with --topology "
                        "the default is the fast engine, Verilator with a C++ frame player)")
+    if getattr(args, "waves", False) and not cocotb:
+        raise CliError("--waves writes the cocotb engine's waveform: add --engine cocotb (the default fast engine, "
+                       "Verilator with a C++ frame player, writes none)")
     if getattr(args, "late", None) is not None and cocotb:
         raise CliError("--late delays one host in the fast engine's frame player: drop --engine cocotb")
     if getattr(args, "pcap", None) is not None and (links != "eth" or cocotb):
         raise CliError("--pcap captures a 10G Ethernet cable in the fast engine's frame player: with --topology "
                        "it needs --links eth (and not --engine cocotb)")
     if links == "cmac" and cocotb:
-        raise CliError("--links cmac with --engine cocotb is not available on the schedule engine yet (--topology); "
-                       "it runs on the ring node (leave out --topology)")
+        raise CliError("--links cmac runs on the fast engine (Verilator with a C++ frame player and the CMAC's "
+                       "AXI4-Stream model): drop --engine cocotb")
 
 
 def cmd_sim_allreduce(args) -> int:
-    if args.topology is not None:
-        _check_schedule_args(args)
-        from wirereduce.schedule import parse_topology
+    _nodes_as_ring(args)
+    if args.topology is None:
+        raise CliError("give --topology SPEC --algorithm A, or --nodes N (a ring of N schedule engines running "
+                       "the NTT ring schedule, --topology ring:N --algorithm ring)")
+    _check_schedule_args(args)
+    from wirereduce.schedule import parse_topology
 
-        try:
-            topo = parse_topology(args.topology)
-        except ValueError as e:
-            raise CliError(str(e)) from e
-        if args.nodes is not None and args.nodes != topo.nodes:
-            raise CliError(f"--nodes {args.nodes} disagrees with {topo.name} ({topo.nodes} nodes); leave it out")
-        _timeout_arg(args)
-        arrays = load_inputs(args.input, topo.nodes, any_format=True)
-        results, rec, s, cfg, mhz, wall = simulate_schedule(arrays, args)
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(out, **{f"node{k}": r for k, r in enumerate(results)})
-        print(f"wrote {out}")
-        fig = report_schedule(rec, s, cfg, mhz, wall, arrays, results)
-        if args.check and not fig["bitexact"]:
-            print("CHECK FAILED: results differ from the golden model", file=sys.stderr)
-            return 1
-        return 0
-    if (args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None or args.op != "sum"
-            or args.sim_threads != 1 or args.host_links != "model"):
-        raise CliError("--algorithm, --ports, --host-link-gbps, --op, --sim-threads and --host-links need --topology "
-                       "(the schedule engine; the ring node sums fp32 only, and its --links eth puts its hosts on "
-                       "Ethernet already)")
-    if args.nodes is None:
-        raise CliError("--nodes is required (or --topology for the schedule engine)")
-    if args.nodes < 2:
-        raise CliError(f"--nodes must be at least 2, not {args.nodes}")
+    try:
+        topo = parse_topology(args.topology)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    if args.nodes is not None and args.nodes != topo.nodes:
+        raise CliError(f"--nodes {args.nodes} disagrees with {topo.name} ({topo.nodes} nodes); leave it out")
     _timeout_arg(args)
-    arrays = load_inputs(args.input, args.nodes)
-    _node_config(args)
-    results, rec, setup, wall = simulate_allreduce(arrays, args)
+    arrays = load_inputs(args.input, topo.nodes, any_format=True)
+    results, rec, s, cfg, mhz, wall = simulate_schedule(arrays, args)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez(out, **{f"node{k}": r for k, r in enumerate(results)})
     print(f"wrote {out}")
-    fig = report(rec, setup, wall, arrays, results, args.compress)
+    fig = report_schedule(rec, s, cfg, mhz, wall, arrays, results)
     if args.check and not fig["bitexact"]:
         print("CHECK FAILED: results differ from the golden model", file=sys.stderr)
         return 1
@@ -588,27 +463,8 @@ def _demo_schedule(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from wirereduce.sim.workloads import gradients
-
-    if args.topology is not None:
-        return _demo_schedule(args)
-    if args.algorithm is not None or args.ports is not None or args.host_link_gbps is not None or args.dtype != "fp32":
-        raise CliError("--algorithm, --ports, --host-link-gbps and --dtype need --topology (the schedule engine; the "
-                       "ring node sums fp32 only)")
-    if args.nodes is None:
-        args.nodes = 4
-    _timeout_arg(args)  # before the gradients are computed and anything is built
-    vargs = argparse.Namespace(width=args.width, mtu=args.mtu, slots=args.slots,
-                               output=str(Path(args.build_dir).parent / "verilog" / "wirereduce_node.v"))
-    cmd_verilog(vargs)
-    print(f"computing real gradients: digits CNN, {args.nodes} data-parallel shards, after {args.steps} "
-          f"training steps")
-    arrays = gradients.shard_gradients(nodes=args.nodes, steps=args.steps, seed=args.seed)
-    results, rec, setup, wall = simulate_allreduce(arrays, args)
-    fig = report(rec, setup, wall, arrays, results, args.compress)
-    print(f"RESULT nodes={setup.nodes} elements={rec['elements']} "
-          f"bitexact={'true' if fig['bitexact'] else 'false'} algbw_gbps={fig['algbw_gbps']:.3f}")
-    return 0 if fig["bitexact"] else 1
+    _nodes_as_ring(args, default=4)
+    return _demo_schedule(args)
 
 
 def _bench_plan(args):
@@ -616,7 +472,7 @@ def _bench_plan(args):
     Sets ``args.slots``, the ring rows' slots: ``--slots`` (``bench_slots``), else 8."""
     from wirereduce.sim.bench import algbw as bench
 
-    args.slots = 8 if getattr(args, "bench_slots", None) is None else args.bench_slots
+    args.slots = 16 if getattr(args, "bench_slots", None) is None else args.bench_slots
 
     preset_configs = bench.QUICK_CONFIGS if args.quick else bench.FULL_CONFIGS
     if args.widths is None and args.mtus is None:
@@ -633,11 +489,8 @@ def _bench_plan(args):
         if not 2 <= n <= 255:
             raise CliError(f"--nodes: {n} is not a ring size from 2 to 255")
     try:
-        from wirereduce.config import NodeConfig
-        from wirereduce.sim.engines.runner import SimSetup
-
         for w, m in pairs:
-            SimSetup(nodes=nodes[0], config=NodeConfig(w, m, args.slots), link_latency=args.link_latency)
+            bench.ring_setup(nodes[0], w, m, args.slots, link_latency=args.link_latency)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     configs = [bench.BenchConfig(w, m, n) for w, m in pairs for n in nodes]
@@ -820,22 +673,17 @@ def cmd_bench(args) -> int:
         if args.sizes is not None:
             codec_sizes = sizes
         try:
-            from wirereduce.config import NodeConfig
-            from wirereduce.sim.engines.runner import SimSetup
-
             cc = bench.CODEC_CONFIG
-            SimSetup(nodes=cc.nodes, config=NodeConfig(cc.width, cc.mtu, codec_slots, codec=True),
-                     link_latency=args.link_latency)
+            bench.ring_setup(cc.nodes, cc.width, cc.mtu, codec_slots, codec=True, link_latency=args.link_latency)
         except (TypeError, ValueError) as e:
             raise CliError(f"--slots: {e}") from e
-        from wirereduce.sim.engines.fastsim import run_allreduce
 
         name = args.name or "bench-codec"
         out = Path(args.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         records = [{"kind": "meta", "name": name, "git_commit": bench._git_commit()}]
         try:
-            bench.run_codec_rows(codec_sizes, run=run_allreduce, records=records, json_path=out / f"{name}.json",
+            bench.run_codec_rows(codec_sizes, run=bench.run_ring, records=records, json_path=out / f"{name}.json",
                                  build_root=args.build_dir, slots=codec_slots, link_latency=args.link_latency,
                                  seed=args.seed, progress=not args.no_progress)
         except (bench.BenchError, SimulationError, ChunksLost) as e:
@@ -1002,42 +850,30 @@ def _add_workload_parsers(sub) -> None:
 
 def cmd_sim_serve(args) -> int:
     """``wirereduce sim serve``: the simulated cluster live behind TAP interfaces or UNIX sockets."""
-    from wirereduce.sim.engines.runner import EngineSetup, SimSetup, SimulationError, default_simulator, serve
+    from wirereduce.sim.engines.runner import EngineSetup, SimulationError, default_simulator, serve
 
     if (args.tap is None) == (args.unix is None):
         raise CliError("give --tap IF0 IF1 … (one TAP interface per node) or --unix DIR")
     if args.engine != "cocotb":
         raise CliError("--engine fast replays a planned frame script and cannot answer frames live; "
                        "sim serve runs the cocotb engine")
-    if args.topology is not None:
-        topo = _parse_topology_arg(args)
-        config = _serve_engine_config(args, topo, codec=args.codec)
-        try:
-            setup = EngineSetup(topology=topo.name, config=config, link_latency=args.link_latency,
-                                simulator=args.simulator or default_simulator(), host_gbps=args.host_link_gbps,
-                                links=args.links, host_links=args.host_links)
-        except (TypeError, ValueError, SimulationError) as e:
-            raise CliError(str(e)) from e
-        what = (f"{topo.name} schedule engines (ports {config.ports}, max_flows {config.max_flows}, slots "
-                f"{config.slots}, formats {', '.join(config.formats)}{', codec' if config.codec else ''}"
-                f"{', 10G Ethernet links' if args.links == 'eth' else ''}"
-                f"{', hosts behind 10G NICs' if args.host_links == 'eth' else ''}): "
-                f"drive them with `wirereduce rank allreduce "
-                f"--topology {topo.name} --algorithm …` and the same --width/--mtu/--slots/--ports/--max-flows")
-    else:
-        if args.nodes is None:
-            raise CliError("give --nodes N (the ring node) or --topology SPEC (the schedule engine)")
-        if (args.ports is not None or args.max_flows != 64 or args.host_link_gbps is not None
-                or args.host_links != "model"):
-            raise CliError("--ports, --max-flows, --host-link-gbps and --host-links need --topology (the schedule "
-                           "engine; the ring node's --links eth puts its hosts on Ethernet already)")
-        config = _node_config(args, codec=args.codec)
-        try:
-            setup = SimSetup(nodes=args.nodes, config=config, link_latency=args.link_latency,
-                             simulator=args.simulator or default_simulator(), links=args.links)
-        except (TypeError, ValueError, SimulationError) as e:
-            raise CliError(str(e)) from e
-        what = f"{args.nodes} ring nodes"
+    _nodes_as_ring(args)
+    if args.topology is None:
+        raise CliError("give --topology SPEC (schedule engines on that network), or --nodes N (--topology ring:N)")
+    topo = _parse_topology_arg(args)
+    config = _serve_engine_config(args, topo, codec=args.codec)
+    try:
+        setup = EngineSetup(topology=topo.name, config=config, link_latency=args.link_latency,
+                            simulator=args.simulator or default_simulator(), host_gbps=args.host_link_gbps,
+                            links=args.links, host_links=args.host_links)
+    except (TypeError, ValueError, SimulationError) as e:
+        raise CliError(str(e)) from e
+    what = (f"{topo.name} schedule engines (ports {config.ports}, max_flows {config.max_flows}, slots "
+            f"{config.slots}, formats {', '.join(config.formats)}{', codec' if config.codec else ''}"
+            f"{', 10G Ethernet links' if args.links == 'eth' else ''}"
+            f"{', hosts behind 10G NICs' if args.host_links == 'eth' else ''}): "
+            f"drive them with `wirereduce rank allreduce "
+            f"--topology {topo.name} --algorithm …` and the same --width/--mtu/--slots/--ports/--max-flows")
 
     def ready(info):
         for k, (port, mac) in enumerate(zip(info["ports"], info["macs"])):
@@ -1060,47 +896,40 @@ def cmd_sim_serve(args) -> int:
 def cmd_rank_allreduce(args) -> int:
     """``wirereduce rank allreduce``: one rank's host allreduces its own array through its own node."""
     from wirereduce.host.driver import ChunksLost, DriverError
-    from wirereduce.host.rank import EngineRankDriver, FileBarrier, FileExchange, RankDriver
+    from wirereduce.host.rank import EngineRankDriver, FileBarrier, FileExchange
     from wirereduce.host.transports.packet import PacketTransport
 
     if (args.interface is None) == (args.unix is None):
         raise CliError("give --interface IF (raw Ethernet) or --unix DIR (wirereduce sim serve --unix)")
     k = _compress_arg(args)
-    if args.topology is not None:
-        from wirereduce import schedule as sched
+    _nodes_as_ring(args)
+    if args.topology is None:
+        raise CliError("give --topology SPEC --algorithm A (the schedule every rank runs), or --nodes N "
+                       "(--topology ring:N --algorithm ring)")
+    from wirereduce import schedule as sched
 
-        topo = _parse_topology_arg(args)
-        if args.algorithm is None:
-            raise CliError(f"--topology needs --algorithm ({', '.join(sched.ALGORITHMS)}): the schedule every "
-                           f"rank runs")
-        try:
-            schedule = sched.build(topo.name, args.algorithm)
-        except ValueError as e:
-            raise CliError(str(e)) from e
-        config = _serve_engine_config(args, topo, codec=k is not None)
-        nodes = topo.nodes
-    else:
-        if args.nodes is None:
-            raise CliError("give --nodes N (the ring node) or --topology SPEC --algorithm A (the schedule engine)")
-        if args.algorithm is not None or args.ports is not None or args.max_flows != 64 or args.op != "sum":
-            raise CliError("--algorithm, --ports, --max-flows and --op need --topology (the schedule engine; the "
-                           "ring node sums fp32 only)")
-        config = _node_config(args, codec=k is not None)
-        nodes = args.nodes
+    topo = _parse_topology_arg(args)
+    if args.algorithm is None:
+        raise CliError(f"--topology needs --algorithm ({', '.join(sched.ALGORITHMS)}): the schedule every "
+                       f"rank runs")
+    try:
+        schedule = sched.build(topo.name, args.algorithm)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    config = _serve_engine_config(args, topo, codec=k is not None)
+    nodes = topo.nodes
     if not 2 <= nodes <= 255 or not 0 <= args.rank < nodes:
         raise CliError(f"--rank must be 0 … N − 1 with 2 ≤ N ≤ 255, not rank {args.rank} of {nodes}")
     retries = _retries_arg(args)
-    if retries and (args.topology is None or args.barrier is None):
-        raise CliError("--retries needs --topology (the schedule engine) and --barrier DIR (where the ranks agree "
-                       "on the lost chunks); the ring node's ranks report a loss and leave the retry to the caller")
-    array = load_inputs(args.input, nodes, any_format=args.topology is not None)[args.rank]
-    if args.topology is not None:
-        from wirereduce.host.engine import EngineSession
+    if retries and args.barrier is None:
+        raise CliError("--retries needs --barrier DIR (where the ranks agree on the lost chunks)")
+    array = load_inputs(args.input, nodes, any_format=True)[args.rank]
+    from wirereduce.host.engine import EngineSession
 
-        try:   # the dtype against the engines' formats, the schedule's flows: before anything is opened
-            EngineSession(args.rank, schedule, config, 1, array, config.slots, op=args.op, compression=k)
-        except ValueError as e:
-            raise CliError(str(e)) from e
+    try:   # the dtype against the engines' formats, the schedule's flows: before anything is opened
+        EngineSession(args.rank, schedule, config, 1, array, config.slots, op=args.op, compression=k)
+    except ValueError as e:
+        raise CliError(str(e)) from e
     try:
         if args.unix is not None:
             transport = PacketTransport.unix(args.unix, args.rank, nodes, timeout=args.timeout)
@@ -1114,16 +943,11 @@ def cmd_rank_allreduce(args) -> int:
         return 2
     barrier = FileBarrier(args.barrier, args.rank, nodes, timeout=args.timeout * 5) if args.barrier else None
     try:
-        if args.topology is not None:
-            exchange = (FileExchange(Path(args.barrier) / f"exchange-{args.collective}", args.rank, nodes,
-                                     timeout=args.timeout * 5) if retries else None)
-            driver = EngineRankDriver(transport, args.rank, schedule, config, barrier=barrier,
-                                      first_collective=args.collective, retries=retries, exchange=exchange)
-            run = lambda: driver.allreduce(array, k, op=args.op)  # noqa: E731
-        else:
-            driver = RankDriver(transport, args.rank, nodes, config, barrier=barrier,
-                                first_collective=args.collective)
-            run = lambda: driver.allreduce(array, k)  # noqa: E731
+        exchange = (FileExchange(Path(args.barrier) / f"exchange-{args.collective}", args.rank, nodes,
+                                 timeout=args.timeout * 5) if retries else None)
+        driver = EngineRankDriver(transport, args.rank, schedule, config, barrier=barrier,
+                                  first_collective=args.collective, retries=retries, exchange=exchange)
+        run = lambda: driver.allreduce(array, k, op=args.op)  # noqa: E731
     except ValueError as e:
         transport.close()
         raise CliError(f"--collective: {e}") from e
@@ -1221,8 +1045,9 @@ def _add_sim_args(p):
     p.add_argument("--build-dir", default="build/sim", help="where builds go (default: build/sim)")
     p.add_argument("--waves", action="store_true", help="write a waveform (FST/VCD) into the build directory")
     p.add_argument("--engine", choices=("cocotb", "fast"), default="cocotb",
-                   help="cocotb: the host driver over cocotbext-axi, ~2,500 cycles/s (default); fast: Verilator "
-                        "with a C++ frame player, ~100x faster, for large messages")
+                   help="fast (the default unless --engine is given): Verilator with a C++ frame player, for "
+                        "large messages; cocotb: every rank an EngineRankDriver over cocotbext-axi, built as "
+                        "`sim serve` builds them, a few thousand cycles/s (--waves, --simulator icarus)")
     p.add_argument("--compress", type=int, metavar="K", default=None,
                    help="INCEPTIONN-style compression with error bound 2^-K (4 … 24): nodes built with the "
                         "codec, hosts push and receive compressed chunks; checked against the golden "
@@ -1234,8 +1059,8 @@ def _add_sim_args(p):
     p.add_argument("--timeout", type=int, metavar="CYCLES", default=None,
                    help="deadline of each collective in cycles of the node clock (6.4 ns at 64 bit), from its "
                         "first push; results still missing then are reported lost (or retried with --retries) "
-                        "(default: 4x the time expected from the message size, ring size and link rate, "
-                        "+ 5,000 cycles)")
+                        "(default: the fast engine 8x the message's wire time on one link + 200,000 cycles; the "
+                        "cocotb engine 200,000 quiet cycles)")
     _add_node_args(p)
 
 
@@ -1244,37 +1069,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="wirereduce",
-        description="In-network allreduce gateware: generate Verilog, simulate networks of FPGA nodes (ring node, "
-                    "schedule engine on any topology), benchmark, build and flash boards.")
+        description="In-network allreduce gateware: generate Verilog, simulate networks of schedule "
+                    "engines on any topology (ring, torus, mesh, hypercube), benchmark, build and flash boards.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("verilog", help="write the Verilog of one node")
+    p = sub.add_parser("verilog", help="write the Verilog of one schedule engine")
     _add_node_args(p)
-    p.add_argument("-o", "--output", default="build/verilog/wirereduce_node.v",
-                   help="output file (default: build/verilog/wirereduce_node.v)")
+    p.add_argument("--ports", type=int, default=2,
+                   help="network ports P, 1 … 6 (default: 2, a ring; 4 for a 2-D torus, 3 for a hypercube of 8)")
+    p.add_argument("--max-flows", type=int, default=64, metavar="F",
+                   help="flows (table entries) the engine holds, a power of two (default: 64)")
+    p.add_argument("-o", "--output", default="build/verilog/wirereduce_engine.v",
+                   help="output file (default: build/verilog/wirereduce_engine.v)")
     p.set_defaults(func=cmd_verilog)
 
     p = sub.add_parser("sim", help="simulate a cluster")
     simsub = p.add_subparsers(dest="sim_command", required=True)
-    p = simsub.add_parser("allreduce", help="allreduce arrays node0, node1, … of an .npz in a simulated ring (--nodes) "
-                               "or network (--topology)",
-                          description="Runs the simulated N-node ring on the arrays node0 … node{N-1} "
-                                      "(float32, equal length) of --input and writes each node's result "
-                                      "to --output.")
-    p.add_argument("--nodes", type=int, default=None, help="ring size N (≥ 2); not with --topology")
+    p = simsub.add_parser("allreduce", help="allreduce arrays node0, node1, … of an .npz in a simulated network of "
+                               "schedule engines (--topology, or a ring of --nodes)",
+                          description="Runs the simulated network of schedule engines (--topology SPEC "
+                                      "--algorithm A, or --nodes N: --topology ring:N --algorithm ring) on the "
+                                      "arrays node0 … node{N-1} (one dtype, equal length) of --input and writes "
+                                      "each node's result to --output.")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="ring size N (2 … 255): --topology ring:N (with --algorithm ring unless given)")
     p.add_argument("--input", required=True,
-                   help=".npz with arrays node0 … node{N-1}: float32; with --topology also bfloat16 (ml_dtypes), "
-                        "float16 or int32, all of one dtype (the collective's format)")
+                   help=".npz with arrays node0 … node{N-1}: float32, bfloat16 (ml_dtypes), float16 or int32, all "
+                        "of one dtype (the collective's format)")
     p.add_argument("--op", choices=("sum", "max", "min"), default="sum",
-                   help="reduction (with --topology): sum (default; int32 wraps modulo 2^32), or IEEE 754-2019 "
+                   help="reduction: sum (default; int32 wraps modulo 2^32), or IEEE 754-2019 "
                         "maximum/minimum (NaN propagates, -0 < +0)")
     p.add_argument("--topology", default=None, metavar="SPEC",
-                   help="run the schedule engine on this network instead of the ring node: ring:N, torus:AxB, "
+                   help="the network of schedule engines: ring:N, torus:AxB, "
                         "mesh:AxB, torus:AxBxC, hypercube:N (needs --algorithm; the fast engine unless "
                         "--engine cocotb is given: then the engines are built as `sim serve --topology` builds "
                         "them and every rank is an EngineRankDriver)")
     p.add_argument("--algorithm", choices=sched_algorithms, default=None,
-                   help="the schedule the engines run (with --topology)")
+                   help="the schedule the engines run (default with --nodes: ring)")
     p.add_argument("--ports", type=int, default=None,
                    help="network ports P of every engine (default: the topology's degree)")
     p.add_argument("--host-link-gbps", type=float, default=None, metavar="G",
@@ -1299,12 +1130,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corrupt", nargs=2, type=int, metavar=("NODE", "BLOCK"), default=None,
                    help="fault injection: flip one bit of the BLOCK-th 66-bit data block (--links cmac: "
                         "512-bit beat) node NODE sends node NODE+1; the run then reports the lost chunk and "
-                        "the link (needs --links eth|cmac; without --topology also --engine fast)")
+                        "the link (needs --links eth|cmac)")
     p.add_argument("--corrupt-header", nargs=2, type=int, metavar=("NODE", "FRAME"), default=None,
                    help="fault injection: flip a bit in the wirereduce header of the FRAME-th frame node NODE "
-                        "sends node NODE+1; the frame is dropped at the header check, a LOST placeholder "
-                        "keeps the ring in step and the run reports that one chunk "
-                        "(needs --engine fast --links eth)")
+                        "sends out of --corrupt-port; the frame is dropped at the header check and the run "
+                        "reports its chunk lost (or sums it again with --retries) (needs --links eth)")
     p.add_argument("--corrupt-port", type=int, default=0, metavar="PORT",
                    help="with --topology: the network port of NODE whose cable --corrupt/--corrupt-header "
                         "hits (default 0; the schedule's port numbering); the engine at the other end "
@@ -1324,16 +1154,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sim_allreduce)
 
     p = simsub.add_parser("serve", help="run the simulated cluster live, each node's host port behind a TAP interface",
-                          description="Runs the simulated N-node ring (--nodes), or a network of schedule engines "
-                                      "(--topology: one build serves every schedule of the topology and every "
-                                      "format the engines are built for; ranks load their tables), in this "
-                                      "process and bridges node k's host "
+                          description="Runs a simulated network of schedule engines "
+                                      "(--topology, or --nodes N: ring:N; one build serves every schedule of the "
+                                      "topology and every format the engines are built for; ranks load their "
+                                      "tables), in this process and bridges node k's host "
                                       "port to TAP interface k (created here, removed on exit; root or "
                                       "CAP_NET_ADMIN) or to the UNIX socket DIR/node<k>.sock (no root), carrying "
                                       "Ethernet II frames (EtherType 0x88B5, node k's MAC 02:77:72:00:kk:02), "
                                       "paced at the host link's line rate in simulated time. Drive it with one "
-                                      "`wirereduce rank allreduce` (or RankDriver) per rank.")
-    p.add_argument("--nodes", type=int, default=None, help="ring size N (≥ 2) of ring nodes; or --topology")
+                                      "`wirereduce rank allreduce` (or EngineRankDriver) per rank.")
+    p.add_argument("--nodes", type=int, default=None, help="ring size N (2 … 255): --topology ring:N")
     _add_engine_serve_args(p, rank=False)
     p.add_argument("--tap", nargs="+", metavar="IF", default=None, help="TAP interface names, one per node")
     p.add_argument("--unix", metavar="DIR", default=None, help="UNIX datagram sockets DIR/node<k>.sock instead of TAPs")
@@ -1362,7 +1192,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "interface (AF_PACKET: root or CAP_NET_RAW) or a `sim serve --unix` socket "
                                     "and writes the sum over every rank to --output (.npy). Every rank runs "
                                     "the same command with its own --rank.")
-    p.add_argument("--nodes", type=int, default=None, help="ring size N (≥ 2) of ring nodes; or --topology")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="ring size N (2 … 255): --topology ring:N (with --algorithm ring unless given)")
     _add_engine_serve_args(p, rank=True)
     p.add_argument("--rank", type=int, required=True, help="this host's rank, 0 … N−1")
     p.add_argument("--interface", metavar="IF", default=None, help="network interface cabled to the node")
@@ -1393,7 +1224,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "communication hook (wirereduce.torch), trains on scikit-learn's digits and "
                                    "prints per-epoch loss and test accuracy (rank 0). --backend loopback: the "
                                    "golden ring sum after a gloo exchange (no network); --backend sim: the "
-                                   "simulated boards of `wirereduce sim serve --unix`, one RankDriver per rank; "
+                                   "simulated boards of `wirereduce sim serve --unix`, an EngineRankDriver a rank; "
                                    "--backend gloo: the baseline without the hook. Then a table per bucket size: "
                                    "time in the backend, time backward() was blocked, overlap fraction.")
     p.add_argument("--nodes", type=int, default=None, help="ranks, 2 … 16 (default: 2, or --topology's nodes)")
@@ -1417,7 +1248,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --backend sim: compare every bucket's sum bit for bit with the golden model")
     p.add_argument("--topology", default=None, metavar="SPEC",
                    help="with --backend sim: schedule engines on this topology (ring:N, torus:AxB, …; its nodes = "
-                        "--nodes) instead of ring nodes; with loopback: the golden model in that schedule's order")
+                        "--nodes; default ring:N running ring); with loopback: the golden model in that schedule's "
+                        "order")
     p.add_argument("--algorithm", default=None, choices=_algorithms(),
                    help="with --topology: the schedule the engines run")
     p.add_argument("--unix", default=None, metavar="DIR",
@@ -1425,16 +1257,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "its defaults for these nodes) instead of starting one")
     p.add_argument("--wire-dtype", default=None, choices=("bf16", "fp16"),
                    help="float32 gradients travel as bf16/fp16 (PyTorch's bf16_compress_hook: rounded to nearest "
-                        "even, reduced natively, averaged, widened back); with --backend sim needs --topology")
+                        "even, reduced natively, averaged, widened back)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("demo", help="allreduce real CNN gradients in a simulated ring (or network) and check them")
-    p.add_argument("--nodes", type=int, default=None, help="ring size (default: 4); not with --topology")
+    p = sub.add_parser("demo", help="allreduce real CNN gradients in a simulated network of schedule engines and "
+                                    "check them")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="ring size: --topology ring:N --algorithm ring (default: 4)")
     p.add_argument("--topology", default=None, metavar="SPEC",
-                   help="schedule engines on this network instead of the ring node (ring:N, torus:AxB, …; the fast "
+                   help="schedule engines on this network (ring:N, torus:AxB, …; the fast "
                         "engine unless --engine cocotb is given)")
-    p.add_argument("--algorithm", choices=sched_algorithms, default=None, help="with --topology: the schedule")
+    p.add_argument("--algorithm", choices=sched_algorithms, default=None,
+                   help="the schedule (default with --nodes: ring)")
     p.add_argument("--ports", type=int, default=None,
                    help="with --topology: network ports P of every engine (default: the topology's degree)")
     p.add_argument("--host-link-gbps", type=float, default=None, metavar="G",
@@ -1558,7 +1393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="bench/results", help="where the JSON and PNG go (default: bench/results)")
     p.add_argument("--build-dir", default="build/fastsim", help="where builds go (default: build/fastsim)")
     p.add_argument("--slots", type=int, default=None, dest="bench_slots",
-                   help="chunks the local buffer holds, a power of two (default: 8; the compressed rows always use "
+                   help="chunks the local buffer holds, a power of two (default: 16; the compressed rows always use "
                         "32, except with --codec-only, where --slots and --sizes are theirs)")
     p.add_argument("--link-latency", type=int, default=4, help="cycles of delay per link (default: 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random gradients (default: 0)")
@@ -1589,7 +1424,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "xc7 for the VC709 blocks, xcup for the 512-bit ones)")
     p.add_argument("--blocks", nargs="+", metavar="BLOCK", help=f"blocks to run: {', '.join(BLOCKS)} "
                    "(default: all but mac_rx, which yosys takes about 5 min on, engine_p2_64_codec, "
-                   "engine_p4_64_s32 and the ring-only node64/node512, which no bitstream carries)")
+                   "engine_p4_64_s32)")
     p.add_argument("--quick", action="store_true", help="only the small blocks (fp32 lane, frame gate, PCS; "
                    "about a minute)")
     p.add_argument("-o", "--output", default="bench/results/resources.json",
@@ -1631,8 +1466,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "slots", 0) is None:   # the engine's window needs 16 for full bandwidth; the ring node 8
-        args.slots = 16 if getattr(args, "topology", None) else 8
+    if getattr(args, "slots", 0) is None:   # the engine's window needs 16 for full bandwidth
+        args.slots = 16
     args.engine_given = any(a == "--engine" or a.startswith("--engine=") for a in (sys.argv[1:] if argv is None
                                                                                    else argv))
     try:

@@ -1,7 +1,8 @@
 """Elaboration-time parameters every layer shares: datapath width, MTU, buffer slots, codec.
 
 The MTU travels as one :class:`NodeConfig` from the command line to the gateware, the simulated
-cluster (``SimSetup.config``) and the host driver (``Cluster(transport, config)``, which chunks by
+network (``EngineSetup.config``, :class:`~wirereduce.config.EngineConfig` extends it) and the host
+side (:class:`~wirereduce.host.engine.EngineSession`, which chunks by
 :attr:`NodeConfig.max_elements`); :func:`check_mtu` is the only place its range is decided and
 :func:`wirereduce.protocol.max_elements` the only place its elements per frame are.
 """

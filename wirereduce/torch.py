@@ -23,8 +23,8 @@ Number formats: the hook reduces a bucket in its own dtype, float32, bfloat16 or
 ``model.to(torch.bfloat16)`` DDP model hands over bf16 buckets), so a bf16 bucket puts half the
 bytes of an fp32 one on the wire. Every add is rounded once to the format with round-to-nearest-
 even (``docs/arithmetic.md`` "Other formats and operations"). INCEPTIONN compression is fp32-only.
-The ring node (:class:`RankBackend`) sums float32 only; bf16/fp16 buckets need the schedule engine
-(:class:`EngineGroup` simulates one) or :class:`LoopbackBackend`.
+Every backend takes float32, bf16 and fp16 buckets (the engines are built with every format by
+default, :class:`wirereduce.config.EngineConfig`).
 
 - :class:`LoopbackBackend` needs no network: every rank's bucket is exchanged through a gloo
   ``all_gather`` of its own process group and summed with the golden model, in rank order (with
@@ -32,7 +32,7 @@ The ring node (:class:`RankBackend`) sums float32 only; bf16/fp16 buckets need t
 - :class:`EngineGroup` runs every rank of one process (threads) on a simulated network of
   schedule engines (:class:`wirereduce.sim.engines.fastengine.FastEngineSim`, Verilator): the
   gateware's own sums, in any format, for single-process tests of the hook.
-- :class:`RankBackend` drives the rank's node with :class:`wirereduce.host.rank.RankDriver` over
+- :class:`RankBackend` drives the rank's engine with :class:`wirereduce.host.rank.EngineRankDriver` over
   a raw-Ethernet :class:`~wirereduce.host.transports.packet.PacketTransport` (a real board, or a
   TAP of ``wirereduce sim serve``) or ``sim serve --unix``; :func:`backend_from_env` builds one
   from ``WIREREDUCE_IFACE`` / ``WIREREDUCE_UNIX``, ``WIREREDUCE_RANK``, ``WIREREDUCE_NODES``.
@@ -417,7 +417,7 @@ class LoopbackBackend:
     (:func:`wirereduce.sim.golden.allreduce.ring_allreduce` for float32), or in ``schedule``'s table
     order, the schedule engine's; with ``compression`` (float32 only)
     :func:`wirereduce.sim.golden.codec.ring_allreduce_compressed` with ``host_compressed=True``
-    (what codec nodes return to ``RankDriver.allreduce(..., compression=k)``), or with ``schedule``
+    (what the NTT ring schedule's codec engines return with ``compression=k``), or with ``schedule``
     :func:`wirereduce.sim.golden.schedule.allreduce` with ``compression`` (what codec engines return
     to ``EngineRankDriver.allreduce(..., compression=k)``).
 
@@ -551,11 +551,11 @@ class _GroupRank:
 
 
 class RankBackend:
-    """The rank's own node through :class:`wirereduce.host.rank.RankDriver`.
+    """The rank's own schedule engine through :class:`wirereduce.host.rank.EngineRankDriver`.
 
     Parameters
     ----------
-    driver : wirereduce.host.rank.RankDriver
+    driver : wirereduce.host.rank.EngineRankDriver
         Built on the rank's transport (its ``rank``/``nodes`` are used).
     transport : optional
         Closed by :meth:`close`.
@@ -567,27 +567,17 @@ class RankBackend:
         self.nodes = driver.nodes
         self.rank = driver.rank
         # one event loop for every bucket: the transport's asyncio objects are bound to the loop that
-        # first used them (RankDriver.allreduce's asyncio.run makes a new loop per call)
+        # first used them (EngineRankDriver.allreduce's asyncio.run makes a new loop per call)
         self._loop = None
 
     def allreduce(self, array: np.ndarray, compression: int | None = None) -> np.ndarray:
-        """``allreduce_async`` of the backend's driver on this backend's event loop: the ring
-        node's sum (:class:`~wirereduce.host.rank.RankDriver`) or the schedule's reduction
-        (:class:`~wirereduce.host.rank.EngineRankDriver`). Raises ChunksLost/TimeoutError/
-        DriverError. Call from one thread at a time.
-
-        Raises TypeError for an array that is not float32 on the ring node: it sums fp32 only
-        (bf16 and fp16 go through the schedule engine, ``sim serve --topology`` and
-        ``WIREREDUCE_TOPOLOGY``)."""
+        """``allreduce_async`` of the backend's driver on this backend's event loop: the schedule's
+        reduction in its table order (:class:`~wirereduce.host.rank.EngineRankDriver`). Raises
+        ChunksLost/TimeoutError/DriverError. Call from one thread at a time; TypeError for a bucket
+        in no supported format."""
         import asyncio
 
-        from wirereduce.host.rank import EngineRankDriver
-
         name, array = _as_format(array, "RankBackend")
-        engine = isinstance(self.driver, EngineRankDriver)
-        if name != "float32" and not engine:
-            raise TypeError(f"RankBackend: the ring node sums float32 only, this bucket is {name}; "
-                            f"use the schedule engine for {name} (or State(dtype='float32') with fp32 buckets)")
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
         array = np.ascontiguousarray(array).reshape(-1)
@@ -641,11 +631,11 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     initialised) and one of ``WIREREDUCE_IFACE`` (raw Ethernet on that interface: root or
     CAP_NET_RAW; ``WIREREDUCE_NODE_MAC`` optional) or ``WIREREDUCE_UNIX`` (the socket directory of
     ``wirereduce sim serve --unix``); ``WIREREDUCE_TIMEOUT`` seconds per receive (default 2).
-    With ``WIREREDUCE_TOPOLOGY`` and ``WIREREDUCE_ALGORITHM`` (``sim serve --topology``: schedule
-    engines) the driver is an :class:`~wirereduce.host.rank.EngineRankDriver` running that
-    schedule, and buckets may be bf16/fp16 as well as fp32; ``WIREREDUCE_NODES`` then defaults
-    to the topology's nodes. ``WIREREDUCE_RETRIES`` = N (schedule engines, torch.distributed
-    initialised; default 0): a bucket whose results stop coming has its lost chunks summed again,
+    The driver is an :class:`~wirereduce.host.rank.EngineRankDriver` running ``WIREREDUCE_TOPOLOGY``'s
+    ``WIREREDUCE_ALGORITHM`` (``sim serve --topology``; ``WIREREDUCE_NODES`` then defaults to the
+    topology's nodes), or without them the NTT ring schedule on a ring of ``WIREREDUCE_NODES``
+    engines (``sim serve --nodes N``); buckets may be fp32, bf16 or fp16. ``WIREREDUCE_RETRIES`` = N
+    (torch.distributed initialised; default 0): a bucket whose results stop coming has its lost chunks summed again,
     up to N times, the ranks agreeing on them with ``all_gather_object`` on a gloo group
     (``EngineRankDriver(retries=N)``; bit-exact); set ``WIREREDUCE_TIMEOUT`` low enough that a
     stall is noticed in time, and the same N at every rank.
@@ -653,12 +643,11 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     Parameters
     ----------
     barrier : callable, optional
-        The start barrier between CONTROL and the first push (``RankDriver(barrier=…)``); default:
+        The start barrier between CONTROL and the first push (``EngineRankDriver(barrier=…)``); default:
         ``torch.distributed.barrier`` on a gloo group of its own when torch.distributed is initialised.
-    config : wirereduce.config.NodeConfig or EngineConfig, optional
-        How the nodes were built (default NodeConfig(); ``codec=True`` for compressed buckets);
-        with ``WIREREDUCE_TOPOLOGY`` an EngineConfig (default: what ``sim serve --topology`` builds
-        by default, :func:`~wirereduce.host.rank.served_engine_config`).
+    config : wirereduce.config.EngineConfig, optional
+        How the engines were built (default: what ``sim serve`` builds by default,
+        :func:`~wirereduce.host.rank.served_engine_config`; ``codec=True`` for compressed buckets).
 
     Raises
     ------
@@ -669,7 +658,7 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     """
     env = os.environ if env is None else env
     try:
-        from wirereduce.host.rank import RankDriver
+        from wirereduce.host.rank import EngineRankDriver
         from wirereduce.host.transports.packet import PacketTransport
     except ImportError as e:  # pragma: no cover - before the per-rank driver existed
         raise RuntimeError("this wirereduce has no per-rank driver (wirereduce.host.rank)") from e
@@ -697,25 +686,30 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
             raise ValueError(f"{name} must be an integer, not {v!r}") from None
 
     topology, algorithm = env.get(ENV_TOPOLOGY), env.get(ENV_ALGORITHM)
-    schedule = None
     if (topology is None) != (algorithm is None):
-        raise ValueError(f"set both {ENV_TOPOLOGY} and {ENV_ALGORITHM} (schedule engines), or neither (ring nodes)")
+        raise ValueError(f"set both {ENV_TOPOLOGY} and {ENV_ALGORITHM} (the schedule the engines run), or neither "
+                         f"(a ring of {ENV_NODES} engines running the NTT ring schedule)")
+    from wirereduce import schedule as sched
+    from wirereduce.config import EngineConfig
+
+    schedule = None
     if topology is not None:
-        from wirereduce import schedule as sched
-        from wirereduce.config import EngineConfig
-
         schedule = sched.build(topology, algorithm)   # ValueError on a bad name
-        if config is None:
-            from wirereduce.host.rank import served_engine_config
-
-            config = served_engine_config(schedule.topology.name)
-        if not isinstance(config, EngineConfig):
-            raise ValueError(f"{ENV_TOPOLOGY} needs the engines' EngineConfig, not {config!r}")
     rank = number(ENV_RANK, dist.get_rank() if dist else None)
     default_nodes = schedule.nodes if schedule is not None else (dist.get_world_size() if dist else None)
     nodes = number(ENV_NODES, default_nodes)
-    if schedule is not None and nodes != schedule.nodes:
+    if schedule is None:
+        if not 2 <= nodes <= 255:
+            raise ValueError(f"{ENV_NODES} must be a ring size from 2 to 255, not {nodes}")
+        schedule = sched.build(f"ring:{nodes}", "ring")
+    if nodes != schedule.nodes:
         raise ValueError(f"{ENV_NODES}={nodes} but {schedule.topology.name} has {schedule.nodes} nodes")
+    if config is None:
+        from wirereduce.host.rank import served_engine_config
+
+        config = served_engine_config(schedule.topology.name)
+    if not isinstance(config, EngineConfig):
+        raise ValueError(f"the engines' config must be an EngineConfig, not {config!r}")
     try:
         timeout = float(env.get(ENV_TIMEOUT, "2"))
     except ValueError:
@@ -723,9 +717,6 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     retries = number(ENV_RETRIES, 0)
     if retries < 0:
         raise ValueError(f"{ENV_RETRIES} must be ≥ 0, not {retries}")
-    if retries and schedule is None:
-        raise ValueError(f"{ENV_RETRIES} needs {ENV_TOPOLOGY} (schedule engines); the ring node's ranks report a "
-                         f"loss (ChunksLost) and leave the retry to the caller")
     if retries and dist is None:
         raise ValueError(f"{ENV_RETRIES} needs torch.distributed initialised: the ranks agree on the lost chunks "
                          f"with all_gather_object on a gloo group")
@@ -744,15 +735,10 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         transport = PacketTransport.unix(unix, rank, nodes, timeout=timeout)
     else:
         transport = PacketTransport(iface, rank, nodes, node=env.get(ENV_NODE_MAC),
-                                    mtu=None if config is None else config.mtu, timeout=timeout)
+                                    mtu=config.mtu, timeout=timeout)
     try:
-        if schedule is not None:
-            from wirereduce.host.rank import EngineRankDriver
-
-            driver = EngineRankDriver(transport, rank, schedule, config, barrier=barrier, retries=retries,
-                                      exchange=exchange if retries else None)
-        else:
-            driver = RankDriver(transport, rank, nodes, config, barrier=barrier)
+        driver = EngineRankDriver(transport, rank, schedule, config, barrier=barrier, retries=retries,
+                                  exchange=exchange if retries else None)
     except ValueError:
         transport.close()
         raise

@@ -4,7 +4,7 @@ Each rank is a process (``torch.multiprocessing`` spawn) with a gloo process gro
 for DDP's broadcast and barriers; its DDP model registers :func:`wirereduce.torch.allreduce_hook`,
 so every gradient bucket is summed by the ring (the loopback backend: the golden model after a
 gloo exchange; the sim backend: ``wirereduce sim serve --unix`` with one
-:class:`~wirereduce.host.rank.RankDriver` per rank) and averaged; the gloo backend is the
+:class:`~wirereduce.host.rank.EngineRankDriver` per rank) and averaged; the gloo backend is the
 baseline, DDP's own allreduce without the hook. The data set is scikit-learn's
 handwritten digits (:func:`wirereduce.sim.workloads.gradients.digits_data`), each rank training
 on its own shard of every epoch's permutation.
@@ -61,12 +61,12 @@ class TrainConfig:
     progress: bool = True
     golden_check: bool = False
     #: With the sim backend: schedule engines on this topology (``sim serve --topology``) running
-    #: ``algorithm``, instead of ring nodes; None: ring nodes. With loopback: the golden model in
-    #: that schedule's order.
+    #: ``algorithm``; None: a ring of ``nodes`` engines running the NTT ring schedule (``ring:N``,
+    #: ``ring``). With loopback: the golden model in that schedule's order (None: rank order).
     topology: str | None = None
     algorithm: str | None = None
     #: "bfloat16"/"float16": float32 gradients travel in that format (State(wire_dtype=…), PyTorch's
-    #: bf16_compress_hook); needs the schedule engine (--topology) with the sim backend.
+    #: bf16_compress_hook).
     wire_dtype: str | None = None
     #: With the sim backend: the socket directory of a ``wirereduce sim serve --unix DIR`` already
     #: running (built with its defaults for this --nodes/--topology and --compress), instead of
@@ -100,6 +100,9 @@ class TrainConfig:
             raise ValueError("error feedback needs compression (--compress K)")
         if (self.topology is None) != (self.algorithm is None):
             raise ValueError("--topology and --algorithm go together (the schedule the engines run)")
+        if self.backend == "sim" and self.topology is None:
+            # a ring of --nodes schedule engines running the NTT ring schedule (sim serve --nodes N)
+            self.topology, self.algorithm = f"ring:{self.nodes}", "ring"
         if self.topology is not None:
             from wirereduce import schedule as sched
 
@@ -115,9 +118,6 @@ class TrainConfig:
                 raise ValueError(f"wire_dtype must be bf16 or fp16, not {self.wire_dtype!r}")
             if self.backend == "gloo" or self.compress is not None:
                 raise ValueError("--wire-dtype needs the wirereduce hook without --compress")
-            if self.backend == "sim" and self.topology is None:
-                raise ValueError("--wire-dtype with --backend sim needs the schedule engine (--topology, "
-                                 "--algorithm): the ring node sums fp32 only")
         if self.serve_dir is not None:
             if self.backend != "sim":
                 raise ValueError("--unix names a running `sim serve --unix DIR`: it needs --backend sim")
@@ -259,12 +259,9 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
 
 def _sim_config(cfg: TrainConfig):
     """How ``_start_sim``'s ``sim serve`` builds the nodes (its defaults)."""
-    if cfg.topology is not None:
-        from wirereduce.host.rank import served_engine_config
+    from wirereduce.host.rank import served_engine_config
 
-        return served_engine_config(cfg.topology, codec=cfg.compress is not None)
-    from wirereduce.config import NodeConfig
-    return NodeConfig(codec=cfg.compress is not None)
+    return served_engine_config(cfg.topology, codec=cfg.compress is not None)
 
 
 def _start_sim(cfg: TrainConfig, workdir: str):
@@ -276,7 +273,7 @@ def _start_sim(cfg: TrainConfig, workdir: str):
         raise RuntimeError("--backend sim is not available in this installation "
                            "(no wirereduce sim serve / per-rank driver)") from e
     sock_dir = os.path.join(workdir, "sockets")
-    where = ["--topology", cfg.topology] if cfg.topology is not None else ["--nodes", str(cfg.nodes)]
+    where = ["--topology", cfg.topology]
     cmd = [sys.executable, "-m", "wirereduce.cli", "sim", "serve", *where, "--unix", sock_dir]
     if cfg.compress is not None:
         cmd.append("--codec")

@@ -406,7 +406,8 @@ class Engine(wiring.Component):
     net{p}_in, net{p}_out : In/Out(FrameStream(width)), p = 0 … P-1
         Network port p (the schedule's port numbering, :class:`wirereduce.schedule.Topology`).
     control_taken : Out(1); rank : Out(8)
-        As :class:`~wirereduce.hdl.core.node.Node`.
+        A pulse when a CONTROL frame is taken; this node's rank, as the last CONTROL set it (the
+        Ethernet ports' roles take their addresses from them).
     port_counters : In(ArrayLayout(32, len(engine_port_counters(P))))
         The counters of the Ethernet ports in front of the engine, which its STATS frames carry
         (:func:`wirereduce.protocol.engine_stats_counters`): ``link_drop_{port}`` for the host and

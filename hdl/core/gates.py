@@ -1,15 +1,10 @@
-"""The decisions of the node's three input gates: which frame passes, waits or is dropped.
+"""The header check of the engine's input gates: which frame passes, waits or is dropped.
 
-Each input goes through a :class:`~wirereduce.hdl.stream.frame.FrameGate`. While it holds a
-frame's header, the functions here check it (:func:`check_header`, the drop rules of
-``docs/protocol.md``) and either drop the frame whole, counting why in the
-:class:`~wirereduce.hdl.core.status.EventCounters`, accept it, or let it wait:
-
-- host input (:func:`host_input`): CONTROL and STATS_REQUEST are answered with a STATS frame
-  (CONTROL first starts a collective), HOST_PUSH waits for its buffer slot;
-- cw input (:func:`reduce_input`): REDUCE frames, not at rank 0; each waits for the local chunk
-  it is added to;
-- ccw input (:func:`broadcast_input`): BROADCAST frames, not at rank N-1.
+Each input of the schedule engine (:mod:`wirereduce.hdl.core.engine`) goes through a
+:class:`~wirereduce.hdl.stream.frame.FrameGate`. While it holds a frame's header,
+:func:`check_header` checks it (the drop rules of ``docs/protocol.md``) and either drops the frame
+whole, counting why in the :class:`~wirereduce.hdl.core.status.EventCounters`, accepts it, or lets
+it wait.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from wirereduce.hdl.stream.frame import decode_expect
 
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode
 
-__all__ = ["check_header", "host_input", "reduce_input", "broadcast_input"]
+__all__ = ["check_header"]
 
 
 def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
@@ -147,78 +142,3 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         with m.Elif(~wait):
             m.d.comb += gate.accept.eq(1)
     return gate.o.valid & gate.o.ready & gate.o.payload.first
-
-
-def _count_too_big(h, max_elements: int):
-    return (h.count == 0) | (h.count > max_elements)
-
-
-def host_input(m: Module, gate, status, run, slots, events, max_elements: int, codec_built: bool = False,
-               quiet=1):
-    """The host input. CONTROL and STATS_REQUEST are consumed here and answered with one STATS
-    frame from ``status`` once it is free, which echoes their ``count`` (the request tag,
-    ``run.tag``); a CONTROL frame first starts a collective (``run.start``) and empties the local
-    buffer (``slots``), unless ``run.refusal`` refuses it (a collective still running and no
-    ABORT flag, or an invalid field): then nothing changes but ``control_refused``. HOST_PUSH
-    frames are checked and counted; at ranks > 0 one waits until its buffer slot is free.
-
-    A CONTROL frame waits until the node is ``quiet`` (no frame part-way through a gate or the
-    reduce pipeline): the rank it sets steers the node's routes, which must not change under a
-    frame on its way through (found by the fuzz suite: a CONTROL taken as the last chunk's
-    broadcast was passing cut the result it was delivering)."""
-    hh = gate.head
-    host_ctl = hh.opcode == Opcode.CONTROL
-    host_stats = hh.opcode == Opcode.STATS_REQUEST
-    with m.If(gate.head_valid & ~gate.head_short & (hh.version == VERSION)
-              & (host_ctl | host_stats)):
-        with m.If(~status.busy & (host_stats | quiet)):
-            m.d.comb += [gate.drop.eq(1), status.trigger.eq(1)]
-            m.d.sync += run.tag.eq(hh.count)
-            with m.If(host_ctl):
-                # A collective still running without ABORT, or invalid fields: refused, not
-                # applied, counted; the STATS answer shows the unchanged configuration.
-                with m.If(run.refusal(hh)):
-                    m.d.comb += events.flag("control_refused").eq(1)
-                with m.Else():
-                    m.d.sync += run.start(hh) + [slots.valid.eq(0)]
-    with m.Else():
-        push_slot_busy = slots.holds(slots.of(hh.seq)) & ~run.is_first
-        check_header(m, gate, run, events, hh.opcode == Opcode.HOST_PUSH, run.push_seq,
-                     _count_too_big(hh, max_elements), push_slot_busy,
-                     opcode=Opcode.HOST_PUSH, flags_allowed=0, codec_built=codec_built,
-                     lost_ok=1, lost_wait=slots.holds(slots.of(run.push_seq)) & ~run.is_first)
-    with m.If(gate.o.valid & gate.o.ready & gate.o.payload.first):
-        m.d.sync += run.push_seq.eq(run.push_seq + 1)
-        m.d.comb += events.flag("push_frames").eq(1)
-
-
-def reduce_input(m: Module, gate, run, slots, events, max_elements: int, codec_built: bool = False):
-    """The cw input: REDUCE frames (none at rank 0), each waiting until the local chunk of its
-    ``seq`` is in the buffer, whose element count it must match (unless the local chunk was
-    lost: its slot is marked bad and the sum leaves marked bad whatever the count)."""
-    ch = gate.head
-    cw_slot = slots.of(ch.seq)
-    cw_slot_ready = slots.holds(cw_slot)
-    count_bad = _count_too_big(ch, max_elements) | (
-        cw_slot_ready & ~slots.is_bad(cw_slot) & (slots.count[cw_slot] != ch.count))
-    cw_taken = check_header(
-        m, gate, run, events, (ch.opcode == Opcode.REDUCE) & ~run.is_first, run.reduce_seq,
-        count_bad, ~cw_slot_ready,
-        opcode=Opcode.REDUCE, flags_allowed=Flag.LOST, codec_built=codec_built,
-        lost_ok=~run.is_first, lost_wait=~slots.holds(slots.of(run.reduce_seq)))
-    with m.If(cw_taken):
-        m.d.sync += run.reduce_seq.eq(run.reduce_seq + 1)
-        m.d.comb += events.flag("reduce_frames").eq(1)
-
-
-def broadcast_input(m: Module, gate, run, events, max_elements: int, codec_built: bool = False):
-    """The ccw input: BROADCAST frames (none at rank N-1), never waiting here."""
-    bh = gate.head
-    bc_taken = check_header(
-        m, gate, run, events, (bh.opcode == Opcode.BROADCAST) & ~run.is_last, run.bcast_seq,
-        _count_too_big(bh, max_elements), Const(0, 1),
-        opcode=Opcode.BROADCAST, flags_allowed=Flag.LOST, codec_built=codec_built,
-        lost_ok=~run.is_last, lost_wait=0)
-    with m.If(bc_taken):
-        m.d.sync += run.bcast_seq.eq(run.bcast_seq + 1)
-        m.d.comb += events.flag("broadcast_frames").eq(1)

@@ -4,7 +4,7 @@ A STATS frame's values (:data:`wirereduce.protocol.STATS_COUNTERS`, each a littl
 come in three groups: the configuration a CONTROL frame set (:data:`CONFIG_COUNTERS`), the
 node's own event counters (:data:`EVENT_COUNTERS`, :class:`EventCounters`) and the counters of
 the ports in front of the node (:data:`PORT_COUNTERS`), which the node takes as they come on its
-generic ``port_counters`` input (:class:`~wirereduce.hdl.core.node.Node`).
+generic ``port_counters`` input (:class:`~wirereduce.hdl.core.engine.Engine`).
 """
 
 from __future__ import annotations
@@ -142,9 +142,9 @@ def report_status(m: Module, status: StatusResponder, run, events: EventCounters
                   counters: tuple[str, ...] = STATS_COUNTERS, extra=()):
     """Give ``status`` what a STATS frame carries: its header (``collective``, ``src`` = rank,
     ``hop`` = nodes, ``seq`` = chunks, ``count`` = the number of values) and the values of
-    ``counters`` (default the ring node's :data:`~wirereduce.protocol.STATS_COUNTERS`; a schedule
+    ``counters`` (default the fixed layout :data:`~wirereduce.protocol.STATS_COUNTERS`; a schedule
     engine's: :func:`~wirereduce.protocol.engine_stats_counters`): the configuration in ``run``
-    (:class:`~wirereduce.hdl.core.control.RunState`), the ``events``, the ``extra`` values (the
+    (the engine's run state: ``collective``, ``rank``, ``nodes``, ``chunks``), the ``events``, the ``extra`` values (the
     engine's port count) and the ``port_counters`` (a :func:`port_counters_layout` view, or the
     engine's)."""
     stats_hdr = Header(opcode=Opcode.STATS, count=len(counters))

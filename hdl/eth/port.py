@@ -209,7 +209,7 @@ def check_mac(name: str, mac) -> int:
 
 
 def port_counters(stats, ports: tuple[str, ...] = ETH_PORTS):
-    """The node's ``port_counters`` (:class:`~wirereduce.hdl.core.node.Node`) from the
+    """A node's ``port_counters`` (:class:`~wirereduce.hdl.core.engine.Engine`) from the
     :attr:`EthPort10G.stats` of the Ethernet ports in front of it: ``stats`` maps each of
     ``ports`` (default :data:`~wirereduce.protocol.ETH_PORTS`: ``host``, ``cw``, ``ccw``; a schedule
     engine's: :func:`~wirereduce.protocol.engine_ports`) that is Ethernet to its port's stats.
@@ -1009,7 +1009,7 @@ class EthPort10G(_EthPort):
     stats : Out(eth_stats_layout())
         Counters (``sync``).
     rank, nodes, control_taken : In(8), In(8), In(1)
-        The node's :class:`~wirereduce.hdl.core.node.Node` outputs of the same names (used with
+        The engine's (:class:`~wirereduce.hdl.core.engine.Engine`) outputs of the same names (used with
         a ``role`` only).
     tx_tap : Out(beat_layout(64)); tx_tap_valid : Out(1)
         A copy of the Ethernet frames (header included, FCS not) as they leave the framer for

@@ -308,7 +308,7 @@ class CmacRxGlue(wiring.Component):
     ----------
     mtu : int
         Longest wirereduce frame in bytes (the Ethernet payload, 1500 or 9000), as
-        :class:`~wirereduce.hdl.core.node.NodeConfig` ``mtu``.
+        :class:`~wirereduce.config.NodeConfig` ``mtu``.
     depth : int or None
         Beat FIFO depth in 512-bit beats, rounded up to a power of two; default the longest
         frame plus 16 beats (plus 17 with ``cut_through``; 256 at MTU 9000: 9014 bytes are 141 beats).

@@ -1,6 +1,6 @@
 """A :class:`~wirereduce.host.driver.Transport` for the simulated cluster, over cocotb.
 
-Each host port of :class:`wirereduce.sim.cluster.network.Network` is an AXI4-Stream pair driven by
+Each host port of :class:`wirereduce.sim.cluster.schednet.ScheduleNetwork` is an AXI4-Stream pair driven by
 cocotbext-axi's ``AxiStreamSource`` (host → node) and ``AxiStreamSink`` (node → host). The
 driver core above it is the same one that drives real boards.
 """
@@ -82,7 +82,7 @@ class CocotbTransport:
     timeout_cycles : int
         The default wait of ``recv``: one that waits longer than this many clock cycles raises
         ``TimeoutError``, so a lost frame fails the run instead of hanging it. The driver gives
-        each ``recv`` its own wait (the round's deadline, :func:`~wirereduce.host.driver.deadline_cycles`).
+        each ``recv`` its own wait (the round's deadline).
     clock_period_ns : float
         Period of ``dut.clk`` (time in cycles, :meth:`now`).
     """

@@ -22,7 +22,7 @@ wirereduce frame (``docs/protocol.md``).
   without TAP or root.
 
 The transport satisfies :class:`wirereduce.host.driver.Transport` for its own rank only
-(``send``/``recv`` take the rank and refuse any other); :class:`wirereduce.host.rank.RankDriver`
+(``send``/``recv`` take the rank and refuse any other); :class:`wirereduce.host.rank.EngineRankDriver`
 runs the allreduce over it.
 """
 

@@ -1,7 +1,8 @@
 """The allreduce benchmark behind ``make bench``: bandwidth, bounds, hop latency, simulation speed.
 
 For every configuration (datapath width, MTU, ring size) and message size the benchmark runs one
-allreduce of random fp32 gradients in the simulated cluster, checks every node's result bit for
+allreduce of random fp32 gradients on a simulated ring of schedule engines running the NTT ring
+schedule (:class:`RingSetup`, :func:`run_ring`: the fast engine), checks every node's result bit for
 bit against :func:`wirereduce.sim.golden.ring_allreduce`, and prints an nccl-tests-style table.
 The simulated clock gives the time: ``time = cycles / clock_mhz``, where ``cycles`` runs from
 the first beat pushed to the last result beat.
@@ -48,7 +49,7 @@ from pathlib import Path
 import numpy as np
 from wirereduce.sim.cluster.network import LINE_RATE_GBPS, clock_mhz, line_rate_gbps
 
-from wirereduce.config import NodeConfig
+from wirereduce.config import EngineConfig, NodeConfig
 from wirereduce.protocol import HEADER_BYTES, max_elements, wire_bytes
 
 __all__ = [
@@ -93,7 +94,7 @@ QUICK_CONFIGS: tuple[BenchConfig, ...] = (BenchConfig(64, 1500, 4), BenchConfig(
                                           BenchConfig(512, 9000, 4))
 #: ``make bench QUICK=1``: one small, one medium and one large message (the 4 MiB target size).
 QUICK_SIZES: tuple[int, ...] = (8 * KiB, 512 * KiB, 4 * MiB)
-#: Ethernet-link rows (``SimSetup(links="eth")``: MAC + 10GBASE-R PCS on every link), 4 nodes, 10G.
+#: Ethernet-link rows (``RingSetup(links="eth")``: MAC + 10GBASE-R PCS on every link), 4 nodes, 10G.
 ETH_CONFIGS: tuple[BenchConfig, ...] = (BenchConfig(64, 1500, 4), BenchConfig(64, 9000, 4))
 ETH_SIZES: tuple[int, ...] = (8 * KiB, 128 * KiB, 512 * KiB, 4 * MiB)
 #: ``make bench QUICK=1``: the Ethernet-link subset.
@@ -432,12 +433,107 @@ def write_plot(path: str | Path, records: Iterable[dict], title: str = "") -> Pa
 # The benchmark
 
 
+@dataclass(frozen=True)
+class RingSetup:
+    """What a benchmark row runs on: a ring of ``nodes`` schedule engines (P = 2 network ports, the
+    engine every board top carries) running the NTT ring schedule (``ring:N``, ``ring``).
+
+    ``config`` is every engine's :class:`~wirereduce.config.EngineConfig`; ``links`` link models,
+    ``"eth"`` (10G Ethernet, MAC + 10GBASE-R PCS, at every network port) or ``"cmac"``;
+    ``link_gbps`` / ``clock_mhz`` override the width's line rate and clock (link models only: a
+    512-bit core at 156.25 MHz behind 10G links, the compressed rows). ``simulator`` is recorded
+    (the fast engine always runs Verilator).
+
+    Raises ValueError on a bad ring size or rate, before anything is built."""
+
+    nodes: int
+    config: EngineConfig
+    link_latency: int = 4
+    links: str = "model"
+    link_gbps: float | None = None
+    clock_mhz: float | None = None
+    simulator: str = "verilator"
+
+    def __post_init__(self):
+        if not isinstance(self.nodes, int) or isinstance(self.nodes, bool) or not 2 <= self.nodes <= 255:
+            raise ValueError(f"nodes must be a ring size from 2 to 255, not {self.nodes!r}")
+        if not isinstance(self.config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, not {self.config!r}")
+        if not isinstance(self.link_latency, int) or self.link_latency < 1:
+            raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
+        for name in ("link_gbps", "clock_mhz"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
+                raise ValueError(f"{name} must be a positive number or None, not {v!r}")
+        if (self.link_gbps is not None or self.clock_mhz is not None) and self.links != "model":
+            raise ValueError("link_gbps and clock_mhz apply to link models (links='model') only")
+        self.link_rate  # noqa: B018 -- raises when the links would be faster than the datapath
+
+    @property
+    def clock(self) -> float:
+        """Core clock in MHz (``clock_mhz`` or the width's)."""
+        return float(self.clock_mhz) if self.clock_mhz is not None else clock_mhz(self.config.width)
+
+    @property
+    def link_rate(self):
+        """Wire bytes per cycle of every link (a Fraction; the width's line rate by default).
+        Raises ValueError if the links would move more than ``width / 8`` bytes a cycle."""
+        from wirereduce.sim.cluster.network import bytes_per_cycle, line_bytes_per_cycle
+
+        if self.link_gbps is None and self.clock_mhz is None:
+            return line_bytes_per_cycle(self.config.width)
+        gbps = self.link_gbps if self.link_gbps is not None else line_rate_gbps(self.config.width)
+        rate = bytes_per_cycle(gbps, self.clock)
+        if not 0 < rate <= self.config.bytes_per_beat:
+            raise ValueError(f"{gbps:g} Gbit/s links at {self.clock:g} MHz move {float(rate):.2f} bytes a cycle; "
+                             f"a {self.config.width}-bit datapath carries at most {self.config.bytes_per_beat}")
+        return rate
+
+
+def ring_setup(nodes: int, width: int, mtu: int, slots: int, *, codec: bool = False, **kw) -> RingSetup:
+    """A :class:`RingSetup` of ``nodes`` engines built as ``EngineConfig(width, mtu, slots, ports=2,
+    max_flows=8, codec=codec)`` (one flow is all the ring schedule needs); ``kw`` as RingSetup's.
+    Raises ValueError/TypeError on a bad value."""
+    return RingSetup(nodes, EngineConfig(width, mtu, slots, ports=2, max_flows=8, codec=codec), **kw)
+
+
+_SIMS: dict = {}
+
+
+def run_ring(setup: RingSetup, arrays, *, build_root: str | Path = "build/fastsim", progress: bool = False,
+             compression: int | None = None) -> dict:
+    """One allreduce of ``arrays`` (float32, one per node) on ``setup``'s ring of engines, on the fast
+    engine (:class:`~wirereduce.sim.engines.fastengine.FastEngineSim`, built once per setup and
+    cached); the benchmark's default runner. Returns ``{"results", "cycles", "sim_cycles", "wall_s",
+    "build_s", "elements", "frames", "bytes"}`` (cycles from the first push to the last result).
+
+    Raises
+    ------
+    ValueError
+        On bad arrays or ``compression``, before anything is built.
+    wirereduce.sim.engines.fastengine.EngineStalled
+        If results are missing at the deadline.
+    """
+    from wirereduce.sim.engines.fastengine import FastEngineSim
+
+    from wirereduce import schedule as sched
+
+    schedule = sched.build(f"ring:{setup.nodes}", "ring")
+    key = (setup, str(Path(build_root).resolve()))
+    sim = _SIMS.get(key)
+    if sim is None:
+        rate = setup.link_rate
+        # Ethernet rows: every link Ethernet, the hosts' too (a NIC cabled to each engine's host port)
+        sim = _SIMS[key] = FastEngineSim(schedule.topology, setup.config, setup.link_latency, link_rate=rate,
+                                         host_rate=rate, build_root=Path(build_root) / "engine", links=setup.links,
+                                         host_links="eth" if setup.links == "eth" else "model")
+    r = sim.allreduce(arrays, schedule, progress=progress, compression=compression)
+    return {"results": r.results, "cycles": r.cycles, "sim_cycles": r.sim_cycles, "wall_s": r.wall_s,
+            "build_s": r.build_s, "elements": r.elements, "frames": r.chunks, "bytes": r.bytes}
+
+
 def _default_runner():
-    try:
-        from wirereduce.sim.engines.fastsim import run_allreduce
-    except ImportError as e:
-        raise BenchError(f"the simulation engine wirereduce.sim.engines.fastsim cannot be imported: {e}") from e
-    return run_allreduce
+    return run_ring
 
 
 def _default_latency():
@@ -516,10 +612,10 @@ def _speed_table(rows: list[dict]) -> str:
 
 def run_eth_rows(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iterable[int], *, run: Callable,
                  records: list[dict], rows: list[dict], json_path: Path, build_root: str | Path = "build/fastsim",
-                 slots: int = 8, link_latency: int = 4, seed: int = 0, progress: bool = False) -> list[dict]:
+                 slots: int = 16, link_latency: int = 4, seed: int = 0, progress: bool = False) -> list[dict]:
     """The Ethernet-link rows of the benchmark: the same allreduce with every link real 10G Ethernet.
 
-    Each configuration (64 bit only) is built with ``SimSetup(links="eth")``: every ring and host
+    Each configuration (64 bit only) is built with ``RingSetup(links="eth")``: every ring and host
     link is MAC + 10GBASE-R PCS with a 66-bit block cable (``hdl/eth/port.py``), so the time now
     includes real framing, preamble, FCS, the deficit-idle-count gap, the PCS pipeline, the
     cut-through receive buffer of the ring ports and the store-and-forward bad-frame filter of the
@@ -535,15 +631,13 @@ def run_eth_rows(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: I
     BenchError
         If a result is not bit-exact or the engine reports another size.
     """
-    from wirereduce.sim.engines.runner import SimSetup
-
     configs = sorted({c if isinstance(c, BenchConfig) else BenchConfig(*c) for c in configs})
     sizes = sorted(set(int(s) for s in sizes))
     for s in sizes:
         if s < 4 or s % 4:
             raise ValueError(f"size {s} B is not a positive multiple of 4 bytes")
-    setups = {c: SimSetup(nodes=c.nodes, config=NodeConfig(c.width, c.mtu, slots), link_latency=link_latency,
-                          links="eth") for c in configs}
+    setups = {c: ring_setup(c.nodes, c.width, c.mtu, slots, link_latency=link_latency, links="eth")
+              for c in configs}
     model = {(r["width_bits"], r["mtu"], r["nodes"], r["bytes"]): r for r in rows if r.get("links", "model") == "model"}
     out = []
     for config in configs:
@@ -663,7 +757,6 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
     BenchError
         If a result is not bit-exact.
     """
-    from wirereduce.sim.engines.runner import SimSetup
     from wirereduce.sim.golden import codec as G
     from wirereduce.sim.workloads.gradients import gradient_stream
 
@@ -674,8 +767,8 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
         if s < 4 or s % 4:
             raise ValueError(f"size {s} B is not a positive multiple of 4 bytes")
     ks = [codec.check_k(k) for k in ks]
-    setup = SimSetup(nodes=config.nodes, config=NodeConfig(config.width, config.mtu, slots, codec=True),
-                     link_latency=link_latency, link_gbps=link_gbps, clock_mhz=clock)
+    setup = ring_setup(config.nodes, config.width, config.mtu, slots, codec=True, link_latency=link_latency,
+                       link_gbps=link_gbps, clock_mhz=clock)
     _out(f"#\n# compressed allreduce (INCEPTIONN-style codec v1 at every port), {config.nodes} nodes, "
          f"{config.width}-bit core @ {clock:g} MHz behind {link_gbps:g}G links, MTU {config.mtu}, "
          f"{slots} slots (host window)\n"
@@ -722,7 +815,7 @@ def run_codec_rows(sizes: Iterable[int], *, run: Callable, records: list[dict], 
 def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iterable[int], *,
               name: str = "bench", runner: Callable | None = None, latency: Callable | None = None,
               progress: bool = False, out_dir: str | Path = "bench/results",
-              build_root: str | Path = "build/fastsim", slots: int = 8, link_latency: int = 4,
+              build_root: str | Path = "build/fastsim", slots: int = 16, link_latency: int = 4,
               simulator: str = "verilator", seed: int = 0, measure_latency: bool = True,
               eth_configs: Iterable[BenchConfig | tuple[int, int, int]] = (),
               eth_sizes: Iterable[int] = (), codec_sizes: Iterable[int] = ()) -> list[dict]:
@@ -737,8 +830,8 @@ def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iter
         Base name of the output files.
     runner : callable, optional
         ``runner(setup, arrays, *, build_root, progress) -> dict`` with the keys of
-        ``wirereduce.sim.engines.fastsim.run_allreduce`` (results, cycles, bytes, elements, frames,
-        sim_cycles, wall_s, build_s); that function by default.
+        :func:`run_ring` (results, cycles, bytes, elements, frames, sim_cycles, wall_s, build_s);
+        that function by default.
     latency : callable, optional
         ``latency(width=, mtu=, path=) -> cycles``; ``wirereduce.sim.bench.latency.hop_latency`` by
         default. If it cannot be imported or fails, the latency is recorded as None with a warning.
@@ -746,7 +839,7 @@ def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iter
         Passed to the runner (progress bars on stderr).
     out_dir : path
         Where the JSON and PNG go (created).
-    build_root, slots, link_latency, simulator : passed on to the runner / :class:`SimSetup`.
+    build_root, slots, link_latency, simulator : passed on to the runner / :class:`RingSetup`.
     seed : int
         Base seed of the random gradients; each run's seed is (seed, nodes, width, mtu, bytes).
     eth_configs, eth_sizes : iterable
@@ -766,8 +859,6 @@ def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iter
         If a result is not bit-exact (after printing its row and saving the records so far), or
         the engine is missing or returns something inconsistent.
     """
-    from wirereduce.sim.engines.runner import SimSetup
-
     configs = sorted({c if isinstance(c, BenchConfig) else BenchConfig(*c) for c in configs})
     sizes = sorted(set(int(s) for s in sizes))
     if not configs:
@@ -780,8 +871,7 @@ def run_bench(configs: Iterable[BenchConfig | tuple[int, int, int]], sizes: Iter
     setups = {}
     for c in configs:
         check_bench_width(c.width)
-        setups[c] = SimSetup(nodes=c.nodes, config=NodeConfig(c.width, c.mtu, slots), link_latency=link_latency,
-                             simulator=simulator)
+        setups[c] = ring_setup(c.nodes, c.width, c.mtu, slots, link_latency=link_latency, simulator=simulator)
     if not re.fullmatch(r"[\w.+-]+", name):
         raise ValueError(f"name {name!r} must be a plain file name (letters, digits, . _ + -)")
     run = runner if runner is not None else _default_runner()

@@ -236,13 +236,6 @@ def _fp32(deep=False):
     return make
 
 
-def _reduce64():
-    from wirereduce.hdl.core.reduce import ReducePipeline
-
-    cfg = _cfg()
-    return ReducePipeline(cfg.width, _index_bits(cfg), cfg.slots, cfg.slot_beats)
-
-
 def _lanes(lanes):
     def make():
         from wirereduce.hdl.arith.lanes import ReduceLanes
@@ -296,15 +289,6 @@ def _pcs_rx():
     return PCSRx(64)
 
 
-def _node(width, mtu):
-    def make():
-        from wirereduce.hdl.core.node import Node
-
-        return Node(_cfg(width, mtu))
-
-    return make
-
-
 def _engine(width, mtu, ports, codec=False, slots=8):
     def make():
         from wirereduce.hdl.core.engine import Engine
@@ -325,7 +309,6 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
           "ReduceLanes 64 bit: every format and op, 6 stages (the engine's summation units)"),
     Block("lanes512", "xcup", CLOCK_100G_MHZ, _lanes(16),
           "ReduceLanes 512 bit: every format and op, deep (7 stages; the 512-bit engine's summation units)"),
-    Block("reduce64", "xc7", CLOCK_10G_MHZ, _reduce64, "ReducePipeline 64 bit, 8 slots x 256 beats (MTU 1500)"),
     Block("frame_gate64", "xc7", CLOCK_10G_MHZ, _gate64, "FrameGate 64 bit, MTU 1500", quick=True),
     Block("compressor64", "xc7", CLOCK_10G_MHZ, _comp64, "Compressor 64 bit, 371 elements (MTU 1500)"),
     Block("decompressor64", "xc7", CLOCK_10G_MHZ, _decomp64, "Decompressor 64 bit, 371 elements (MTU 1500)"),
@@ -334,12 +317,6 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("mac_rx", "xc7", CLOCK_10G_MHZ, _mac_rx, "MacRx (10G, XGMII 64 bit)", default=False),
     Block("pcs_tx64", "xc7", CLOCK_10G_MHZ, _pcs_tx, "PCSTx, 64-bit gearbox", quick=True),
     Block("pcs_rx64", "xc7", CLOCK_10G_MHZ, _pcs_rx, "PCSRx, 64-bit gearbox", quick=True),
-    # Not in the default set: the ring-only node is in no bitstream since 2026-11-29 (the VC709 and U55C tops
-    # carry the schedule engine); it stays for the simulated ring networks until they move to the engine.
-    Block("node64", "xc7", CLOCK_10G_MHZ, _node(64, 1500),
-          "ring-only Node 64 bit, MTU 1500, 8 slots (simulation only: in no bitstream)", default=False),
-    Block("node512", "xcup", CLOCK_100G_MHZ, _node(512, 9000),
-          "ring-only Node 512 bit, MTU 9000, 8 slots (simulation only: in no bitstream)", default=False),
     Block("engine_p2_64", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2),
           "schedule engine, P = 2, 64 bit, MTU 1500, 8 slots, 64 flows (the VC709 SFP top)"),
     Block("engine_p4_64", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 4),

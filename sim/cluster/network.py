@@ -1,4 +1,5 @@
-"""Simulated clusters: N nodes cabled into a ring by link models, and its Verilog.
+"""The cables of simulated networks (:mod:`wirereduce.sim.cluster.schednet`): link models, 10G
+Ethernet and 100G CMAC cables, fault injection and the flat host and injection ports.
 
 The :class:`LinkModel` stands in for a full-duplex Ethernet link until the MAC exists. It
 charges every frame what it costs on a real wire: the 14-byte Ethernet header, padding up to
@@ -13,18 +14,16 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from amaranth import Cat, Module, Mux, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
-from wirereduce.hdl.core.node import Node
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameArbiter, FrameStream, beat_layout
-from wirereduce.sim.cluster.box import Boxes
 
-from wirereduce.config import NodeConfig, check_width
+from wirereduce.config import check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
-__all__ = ["LinkModel", "CmacCable", "Network", "network_verilog", "line_rate_gbps", "clock_mhz", "bytes_per_cycle",
+__all__ = ["LinkModel", "CmacCable", "host_wires", "line_rate_gbps", "clock_mhz", "bytes_per_cycle",
            "line_bytes_per_cycle", "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac", "eth_port", "delayed"]
 
 # Link timing, defined here once for the network, the engines and the benchmark.
@@ -207,28 +206,6 @@ def drive_injection(m, stream, flat) -> None:
     ]
 
 
-class InjectableNode(wiring.Component):
-    """A :class:`~wirereduce.hdl.core.node.Node` whose ring inputs also take frames from two
-    injection ports, ``inj_cw`` and ``inj_ccw``, merged a whole frame at a time with what the
-    link delivers (:class:`~wirereduce.hdl.stream.frame.FrameArbiter`): the fuzz suite's hook
-    for hostile frames on a ring port (:mod:`wirereduce.sim.fuzz`). Every other member is the
-    node's own. Simulation only.
-    """
-
-    _PORTS = {"cw_in": "inj_cw", "ccw_in": "inj_ccw"}
-
-    def __init__(self, config: NodeConfig):
-        self.config = config
-        self._node = Node(config)
-        super().__init__(injectable_members(self._node, self._PORTS, config.width))
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.node = node = self._node
-        wire_injectable(m, self, node, self._PORTS, self.config.width)
-        return m
-
-
 class CmacCable(wiring.Component):
     """One direction of a 100G cable as two CMACs' AXI4-Stream user sides see it (PG203).
 
@@ -318,175 +295,21 @@ class CmacCable(wiring.Component):
         return m
 
 
-class Network(wiring.Component):
-    """``nodes`` :class:`~wirereduce.hdl.core.node.Node` instances in a ring, for simulation.
-
-    Node ``k``'s ``cw_out`` feeds node ``(k+1) % nodes``'s ``cw_in`` and its ``ccw_out`` feeds
-    node ``(k-1) % nodes``'s ``ccw_in``, each through a :class:`LinkModel`. The host ports are
-    flat AXI4-Stream signals named ``host{k}_rx_t{data,keep,last,valid,ready}`` (host → node)
-    and ``host{k}_tx_t…`` (node → host), which cocotbext-axi's bus models drive.
-
-    Parameters
-    ----------
-    nodes : int
-        Ring size, 2 … 255.
-    config : NodeConfig
-    link_latency : int
-        Cycles of delay of every link.
-    host_links : bool
-        Put a :class:`LinkModel` at the line rate between each host port and its node too (the
-        host's own 10G/100G link), so a host can push no faster than a real NIC. Default True.
-    links : str
-        ``"model"`` (default): every link is a :class:`LinkModel`. ``"eth"`` (64 bit only): every
-        link is real 10GBASE-R, see :func:`_eth_links`; the top then also has a capture tap
-        ``tap_t{data,keep,last,valid}``: the Ethernet frames (no FCS) node 0 sends node 1 (cw),
-        and fault-injection inputs ``flip_link`` (8 bit) and ``flip_block`` (32 bit): one bit of
-        the ``flip_block``-th data block node ``flip_link`` sends node ``flip_link + 1`` is
-        inverted on the cable (``flip_block = 0``: never), see :func:`_eth_links`.
-
-    link_rate : fractions.Fraction or int, optional
-        Wire bytes per cycle of every link model; default :func:`line_bytes_per_cycle` of the
-        width: 10 Gbit/s at 64 bit, 100 Gbit/s at 512 bit. A wider datapath than its links
-        (e.g. 512 bit at 156.25 MHz behind 10G links: 8) is where compressed frames pay off.
-    inject : bool
-        Give every node injection ports (:class:`InjectableNode`), flat on the top as
-        ``inj{k}_{cw,ccw}_t{data,keep,last,valid,ready,user}`` (``tuser`` = ``bad``): frames put
-        there enter node ``k``'s ring input as if the link had delivered them (the fuzz suite).
-
-    boxed : bool
-        Build the Verilog path's network (:func:`network_verilog`): every node and every Ethernet
-        port a :class:`~wirereduce.sim.cluster.box.Box` of its design, collected in ``boxes``
-        (:class:`~wirereduce.sim.cluster.box.Boxes`, filled as the network elaborates), so that
-        identical ones are converted once. Default False: the components themselves,
-        for simulating the network in Python.
-
-    Every host output also has ``host{k}_tx_tuser``: the frame's ``bad`` on its last beat (a
-    host NIC drops such a frame, as it would one with a stomped FCS).
-
-    Raises
-    ------
-    ValueError
-        If ``nodes`` is outside 2 … 255, ``links`` is not "model" or "eth", "eth" is asked
-        for at a width other than 64, or ``link_rate`` is not in (0, width/8].
-    """
-
-    def __init__(self, nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
-                 host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None,
-                 inject: bool = False, probe: bool = False, boxed: bool = False):
-        self.boxed = bool(boxed)
-        self.boxes = Boxes() if self.boxed else None
-        with rejecting(self):
-            self.inject = bool(inject)
-            self._probing = bool(probe) and not self.inject
-            if not isinstance(nodes, int) or not 2 <= nodes <= 255:
-                raise ValueError(f"a ring needs 2 … 255 nodes, not {nodes!r}")
-            self.nodes = nodes
-            self.config = config if config is not None else NodeConfig()
-            self.link_latency = link_latency
-            self.host_links = host_links
-            self.links = check_links(links, self.config.width)
-            w = self.config.width
-            self.link_rate = Fraction(link_rate) if link_rate is not None else line_bytes_per_cycle(w)
-            if not 0 < self.link_rate <= w // 8:
-                raise ValueError(f"link_rate must be in (0, {w // 8}] bytes a cycle, not {link_rate!r}")
-        members = {}
-        if self._probing:
-            from wirereduce.hdl.core.node import PROBE_POINTS
-            members["probe"] = Out(2 * len(PROBE_POINTS) * nodes)
-        if self.links == "eth":
-            members.update({"tap_tdata": Out(64), "tap_tkeep": Out(8), "tap_tlast": Out(1), "tap_tvalid": Out(1),
-                            "flip_link": In(8), "flip_block": In(32)})
-        if self.links == "cmac":
-            members.update({"flip_link": In(8), "flip_block": In(32)})
-        for k in range(nodes):
-            members[f"host{k}_tx_tuser"] = Out(1)
-            if self.inject:
-                for port in ("cw", "ccw"):
-                    members.update(injection_members(f"inj{k}_{port}", w))
-            for d, flow_in in (("rx", True), ("tx", False)):
-                dir_in, dir_out = (In, Out) if flow_in else (Out, In)
-                members[f"host{k}_{d}_tdata"] = dir_in(w)
-                members[f"host{k}_{d}_tkeep"] = dir_in(w // 8)
-                members[f"host{k}_{d}_tlast"] = dir_in(1)
-                members[f"host{k}_{d}_tvalid"] = dir_in(1)
-                members[f"host{k}_{d}_tready"] = dir_out(1)
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        n = self.nodes
-        w = self.config.width
-        rate = self.link_rate
-        cfg, probing = self.config, self._probing
-        if self.boxed:  # one node design for all (rank and ring size come from CONTROL at run time)
-            boxes = self.boxes
-            if self.inject:
-                ring = [boxes.box("node", ("inject", cfg), lambda: InjectableNode(cfg)) for _ in range(n)]
-            else:
-                ring = [boxes.box("node", (cfg, probing), lambda: Node(cfg, probe=probing)) for _ in range(n)]
-        else:
-            ring = [InjectableNode(cfg) if self.inject else Node(cfg, probe=probing) for _ in range(n)]
-        if self._probing:
-            m.d.comb += self.probe.eq(Cat(*(node.probe for node in ring)))
-        if self.inject:
-            for k, node in enumerate(ring):
-                for port in ("cw", "ccw"):
-                    drive_injection(m, getattr(node, f"inj_{port}"),
-                                    lambda s, k=k, port=port: getattr(self, f"inj{k}_{port}_{s}"))
-        if self.links == "eth":
-            for k, node in enumerate(ring):
-                m.submodules[f"node{k}"] = node
-            hosts = _eth_links(m, ring, self.config.mtu, self.link_latency, self.host_links,
-                               self.flip_link, self.flip_block, self.boxes)
-            for k, (rx, tx) in enumerate(hosts):
-                self._host_wires(m, k, rx, tx)
-            tap = m.submodules["eth_cw0"]
-            m.d.comb += [self.tap_tdata.eq(tap.tx_tap.data), self.tap_tkeep.eq(tap.tx_tap.keep),
-                         self.tap_tlast.eq(tap.tx_tap.last), self.tap_tvalid.eq(tap.tx_tap_valid)]
-            return m
-        for k, node in enumerate(ring):
-            m.submodules[f"node{k}"] = node
-        if self.links == "cmac":
-            _cmac_links(m, ring, self.config.mtu, self.link_latency, rate, self.flip_link, self.flip_block)
-        for k, node in enumerate(ring):
-            rx, tx = node.host_rx, node.host_tx
-            if self.host_links:
-                m.submodules[f"link_host{k}_rx"] = rx_link = LinkModel(w, self.link_latency, rate)
-                wiring.connect(m, rx_link.o, node.host_rx)
-                if self.links == "cmac":
-                    tx_out = _cmac_host_tx(m, k, node.host_tx, self.config.mtu, self.link_latency, rate)
-                else:
-                    m.submodules[f"link_host{k}_tx"] = tx_link = LinkModel(w, self.link_latency, rate)
-                    wiring.connect(m, node.host_tx, tx_link.i)
-                    tx_out = tx_link.o
-                rx, tx = rx_link.i, tx_out
-            self._host_wires(m, k, rx, tx)
-        for k in range(n if self.links == "model" else 0):
-            nxt = (k + 1) % n
-            cw = LinkModel(w, self.link_latency, rate)
-            ccw = LinkModel(w, self.link_latency, rate)
-            m.submodules[f"link_cw{k}_{nxt}"] = cw
-            m.submodules[f"link_ccw{nxt}_{k}"] = ccw
-            wiring.connect(m, ring[k].cw_out, cw.i)
-            wiring.connect(m, cw.o, ring[nxt].cw_in)
-            wiring.connect(m, ring[nxt].ccw_out, ccw.i)
-            wiring.connect(m, ccw.o, ring[k].ccw_in)
-        return m
-
-    def _host_wires(self, m, k, rx, tx):
-        """Connect the flat ``host{k}_*`` ports to the stream ``rx`` (into the ring) and ``tx``."""
-        g = lambda s: getattr(self, f"host{k}_{s}")  # noqa: E731
-        m.d.comb += [
-            rx.payload.data.eq(g("rx_tdata")), rx.payload.keep.eq(g("rx_tkeep")),
-            rx.payload.last.eq(g("rx_tlast")), rx.valid.eq(g("rx_tvalid")),
-            g("rx_tready").eq(rx.ready),
-            g("tx_tdata").eq(tx.payload.data), g("tx_tkeep").eq(tx.payload.keep),
-            g("tx_tlast").eq(tx.payload.last), g("tx_tvalid").eq(tx.valid), g("tx_tuser").eq(tx.payload.bad),
-            tx.ready.eq(g("tx_tready")),
-        ]
+def host_wires(m, top, k, rx, tx):
+    """Connect ``top``'s flat ``host{k}_*`` ports (AXI4-Stream names, as :func:`injection_members`
+    gives them without the ``inj`` prefix) to the stream ``rx`` (into the network) and ``tx``."""
+    g = lambda s: getattr(top, f"host{k}_{s}")  # noqa: E731
+    m.d.comb += [
+        rx.payload.data.eq(g("rx_tdata")), rx.payload.keep.eq(g("rx_tkeep")),
+        rx.payload.last.eq(g("rx_tlast")), rx.valid.eq(g("rx_tvalid")),
+        g("rx_tready").eq(rx.ready),
+        g("tx_tdata").eq(tx.payload.data), g("tx_tkeep").eq(tx.payload.keep),
+        g("tx_tlast").eq(tx.payload.last), g("tx_tvalid").eq(tx.valid), g("tx_tuser").eq(tx.payload.bad),
+        tx.ready.eq(g("tx_tready")),
+    ]
 
 
-#: What a :class:`Network`'s links are: link models, real 10G Ethernet (MAC + PCS), or 100G
+#: What a simulated network's links are: link models, real 10G Ethernet (MAC + PCS), or 100G
 #: CMAC glue on :class:`CmacCable` models of the CMAC's user side.
 LINKS = ("model", "eth", "cmac")
 
@@ -510,12 +333,12 @@ def check_links(links: str, width: int) -> str:
     return links
 
 
-#: Prefix of every address in an Ethernet-linked :class:`Network` (the ports' ``mac_prefix``).
+#: Prefix of every address in an Ethernet-linked network (the ports' ``mac_prefix``).
 ETH_MAC_PREFIX = 0x02_77_72_00_00_00
 
 
 def eth_mac(node: int, port: int) -> int:
-    """MAC address of port ``port`` of ``node`` in an Ethernet-linked :class:`Network`: locally
+    """MAC address of port ``port`` of ``node`` in an Ethernet-linked network: locally
     administered ``02:77:72:00:nn:pp``; port 0 faces node + 1 (cw), 1 node − 1, 2 the host, and
     3 is the host's own NIC. Ports 0 … 2 are those :func:`wirereduce.hdl.eth.port.role_mac` gives
     the node once CONTROL has made node ``nn`` rank ``nn`` (roles ``next``, ``prev``, ``host``)."""
@@ -576,87 +399,6 @@ def flip_line(m, line, flip, flip_block):
     return line.as_value() ^ ((is_data & flip & (hit_header | hit_payload)) << 7)
 
 
-def _eth_links(m, ring, mtu, latency, host_links, flip_link, flip_block, boxes=None):
-    """Cable ``ring`` with single-clock :class:`~wirereduce.hdl.eth.port.EthPort10G` ports.
-
-    Node k's port ``eth_cw{k}`` (tx: ``cw_out``, rx: ``ccw_in``) faces node k+1's ``eth_ccw{k+1}``
-    (tx: ``ccw_out``, rx: ``cw_in``); each host has a NIC port ``eth_nic{k}`` facing the node's
-    ``eth_host{k}`` (tx: ``host_tx``, rx: ``host_rx``). Every cable carries one scrambled 66-bit
-    block a cycle each way, delayed ``latency`` cycles: 10.3125 Gbaud at 156.25 MHz.
-
-    The ring ports are cut-through (``EthPort10G(cut_through=True)``: a frame found bad at its
-    FCS is forwarded marked and sent on with a stomped FCS); the host ports, node side and NIC
-    side, are store and forward, so a bad frame is never buffered or delivered.
-
-    The node's ports have roles (``next``, ``prev``, ``host``): their addresses follow the node's
-    CONTROL and they drop frames from any other source than their neighbour (``rx_source_drops``,
-    the node's ``drop_source``); the NIC ports have fixed addresses and no filter.
-
-
-    IEEE 802.3x flow control (``hdl/eth/pause.py``): every port honours PAUSE frames; the ports
-    that receive REDUCE (``eth_ccw{k}``) and HOST_PUSH (``eth_host{k}``) frames also send them
-    (``EthPort10G(flow_control=True)``): XOFF when the node stops taking frames and the FIFO passes
-    its high-water mark, XON when it drains; the FIFO is sized by
-    :func:`~wirereduce.hdl.eth.port.pause_budget` for this ``latency``, so a late host costs
-    time, never frames. The ports receiving BROADCAST and results do not send PAUSE: their
-    peers' transmitters are fed by a fork (host and ``ccw_out`` in lock-step), and holding one
-    of them at a frame start would underrun the other mid-frame; those receivers are never held
-    up anyway (docs/architecture.md, Flow control).
-
-    Fault injection: on the cable from node ``flip_link`` to node ``flip_link + 1`` (cw), payload
-    bit 5 of the ``flip_block``-th scrambled data block (1-based) is inverted, so the frame it
-    belongs to fails its FCS at the receiver (``flip_block = 0``: never). With bit 31 of
-    ``flip_block`` set, the bit is in the third data block of the ``flip_block & 0x7FFFFFFF``-th
-    frame on that cable instead, which carries wirereduce header bytes 2 … 9: after the
-    descrambler (x^58 + x^39 + 1, IEEE 802.3 clause 49.2.6) bits 5, 44 and 63 of that block are
-    wrong, i.e. ``dtype``, ``flags`` and ``collective``, so the frame fails its header check.
-
-    With ``boxes``, every port is a box (:func:`eth_port`): four port designs for any ring size.
-
-    Returns the host side ``[(rx, tx)]`` streams of each host (rx: into the ring, tx: out of it).
-    """
-    from wirereduce.hdl.eth.port import port_counters
-
-    n = len(ring)
-    stats = [{} for _ in ring]  # each node's Ethernet ports' stats, by ETH_PORTS name
-
-    def port(name, node, idx, peer_node, peer_idx, cut_through=False, role=None, flow_control=False):
-        p = eth_port(m, boxes, mtu, eth_mac(node, idx), eth_mac(peer_node, peer_idx),
-                     cut_through=cut_through, role=role, mac_prefix=ETH_MAC_PREFIX,
-                     flow_control=flow_control, cable_cycles=latency)
-        m.submodules[name] = p
-        if role is not None:  # the node's ports follow its CONTROL: addresses and source filter
-            m.d.comb += [p.rank.eq(ring[node].rank), p.nodes.eq(ring[node].nodes),
-                         p.control_taken.eq(ring[node].control_taken)]
-        return p
-
-    for k in range(n):
-        nxt = (k + 1) % n
-        cw = port(f"eth_cw{k}", k, 0, nxt, 1, cut_through=True, role="next")
-        ccw = port(f"eth_ccw{nxt}", nxt, 1, k, 0, cut_through=True, role="prev", flow_control=True)  # receives REDUCE
-        wiring.connect(m, ring[k].cw_out, cw.tx)
-        wiring.connect(m, cw.rx, ring[k].ccw_in)
-        wiring.connect(m, ring[nxt].ccw_out, ccw.tx)
-        wiring.connect(m, ccw.rx, ring[nxt].cw_in)
-        stats[k]["ccw"], stats[nxt]["cw"] = cw.stats, ccw.stats
-        eth_cable(m, cw, ccw, latency, flip_link == k, flip_block)
-    hosts = []
-    for k, node in enumerate(ring):
-        if not host_links:
-            hosts.append((node.host_rx, node.host_tx))
-            continue
-        side = port(f"eth_host{k}", k, 2, k, 3, role="host", flow_control=True)  # receives HOST_PUSH
-        nic = port(f"eth_nic{k}", k, 3, k, 2)
-        wiring.connect(m, node.host_tx, side.tx)
-        wiring.connect(m, side.rx, node.host_rx)
-        stats[k]["host"] = side.stats
-        eth_cable(m, side, nic, latency)
-        hosts.append((nic.tx, nic.rx))
-    for node, node_stats in zip(ring, stats):
-        m.d.comb += node.port_counters.eq(port_counters(node_stats))
-    return hosts
-
-
 def eth_cable(m, a, b, latency: int, flip=None, flip_block=None) -> None:
     """A 10G cable between Ethernet ports ``a`` and ``b`` (each with ``line_tx``/``line_rx``, one
     66-bit block a cycle), in ``m``: each direction delayed ``latency`` cycles. Fault injection:
@@ -691,80 +433,3 @@ def cmac_cable(m, names: tuple[str, str, str], src, dst, mtu: int, latency: int,
     if dst is not None:
         wiring.connect(m, rx.o, dst)
     return tx, cable, rx
-
-
-def _cmac_links(m, ring, mtu, latency, rate, flip_link, flip_block):
-    """Cable the ring ``ring`` (512-bit nodes) with 100G CMAC glue, single clock.
-
-    Each direction of each ring link is ``node.cw_out`` (or ``ccw_out``) →
-    :class:`~wirereduce.hdl.xilinx.cmac.CmacTxGlue` → :class:`CmacCable` (``latency`` cycles,
-    ``rate`` wire bytes a cycle) → :class:`~wirereduce.hdl.xilinx.cmac.CmacRxGlue` with
-    ``cut_through=True`` → the next node's ``cw_in`` (``ccw_in``), the glue's CMAC domains
-    renamed to ``sync``. As on the 10G ring, a frame found bad on a cable is passed on marked
-    ``bad`` and leaves every later hop with ``tuser`` set (stomped). The node's ``cw``/``ccw``
-    port counters come from the glue (:func:`~wirereduce.hdl.xilinx.cmac.cmac_port_stats`); the
-    host links stay :class:`LinkModel` s (the U55C's host port is not Ethernet).
-
-    Fault injection: the cable from node ``flip_link`` to node ``flip_link + 1`` (cw) flips a
-    bit of its ``flip_block``-th beat (:class:`CmacCable`; ``flip_block = 0``: never).
-    """
-    from wirereduce.hdl.eth.port import port_counters
-    from wirereduce.hdl.xilinx.cmac import cmac_port_stats
-
-    n = len(ring)
-    rxs = [{} for _ in ring]    # each node's receive glue by port ("cw": feeds cw_in, "ccw": ccw_in)
-    txs = [{} for _ in ring]    # its transmit glue by the same port (the "cw" port sends ccw_out)
-    for k in range(n):
-        nxt = (k + 1) % n
-        # (name, source stream, sink stream, sending node and its port, receiving node and its port)
-        for name, src, dst, (s_node, s_port), (r_node, r_port), flip in (
-                (f"cw{k}_{nxt}", ring[k].cw_out, ring[nxt].cw_in, (k, "ccw"), (nxt, "cw"), flip_link == k),
-                (f"ccw{nxt}_{k}", ring[nxt].ccw_out, ring[k].ccw_in, (nxt, "cw"), (k, "ccw"), None)):
-            tx, cable, rx = cmac_cable(m, (f"cmac_{name}_tx", f"cmac_{name}", f"cmac_{name}_rx"), src, dst, mtu,
-                                       latency, rate, eth_mac(s_node, 0 if s_port == "ccw" else 1))
-            if flip is not None:
-                m.d.comb += [cable.flip.eq(flip), cable.flip_beat.eq(flip_block)]
-            txs[s_node][s_port] = tx
-            rxs[r_node][r_port] = rx
-    for node, rx_ports, tx_ports in zip(ring, rxs, txs):
-        stats = {port: cmac_port_stats(rx_ports[port], tx_ports[port]) for port in rx_ports}
-        m.d.comb += node.port_counters.eq(port_counters(stats))
-
-
-def _cmac_host_tx(m, k, src, mtu, latency, rate):
-    """Node ``k``'s results to its host over a 100G cable: ``src`` (the node's ``host_tx``) →
-    CmacTxGlue → :class:`CmacCable` → CmacRxGlue (store and forward) → the returned stream.
-
-    A frame the node sends marked ``bad`` (a chunk spoilt upstream, forwarded cut-through) leaves
-    with ``tuser`` set and the host side's glue drops it whole, as a host NIC drops a frame with a
-    stomped FCS; so the host never takes a spoilt sum, and the chunk is reported missing. The host
-    side cannot be back-pressured (an Ethernet NIC): a host that stops reading loses frames
-    (the glue's ``overflow``), which the frame player never does at ``tx_ready_prob = 1``.
-    """
-    _, _, rx = cmac_cable(m, (f"cmac_host{k}_tx", f"cmac_host{k}", f"cmac_nic{k}_rx"), src, None, mtu, latency, rate,
-                          eth_mac(k, 2), cut_through=False)
-    return rx.o
-
-
-def network_verilog(nodes: int, config: NodeConfig | None = None, link_latency: int = 4,
-                    host_links: bool = True, links: str = "model", link_rate: Fraction | int | None = None,
-                    inject: bool = False, probe: bool = False) -> str:
-    """Verilog text of a :class:`Network` with top module ``wirereduce_net``, boxed
-    (``Network(boxed=True)``): the node is converted once, as module ``wirereduce_node``, and so is
-    each kind of Ethernet port (``wirereduce_ethport``, ``wirereduce_ethport1``, …), each
-    instantiated wherever the network has one; their texts follow the network's. A four-node
-    Ethernet ring is then one node and four ports to convert instead of four and sixteen."""
-    from amaranth.back import verilog
-    from wirereduce.sim.cluster.vcache import cached_verilog
-
-    top = Network(nodes, config, link_latency, host_links, links, link_rate, inject, probe, boxed=True)
-    top._MustUse__silence = True   # a cached text leaves it unconverted
-
-    def make():
-        net = verilog.convert(top, name="wirereduce_net", emit_src=False)
-        return net + top.boxes.verilog()
-
-    # The key is what the network was built from after its checks and defaults, as schednet_verilog's.
-    args = (top.nodes, top.config, top.link_latency, top.host_links, top.links, top.link_rate, top.inject,
-            top._probing)
-    return cached_verilog("network", args, make)

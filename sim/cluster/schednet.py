@@ -1,12 +1,12 @@
 """Simulated networks of schedule engines on any topology (ring, torus, mesh, hypercube).
 
-:class:`ScheduleNetwork` is to :class:`~wirereduce.hdl.core.engine.Engine` what
-:class:`~wirereduce.sim.cluster.network.Network` is to the ring node: one engine per node of a
+:class:`ScheduleNetwork` cables :class:`~wirereduce.hdl.core.engine.Engine` s: one engine per node of a
 :class:`~wirereduce.schedule.Topology`, every directed cable a
 :class:`~wirereduce.sim.cluster.network.LinkModel`, and every host port behind a link model of its
 own, whose rate may differ from the network's (the host link: a 10G NIC, or PCIe Gen3 x8 modelled
-at 50 Gbit/s, docs/architecture.md "Host link"). Its flat host ports are named like
-``Network``'s, so the cocotb transport and the Verilator frame player drive it unchanged.
+at 50 Gbit/s, docs/architecture.md "Host link"). Its flat host ports ``host{k}_rx_*``/``host{k}_tx_*``
+(:func:`~wirereduce.sim.cluster.network.host_wires`) are what the cocotb transport and the
+Verilator frame player drive.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from wirereduce.sim.cluster.box import Boxes
 from wirereduce.sim.cluster.network import (
     ETH_MAC_PREFIX,
     LinkModel,
-    Network,
     bytes_per_cycle,
     check_links,
     clock_mhz,
@@ -34,6 +33,7 @@ from wirereduce.sim.cluster.network import (
     eth_mac,
     eth_port,
     flip_line,
+    host_wires,
     injectable_members,
     injection_members,
     line_bytes_per_cycle,
@@ -247,7 +247,7 @@ class ScheduleNetwork(wiring.Component):
                 m.submodules[f"link_host{u}_tx"] = tx = LinkModel(w, self.link_latency, self.host_rate)
                 wiring.connect(m, rx.o, e.host_rx)
                 wiring.connect(m, e.host_tx, tx.i)
-                Network._host_wires(self, m, u, rx.i, tx.o)
+                host_wires(m, self, u, rx.i, tx.o)
             for p, (v, q) in enumerate(topo.links[u]):
                 if self.links != "model":
                     continue
@@ -292,7 +292,7 @@ class ScheduleNetwork(wiring.Component):
                 wiring.connect(m, e.host_tx, side.tx)
                 wiring.connect(m, side.rx, e.host_rx)
                 eth_cable(m, side, nic, self.link_latency)
-                Network._host_wires(self, m, u, nic_dma.i, nic.rx)
+                host_wires(m, self, u, nic_dma.i, nic.rx)
                 host_ports[u] = side
             for p, (v, q) in enumerate(topo.links[u]):
                 eth = m.submodules[f"eth{u}_{p}"] = eth_port(
@@ -321,7 +321,7 @@ def cmac_engine_links(m, engines, topology: Topology, config: EngineConfig, late
     clock domain: each directed link ``(u, p) → (v, q)`` is engine u's ``net{p}_out`` →
     :class:`~wirereduce.hdl.xilinx.cmac.CmacTxGlue` → :class:`~wirereduce.sim.cluster.network.CmacCable`
     (``latencies[(u, p)]`` cycles, ``rate`` wire bytes a cycle) → ``CmacRxGlue(cut_through=True)`` →
-    engine v's ``net{q}_in``, as the ring node's ``links="cmac"``: a frame found bad on a cable goes on
+    engine v's ``net{q}_in``: a frame found bad on a cable goes on
     marked ``bad`` and leaves every later hop stomped. Each engine's ``port_counters`` come from its
     glue pairs (:func:`~wirereduce.hdl.xilinx.cmac.cmac_port_stats`: ``net{p}_*``, ``link_drop_net{p}``).
     Returns the cables by directed link (each has ``flip``/``flip_beat`` for fault injection, tied low

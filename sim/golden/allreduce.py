@@ -1,9 +1,9 @@
 """numpy golden models of the allreduce, in the exact summation order of the hardware.
 
-fp32 addition is not associative, so "the sum" is only defined together with an order. The
-ring schedule of :mod:`wirereduce.hdl.core.node` adds rank by rank: rank 0's chunk enters the ring
-unchanged, rank 1 computes ``g0 + g1``, rank 2 ``(g0 + g1) + g2``, …, and rank N-1's result is
-broadcast to everyone. numpy's float32 ``+`` is IEEE 754 binary32 addition with
+fp32 addition is not associative, so "the sum" is only defined together with an order. The NTT ring
+schedule (``ring:N``, ``ring``, one flow on the schedule engine) adds rank by rank: rank 0's chunk
+enters the ring unchanged, rank 1 computes ``g0 + g1``, rank 2 ``(g0 + g1) + g2``, …, and rank N-1's
+result is broadcast to everyone. numpy's float32 ``+`` is IEEE 754 binary32 addition with
 round-to-nearest-even and subnormals kept, the arithmetic docs/arithmetic.md fixes.
 """
 
