@@ -87,20 +87,17 @@ def cmd_verilog(args) -> int:
     return 0
 
 
-def load_inputs(path: str | Path, nodes: int, any_format: bool = False) -> list[np.ndarray]:
-    """Read arrays ``node0`` … ``node{nodes-1}`` from an .npz file and validate them.
-
-    With ``any_format`` (the schedule engine) the arrays may be of any format of
-    :mod:`wirereduce.formats` (float32, bfloat16, float16, int32), all the same; otherwise float32.
+def load_inputs(path: str | Path, nodes: int) -> list[np.ndarray]:
+    """Read arrays ``node0`` … ``node{nodes-1}`` from an .npz file and validate them: any format of
+    :mod:`wirereduce.formats` (float32, bfloat16, float16, int32), all the same.
 
     Raises
     ------
     CliError
         If the file is missing or unreadable, an array is missing, or the arrays are not of one
-        supported dtype (float32 without ``any_format``), 1-D, of equal, non-zero length.
+        supported dtype, 1-D, of equal, non-zero length.
     """
-    from wirereduce.arrays import check_inputs
-    from wirereduce.formats import check_typed_inputs
+    from wirereduce.formats import FORMATS, check_typed_inputs
 
     path = Path(path)
     if not path.exists():
@@ -115,14 +112,10 @@ def load_inputs(path: str | Path, nodes: int, any_format: bool = False) -> list[
                        f"(it has: {', '.join(npz.files) or 'nothing'})")
     try:
         arrays = [npz[f"node{k}"] for k in range(nodes)]
-        if any_format:
-            from wirereduce.formats import FORMATS
-
-            # numpy stores an ml_dtypes.bfloat16 array as raw 2-byte records (|V2): read those as bf16
-            arrays = [a.view(FORMATS["bf16"].numpy_dtype) if a.dtype.kind == "V" and a.dtype.itemsize == 2 else a
-                      for a in arrays]
-            return check_typed_inputs(arrays, nodes)[1]
-        return check_inputs(arrays, nodes)
+        # numpy stores an ml_dtypes.bfloat16 array as raw 2-byte records (|V2): read those as bf16
+        arrays = [a.view(FORMATS["bf16"].numpy_dtype) if a.dtype.kind == "V" and a.dtype.itemsize == 2 else a
+                  for a in arrays]
+        return check_typed_inputs(arrays, nodes)[1]
     except ValueError as e:
         raise CliError(f"{path}: {e}") from e
 
@@ -403,16 +396,9 @@ def cmd_sim_allreduce(args) -> int:
         raise CliError("give --topology SPEC --algorithm A, or --nodes N (a ring of N schedule engines running "
                        "the NTT ring schedule, --topology ring:N --algorithm ring)")
     _check_schedule_args(args)
-    from wirereduce.schedule import parse_topology
-
-    try:
-        topo = parse_topology(args.topology)
-    except ValueError as e:
-        raise CliError(str(e)) from e
-    if args.nodes is not None and args.nodes != topo.nodes:
-        raise CliError(f"--nodes {args.nodes} disagrees with {topo.name} ({topo.nodes} nodes); leave it out")
+    topo = _parse_topology_arg(args)
     _timeout_arg(args)
-    arrays = load_inputs(args.input, topo.nodes, any_format=True)
+    arrays = load_inputs(args.input, topo.nodes)
     results, rec, s, cfg, mhz, wall = simulate_schedule(arrays, args)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -923,7 +909,7 @@ def cmd_rank_allreduce(args) -> int:
     retries = _retries_arg(args)
     if retries and args.barrier is None:
         raise CliError("--retries needs --barrier DIR (where the ranks agree on the lost chunks)")
-    array = load_inputs(args.input, nodes, any_format=True)[args.rank]
+    array = load_inputs(args.input, nodes)[args.rank]
     from wirereduce.host.engine import EngineSession
 
     try:   # the dtype against the engines' formats, the schedule's flows: before anything is opened
