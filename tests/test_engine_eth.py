@@ -23,7 +23,7 @@ from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
 from wirereduce import schedule as sched
 from wirereduce.config import EngineConfig
-from wirereduce.protocol import ETHERTYPE, HEADER_BYTES, STATS_COUNTERS, Header, Opcode, max_elements
+from wirereduce.protocol import ETHERTYPE, HEADER_BYTES, STATS_COUNTERS, Header, Opcode, max_elements, wire_bytes
 
 pytestmark = pytest.mark.verilator
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +159,27 @@ def test_capped_host_link_never_cuts_a_frame(eth_ring4):
     r = eth_ring4.allreduce(arrays, s, final_stats=True)
     assert golden_check(arrays, s, r.results) == [0, 0, 0, 0]
     _no_drops(r.final_stats)
+
+
+def test_ring_runs_at_the_host_links_rate(eth_ring4):
+    """The NTT ring (``ring``) behind 10G host links: in the steady state every further chunk costs
+    one frame's wire time on the host link (:func:`~wirereduce.protocol.wire_bytes` / 8 cycles), the
+    bound, and no more: measured as the difference of two runs, 16 and 48 chunks. With host FIFOs of
+    exactly two frames each chunk cost one to three cycles more (a writer waited for the frame before
+    to start leaving; ``HOST_FIFO_SLACK``), 0.98 of the bound instead of 0.99+."""
+    s = sched.build("ring:4", "ring")
+    per_chunk = max_elements(CFG.mtu)
+    rng = np.random.default_rng(21)
+    runs = []
+    for chunks in (16, 48):
+        arrays = [rng.standard_normal(chunks * per_chunk).astype(np.float32) for _ in range(4)]
+        r = eth_ring4.allreduce(arrays, s)
+        assert golden_check(arrays, s, r.results) == [0, 0, 0, 0]
+        runs.append(r)
+    assert runs[1].chunks - runs[0].chunks == 32
+    cost = (runs[1].cycles - runs[0].cycles) / 32
+    bound = wire_bytes(HEADER_BYTES + 4 * per_chunk) / 8                 # 192.25 cycles at MTU 1500
+    assert bound - 0.05 <= cost <= bound + 0.05, f"{cost:.3f} cycles a chunk, the host link's bound {bound}"
 
 
 def test_stats_count_every_frame_on_every_cable(eth_ring4, tmp_path):
