@@ -8,46 +8,67 @@ from wirereduce.sim.fuzz.cases import EXPECTED, KINDS, FuzzCase, build_frame, ma
 
 from wirereduce.protocol import HEADER_BYTES, Header, Opcode
 
+PORTS3 = [("host", "net0", "net1")] * 3   # engine_ports of ring:3
+
 
 def test_cases_cover_every_kind_and_are_seeded():
-    a, b = make_cases(len(KINDS), 3, seed=5), make_cases(len(KINDS), 3, seed=5)
+    a, b = make_cases(len(KINDS), 3, seed=5, ports=PORTS3), make_cases(len(KINDS), 3, seed=5, ports=PORTS3)
     assert a == b
     assert {c.kind for c in a} == set(KINDS)
     assert all(c.port == "host" for c in a if c.kind in ("control_mid", "abort_mid", "stats_request"))
+    assert all(c.port in PORTS3[c.node] for c in a)
     assert not any(c.bad for c in a if c.port == "host")
     for bad, needle in (((0, 3), "n must"), ((3, 1), "nodes must"), ((3, 3, 0, ("nope",)), "unknown")):
         with pytest.raises(ValueError, match=needle):
-            make_cases(*bad)
+            make_cases(*bad, ports=PORTS3)
+    with pytest.raises(ValueError, match="host"):
+        make_cases(3, 3, ports=[("net0",)] * 3)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("port", ["host", "cw", "ccw"])
+@pytest.mark.parametrize("port", ["host", "net0", "net1"])
 def test_each_frame_is_wrong_in_the_way_its_kind_says(kind, port):
     """Each built frame breaks exactly the rule its kind names (so the oracle's expected counter
-    is right), for every port."""
+    is right), on every port of a ring:3 biring engine (six flows, 18 chunks, the last short)."""
+    from wirereduce.sim.fuzz.cases import engine_routes
+
+    from wirereduce import schedule as sched
+
     if kind in ("control_mid", "abort_mid", "stats_request") and port != "host":
         return
+    s = sched.build("ring:3", "biring")
+    routes = engine_routes(s, 1, int(port[3:])) if port != "host" else None
+    counts = [371] * 17 + [100]
     case = FuzzCase(0, kind, 1, port, 0, seed=1234)
-    params = dict(collective=7, chunks=3, count=10, nodes=3, max_elements=371, mtu=1500)
-    data = build_frame(case, **params)
-    good_op = {"host": Opcode.HOST_PUSH, "cw": Opcode.REDUCE, "ccw": Opcode.BROADCAST}[port]
+    data = build_frame(case, collective=7, chunks=18, nodes=3, max_elements=371, mtu=1500, flows=6, counts=counts,
+                       routes=routes)
+    good_ops = {int(Opcode.HOST_PUSH)} if port == "host" else {op for op, _ in routes}
     if kind == "short":
         assert len(data) < HEADER_BYTES
         return
     h = Header.unpack(data)
     body = len(data) - HEADER_BYTES
     checks = {
-        "version": h.version != 1, "opcode": h.opcode != good_op, "collective": h.collective != 7,
+        "version": h.version != 1, "opcode": h.opcode not in good_ops, "collective": h.collective != 7,
         "flags": h.flags not in (0, 2), "dtype": h.dtype != 1, "codec": h.codec != 0,
-        "seq_far": h.seq >= 3, "count_zero": h.count == 0, "count_big": h.count > 371,
+        "seq_far": h.seq >= 18, "count_zero": h.count == 0, "count_big": h.count > 371,
         "payload_short": body < 4 * h.count, "payload_long": body > 4 * h.count,
         "header_only": body == 0 and h.count > 0, "oversize": len(data) > 1500,
         "lost_forged": h.flags == 2 and h.count == 0, "control_mid": h.opcode == Opcode.CONTROL,
-        "abort_mid": h.opcode == Opcode.CONTROL and h.flags == 1 and h.src == 1 and h.hop == 3 and h.seq == 3,
+        "abort_mid": h.opcode == Opcode.CONTROL and h.flags == 1 and h.src == 1 and h.hop == 6 and h.seq == 18,
         "stats_request": h.opcode == Opcode.STATS_REQUEST, "garbage": len(data) != HEADER_BYTES + 4 * h.count,
     }
     assert checks[kind], (kind, h, body)
     assert kind in EXPECTED
+
+
+def test_build_frame_refuses_what_it_cannot_route():
+    case = FuzzCase(0, "version", 1, "net0", 0, seed=1)
+    with pytest.raises(ValueError, match="routes"):
+        build_frame(case, collective=7, chunks=2, nodes=3, max_elements=371, mtu=1500, flows=6, counts=[371, 9])
+    with pytest.raises(ValueError, match="counts"):
+        build_frame(case, collective=7, chunks=3, nodes=3, max_elements=371, mtu=1500, flows=6, counts=[371, 9],
+                    routes=[])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -80,7 +101,7 @@ def test_engine_frames_are_routed_and_wrong_in_one_way(kind):
             continue
         case = FuzzCase(0, kind, 1, port, 0, seed=99)
         routes = engine_routes(s, 1, int(port[3:])) if port != "host" else None
-        data = build_frame(case, collective=7, chunks=18, count=371, nodes=3, max_elements=371, mtu=1500,
+        data = build_frame(case, collective=7, chunks=18, nodes=3, max_elements=371, mtu=1500,
                            flows=flows, counts=counts, routes=routes)
         if kind == "short":
             assert len(data) < HEADER_BYTES

@@ -17,12 +17,8 @@ import numpy as np
 
 from wirereduce.protocol import HEADER_BYTES, Codec, DType, Flag, Header, Opcode, frame
 
-__all__ = ["KINDS", "PORTS", "EXPECTED", "FuzzCase", "make_cases", "build_frame", "engine_ports", "engine_routes",
+__all__ = ["KINDS", "EXPECTED", "FuzzCase", "make_cases", "build_frame", "engine_ports", "engine_routes",
            "case_inputs"]
-
-#: Where a frame can be injected: the node's host input, or its two ring inputs. On a network of
-#: schedule engines: ``"host"`` or ``"net{p}"``, a cabled network port (:func:`engine_ports`).
-PORTS = ("host", "cw", "ccw")
 
 #: What each kind of frame must be counted as at the node it hits (any one of the counters; the
 #: ones that depend on timing, e.g. whether the frame's ``seq`` is the one the port expects at the
@@ -64,7 +60,8 @@ _HOST_ONLY = ("control_mid", "abort_mid", "stats_request")
 class FuzzCase:
     """One injected frame: ``kind`` (a key of :data:`EXPECTED`) into ``port`` of ``node``, after
     ``after`` result chunks have reached that node's host (0: at the start), marked ``bad`` on its
-    last beat if ``bad`` (ring ports only: a frame spoilt on a cut-through link)."""
+    last beat if ``bad`` (network ports only: a frame spoilt on a cut-through link). ``port``:
+    ``"host"`` or ``"net{p}"``, a cabled network port (:func:`engine_ports`)."""
 
     index: int
     kind: str
@@ -98,13 +95,12 @@ def engine_routes(schedule, node: int, port: int) -> list[tuple[int, int]]:
     return routes
 
 
-def make_cases(n: int, nodes: int, seed: int = 0, kinds: tuple[str, ...] = KINDS,
-               ports: list[tuple[str, ...]] | None = None) -> list[FuzzCase]:
+def make_cases(n: int, nodes: int, seed: int = 0, kinds: tuple[str, ...] = KINDS, *,
+               ports: list[tuple[str, ...]]) -> list[FuzzCase]:
     """``n`` cases, every kind in turn (so any ``n ≥ len(kinds)`` covers each), ports, nodes and
     timing drawn from ``numpy.random.default_rng(seed)``.
 
-    ``ports``: per node, the ports a frame may be injected into (default :data:`PORTS` at every
-    node, the ring node's; :func:`engine_ports` for schedule engines).
+    ``ports``: per node, the ports a frame may be injected into (:func:`engine_ports`).
 
     Raises
     ------
@@ -118,61 +114,60 @@ def make_cases(n: int, nodes: int, seed: int = 0, kinds: tuple[str, ...] = KINDS
     unknown = set(kinds) - set(KINDS)
     if unknown:
         raise ValueError(f"unknown fuzz kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
-    if ports is not None and (len(ports) != nodes or any("host" not in p for p in ports)):
+    if len(ports) != nodes or any("host" not in p for p in ports):
         raise ValueError(f"ports must list the ports of each of the {nodes} nodes, \"host\" among them")
     rng = np.random.default_rng(seed)
     cases = []
     for i in range(n):
         kind = kinds[i % len(kinds)]
         node = int(rng.integers(nodes))
-        choices = PORTS if ports is None else ports[node]
-        port = "host" if kind in _HOST_ONLY else str(rng.choice(choices))
+        port = "host" if kind in _HOST_ONLY else str(rng.choice(ports[node]))
         cases.append(FuzzCase(index=i, kind=kind, node=node, port=port,
                               after=int(rng.integers(0, 3)), seed=int(rng.integers(1 << 31)),
                               bad=bool(port != "host" and rng.random() < 0.25)))
     return cases
 
 
-def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nodes: int, max_elements: int,
-                mtu: int, codec: int = Codec.NONE, eb_k: int = 0, flows: int | None = None,
-                counts: list[int] | None = None, routes: list[tuple[int, int]] | None = None,
-                dtype: int = DType.FP32) -> bytes:
-    """The frame ``case`` injects into a collective ``collective`` of ``chunks`` chunks of ``count``
-    elements (``codec``/``eb_k`` its codec), on a ring of ``nodes`` nodes built for ``mtu``.
+def build_frame(case: FuzzCase, *, collective: int, chunks: int, nodes: int, max_elements: int, mtu: int,
+                flows: int, counts: list[int], routes: list[tuple[int, int]] | None = None,
+                codec: int = Codec.NONE, eb_k: int = 0, dtype: int = DType.FP32) -> bytes:
+    """The frame ``case`` injects into a collective ``collective`` of ``chunks`` chunks (``codec``/
+    ``eb_k`` its codec) on a network of ``nodes`` schedule engines built for ``mtu``, running a
+    schedule of ``flows`` flows; ``counts`` are the elements of each chunk g.
 
-    Its opcode is the one the port takes (HOST_PUSH on the host port, REDUCE on cw, BROADCAST on
-    ccw), its ``seq`` a chunk of the collective, and exactly one thing is wrong with it (the
-    ``kind``); ``garbage`` is random bytes after a random header.
+    Exactly one thing is wrong with it (the ``kind``); ``garbage`` is random bytes after a random
+    header. On the host port its opcode is HOST_PUSH and its ``seq`` any chunk g, ``hop`` = its flow
+    g mod F. On network port p (``case.port`` "net{p}") ``routes`` are the ``(opcode, flow)`` pairs
+    the port takes (:func:`engine_routes`; empty: the port takes none of this schedule's frames, and
+    a REDUCE of a random flow goes in, dropped as misrouted); the frame's ``seq`` is a chunk g of its
+    flow f (g mod F = f) and ``hop`` = f. A CONTROL's ``hop`` is F, and an ``opcode`` kind never
+    carries REDUCE or BROADCAST (either may be valid on that port for some flow). ``dtype`` is the
+    collective's dtype byte.
 
-    On a network of schedule engines (``flows`` given: the schedule's F; ``case.port`` "host" or
-    "net{p}"): ``counts`` are the elements of each chunk g (``count`` is then ignored), ``routes``
-    the ``(opcode, flow)`` pairs port p takes (:func:`engine_routes`; empty: the port takes none
-    of this schedule's frames, and a REDUCE of a random flow goes in, dropped as misrouted); the
-    frame's ``seq`` is a chunk g of its flow f (g mod F = f) and ``hop`` = f, the CONTROL's ``hop``
-    = F, and an ``opcode`` kind never carries REDUCE or BROADCAST there (either may be valid on
-    that port for some flow). ``dtype`` is the collective's dtype byte."""
+    Raises
+    ------
+    ValueError
+        A network port without its ``routes``, or ``counts`` not one per chunk.
+    """
+    if case.port != "host" and routes is None:
+        raise ValueError(f"a frame into {case.port} needs that port's routes (engine_routes)")
+    if len(counts) != chunks:
+        raise ValueError(f"counts must give the elements of each of the {chunks} chunks, not {len(counts)}")
     rng = np.random.default_rng(case.seed)
-    engine = flows is not None
-    if engine and case.port != "host":
+    if case.port != "host":
         op, flow = routes[int(rng.integers(len(routes)))] if routes else (int(Opcode.REDUCE), int(rng.integers(flows)))
         own = [g for g in range(chunks) if g % flows == flow]
         seq = int(rng.choice(own)) if own else int(rng.integers(chunks))
-    elif engine:
+    else:
         op = Opcode.HOST_PUSH
         seq = int(rng.integers(chunks))
         flow = seq % flows
-    else:
-        op = {"host": Opcode.HOST_PUSH, "cw": Opcode.REDUCE, "ccw": Opcode.BROADCAST}[case.port]
-        seq = int(rng.integers(chunks))
-    if engine:
-        count = counts[seq]
-        hop, src = flow, int(rng.integers(nodes))
-    else:
-        src, hop = int(rng.integers(nodes)), int(rng.integers(nodes))
+    count = counts[seq]
+    hop, src = flow, int(rng.integers(nodes))
     hdr = Header(opcode=op, collective=collective, seq=seq, count=count, src=src, hop=hop, codec=codec, eb_k=eb_k,
                  dtype=dtype)
     payload = rng.standard_normal(count).astype(np.float32)
-    if engine and codec != Codec.NONE:
+    if codec != Codec.NONE:
         # compressed as the collective's pushes are, so that the engine's codec stage (in front of its
         # gate) decodes it and the one thing wrong with it is the kind's (raw floats under a codec
         # header fail the codec's tag check first: drop_length)
@@ -186,7 +181,7 @@ def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nod
     if k == "version":
         return frame(hdr.replace(version=int(rng.choice([0, 2, 0x81, 0xFF]))), payload)
     if k == "opcode":
-        taken = (op, Opcode.CONTROL, Opcode.STATS_REQUEST) + ((Opcode.REDUCE, Opcode.BROADCAST) if engine else ())
+        taken = (op, Opcode.CONTROL, Opcode.STATS_REQUEST, Opcode.REDUCE, Opcode.BROADCAST)
         bad_ops = [o for o in range(256) if o not in taken]
         return frame(hdr.replace(opcode=int(rng.choice(bad_ops))), payload)
     if k == "collective":
@@ -222,11 +217,11 @@ def build_frame(case: FuzzCase, *, collective: int, chunks: int, count: int, nod
         return hdr.replace(count=0, flags=Flag.LOST).pack()
     if k == "control_mid":
         return Header(opcode=Opcode.CONTROL, collective=(collective + 100) & 0xFFFF, src=int(rng.integers(nodes)),
-                      hop=flows if engine else nodes, seq=chunks, count=int(rng.integers(1 << 16)), codec=codec,
+                      hop=flows, seq=chunks, count=int(rng.integers(1 << 16)), codec=codec,
                       eb_k=eb_k, dtype=dtype).pack()
     if k == "abort_mid":
         return Header(opcode=Opcode.CONTROL, collective=(collective + 100) & 0xFFFF, src=case.node,
-                      hop=flows if engine else nodes, seq=chunks, count=int(rng.integers(1 << 16)), codec=codec,
+                      hop=flows, seq=chunks, count=int(rng.integers(1 << 16)), codec=codec,
                       eb_k=eb_k, dtype=dtype, flags=Flag.ABORT).pack()
     if k == "stats_request":
         return Header(opcode=Opcode.STATS_REQUEST, count=int(rng.integers(1 << 16))).pack()

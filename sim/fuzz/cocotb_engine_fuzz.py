@@ -93,7 +93,7 @@ async def engine_fuzz(dut):
                           compression=compression)
         counts = [c.count for c in s.chunks]
         routes = (engine_routes(schedule, case.node, int(case.port[3:])) if case.port.startswith("net") else None)
-        data = build_frame(case, collective=s.collective, chunks=len(s.chunks), count=counts[0], nodes=nodes,
+        data = build_frame(case, collective=s.collective, chunks=len(s.chunks), nodes=nodes,
                            max_elements=config.max_elements, mtu=config.mtu, codec=codec, eb_k=compression or 0,
                            flows=flows, counts=counts, routes=routes, dtype=s.dtype)
         rec["frame_bytes"] = len(data)
