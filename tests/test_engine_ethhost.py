@@ -77,3 +77,27 @@ def test_same_bits_with_host_gaps_and_back_pressure(ring3):
     assert np.array_equal(np.concatenate(runs[0].results).view(np.uint32),
                           np.concatenate(runs[1].results).view(np.uint32))
     assert runs[1].cycles > runs[0].cycles
+
+
+def test_no_pause_on_an_unhurried_host_cable(ring3):
+    """The NTT ring behind Ethernet host cables whose hosts take every beat: no PAUSE frame either
+    way, and in the steady state a chunk costs one 1,500-byte frame's wire time (192.25 cycles, the
+    difference of a 16- and a 48-chunk run). Both ends of a host cable are store and forward, so each
+    full-size frame fills the receive FIFO to a frame; with the XOFF mark at one frame
+    (``pause_budget`` before ``store_and_forward``) every chunk sent an XOFF each way and a chunk
+    cost 319.5 cycles (0.60 of the line rate)."""
+    from wirereduce.protocol import max_elements
+
+    s = sched.build("ring:3", "ring")
+    per_chunk = max_elements(CFG.mtu)
+    rng = np.random.default_rng(5)
+    runs = []
+    for chunks in (16, 48):
+        arrays = [rng.standard_normal(chunks * per_chunk).astype(np.float32) for _ in range(3)]
+        r = ring3.allreduce(arrays, s, final_stats=True)
+        assert golden_check(arrays, s, r.results) == [0, 0, 0]
+        for k, st in enumerate(r.final_stats):
+            assert st["host_tx_pause_frames"] == 0 and st["host_rx_pause_frames"] == 0, (k, st)
+        runs.append(r)
+    cost = (runs[1].cycles - runs[0].cycles) / (runs[1].chunks - runs[0].chunks)
+    assert cost <= 192.25 + 0.5, f"{cost:.2f} cycles a chunk on a 10G host cable (192.25 a frame)"

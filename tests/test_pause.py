@@ -55,7 +55,13 @@ def test_pause_arguments_rejected():
     assert b.depth == b.high + b.in_flight + f
     assert b.in_flight >= 2 * (f + 3) + 11 + 2 * 4  # two frames in progress, the XOFF, the cable twice
     assert pause_budget(MTU + 18, 100).in_flight == b.in_flight + 2 * 96
-    assert EthPort10G(MTU, flow_control=True, cable_cycles=4).rx_depth == b.depth
+    assert EthPort10G(MTU, flow_control=True, cable_cycles=4, cut_through=True).rx_depth == b.depth
+    # A store-and-forward receiver holds every frame whole, so its level reaches f on every full-size
+    # frame: its XOFF mark is a frame higher (with high = f, every frame sent an XOFF: the engines'
+    # host cables ran at 0.60 of the line rate), the same headroom above it.
+    s = pause_budget(MTU + 18, 4, store_and_forward=True)
+    assert (s.high, s.low, s.in_flight) == (2 * f, f // 2, b.in_flight) and s.depth == b.depth + f
+    assert EthPort10G(MTU, flow_control=True, cable_cycles=4).rx_depth == s.depth
     assert EthPort10G(MTU).rx_depth == 2 * f + 16
 
 

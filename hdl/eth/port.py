@@ -573,7 +573,7 @@ class PauseBudget(tuple):
     depth = property(lambda self: self[3])
 
 
-def pause_budget(max_frame: int, cable_cycles: int) -> PauseBudget:
+def pause_budget(max_frame: int, cable_cycles: int, store_and_forward: bool = False) -> PauseBudget:
     """Receive FIFO thresholds and depth for IEEE 802.3x flow control without loss.
 
     When the FIFO reaches ``high`` beats the port decides to send XOFF; until the peer stops, at
@@ -586,6 +586,10 @@ def pause_budget(max_frame: int, cable_cycles: int) -> PauseBudget:
     cut-through buffer admits a frame only if a whole ``max_frame`` fits
     (:class:`~wirereduce.hdl.eth.mac.RxCutThrough`), so the last frame of the flight still
     finds room. ``high = F`` (one frame of slack for normal jitter), ``low = F // 2`` (XON).
+    ``store_and_forward``: the FIFO holds every frame whole before it leaves, so its level reaches F
+    on every full-size frame however fast its reader is; ``high = 2F`` then (a frame held and one
+    frame of slack; with ``high = F`` every full-size frame sent an XOFF and the peer stopped for
+    the round trip to the XON: the schedule engines' host cables at 0.60 of the line rate).
 
     Returns
     -------
@@ -605,7 +609,7 @@ def pause_budget(max_frame: int, cable_cycles: int) -> PauseBudget:
     f = -(-max_frame // _BEAT)
     one_way = _TX_PIPE + cable_cycles + _RX_PIPE
     in_flight = _DECIDE + (f + 3) + _PAUSE_COLUMNS + one_way + (f + 3) + one_way
-    high = f
+    high = 2 * f if store_and_forward else f
     return PauseBudget(high, f // 2, in_flight, high + in_flight + f)
 
 
@@ -827,7 +831,7 @@ class _EthPort(wiring.Component):
             if role is not None and role not in PORT_ROLES:
                 raise ValueError(f"role must be None or one of {', '.join(PORT_ROLES)}, not {role!r}")
             check_mac_prefix(mac_prefix)
-            self.budget = pause_budget(max_frame_bytes(mtu), cable_cycles)
+            self.budget = pause_budget(max_frame_bytes(mtu), cable_cycles, store_and_forward=not cut_through)
             if (not isinstance(pause_quanta, int) or isinstance(pause_quanta, bool)
                     or not 1 <= pause_quanta <= PAUSE_MAX):
                 raise ValueError(f"pause_quanta must be an int from 1 to {PAUSE_MAX}, not {pause_quanta!r}")
