@@ -78,3 +78,25 @@ async def stats(ctx, dut):
     await send(ctx, dut.host_rx, Header(opcode=Opcode.STATS_REQUEST).pack())
     data, _ = await recv(ctx, dut.host_tx)
     return parse_stats(data)
+
+
+def ring_steady_state(sim, nodes: int, seed: int, final_stats: bool = False):
+    """The NTT ring (``ring``) on ``sim`` (a FastEngineSim of ``ring:{nodes}``) at 16 and 48 full
+    chunks of fp32, each run bit-exact against the golden model. Returns (cycles a chunk in the
+    steady state: the difference of the two runs over their 32 chunks, the two EngineResults)."""
+    from wirereduce.sim.engines.fastengine import golden_check
+
+    from wirereduce import schedule as sched
+    from wirereduce.protocol import max_elements
+
+    s = sched.build(f"ring:{nodes}", "ring")
+    per_chunk = max_elements(sim.config.mtu)
+    rng = np.random.default_rng(seed)
+    runs = []
+    for chunks in (16, 48):
+        arrays = [rng.standard_normal(chunks * per_chunk).astype(np.float32) for _ in range(nodes)]
+        r = sim.allreduce(arrays, s, final_stats=final_stats)
+        assert golden_check(arrays, s, r.results) == [0] * nodes
+        assert r.chunks == chunks
+        runs.append(r)
+    return (runs[1].cycles - runs[0].cycles) / 32, runs

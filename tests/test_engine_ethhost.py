@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import edge_arrays
+from helpers import edge_arrays, ring_steady_state
 from wirereduce.sim.cluster.schednet import ScheduleNetwork
 from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 
@@ -86,18 +86,8 @@ def test_no_pause_on_an_unhurried_host_cable(ring3):
     full-size frame fills the receive FIFO to a frame; with the XOFF mark at one frame
     (``pause_budget`` before ``store_and_forward``) every chunk sent an XOFF each way and a chunk
     cost 319.5 cycles (0.60 of the line rate)."""
-    from wirereduce.protocol import max_elements
-
-    s = sched.build("ring:3", "ring")
-    per_chunk = max_elements(CFG.mtu)
-    rng = np.random.default_rng(5)
-    runs = []
-    for chunks in (16, 48):
-        arrays = [rng.standard_normal(chunks * per_chunk).astype(np.float32) for _ in range(3)]
-        r = ring3.allreduce(arrays, s, final_stats=True)
-        assert golden_check(arrays, s, r.results) == [0, 0, 0]
+    cost, runs = ring_steady_state(ring3, 3, seed=5, final_stats=True)
+    for r in runs:
         for k, st in enumerate(r.final_stats):
             assert st["host_tx_pause_frames"] == 0 and st["host_rx_pause_frames"] == 0, (k, st)
-        runs.append(r)
-    cost = (runs[1].cycles - runs[0].cycles) / (runs[1].chunks - runs[0].chunks)
     assert cost <= 192.25 + 0.5, f"{cost:.2f} cycles a chunk on a 10G host cable (192.25 a frame)"
