@@ -90,10 +90,12 @@ from wirereduce.table import MAX_TERMS, ROOT
 
 __all__ = ["Engine", "FrameQueue", "OutQueue", "PacketFifo", "HOST_FIFO_SLACK"]
 
-#: Beats a host FIFO holds beyond two longest frames (:class:`PacketFifo`; with none, a result
-#: stream at the host link's rate lost one to three cycles a chunk: docs/architecture.md
-#: "Inside the engine"). 3 was enough in the NTT ring behind a 10G host link; 8 leaves margin and
-#: no BRAM more at either width (64 bit MTU 1500: 384 of 512 deep; 512 bit: 56 of 64).
+#: Beats a host FIFO holds beyond two longest frames (:class:`PacketFifo`). With none, a writer fed
+#: at the host link's rate waited for the frame before to start leaving (two cycles after its last
+#: beat: its flag and the registered host arbiter), one to three idle cycles a chunk on every hop
+#: behind it (docs/architecture.md "Inside the engine"). 3 was enough in the NTT ring behind a 10G
+#: host link; 8 leaves margin and no BRAM more at either width (64 bit MTU 1500: 384 of 512 deep;
+#: 512 bit: 56 of 64).
 HOST_FIFO_SLACK = 8
 
 
@@ -766,11 +768,8 @@ class Engine(wiring.Component):
         # granted it never waits in the middle of a frame: a frame that left on an Ethernet port
         # cannot pause (the MAC would underrun and end it with /E/), and with a host link slower than
         # the results arriving (biring behind a 10G host) the host FIFOs do fill.
-        # Two frames and a few beats (``HOST_FIFO_SLACK``): a result arriving at the host link's rate
-        # finds room while the frame before it is all in and has not started to leave (its flag and
-        # the registered arbiter take two cycles); with exactly two frames the writer waited for that
-        # frame's first beats to leave, one to three idle cycles per chunk on every hop behind it (the
-        # NTT ring behind a 10G host link ran at 0.98 of its bound instead of 0.99+).
+        # Two frames and ``HOST_FIFO_SLACK`` beats: a result arriving at the host link's rate finds room
+        # while the frame before it has not started to leave (why: at the constant).
         host_fifos = []
         for i in range(nw):
             hf = m.submodules[f"host_fifo{i}"] = PacketFifo(w, 2 * MB + HOST_FIFO_SLACK, MB)
