@@ -349,6 +349,30 @@ def test_bench_schedules_bad_arguments(work, capsys, argv, needles):
     assert not (work / "b").exists() and not (work / "r").exists()
 
 
+def test_bench_schedules_compress_builds_the_engines_asked_for(work, monkeypatch):
+    """--compress builds codec engines with the --lookahead, --priority and --slots given (the
+    lookahead and priority were silently ignored before 2026-11-30: always 2 and auto), and the
+    default rows' engines when they are left out."""
+    from wirereduce.sim.engines import fastengine
+
+    seen = []
+
+    class Fake:
+        def __init__(self, topo, cfg, *a, **k):
+            seen.append((str(topo), cfg.codec, cfg.lookahead, cfg.priority, cfg.slots))
+            raise RuntimeError("stop")
+
+    monkeypatch.setattr(fastengine, "FastEngineSim", Fake)
+    for argv, want in (([], ("ring:4", True, 2, "unit", 16)),
+                       (["--lookahead", "4", "--priority", "broadcast", "--slots", "32"],
+                        ("ring:4", True, 4, "broadcast", 32))):
+        seen.clear()
+        with pytest.raises(RuntimeError, match="stop"):
+            main(["bench-schedules", "--compress", "8", "--out-dir", str(work / "r"), "--build-dir", str(work / "b"),
+                  "--sizes", "32K", *argv])
+        assert seen == [want], (argv, seen)
+
+
 def test_bench_schedules_window_follows_the_flows(work, monkeypatch):
     """Without --slots every engine of a topology gets two slots per flow of its schedule with the
     most flows (at least 16): ring:8 biring's 16 flows reached 0.95 of the bound with 16 slots and

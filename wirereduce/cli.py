@@ -572,7 +572,8 @@ def cmd_bench_schedules(args) -> int:
         cname = args.name or "bench-schedules-codec"
         recs = schedules.run_codec_schedule_bench(crows, csizes, ks, args.host_link_gbps[0], out_dir=args.out_dir,
                                                   name=cname, build_root=args.build_dir, slots=slots,
-                                                  threads=args.sim_threads, progress=not args.no_progress)
+                                                  threads=args.sim_threads, progress=not args.no_progress,
+                                                  lookahead=args.lookahead, priority=args.priority)
         print(f"# wrote {Path(args.out_dir) / (cname + '.json')}")
         return 0 if all(r["bitexact"] for r in recs) else 1
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
@@ -1409,8 +1410,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", choices=("xc7", "xcup"), help="synth_xilinx -family (default: each block's own: "
                    "xc7 for the VC709 blocks, xcup for the 512-bit ones)")
     p.add_argument("--blocks", nargs="+", metavar="BLOCK", help=f"blocks to run: {', '.join(BLOCKS)} "
-                   "(default: all but mac_rx, which yosys takes about 5 min on, engine_p2_64_codec, "
-                   "engine_p4_64_s32)")
+                   "(default: all but mac_rx, which yosys takes about 5 min on, and "
+                   f"{', '.join(n for n, b in BLOCKS.items() if not b.default and n != 'mac_rx')})")
     p.add_argument("--quick", action="store_true", help="only the small blocks (fp32 lane, frame gate, PCS; "
                    "about a minute)")
     p.add_argument("-o", "--output", default="bench/results/resources.json",

@@ -289,13 +289,14 @@ def _pcs_rx():
     return PCSRx(64)
 
 
-def _engine(width, mtu, ports, codec=False, slots=8):
+def _engine(width, mtu, ports, codec=False, slots=8, lookahead=2):
     def make():
         from wirereduce.hdl.core.engine import Engine
 
         from wirereduce.config import EngineConfig
 
-        return Engine(EngineConfig(width, mtu, slots=slots, ports=ports, max_flows=64, codec=codec))
+        return Engine(EngineConfig(width, mtu, slots=slots, ports=ports, max_flows=64, codec=codec,
+                                   lookahead=lookahead))
 
     return make
 
@@ -327,6 +328,10 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("engine_p2_64_codec", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2, codec=True),
           "schedule engine with the codec at every port (EngineConfig(codec=True)), P = 2, 64 bit, MTU 1500, "
           "8 slots, 64 flows", default=False),
+    # Not in the default set: the codec engine with the lookahead that compressed trees need (docs/codec.md).
+    Block("engine_p2_64_codec_la3", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2, codec=True, lookahead=3),
+          "schedule engine with the codec at every port, summation units' lookahead 3 (EngineConfig(codec=True, "
+          "lookahead=3)), P = 2, 64 bit, MTU 1500, 8 slots, 64 flows", default=False),
     # Not in the default set: the P = 4 engine as the 4x4 torus benchmarks build it (two slots per flow of its
     # 16-flow schedules, bench-schedules' default window).
     Block("engine_p4_64_s32", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 4, slots=32),

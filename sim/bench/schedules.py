@@ -295,7 +295,8 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
                              ks: Iterable[int] = (8, 10, 12), host_gbps: float = 50.0, *,
                              out_dir: str | Path = "bench/results", name: str = "bench-schedules-codec",
                              build_root: str | Path = "build/fastengine", seed: int = 0, slots: int = 16,
-                             threads: int = 1, progress: bool = False) -> list[dict]:
+                             threads: int = 1, progress: bool = False, lookahead: int = 2,
+                             priority: str = "auto") -> list[dict]:
     """Compressed collectives on codec schedule engines (``EngineConfig(codec=True)``), next to the
     uncompressed one on the same engines and gradients.
 
@@ -307,12 +308,17 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
     = raw ÷ compressed bytes of every payload the links carry (:func:`schedule_payloads`) and
     ``speedup_ratio`` = speedup ÷ ratio (the ring node's target is ≥ 0.9, docs/codec.md
     "Performance"). algbw counts uncompressed bytes. Network links 10G, host link ``host_gbps``.
+    ``slots``, ``lookahead`` and ``priority`` are the engines' :class:`~wirereduce.config.EngineConfig`
+    fields (buffer slots = the host window, the summation units' lookahead D, the allocator's
+    priority); records carry them. A compressing hop stores each frame twice (docs/codec.md
+    "Latency"), so the units wait longer for their oldest chunk than on uncompressed trees, and a
+    deeper lookahead pays off there (docs/codec.md "On the schedule engine").
     Prints a table; writes ``<name>.json`` in ``out_dir``; returns the records.
 
     Raises
     ------
     ValueError
-        A bad k, size or slots, before anything is built.
+        A bad k, size, slots, lookahead or priority, before anything is built.
     """
     from wirereduce.sim.cluster.schednet import engine_rates
     from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
@@ -324,7 +330,7 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
     sizes = sorted({int(x) for x in sizes})
     if any(x < 4 or x % 4 for x in sizes):
         raise ValueError(f"sizes must be positive multiples of 4 bytes, not {sizes}")
-    EngineConfig(64, 1500, slots=slots, ports=2)   # raises before any build
+    EngineConfig(64, 1500, slots=slots, ports=2, lookahead=lookahead, priority=priority)   # raises before any build
     link_gbps = 10.0
     mhz, link_rate, host_rate = engine_rates(64, host_gbps, link_gbps)
     records: list[dict] = []
@@ -334,8 +340,8 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
         for alg in algs:
             s = sched.build(topo, alg)
             flows = len(s.flows)
-            cfg = EngineConfig(64, 1500, slots=slots, ports=s.topology.degree,
-                               max_flows=flows_room(flows), formats=("fp32",), codec=True)
+            cfg = EngineConfig(64, 1500, slots=slots, ports=s.topology.degree, max_flows=flows_room(flows),
+                               formats=("fp32",), codec=True, lookahead=lookahead, priority=priority)
             sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
                                 threads=threads)
             for size in sizes:
@@ -348,7 +354,8 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
                     us = r.cycles / mhz
                     rec = {
                         "kind": "schedule-codec", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
-                        "ports": cfg.ports, "slots": cfg.slots, "flows": flows, "bytes": size, "elements": elements,
+                        "ports": cfg.ports, "slots": cfg.slots, "lookahead": cfg.lookahead,
+                        "priority": cfg.priority, "flows": flows, "bytes": size, "elements": elements,
                         "chunks": r.chunks, "compression": k, "host_link_gbps": host_gbps, "link_gbps": link_gbps,
                         "clock_mhz": mhz, "cycles": r.cycles, "us": us, "algbw_gbps": size * 8 / (us * 1e3),
                         "bitexact": not any(bad),
