@@ -214,6 +214,20 @@ def test_lookahead_range():
     assert "lookahead=3" in repr(EngineConfig(64, 1500, ports=2, lookahead=3))
 
 
+def test_codec_engines_default_to_lookahead_three():
+    """A codec engine's units look 3 chunks ahead unless told otherwise (compressed biring on ring:4:
+    216,392 → 156,141 cycles, docs/codec.md "On the schedule engine"); without the codec 2; an explicit
+    lookahead is kept either way, and the default equals its explicit value (same build, same hash)."""
+    from wirereduce.config import CODEC_LOOKAHEAD
+
+    assert CODEC_LOOKAHEAD == 3
+    assert EngineConfig(64, 1500, ports=2).lookahead == 2
+    assert EngineConfig(64, 1500, ports=2, codec=True).lookahead == 3
+    assert EngineConfig(64, 1500, ports=2, codec=True, lookahead=2).lookahead == 2
+    assert EngineConfig(64, 1500, ports=2, lookahead=4).lookahead == 4
+    assert EngineConfig(64, 1500, ports=2, codec=True) == EngineConfig(64, 1500, ports=2, codec=True, lookahead=3)
+
+
 def test_engine_same_bits_any_timing():
     """Random link latencies (1-9 cycles) and random host back-pressure, three seeds: the same bits,
     the golden model's, every time (the table fixes the order, not the arrivals)."""

@@ -1286,8 +1286,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="bench/results", help="where the JSON and PNG go (default: bench/results)")
     p.add_argument("--name", default=None, help="file name stem (default: bench-schedules)")
     p.add_argument("--build-dir", default="build/fastengine", help="where builds go (default: build/fastengine)")
-    p.add_argument("--lookahead", type=int, default=2,
-                   help="summation units' lookahead D, 1-4 (default: 2; EngineConfig.lookahead)")
+    p.add_argument("--lookahead", type=int, default=None,
+                   help="summation units' lookahead D, 1-4 (default: EngineConfig.lookahead's, 2, and 3 on the "
+                        "codec engines of --compress)")
     p.add_argument("--slots", type=int, default=None, dest="schedule_slots",   # main() leaves it None
                    help="chunk slots of every engine buffer, a power of two, = the host window (default: two per "
                         "flow of the topology's schedule with the most flows, at least 16: 32 for ring:8 biring and "

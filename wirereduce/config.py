@@ -15,7 +15,7 @@ from wirereduce.formats import FORMATS, check_formats
 from wirereduce.protocol import HEADER_BYTES, max_elements
 
 __all__ = ["MTU_MIN", "MTU_MAX", "check_width", "check_mtu", "deep_lanes", "flows_room", "DEEP_LANES_WIDTH",
-           "NodeConfig", "EngineConfig", "PRIORITIES", "MAX_LOOKAHEAD"]
+           "NodeConfig", "EngineConfig", "PRIORITIES", "MAX_LOOKAHEAD", "CODEC_LOOKAHEAD"]
 
 #: Smallest MTU: the 16-byte header and one fp32 element.
 MTU_MIN = HEADER_BYTES + 4
@@ -165,6 +165,9 @@ PRIORITIES = ("broadcast", "unit")
 #: Largest lookahead of a summation unit (:class:`EngineConfig`): the slot model's range (docs/architecture.md
 #: "Why the engine stays at the ring's rate"); each candidate costs its own readiness logic.
 MAX_LOOKAHEAD = 4
+#: Default lookahead of a codec engine's summation units (``EngineConfig(codec=True)``); 2 without the
+#: codec. Measured: docs/codec.md "On the schedule engine"; D = 4 gave the same times as 3.
+CODEC_LOOKAHEAD = 3
 
 
 @dataclass(frozen=True, repr=False)
@@ -195,14 +198,18 @@ class EngineConfig(NodeConfig):
         faster on tori and meshes (4x4 torus, balanced trees: 0.94 of the busiest link's bound
         against 0.70) and slightly slower on rings; measured on ring:4 biring at 4 MiB it gives
         12.30 Gbit/s against 12.85 with units first.
-    lookahead : int
+    lookahead : int or None
         Chunks D, 1 … :data:`MAX_LOOKAHEAD` (4), each summation unit may choose from: the D oldest
         of its order it has not summed; it takes the first that is ready
-        (:class:`~wirereduce.hdl.core.sumunit.SumUnit`). 1 is strictly in order; default 2. Results
-        never depend on it, only the time: in the slot model (``slot_model(..., lookahead=D)``, 32
-        rounds) D = 3 lifts the 4x4 torus with ``multitree-balanced`` trees and broadcasts first
-        from 0.94 to 0.98 of its busiest link's bound, but on the engine (32 slots, 1 MiB) D = 3
-        gave 17.05 Gbit/s and D = 2 17.01: the same within 0.2 %.
+        (:class:`~wirereduce.hdl.core.sumunit.SumUnit`). 1 is strictly in order. Default (None):
+        :data:`CODEC_LOOKAHEAD` (3) with the codec, 2 without. Results never depend on it, only
+        the time: in the slot model (``slot_model(..., lookahead=D)``, 32 rounds) D = 3 lifts the
+        4x4 torus with ``multitree-balanced`` trees and broadcasts first from 0.94 to 0.98 of its
+        busiest link's bound, but on the engine (32 slots, 1 MiB) D = 3 gave 17.05 Gbit/s and
+        D = 2 17.01: the same within 0.2 %. With the codec every hop stores a frame twice, the
+        children's frames of a unit's oldest chunk come late, and D = 3 pays: ring:4 ``biring``,
+        1 MiB, k = 8, 16 slots, 50G hosts took 156,141 cycles against 216,392 with D = 2
+        (docs/codec.md "On the schedule engine").
     formats : tuple of str
         Element formats the summation units' reduce lanes
         (:class:`~wirereduce.hdl.arith.lanes.ReduceLanes`) are built for: names of
@@ -229,7 +236,7 @@ class EngineConfig(NodeConfig):
     ports: int = 4
     max_flows: int = 64
     priority: str = "auto"
-    lookahead: int = 2
+    lookahead: int | None = None
     formats: tuple[str, ...] = tuple(FORMATS)
 
     def __post_init__(self):
@@ -244,6 +251,8 @@ class EngineConfig(NodeConfig):
                              f"not {self.priority!r}")
         if self.priority == "auto":
             object.__setattr__(self, "priority", "unit" if self.ports <= 2 else "broadcast")
+        if self.lookahead is None:
+            object.__setattr__(self, "lookahead", CODEC_LOOKAHEAD if self.codec else 2)
         d = self.lookahead
         if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= MAX_LOOKAHEAD:
             raise ValueError(f"lookahead must be an int from 1 to {MAX_LOOKAHEAD} (chunks a summation unit "

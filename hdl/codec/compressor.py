@@ -723,7 +723,8 @@ class Decompressor(wiring.Component):
     selects; the output register has a skid register behind it, so the pipeline advances on a
     register and the output's ``ready`` stays out of the loop (with ``ready`` held high the skid
     is never used). Code chunks wait in a small FIFO (:attr:`fifo_depth` entries,
-    a tag block's worth of beats plus 4), so the input runs ahead and stores the next frame's tag
+    a tag block's worth of beats plus 4, of which the input fills all but one: its room is read
+    from a register), so the input runs ahead and stores the next frame's tag
     block in the other bank while the current frame's values still leave.
 
     Timing (``valid`` and ``ready`` held high; measured and asserted in
@@ -915,7 +916,14 @@ class Decompressor(wiring.Component):
         tag_bytes = Mux(a_tag_end, a_tail, Mux(a_in_tags, nb, 0))
         tag_ok = ~a_in_tags | ~b_full[a_bank]
         a_go = Signal()
-        m.d.comb += a_go.eq(a_valid & tag_ok & (~needs_push | chunks.w_rdy))
+        # Room in the chunk FIFO from a register (timing, issue 16: the FIFO's level compare stays out
+        # of the input's ready, which a codec stage's header FIFO, route FIFO and gate hang off; with
+        # lookahead-3 units the codec engine's 10-level paths ran level → w_rdy → ready → route FIFO).
+        # A level of at most depth − 2 a cycle ago leaves room for this cycle's write whatever was
+        # written then; the FIFO's last entry is given up for it (a tag block's beats + 3 remain).
+        chunks_room = Signal(init=1)
+        m.d.sync += chunks_room.eq(chunks.level < self.fifo_depth - 1)
+        m.d.comb += a_go.eq(a_valid & tag_ok & (~needs_push | chunks_room))
         m.d.comb += self.i.ready.eq(~a_valid | a_go)
         i_fire = self.i.valid & self.i.ready
 

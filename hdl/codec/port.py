@@ -368,6 +368,18 @@ class CodecIn(_CodecStage):
 
     def _transform(self, m, src, dst):
         w = self._width
+        # A small FIFO in front of the decompressor (timing, issue 16): its ready, a chain through the
+        # decompressor's input stage and the header FIFO, then stops at the FIFO's registered level
+        # instead of running on through StripHeader into the gate's ready and the route FIFO (the
+        # 10-level paths of the codec engine with lookahead-3 units). A compressed frame is stored
+        # whole further on (the commit buffer), so the cycle it adds is not seen between frames.
+        m.submodules.dec_in = q = fifo.SyncFIFOBuffered(width=len(src.payload.as_value()), depth=4)
+        fed = stream.Signature(hdr_beat_layout(w)).create()
+        m.d.comb += [
+            q.w_data.eq(src.payload.as_value()), q.w_en.eq(src.valid), src.ready.eq(q.w_rdy),
+            fed.payload.eq(q.r_data), fed.valid.eq(q.r_rdy), q.r_en.eq(fed.ready),
+        ]
+        src = fed
         m.submodules.dec = dec = Decompressor(w, self._max_elements)
         m.d.comb += dec.n.eq(src.payload.hdr.count)
         hdrq = self._feed(m, src, dec)

@@ -31,7 +31,7 @@ SCHEDULE frames from the host, so one bitstream per P serves every topology, alg
 - **Summation units** (:class:`~wirereduce.hdl.core.sumunit.SumUnit`): unit q computes the
   partial sums this node sends to a parent on port q, the root unit the sums of the flows rooted
   here. Each follows its own chunks in increasing chunk number with a lookahead of D
-  (``EngineConfig.lookahead``, default 2): of the D oldest it has not summed it takes the first
+  (``EngineConfig.lookahead``, default 2, 3 with the codec): of the D oldest it has not summed it takes the first
   whose terms are all in, so a chunk whose output or terms are late does not hold up the unit
   (docs/architecture.md "Why the engine stays at the ring's rate"). It sums the terms in the
   table's order, cut-through. Several units work at once, so every port can run at line rate.

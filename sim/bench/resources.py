@@ -289,7 +289,7 @@ def _pcs_rx():
     return PCSRx(64)
 
 
-def _engine(width, mtu, ports, codec=False, slots=8, lookahead=2):
+def _engine(width, mtu, ports, codec=False, slots=8, lookahead=None):
     def make():
         from wirereduce.hdl.core.engine import Engine
 
@@ -326,12 +326,8 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
           "schedule engine, P = 2, 512 bit, MTU 9000, 8 slots, 64 flows (the U55C top)"),
     # Not in the default set (a codec engine is the plain one plus a CodecIn and a CodecOut per port).
     Block("engine_p2_64_codec", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2, codec=True),
-          "schedule engine with the codec at every port (EngineConfig(codec=True)), P = 2, 64 bit, MTU 1500, "
-          "8 slots, 64 flows", default=False),
-    # Not in the default set: the codec engine with the lookahead that compressed trees need (docs/codec.md).
-    Block("engine_p2_64_codec_la3", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2, codec=True, lookahead=3),
-          "schedule engine with the codec at every port, summation units' lookahead 3 (EngineConfig(codec=True, "
-          "lookahead=3)), P = 2, 64 bit, MTU 1500, 8 slots, 64 flows", default=False),
+          "schedule engine with the codec at every port (EngineConfig(codec=True): lookahead 3), P = 2, 64 bit, "
+          "MTU 1500, 8 slots, 64 flows", default=False),
     # Not in the default set: the P = 4 engine as the 4x4 torus benchmarks build it (two slots per flow of its
     # 16-flow schedules, bench-schedules' default window).
     Block("engine_p4_64_s32", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 4, slots=32),

@@ -94,7 +94,7 @@ def check_chunk_bytes(chunk_bytes: Iterable[int | None]) -> tuple[int | None, ..
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
                        *, out_dir: str | Path = "bench/results", name: str = "bench-schedules",
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
-                       lookahead: int = 2, priority: str = "auto", slots: int | None = None, threads: int = 1,
+                       lookahead: int | None = None, priority: str = "auto", slots: int | None = None, threads: int = 1,
                        progress: bool = False, chunk_bytes: Iterable[int | None] = (None,),
                        multiring_roots: int | None = None) -> list[dict]:
     """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
@@ -173,7 +173,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     one_port_us = 2 * (s.nodes - 1) / s.nodes * wire * 8 / (link_gbps * 1e3)
                     rec = {
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
-                        "ports": cfg.ports, "lookahead": lookahead, "priority": cfg.priority, "slots": cfg.slots,
+                        "ports": cfg.ports, "lookahead": cfg.lookahead, "priority": cfg.priority, "slots": cfg.slots,
                         "formats": list(cfg.formats), "flows": flows, "options": dict(s.options), "bytes": size,
                         "chunk_bytes": 4 * min(words or cfg.max_elements, cfg.max_elements),
                         "elements": elements, "chunks": r.chunks,
@@ -295,7 +295,7 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
                              ks: Iterable[int] = (8, 10, 12), host_gbps: float = 50.0, *,
                              out_dir: str | Path = "bench/results", name: str = "bench-schedules-codec",
                              build_root: str | Path = "build/fastengine", seed: int = 0, slots: int = 16,
-                             threads: int = 1, progress: bool = False, lookahead: int = 2,
+                             threads: int = 1, progress: bool = False, lookahead: int | None = None,
                              priority: str = "auto") -> list[dict]:
     """Compressed collectives on codec schedule engines (``EngineConfig(codec=True)``), next to the
     uncompressed one on the same engines and gradients.
@@ -309,8 +309,9 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
     ``speedup_ratio`` = speedup ÷ ratio (the ring node's target is ≥ 0.9, docs/codec.md
     "Performance"). algbw counts uncompressed bytes. Network links 10G, host link ``host_gbps``.
     ``slots``, ``lookahead`` and ``priority`` are the engines' :class:`~wirereduce.config.EngineConfig`
-    fields (buffer slots = the host window, the summation units' lookahead D, the allocator's
-    priority); records carry them. A compressing hop stores each frame twice (docs/codec.md
+    fields (buffer slots = the host window, the summation units' lookahead D, None: the codec
+    engine's default, :data:`~wirereduce.config.CODEC_LOOKAHEAD`, the allocator's priority); records
+    carry them. A compressing hop stores each frame twice (docs/codec.md
     "Latency"), so the units wait longer for their oldest chunk than on uncompressed trees, and a
     deeper lookahead pays off there (docs/codec.md "On the schedule engine").
     Prints a table; writes ``<name>.json`` in ``out_dir``; returns the records.
