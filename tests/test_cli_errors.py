@@ -352,7 +352,7 @@ def test_bench_schedules_bad_arguments(work, capsys, argv, needles):
 def test_bench_schedules_compress_builds_the_engines_asked_for(work, monkeypatch):
     """--compress builds codec engines with the --lookahead, --priority and --slots given (the
     lookahead and priority were silently ignored before 2026-11-30: always 2 and auto), and the
-    default rows' engines when they are left out (a codec engine's lookahead is 3)."""
+    default rows' engines when they are left out (a codec engine's lookahead is 3; 32 slots)."""
     from wirereduce.sim.engines import fastengine
 
     seen = []
@@ -363,9 +363,9 @@ def test_bench_schedules_compress_builds_the_engines_asked_for(work, monkeypatch
             raise RuntimeError("stop")
 
     monkeypatch.setattr(fastengine, "FastEngineSim", Fake)
-    for argv, want in (([], ("ring:4", True, 3, "unit", 16)),   # a codec engine's default lookahead
-                       (["--lookahead", "4", "--priority", "broadcast", "--slots", "32"],
-                        ("ring:4", True, 4, "broadcast", 32))):
+    for argv, want in (([], ("ring:4", True, 3, "unit", 32)),   # a codec engine's default lookahead; 32 slots
+                       (["--lookahead", "4", "--priority", "broadcast", "--slots", "16"],
+                        ("ring:4", True, 4, "broadcast", 16))):
         seen.clear()
         with pytest.raises(RuntimeError, match="stop"):
             main(["bench-schedules", "--compress", "8", "--out-dir", str(work / "r"), "--build-dir", str(work / "b"),

@@ -570,8 +570,9 @@ def cmd_bench_schedules(args) -> int:
         crows = rows if args.topologies else schedules.CODEC_ROWS
         csizes = sizes if args.sizes else (1 << 20,)
         cname = args.name or "bench-schedules-codec"
+        cslots = schedules.CODEC_SCHEDULE_SLOTS if args.schedule_slots is None else args.schedule_slots
         recs = schedules.run_codec_schedule_bench(crows, csizes, ks, args.host_link_gbps[0], out_dir=args.out_dir,
-                                                  name=cname, build_root=args.build_dir, slots=slots,
+                                                  name=cname, build_root=args.build_dir, slots=cslots,
                                                   threads=args.sim_threads, progress=not args.no_progress,
                                                   lookahead=args.lookahead, priority=args.priority)
         print(f"# wrote {Path(args.out_dir) / (cname + '.json')}")
@@ -1292,7 +1293,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slots", type=int, default=None, dest="schedule_slots",   # main() leaves it None
                    help="chunk slots of every engine buffer, a power of two, = the host window (default: two per "
                         "flow of the topology's schedule with the most flows, at least 16: 32 for ring:8 biring and "
-                        "the 4x4 torus; EngineConfig.slots, docs/architecture.md)")
+                        "the 4x4 torus; 32 for --compress rows, whose store-and-forward codec hops make round trips "
+                        "long; EngineConfig.slots, docs/architecture.md)")
     p.add_argument("--priority", choices=("auto", "broadcast", "unit"), default="auto",
                    help="allocator priority: broadcasts or partial sums first (default: auto, partial sums first on "
                         "rings (P = 2), broadcasts first above)")

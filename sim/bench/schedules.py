@@ -270,6 +270,10 @@ def run_format_bench(topology: str = "ring:4", algorithm: str = "biring", elemen
 
 #: (topology, algorithms) of the compressed schedule benchmark.
 CODEC_ROWS = (("ring:4", ("ring", "biring")),)
+#: Slots (= the host window) of the compressed rows' engines: a compressing hop stores each frame twice, so a
+#: chunk's round trip is long and 16 slots held the compressed ring back (ring:4, 1 MiB, k = 8: 161,987 cycles
+#: with 32 against 172,462; docs/codec.md "On the schedule engine").
+CODEC_SCHEDULE_SLOTS = 32
 
 
 def schedule_payloads(arrays, schedule, k: int) -> list[np.ndarray]:
@@ -294,7 +298,8 @@ def schedule_payloads(arrays, schedule, k: int) -> list[np.ndarray]:
 def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] = (1 << 20,),
                              ks: Iterable[int] = (8, 10, 12), host_gbps: float = 50.0, *,
                              out_dir: str | Path = "bench/results", name: str = "bench-schedules-codec",
-                             build_root: str | Path = "build/fastengine", seed: int = 0, slots: int = 16,
+                             build_root: str | Path = "build/fastengine", seed: int = 0,
+                             slots: int = CODEC_SCHEDULE_SLOTS,
                              threads: int = 1, progress: bool = False, lookahead: int | None = None,
                              priority: str = "auto") -> list[dict]:
     """Compressed collectives on codec schedule engines (``EngineConfig(codec=True)``), next to the
