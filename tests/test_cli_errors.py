@@ -301,6 +301,10 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
       "--corrupt-port", "3"], ["corrupt port", "cabled port of node 0"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--engine", "cocotb", "--retries", "-1"],
      ["--retries", "int ≥ 0", "-1"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--formats", "bf16"], ["--formats", "must include 'fp32'"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--formats", "fp32", "fp32"], ["--formats", "twice"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--formats", "fp32", "--engine", "cocotb"],
+     ["--formats", "--engine cocotb"]),
 ])
 def test_schedule_engine_options_refused_before_building(work, capsys, extra, needles):
     nodes = 16 if "torus:4x4" in extra else 4
@@ -317,6 +321,19 @@ def test_engine_refuses_mixed_formats_before_building(work, capsys):
     code = main(["sim", "allreduce", "--topology", "ring:4", "--algorithm", "ring", "--input", str(inp),
                  "--output", str(work / "out.npz"), "--build-dir", str(work / "b")])
     _assert_user_error(code, capsys, work, "node2", "float16")
+    assert not (work / "b").exists()
+
+
+def test_engine_lanes_must_carry_the_input_format(work, capsys):
+    """``--formats`` builds the fast engine's lanes for those formats only: an input in another format
+    is refused before anything is built (the engines would drop every frame as ``drop_dtype``)."""
+    import ml_dtypes
+
+    arrays = {k: v.astype(ml_dtypes.bfloat16) for k, v in _good(4).items()}
+    inp = _npz(work / "in.npz", **arrays)
+    code = main(["sim", "allreduce", "--topology", "ring:4", "--algorithm", "ring", "--input", str(inp),
+                 "--output", str(work / "out.npz"), "--build-dir", str(work / "b"), "--formats", "fp32", "int32"])
+    _assert_user_error(code, capsys, work, "input is bf16", "fp32 int32 only", "add bf16 to --formats")
     assert not (work / "b").exists()
 
 
