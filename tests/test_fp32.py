@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Tests of the pipelined binary32 adder (``wirereduce.hdl.arith.fp32``) against numpy float32.
 
 Every expected sum comes from numpy (``float32 + float32``), never from a hard-coded table. A

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Tests of the multi-format reduce lanes (``wirereduce.hdl.arith.lanes``) and their golden model
 (``wirereduce.formats``).
 

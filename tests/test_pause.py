@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """IEEE 802.3x PAUSE in the 10G MAC (hdl/eth/pause.py, hdl/eth/port.py): frame format against
 scapy's MACControlPause, the receive side (consumed, counted, honoured with the 512-bit-time
 quantum of IEEE 802.3 annex 31B), the transmit side (XOFF above the high-water mark, refreshed,
