@@ -921,8 +921,10 @@ class Decompressor(wiring.Component):
         # lookahead-3 units the codec engine's 10-level paths ran level → w_rdy → ready → route FIFO).
         # A level of at most depth − 2 a cycle ago leaves room for this cycle's write whatever was
         # written then; the FIFO's last entry is given up for it (a tag block's beats + 3 remain).
-        # Still needed behind CodecIn's dec_in FIFO: with ``chunks.w_rdy`` here instead, the
-        # decompressor alone synthesised at 9 levels (2026-11-30, fourth session) against its 8.
+        # Standalone the decompressor is 9 levels with it or with ``chunks.w_rdy`` here (1,643 against
+        # 1,648 LUT, 2026-11-30, fourth session); the path it cut ran on through the codec stage
+        # around it, so whether CodecIn's dec_in FIFO makes it redundant takes an
+        # engine_p2_64_codec run (about 8 minutes of Yosys) to tell: not done, so it stays.
         chunks_room = Signal(init=1)
         m.d.sync += chunks_room.eq(chunks.level < self.fifo_depth - 1)
         m.d.comb += a_go.eq(a_valid & tag_ok & (~needs_push | chunks_room))
