@@ -303,6 +303,8 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
      ["--retries", "int ≥ 0", "-1"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--formats", "bf16"], ["--formats", "must include 'fp32'"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--formats", "fp32", "fp32"], ["--formats", "twice"]),
+    (["--topology", "ring:4", "--algorithm", "ring", "--formats", "fp32", "fp8"],
+     ["--formats", "unknown format 'fp8'"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--formats", "fp32", "--engine", "cocotb"],
      ["--formats", "--engine cocotb"]),
 ])

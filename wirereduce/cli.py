@@ -268,7 +268,7 @@ def simulate_schedule(arrays, args, progress=True):
         cfg = EngineConfig(args.width, args.mtu, args.slots, ports=ports, max_flows=flows_room(len(s.flows)),
                            codec=_codec_arg(args, k), **_formats_arg(args))
     except (TypeError, ValueError) as e:
-        raise CliError(f"--formats: {e}" if "format" in str(e) else str(e)) from e
+        raise CliError(str(e)) from e
     if arrays and (name := format_of(arrays[0]).name) not in cfg.formats:
         raise CliError(f"the input is {name} but --formats builds lanes for {' '.join(cfg.formats)} only; "
                        f"add {name} to --formats (or drop the option: every format)")
@@ -396,9 +396,17 @@ def _check_schedule_args(args) -> None:
     if getattr(args, "pcap", None) is not None and (links != "eth" or cocotb):
         raise CliError("--pcap captures a 10G Ethernet cable in the fast engine's frame player: with --topology "
                        "it needs --links eth (and not --engine cocotb)")
-    if getattr(args, "formats", None) is not None and cocotb:
-        raise CliError("--formats picks the fast engine's lanes; the cocotb engine is built as `sim serve "
-                       "--topology` builds it (every format): drop --formats or --engine cocotb")
+    formats = getattr(args, "formats", None)
+    if formats is not None:
+        if cocotb:
+            raise CliError("--formats picks the fast engine's lanes; the cocotb engine is built as `sim serve "
+                           "--topology` builds it (every format): drop --formats or --engine cocotb")
+        from wirereduce.formats import check_formats
+
+        try:
+            check_formats(tuple(formats))
+        except ValueError as e:
+            raise CliError(f"--formats: {e}") from e
     if links == "cmac" and cocotb:
         raise CliError("--links cmac runs on the fast engine (Verilator with a C++ frame player and the CMAC's "
                        "AXI4-Stream model): drop --engine cocotb")
@@ -1117,11 +1125,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --topology: cores the simulated network runs on (Verilator --threads; default 1); "
                         "results and cycle counts do not depend on it")
     p.add_argument("--formats", nargs="+", default=None, metavar="FORMAT",
-                   choices=("fp32", "bf16", "fp16", "int32"),
                    help="with --topology on the fast engine: build the engines' lanes for these formats only "
-                        "(fp32 always among them; default: all four, as the bitstream is built). "
-                        "`--formats fp32` for fp32 input makes a smaller model that builds in about half "
-                        "the time at 512 bit; the results are the same bits")
+                        "(of fp32, bf16, fp16, int32; fp32 always among them; default: all four, as the "
+                        "bitstream is built). `--formats fp32` for fp32 input makes a smaller model that builds "
+                        "in about half the time at 512 bit; the results are the same bits")
     p.add_argument("--output", required=True, help=".npz to write the results to (same names)")
     p.add_argument("--check", action="store_true",
                    help="compare with the numpy golden model bit for bit; exit 1 on any difference")
