@@ -43,7 +43,8 @@ from wirereduce.protocol import HEADER_BYTES, Flag, Header, Opcode, frame
 from wirereduce.schedule import Schedule
 from wirereduce.table import ENTRY_BYTES, Chunk, plan, table_frames_payloads
 
-__all__ = ["EngineSession", "EnginePush", "check_window", "RetryPlan", "plan_retry", "EngineAllreduce"]
+__all__ = ["EngineSession", "EnginePush", "check_window", "check_chunk_words", "RetryPlan", "plan_retry",
+           "EngineAllreduce"]
 
 
 def check_window(window: int, config: EngineConfig) -> int:
@@ -51,6 +52,24 @@ def check_window(window: int, config: EngineConfig) -> int:
     if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= config.slots:
         raise ValueError(f"the window must be 1 … {config.slots} chunks (the engine's slots), not {window!r}")
     return window
+
+
+def check_chunk_words(chunk_words, top: int) -> int | tuple[int, ...]:
+    """``chunk_words`` (an int, or a chunk profile: a non-empty sequence of ints, one per round of
+    chunks, :func:`wirereduce.table.plan`), checked: every size 1 … ``top`` words (what a frame
+    holds). Returns the int or the profile as a tuple.
+
+    Raises ValueError otherwise.
+    """
+    sizes = (chunk_words,) if isinstance(chunk_words, int) and not isinstance(chunk_words, bool) else chunk_words
+    try:
+        sizes = tuple(sizes)
+    except TypeError:
+        sizes = None
+    if not sizes or any(not isinstance(w, int) or isinstance(w, bool) or not 1 <= w <= top for w in sizes):
+        raise ValueError(f"chunk_words must be an int from 1 to {top} (what a frame holds), or a non-empty "
+                         f"sequence of such sizes (a chunk profile), not {chunk_words!r}")
+    return sizes[0] if isinstance(chunk_words, int) else sizes
 
 
 @dataclass(frozen=True)
@@ -93,12 +112,15 @@ class EngineSession(CodecFields):
         and are decoded; chunks hold at most :func:`wirereduce.codec.max_elements_compressed`
         elements, so even an incompressible one fits a frame. fp32 arrays on engines built with
         ``EngineConfig(codec=True)`` only. ``None`` (default): uncompressed.
-    chunk_words : int, optional
+    chunk_words : int or sequence of int, optional
         At most this many 32-bit payload words per chunk (1 … the frame's maximum,
         ``config.max_elements``, or the compressed bound): shorter chunks, so that a small
         message has more chunks per flow to pipeline through a tree (docs/architecture.md "Small
-        messages"). ``None`` (default): as many as a frame holds. The result bits do not depend on
-        it (each element's sum order is its flow's). Uncompressed collectives only.
+        messages"). A sequence is a chunk profile, one size per round of chunks (chunk k of every
+        flow), the last one repeated (:func:`wirereduce.table.plan`): small first chunks fill the
+        trees sooner, small last ones drain them sooner. ``None`` (default): as many as a frame
+        holds. The result bits do not depend on it (each element's sum order is its flow's).
+        Uncompressed collectives only.
 
     Raises
     ------
@@ -106,8 +128,8 @@ class EngineSession(CodecFields):
         A rank outside the schedule, a bad window, an unsupported dtype or operation, a dtype whose
         format the engines are not built with (``config.formats``: they would refuse the CONTROL),
         a schedule with more flows than the engine holds; ``compression`` out of range, on
-        another format than fp32, or for engines built without the codec; ``chunk_words`` not an
-        int from 1 to what a frame holds, or given with ``compression``.
+        another format than fp32, or for engines built without the codec; ``chunk_words`` (or a
+        size of the profile) not an int from 1 to what a frame holds, or given with ``compression``.
     """
 
     rank: int
@@ -152,10 +174,7 @@ class EngineSession(CodecFields):
             if self.compression is not None:
                 raise ValueError("chunk_words is for uncompressed collectives: compressed chunks are sized to "
                                  "the compressed bound (the golden model's chunking)")
-            cw = self.chunk_words
-            if not isinstance(cw, int) or isinstance(cw, bool) or not 1 <= cw <= per_chunk:
-                raise ValueError(f"chunk_words must be an int from 1 to {per_chunk} (what a frame holds), not {cw!r}")
-            per_chunk = cw
+            per_chunk = check_chunk_words(self.chunk_words, per_chunk)
         self.words = to_words(self.array, self.format)
         self.chunks = plan(self.words.size, self.schedule, per_chunk)
         if len(self.schedule.flows) > self.config.max_flows:

@@ -40,9 +40,9 @@ def test_ring4_bitexact(ring4, alg, n):
 
 
 def test_short_chunks_same_bits(ring4):
-    """``chunk_words``: chunks shorter than a frame (more chunks per flow for a small message) give
-    the same bits as full frames, and the number of chunks the plan says; bad values raise before
-    anything runs."""
+    """``chunk_words``: chunks shorter than a frame (more chunks per flow for a small message), or
+    a profile of sizes per round, give the same bits as full frames, and the number of chunks the
+    plan says; bad values raise before anything runs."""
     s = sched.build("ring:4", "biring")
     arrays = edge_arrays(4, 3001, seed=31)
     full = ring4.allreduce(arrays, s)
@@ -51,7 +51,14 @@ def test_short_chunks_same_bits(ring4):
     assert np.array_equal(np.concatenate(short.results).view(np.uint32), np.concatenate(full.results).view(np.uint32))
     per_flow = [-(-(r.stop - r.start) // 64) for r in s.split(3001)]
     assert short.chunks == sum(per_flow) > full.chunks
-    for bad in (0, CFG2.max_elements + 1, 2.0):
+    # A chunk profile (one size per round, the last repeated): chunks of different sizes in one
+    # collective, the same bits again.
+    ramp = ring4.allreduce(arrays, s, chunk_words=(16, 48, 200, 371))
+    assert np.array_equal(np.concatenate(ramp.results).view(np.uint32), np.concatenate(full.results).view(np.uint32))
+    counts = [min(e, r.stop - r.start - o) for r in s.split(3001)
+              for o, e in zip((0, 16, 64, 264, 635, 1006), (16, 48, 200, 371, 371, 371)) if o < r.stop - r.start]
+    assert ramp.chunks == len(counts)
+    for bad in (0, CFG2.max_elements + 1, 2.0, (), (16, 0), (16, CFG2.max_elements + 1), (16, 2.0), "16"):
         with pytest.raises(ValueError, match="chunk_words"):
             ring4.allreduce(arrays, s, chunk_words=bad)
     with pytest.raises(ValueError, match="chunk_words"):

@@ -535,3 +535,62 @@ def test_plot_trees(tmp_path):
     path = tmp_path / "trees.png"
     plot_trees(build("torus:2x2"), path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("spec,alg", [("ring:4", "biring"), ("torus:2x2", "multitree"), ("ring:3", "ring")])
+@pytest.mark.parametrize("n", [1, 5, 371, 1000, 4099])
+@pytest.mark.parametrize("profile", [(371,), (64,), (16, 48, 371), (7, 3), (100, 1, 50)])
+def test_chunk_plan_profiles(spec, alg, n, profile):
+    """``plan`` with a chunk profile: chunk k of flow f is g = k·F + f, covers the next
+    ``profile[k]`` (the last size repeated) elements of the flow's range or what is left of it;
+    every element is in exactly one chunk; a one-size profile is the plain size."""
+    from wirereduce import schedule as sched
+    from wirereduce.table import plan
+
+    s = sched.build(spec, alg)
+    F = len(s.flows)
+    chunks = plan(n, s, profile)
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    for f, r in enumerate(s.split(n)):
+        mine = [c for c in chunks if c.flow == f]
+        pos = r.start
+        for k, c in enumerate(mine):
+            assert c.seq % F == f and c.seq // F == k
+            size = profile[min(k, len(profile) - 1)]
+            assert c.start == pos and c.count == min(size, r.stop - pos) >= 1
+            pos += c.count
+        assert pos == r.stop
+    if len(profile) == 1:
+        assert chunks == plan(n, s, profile[0])
+    for bad in ((), (0,), (16, -1), (16, 2.0), (True,)):
+        with pytest.raises(ValueError, match="elements_per_frame"):
+            plan(n, s, bad)
+
+
+def test_bench_chunk_profiles_bound_and_plot(tmp_path):
+    """bench-schedules with a chunk profile: the sizes are checked (a profile is a tuple), the
+    bound counts each planned frame's framing (a profile of one size is that size), and the plot
+    labels profiles beside plain sizes."""
+    from wirereduce.sim.bench import schedules as sb
+
+    from wirereduce import schedule as sched
+    from wirereduce.config import EngineConfig
+    from wirereduce.protocol import wire_bytes
+    from wirereduce.table import plan
+
+    assert sb.check_chunk_bytes([None, 512, [256, 512, 768]]) == (None, 512, (256, 512, 768))
+    for bad in ([6], [[256, 6]], [[]], [[256, 2000]], [(256, True)]):
+        with pytest.raises(ValueError, match="chunk profiles"):
+            sb.check_chunk_bytes(bad)
+    assert sb.profile_label((256, 512)) == "256,512" and sb.profile_label(512) == "512"
+    s, cfg = sched.build("ring:4", "biring"), EngineConfig(64, 1500, ports=2)
+    prof = (64, 128, 192)
+    wire = sum(wire_bytes(16 + 4 * c.count) for c in plan(5000, s, prof))
+    assert sb._wire(s, 5000, cfg, prof) == wire > sb._wire(s, 5000, cfg, 192) > sb._wire(s, 5000, cfg)
+    assert sb.lower_bound_gbps(s, 5000, cfg, 10, 50, (128,)) == sb.lower_bound_gbps(s, 5000, cfg, 10, 50, 128)
+    recs = [{"topology": "ring:4", "algorithm": a, "host_link_gbps": 50.0, "bytes": b, "algbw_gbps": 1.0 + b / 1e6,
+             "chunk_bytes": cb, "chunk_profile": pr}
+            for a, cb, pr in (("ring", 1484, None), ("biring", 512, None), ("biring", 768, [256, 512, 768]))
+            for b in (32768, 131072)]
+    sb._plot(tmp_path / "p.png", recs)
+    assert (tmp_path / "p.png").stat().st_size > 0

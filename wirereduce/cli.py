@@ -568,7 +568,7 @@ def cmd_bench_schedules(args) -> int:
     except ValueError as e:
         raise CliError(f"--slots/--lookahead/--priority: {e}") from e
     try:
-        chunk_bytes = schedules.check_chunk_bytes(args.chunk_bytes or (None,))
+        chunk_bytes = schedules.check_chunk_bytes([_chunk_bytes_arg(b) for b in args.chunk_bytes or ()] or (None,))
     except ValueError as e:
         raise CliError(f"--chunk-bytes: {e}") from e
     if args.multiring_roots is not None:
@@ -1074,6 +1074,19 @@ def _add_sim_args(p):
     _add_node_args(p)
 
 
+def _chunk_bytes_arg(text: str):
+    """``--chunk-bytes`` value: ``B`` (an int) or ``B,B,...`` (a chunk profile, a tuple); the sizes
+    are checked by :func:`wirereduce.sim.bench.schedules.check_chunk_bytes`.
+
+    Raises CliError on text that is not such a list."""
+    try:
+        sizes = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise CliError(f"--chunk-bytes: {text!r} is not a size in bytes or a comma-separated list of them "
+                       f"(e.g. 512 or 256,512,512,768)") from None
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
 def build_parser() -> argparse.ArgumentParser:
     from wirereduce.schedule import ALGORITHMS as sched_algorithms
 
@@ -1334,11 +1347,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "error bounds 2^-K, next to the uncompressed one on the same engines, real gradients of the "
                         "demo CNN (default rows ring:4 ring,biring at 1M; the first --host-link-gbps; default name "
                         "bench-schedules-codec); prints speed-up, compression ratio and speed-up / ratio")
-    p.add_argument("--chunk-bytes", nargs="+", type=int, default=None, metavar="B",
+    p.add_argument("--chunk-bytes", nargs="+", default=None, metavar="B[,B...]",
                    help="run every algorithm but the ring (the vs_ring reference, full frames) with chunks of at "
                         "most B payload bytes, for each B given (a multiple of 4; 1484, a frame's payload at MTU "
-                        "1500, is the default chunking): more chunks per flow for a small message to pipeline "
-                        "(docs/architecture.md 'Small messages')")
+                        "1500, is the default chunking): more chunks per flow for a small message to pipeline; "
+                        "B,B,... is a chunk profile, one size per round of chunks, the last repeated (e.g. "
+                        "256,512,512,768: a small first chunk fills the trees sooner) (docs/architecture.md "
+                        "'Small messages')")
     p.add_argument("--multiring-roots", type=int, default=None, metavar="R",
                    help="multiring rows: R roots per Hamiltonian ring and direction (a divisor of the nodes; 2·k·R "
                         "flows on k rings; default: every node, 64 flows on torus:4x4)")

@@ -38,6 +38,7 @@ makes the engine deadlock-free (docs/architecture.md "Why the engine cannot dead
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from wirereduce.schedule import FlowEntry, NodeTable, Schedule
@@ -146,21 +147,34 @@ class Chunk:
     count: int
 
 
-def plan(n: int, schedule: Schedule, elements_per_frame: int) -> list[Chunk]:
-    """The chunks of a message of ``n`` elements, in ``seq`` order 0 … C-1 (module docstring)."""
+def plan(n: int, schedule: Schedule, elements_per_frame: int | Sequence[int]) -> list[Chunk]:
+    """The chunks of a message of ``n`` elements, in ``seq`` order 0 … C-1 (module docstring).
+
+    ``elements_per_frame``: the chunk size in elements (words), or a *chunk profile*: one size per
+    round k (chunk k of every flow), the last size repeated for the rounds after it; for example
+    ``(64, 128, 371)`` cuts each flow into a chunk of 64, one of 128, then chunks of 371 (the last
+    one shorter). Every node plans the same chunks, so the sizes only have to fit a frame.
+
+    Raises ValueError if ``n`` < 1, or a size is < 1 (or the profile is empty).
+    """
     if n < 1:
         raise ValueError(f"a message has at least one element, not {n}")
-    if elements_per_frame < 1:
-        raise ValueError(f"elements_per_frame must be ≥ 1, not {elements_per_frame}")
+    profile = (elements_per_frame,) if isinstance(elements_per_frame, int) else tuple(elements_per_frame)
+    if not profile or any(not isinstance(e, int) or isinstance(e, bool) or e < 1 for e in profile):
+        raise ValueError(f"elements_per_frame must be ≥ 1 (or a non-empty sequence of such sizes), "
+                         f"not {elements_per_frame!r}")
     flows = len(schedule.flows)
     ranges = schedule.split(n)
-    per_flow = [-(-(r.stop - r.start) // elements_per_frame) for r in ranges]
+    longest = max(r.stop - r.start for r in ranges)
+    bounds = [0]  # round k covers [bounds[k], bounds[k+1]) of every flow's range
+    while bounds[-1] < longest:
+        bounds.append(bounds[-1] + profile[min(len(bounds) - 1, len(profile) - 1)])
     chunks = []
-    for k in range(max(per_flow)):
+    for k in range(len(bounds) - 1):
         for f, r in enumerate(ranges):
-            if k < per_flow[f]:
-                start = r.start + k * elements_per_frame
-                chunks.append(Chunk(k * flows + f, f, start, min(elements_per_frame, r.stop - start)))
+            start = r.start + bounds[k]
+            if start < r.stop:
+                chunks.append(Chunk(k * flows + f, f, start, min(bounds[k + 1] - bounds[k], r.stop - start)))
     if [c.seq for c in chunks] != list(range(len(chunks))):  # holds by construction (longer flows first)
         raise AssertionError("chunk numbers are not contiguous")
     return chunks

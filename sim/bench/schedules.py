@@ -54,15 +54,21 @@ SIZES = (32 << 10, 256 << 10, 1 << 20, 4 << 20)
 QUICK_SIZES = (32 << 10, 256 << 10)
 
 
-def _wire(schedule, elements: int, cfg: EngineConfig, chunk_words: int | None = None) -> int:
-    per = cfg.max_elements if chunk_words is None else min(chunk_words, cfg.max_elements)
+def _wire(schedule, elements: int, cfg: EngineConfig, chunk_words=None) -> int:
+    if chunk_words is None:
+        per = cfg.max_elements
+    elif isinstance(chunk_words, int):
+        per = min(chunk_words, cfg.max_elements)
+    else:
+        per = tuple(min(w, cfg.max_elements) for w in chunk_words)
     return sum(wire_bytes(16 + 4 * c.count) for c in plan(elements, schedule, per))
 
 
 def lower_bound_gbps(schedule, elements: int, cfg: EngineConfig, link_gbps: float, host_gbps: float,
-                     chunk_words: int | None = None) -> float:
+                     chunk_words: int | tuple[int, ...] | None = None) -> float:
     """The d-port and host-link lower bound on algbw, frame overhead included (module docstring),
-    for chunks of at most ``chunk_words`` words (default: full frames)."""
+    for chunks of at most ``chunk_words`` words, or of that chunk profile (one size per round,
+    :func:`wirereduce.table.plan`; default: full frames)."""
     n, d = schedule.nodes, schedule.topology.min_degree
     wire = _wire(schedule, elements, cfg, chunk_words)
     t_ports = 2 * (n - 1) / n * wire * 8 / (d * link_gbps)
@@ -79,16 +85,33 @@ def window_slots(flows: int) -> int:
     return max(16, 1 << (2 * max(1, flows) - 1).bit_length())
 
 
-def check_chunk_bytes(chunk_bytes: Iterable[int | None]) -> tuple[int | None, ...]:
-    """``chunk_bytes`` of :func:`run_schedule_bench` as a tuple: each None (full frames) or a multiple
-    of 4 from 4 to a full frame's payload at MTU 1500 (1,484 bytes). Raises ValueError otherwise."""
+def check_chunk_bytes(chunk_bytes: Iterable) -> tuple:
+    """``chunk_bytes`` of :func:`run_schedule_bench` as a tuple: each None (full frames), a multiple
+    of 4 from 4 to a full frame's payload at MTU 1500 (1,484 bytes), or a *chunk profile*: a
+    non-empty sequence of such sizes, one per round of chunks, the last one repeated
+    (:func:`wirereduce.table.plan`; for example ``(256, 512, 512, 512, 256)``: small first chunks
+    fill the trees sooner, small last ones drain them sooner), returned as a tuple. Raises
+    ValueError otherwise."""
     top = 4 * EngineConfig(64, 1500).max_elements
-    chunk_bytes = tuple(chunk_bytes)
+
+    def ok(b):
+        return isinstance(b, int) and not isinstance(b, bool) and 4 <= b <= top and b % 4 == 0
+
+    out = []
     for b in chunk_bytes:
-        if b is not None and (not isinstance(b, int) or isinstance(b, bool) or not 4 <= b <= top or b % 4):
+        if b is None or ok(b):
+            out.append(b)
+        elif isinstance(b, (tuple, list)) and b and all(ok(x) for x in b):
+            out.append(tuple(b))
+        else:
             raise ValueError(f"chunk_bytes must be multiples of 4 from 4 to {top} (a full frame's payload at "
-                             f"MTU 1500), or None, not {b!r}")
-    return chunk_bytes
+                             f"MTU 1500), sequences of them (chunk profiles), or None, not {b!r}")
+    return tuple(out)
+
+
+def profile_label(chunk_bytes) -> str:
+    """``"512"`` or ``"256,512,512,512,256"``: a ``chunk_bytes`` entry as the CLI spells it."""
+    return str(chunk_bytes) if isinstance(chunk_bytes, int) else ",".join(map(str, chunk_bytes))
 
 
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
@@ -107,8 +130,10 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     ``progress``: a progress bar (chunks delivered) per run. Every algorithm of a topology runs on
     the same engines (``max_flows`` of its schedule with the most flows): one build per topology
     and host link. ``chunk_bytes``: chunk payload sizes
-    to run every algorithm but the ring at, bytes, a multiple of 4 (None: full frames; the ring,
-    the ``vs_ring`` reference, always runs full frames); records carry ``chunk_bytes``.
+    to run every algorithm but the ring at, bytes, a multiple of 4, or chunk profiles (sequences of
+    sizes, one per round; :func:`check_chunk_bytes`) (None: full frames; the ring,
+    the ``vs_ring`` reference, always runs full frames); records carry ``chunk_bytes`` (the
+    largest chunk) and ``chunk_profile`` (the profile's bytes per round, or None).
     ``multiring_roots``: roots per ring and direction of the ``multiring`` rows
     (:func:`~wirereduce.schedule.multiring_schedule` ``roots``; None: every node); records carry
     ``options``, the schedule's options.
@@ -157,7 +182,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                                     threads=threads)
                 for size, cb in ((size, cb) for size in sizes for cb in ((None,) if alg == "ring" else chunk_bytes)):
                     elements = size // 4
-                    words = None if cb is None else cb // 4
+                    words = None if cb is None else cb // 4 if isinstance(cb, int) else tuple(b // 4 for b in cb)
                     rng = np.random.default_rng([seed, size, s.nodes])
                     arrays = [rng.standard_normal(elements).astype(np.float32) for _ in range(s.nodes)]
                     t0 = time.perf_counter()
@@ -175,7 +200,9 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
                         "ports": cfg.ports, "lookahead": cfg.lookahead, "priority": cfg.priority, "slots": cfg.slots,
                         "formats": list(cfg.formats), "flows": flows, "options": dict(s.options), "bytes": size,
-                        "chunk_bytes": 4 * min(words or cfg.max_elements, cfg.max_elements),
+                        "chunk_bytes": 4 * min(max(words if isinstance(words, tuple) else (words or cfg.max_elements,)),
+                                               cfg.max_elements),
+                        "chunk_profile": None if not isinstance(cb, tuple) else list(cb),
                         "elements": elements, "chunks": r.chunks,
                         "host_link_gbps": host, "link_gbps": link_gbps, "clock_mhz": mhz, "cycles": r.cycles,
                         "us": us, "algbw_gbps": algbw, "lower_bound_gbps": bound, "of_bound": algbw / bound,
@@ -187,7 +214,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     records.append(rec)
                     _write(out_dir, name, records)   # after every run: a long benchmark keeps what it measured
                     vs = f"{rec['vs_ring']:.2f}" if rec["vs_ring"] is not None else "-"
-                    chunk = "" if cb is None else f"  ({cb} B chunks)"
+                    chunk = "" if cb is None else f"  ({profile_label(cb)} B chunks)"
                     print(f"{s.topology.name:>12} {alg:>9} {host:>5g}G {size >> 10:>7}K {r.cycles:>10,} "
                           f"{algbw:>8.2f} {bound:>8.2f} {rec['of_bound']:>8.2f} {vs:>7} "
                           f"{rec['vs_one_port_ring']:>9.2f} {'yes' if rec['bitexact'] else 'NO':>5}"
@@ -395,12 +422,19 @@ def _plot(path: Path, records: list[dict]) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     def key(r):   # one curve per topology, algorithm, host link and chunk size
-        return r["topology"], r["algorithm"], r["host_link_gbps"], r.get("chunk_bytes")
+        prof = r.get("chunk_profile")
+        return (r["topology"], r["algorithm"], r["host_link_gbps"],
+                profile_label(prof) if prof else r.get("chunk_bytes"))
 
     full = {r.get("chunk_bytes") for r in records if r["algorithm"] == "ring"}
     keys = set(map(key, records))
     several = len({k[3] for k in keys}) > 1   # chunk sizes to tell apart in the legend
-    for topo, alg, host, chunk in sorted(keys, key=lambda k: (*k[:3], -(k[3] or 0))):
+
+    def order(k):
+        c = k[3]
+        return (*k[:3], isinstance(c, str), -(c or 0) if not isinstance(c, str) else 0, str(c))
+
+    for topo, alg, host, chunk in sorted(keys, key=order):
         rs = sorted((r for r in records if key(r) == (topo, alg, host, chunk)), key=lambda r: r["bytes"])
         style = "-" if host > 10 else ":"
         short = several and chunk is not None and chunk not in full
