@@ -9,7 +9,9 @@ Chunk numbering
 ---------------
 A message of ``n`` elements is split into the schedule's F flows (:meth:`Schedule.split`:
 contiguous ranges, the first ``n % F`` one element longer); flow f's range is cut into frames of
-``elements_per_frame`` elements, chunk k of flow f covering ``[start_f + k·E, start_f + (k+1)·E)``.
+``elements_per_frame`` elements, chunk k of flow f covering ``[start_f + k·E, start_f + (k+1)·E)``
+(or, with a chunk profile E_0, E_1, …, the last size repeated, ``[start_f + E_0 + … + E_(k-1), … + E_k)``,
+clipped to the flow's range).
 Chunks are numbered round-robin over the flows, **g = k·F + f**, so consecutive chunks belong to
 different flows and every tree is busy at once. Because the longer flows are the first ones, the
 chunk numbers in use are exactly 0 … C-1 (:func:`plan`). A data frame carries ``seq`` = g and
