@@ -54,10 +54,11 @@ def check_window(window: int, config: EngineConfig) -> int:
     return window
 
 
-def check_chunk_words(chunk_words, top: int) -> int | tuple[int, ...]:
+def check_chunk_words(chunk_words, top: int) -> tuple[int, ...]:
     """``chunk_words`` (an int, or a chunk profile: a non-empty sequence of ints, one per round of
     chunks, :func:`wirereduce.table.plan`), checked: every size 1 … ``top`` words (what a frame
-    holds). Returns the int or the profile as a tuple.
+    holds). Returns the sizes as a profile (an int as a one-size profile, which :func:`plan`
+    cuts as that size).
 
     Raises ValueError otherwise.
     """
@@ -69,7 +70,7 @@ def check_chunk_words(chunk_words, top: int) -> int | tuple[int, ...]:
     if not sizes or any(not isinstance(w, int) or isinstance(w, bool) or not 1 <= w <= top for w in sizes):
         raise ValueError(f"chunk_words must be an int from 1 to {top} (what a frame holds), or a non-empty "
                          f"sequence of such sizes (a chunk profile), not {chunk_words!r}")
-    return sizes[0] if isinstance(chunk_words, int) else sizes
+    return sizes
 
 
 @dataclass(frozen=True)

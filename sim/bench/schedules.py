@@ -55,12 +55,8 @@ QUICK_SIZES = (32 << 10, 256 << 10)
 
 
 def _wire(schedule, elements: int, cfg: EngineConfig, chunk_words=None) -> int:
-    if chunk_words is None:
-        per = cfg.max_elements
-    elif isinstance(chunk_words, int):
-        per = min(chunk_words, cfg.max_elements)
-    else:
-        per = tuple(min(w, cfg.max_elements) for w in chunk_words)
+    prof = _profile(chunk_words)
+    per = cfg.max_elements if prof is None else tuple(min(w, cfg.max_elements) for w in prof)
     return sum(wire_bytes(16 + 4 * c.count) for c in plan(elements, schedule, per))
 
 
@@ -89,9 +85,9 @@ def check_chunk_bytes(chunk_bytes: Iterable) -> tuple:
     """``chunk_bytes`` of :func:`run_schedule_bench` as a tuple: each None (full frames), a multiple
     of 4 from 4 to a full frame's payload at MTU 1500 (1,484 bytes), or a *chunk profile*: a
     non-empty sequence of such sizes, one per round of chunks, the last one repeated
-    (:func:`wirereduce.table.plan`; for example ``(256, 512, 512, 512, 256)``: small first chunks
-    fill the trees sooner, small last ones drain them sooner), returned as a tuple. Raises
-    ValueError otherwise."""
+    (:func:`wirereduce.table.plan`; for example ``(256, 768, 1484)``: a small first chunk gets
+    chain schedules going sooner, docs/architecture.md "Chunk profiles"), returned as a tuple.
+    Raises ValueError otherwise."""
     top = 4 * EngineConfig(64, 1500).max_elements
 
     def ok(b):
@@ -109,9 +105,14 @@ def check_chunk_bytes(chunk_bytes: Iterable) -> tuple:
     return tuple(out)
 
 
+def _profile(chunk_bytes) -> tuple[int, ...] | None:
+    """A ``chunk_bytes`` entry (None, an int or a profile) as a profile: None or a tuple of sizes."""
+    return None if chunk_bytes is None else (chunk_bytes,) if isinstance(chunk_bytes, int) else tuple(chunk_bytes)
+
+
 def profile_label(chunk_bytes) -> str:
     """``"512"`` or ``"256,512,512,512,256"``: a ``chunk_bytes`` entry as the CLI spells it."""
-    return str(chunk_bytes) if isinstance(chunk_bytes, int) else ",".join(map(str, chunk_bytes))
+    return ",".join(map(str, _profile(chunk_bytes)))
 
 
 def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host_gbps: Iterable[float] = (50.0, 10.0),
@@ -182,7 +183,8 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                                     threads=threads)
                 for size, cb in ((size, cb) for size in sizes for cb in ((None,) if alg == "ring" else chunk_bytes)):
                     elements = size // 4
-                    words = None if cb is None else cb // 4 if isinstance(cb, int) else tuple(b // 4 for b in cb)
+                    prof = _profile(cb)
+                    words = None if prof is None else tuple(b // 4 for b in prof)
                     rng = np.random.default_rng([seed, size, s.nodes])
                     arrays = [rng.standard_normal(elements).astype(np.float32) for _ in range(s.nodes)]
                     t0 = time.perf_counter()
@@ -200,9 +202,8 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
                         "ports": cfg.ports, "lookahead": cfg.lookahead, "priority": cfg.priority, "slots": cfg.slots,
                         "formats": list(cfg.formats), "flows": flows, "options": dict(s.options), "bytes": size,
-                        "chunk_bytes": 4 * min(max(words if isinstance(words, tuple) else (words or cfg.max_elements,)),
-                                               cfg.max_elements),
-                        "chunk_profile": None if not isinstance(cb, tuple) else list(cb),
+                        "chunk_bytes": 4 * min(max(words or (cfg.max_elements,)), cfg.max_elements),
+                        "chunk_profile": list(cb) if isinstance(cb, tuple) else None,
                         "elements": elements, "chunks": r.chunks,
                         "host_link_gbps": host, "link_gbps": link_gbps, "clock_mhz": mhz, "cycles": r.cycles,
                         "us": us, "algbw_gbps": algbw, "lower_bound_gbps": bound, "of_bound": algbw / bound,
@@ -421,25 +422,19 @@ def _plot(path: Path, records: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))
-    def key(r):   # one curve per topology, algorithm, host link and chunk size
-        prof = r.get("chunk_profile")
+    def key(r):   # one curve per topology, algorithm, host link and chunk size (or profile)
         return (r["topology"], r["algorithm"], r["host_link_gbps"],
-                profile_label(prof) if prof else r.get("chunk_bytes"))
+                _profile(r.get("chunk_profile") or r.get("chunk_bytes")))
 
-    full = {r.get("chunk_bytes") for r in records if r["algorithm"] == "ring"}
+    full = {key(r)[3] for r in records if r["algorithm"] == "ring"}
     keys = set(map(key, records))
     several = len({k[3] for k in keys}) > 1   # chunk sizes to tell apart in the legend
-
-    def order(k):
-        c = k[3]
-        return (*k[:3], isinstance(c, str), -(c or 0) if not isinstance(c, str) else 0, str(c))
-
-    for topo, alg, host, chunk in sorted(keys, key=order):
+    for topo, alg, host, chunk in sorted(keys, key=lambda k: (*k[:3], k[3] is None, [-b for b in k[3] or ()])):
         rs = sorted((r for r in records if key(r) == (topo, alg, host, chunk)), key=lambda r: r["bytes"])
         style = "-" if host > 10 else ":"
         short = several and chunk is not None and chunk not in full
         ax.plot([r["bytes"] for r in rs], [r["algbw_gbps"] for r in rs], style, marker="o",
-                label=f"{topo} {alg}, host {host:g}G" + (f", {chunk} B chunks" if short else ""))
+                label=f"{topo} {alg}, host {host:g}G" + (f", {profile_label(chunk)} B chunks" if short else ""))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message bytes per node")
     ax.set_ylabel("algbw (Gbit/s)")
