@@ -261,20 +261,26 @@ class EngineRankDriver:
         list of ints here; awaited if it returns an awaitable), e.g. :class:`FileExchange` or
         ``lambda v: (out := [None] * n, dist.all_gather_object(out, v, group=gloo))[0]``. Its
         timeout must outlast a receive's: a rank that stalled arrives a receive timeout later.
+    chunk_words : int or sequence of int, optional
+        At most this many 32-bit payload words per chunk, or a chunk profile, one size per round of
+        chunks, the last repeated (:class:`~wirereduce.host.engine.EngineSession`; the same at every
+        rank; uncompressed allreduces only). Default: full frames. The result bits do not depend on it.
 
     Raises
     ------
     ValueError
         A rank outside the topology, a bad window or collective id, a schedule with more flows
-        than the engines hold, bad ``retries``, or ``retries`` without ``exchange``.
+        than the engines hold, bad ``retries``, ``retries`` without ``exchange``, or a
+        ``chunk_words`` size outside 1 … ``config.max_elements``.
     TypeError
         ``config`` is not an :class:`~wirereduce.config.EngineConfig`.
     """
 
     def __init__(self, transport, rank: int, schedule, config: EngineConfig, *, window=_DEFAULT,
                  barrier: Callable | None = None, first_collective: int = 1, retries: int = 0,
-                 exchange: Callable | None = None):
+                 exchange: Callable | None = None, chunk_words=None):
         from wirereduce.host.driver import RequestTags, check_retries
+        from wirereduce.host.engine import check_chunk_words
         from wirereduce.host.engine import check_window as check_engine_window
 
         if not isinstance(config, EngineConfig):
@@ -297,6 +303,9 @@ class EngineRankDriver:
             raise ValueError("retries need exchange (every rank's missing chunks, e.g. FileExchange or "
                              "torch.distributed.all_gather_object): one rank alone does not know what the others lost")
         self.exchange = exchange
+        if chunk_words is not None:
+            check_chunk_words(chunk_words, config.max_elements)
+        self.chunk_words = chunk_words
         #: Lost chunks summed again by the last allreduce (0: none were lost).
         self.retried = 0
         self.ids = CollectiveIds(first_collective)
@@ -312,7 +321,8 @@ class EngineRankDriver:
         from wirereduce.host.engine import EngineSession
 
         s = EngineSession(self.rank, self.schedule, self.config, self.ids.next, np.asarray(array), self.window,
-                          tag=self.tags.next, op=op, abort=self.unfinished, compression=compression)
+                          tag=self.tags.next, op=op, abort=self.unfinished, compression=compression,
+                          chunk_words=self.chunk_words)
         self.ids.take()
         for _ in range(1 + len(s.schedule_frames())):
             self.tags.take()

@@ -307,6 +307,23 @@ def test_sim_allreduce_needs_nodes_or_topology(work, capsys):
      ["--formats", "unknown format 'fp8'"]),
     (["--topology", "ring:4", "--algorithm", "ring", "--formats", "fp32", "--engine", "cocotb"],
      ["--formats", "--engine cocotb"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--chunk-bytes", "6"], ["--chunk-bytes", "multiples of 4"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--chunk-bytes", "2000"], ["--chunk-bytes", "1484", "MTU 1500"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--chunk-bytes", "256,0"], ["--chunk-bytes", "0 is not"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--mtu", "9000", "--chunk-bytes", "256,9000"],
+     ["--chunk-bytes", "8984", "MTU 9000"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--chunk-bytes", "256,,512"],
+     ["--chunk-bytes", "comma-separated"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--chunk-bytes", "512", "--compress", "8"],
+     ["--chunk-bytes", "--compress"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--chunk-bytes", "512", "--engine", "cocotb", "--compress",
+      "8"], ["--chunk-bytes", "--compress"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--chunk-bytes", "2000", "--engine", "cocotb"],
+     ["--chunk-bytes", "1484"]),
+    (["--topology", "ring:4", "--algorithm", "biring", "--multiring-roots", "2"],
+     ["--multiring-roots", "biring", "--algorithm multiring"]),
+    (["--topology", "ring:4", "--algorithm", "multiring", "--multiring-roots", "3"], ["--multiring-roots", "3"]),
+    (["--topology", "ring:4", "--algorithm", "multiring", "--multiring-roots", "0"], ["--multiring-roots"]),
 ])
 def test_schedule_engine_options_refused_before_building(work, capsys, extra, needles):
     nodes = 16 if "torus:4x4" in extra else 4
@@ -424,3 +441,37 @@ def test_bench_schedules_window_follows_the_flows(work, monkeypatch):
         main(["bench-schedules", "--out-dir", str(work / "r"), "--build-dir", str(work / "b"),
               "--sizes", "32K", "--host-link-gbps", "50", "--topologies", "torus:4x4/ring,multitree-balanced"])
     assert seen == [("torus:4x4", 32, 16)], seen
+
+
+def test_sim_allreduce_chunk_bytes_and_roots_reach_the_engine(work, monkeypatch):
+    """``sim allreduce --chunk-bytes`` gives the fast engine chunks of that many 32-bit words (a
+    profile as a tuple, the MTU's frame as the limit) and ``--multiring-roots R`` the multiring
+    schedule with R roots per ring and direction (2·R flows on a ring), built with room for its
+    flows; without them, full frames and every node a root."""
+    from wirereduce.sim.engines import fastengine
+
+    from wirereduce import schedule as sched
+
+    seen = []
+
+    class Fake:
+        def __init__(self, topo, cfg, *a, **k):
+            self.cfg = cfg
+
+        def allreduce(self, arrays, s, **kw):
+            seen.append((len(s.flows), kw["chunk_words"], self.cfg.mtu, self.cfg.max_flows >= len(s.flows)))
+            raise RuntimeError("stop")
+
+    monkeypatch.setattr(fastengine, "FastEngineSim", Fake)
+    inp = _npz(work / "in.npz", **_good(4))
+    every_root = len(sched.build("ring:4", "multiring").flows)
+    for extra, want in (([], (every_root, None, 1500, True)),
+                        (["--chunk-bytes", "512"], (every_root, 128, 1500, True)),
+                        (["--chunk-bytes", "256,768,1484", "--multiring-roots", "2"], (4, (64, 192, 371), 1500, True)),
+                        (["--chunk-bytes", "8984", "--mtu", "9000", "--multiring-roots", "1"], (2, 2246, 9000, True))):
+        seen.clear()
+        with pytest.raises(RuntimeError, match="stop"):
+            main(["sim", "allreduce", "--topology", "ring:4", "--algorithm", "multiring", "--input", str(inp),
+                  "--output", str(work / "out.npz"), "--build-dir", str(work / "b"), *extra])
+        assert seen == [want], (extra, seen)
+    assert every_root == 8

@@ -167,7 +167,7 @@ def _report_late(late, final_stats) -> None:
           f"frames lost to receive FIFO overflow {lost}")
 
 
-def _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt=None):
+def _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt=None, chunk_words=None):
     """``sim allreduce --topology … --engine cocotb``: the engines on the cocotb engine (Verilator),
     every rank an EngineRankDriver, built as ``sim serve --topology`` builds them (one build for
     every schedule of the topology); ``--corrupt``/``--corrupt-header`` and ``--retries`` as on the
@@ -200,7 +200,7 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt=None):
     try:
         r = run_engine_allreduce(setup, arrays, s, op=op, build_root=args.build_dir, waves=args.waves,
                                  timeout_cycles=_timeout_arg(args), compression=k, retries=_retries_arg(args),
-                                 corrupt=corrupt)
+                                 corrupt=corrupt, chunk_words=chunk_words)
     except ValueError as e:
         raise CliError(str(e)) from e
     except SimulationError as e:
@@ -209,11 +209,12 @@ def _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt=None):
         raise CliError(f"the allreduce lost chunks: {e}\n{_engine_loss_hint(args)}") from e
     from wirereduce.host.engine import EngineSession
 
-    chunks = len(EngineSession(0, s, cfg, 1, np.asarray(arrays[0]), cfg.slots, op=op, compression=k).chunks)
+    chunks = len(EngineSession(0, s, cfg, 1, np.asarray(arrays[0]), cfg.slots, op=op, compression=k,
+                               chunk_words=chunk_words).chunks)
     esize = np.asarray(arrays[0]).dtype.itemsize
     rec = {"cycles": r["cycles"], "bytes": r["elements"] * esize, "elements": r["elements"], "chunks": chunks,
            "wall_s": r["wall_s"], "sim_cycles": r["cycles"], "op": op, "engine": "cocotb", "compression": k,
-           "simulator": setup.simulator, "retried": r.get("retried", 0)}
+           "simulator": setup.simulator, "retried": r.get("retried", 0), "chunk_words": chunk_words}
     return r["results"], rec, s, cfg, mhz, time.perf_counter() - t0
 
 
@@ -253,15 +254,11 @@ def simulate_schedule(arrays, args, progress=True):
     returns (results, record, schedule, clock MHz, wall seconds)."""
     import time
 
-    from wirereduce import schedule as sched
     from wirereduce.config import EngineConfig, flows_room
     from wirereduce.formats import format_of
     from wirereduce.sim.engines.fastengine import FastEngineSim
 
-    try:
-        s = sched.build(args.topology, args.algorithm)
-    except ValueError as e:
-        raise CliError(str(e)) from e
+    s = _build_schedule(args)
     ports = args.ports if args.ports is not None else s.topology.degree
     k = getattr(args, "compress", None)
     try:
@@ -274,6 +271,7 @@ def simulate_schedule(arrays, args, progress=True):
                        f"add {name} to --formats (or drop the option: every format)")
     if len(arrays) != s.nodes:
         raise CliError(f"{args.topology} has {s.nodes} nodes; the input has {len(arrays)} arrays")
+    chunk_words = _sim_chunk_words(args, cfg)
     corrupt = _schedule_corrupt_arg(args, s, cfg)
     if getattr(args, "late", None) is not None:
         from wirereduce.sim.engines.fastsim import check_late
@@ -289,7 +287,7 @@ def simulate_schedule(arrays, args, progress=True):
     except ValueError as e:
         raise CliError(str(e)) from e
     if args.engine == "cocotb" and getattr(args, "engine_given", False):
-        return _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt)
+        return _simulate_schedule_cocotb(arrays, args, s, mhz, corrupt, chunk_words)
     t0 = time.perf_counter()
     try:
         sim = FastEngineSim(s.topology, cfg, args.link_latency, link_rate=link_rate, host_rate=host_rate,
@@ -305,7 +303,7 @@ def simulate_schedule(arrays, args, progress=True):
         late = tuple(late) if late is not None else None
         r = sim.allreduce(arrays, s, progress=progress, timeout_cycles=_timeout_arg(args),
                           op=getattr(args, "op", "sum"), compression=k, corrupt=corrupt, pcap=pcap, late=late,
-                          final_stats=late is not None, retries=_retries_arg(args))
+                          final_stats=late is not None, retries=_retries_arg(args), chunk_words=chunk_words)
         if pcap is not None:
             v, q = s.topology.links[0][0]
             print(f"wrote {pcap} (Ethernet frames node 0 sent out of its port 0 to node {v}'s port {q})")
@@ -316,8 +314,69 @@ def simulate_schedule(arrays, args, progress=True):
     except EngineStalled as e:
         raise CliError(f"the allreduce stalled: {e}\n{_engine_loss_hint(args)}") from e
     rec = {"cycles": r.cycles, "bytes": r.bytes, "elements": r.elements, "chunks": r.chunks, "wall_s": r.wall_s,
-           "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum"), "compression": k, "retried": r.retried}
+           "sim_cycles": r.sim_cycles, "op": getattr(args, "op", "sum"), "compression": k, "retried": r.retried,
+           "chunk_words": chunk_words}
     return r.results, rec, s, cfg, mhz, time.perf_counter() - t0
+
+
+def _build_schedule(args):
+    """The schedule of ``--topology``/``--algorithm`` (``--multiring-roots R``: ``roots=R`` for
+    multiring); CliError on a bad one."""
+    from wirereduce import schedule as sched
+
+    roots = getattr(args, "multiring_roots", None)
+    if roots is not None and args.algorithm != "multiring":
+        raise CliError(f"--multiring-roots sets the multiring schedule's roots; the algorithm is "
+                       f"{args.algorithm}: add --algorithm multiring or drop --multiring-roots")
+    try:
+        topo = sched.parse_topology(args.topology)
+        if roots is None:
+            return sched.build(topo, args.algorithm)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    try:
+        return sched.build(topo, args.algorithm, roots=roots)
+    except ValueError as e:
+        raise CliError(f"--multiring-roots: {e}") from e
+
+
+def _check_chunk_bytes_text(args) -> None:
+    """``--chunk-bytes`` parses, and is not combined with ``--compress`` (CliError otherwise); the
+    sizes are checked against the MTU by :func:`_sim_chunk_words`."""
+    if getattr(args, "chunk_bytes", None) is None:
+        return
+    if getattr(args, "compress", None) is not None:
+        raise CliError("--chunk-bytes is for uncompressed collectives (compressed chunks are sized to the "
+                       "compressed bound): drop --chunk-bytes or --compress")
+    _chunk_bytes_arg(args.chunk_bytes)
+
+
+def _sim_chunk_words(args, cfg):
+    """``--chunk-bytes B`` or ``B,B,...`` of ``sim allreduce`` as the fast engine's ``chunk_words``
+    (32-bit payload words: an int, or a chunk profile, a tuple, one size per round of chunks,
+    :func:`wirereduce.table.plan`), or None (full frames). Each size is a multiple of 4 bytes from 4
+    to a full frame's payload at the engines' MTU (4 · ``cfg.max_elements`` bytes: 1,484 at MTU
+    1500, 8,984 at 9000). CliError otherwise, before anything is built."""
+    text = getattr(args, "chunk_bytes", None)
+    if text is None:
+        return None
+    sizes = _chunk_bytes_arg(text)
+    prof = (sizes,) if isinstance(sizes, int) else sizes
+    top = 4 * cfg.max_elements
+    bad = [b for b in prof if not 4 <= b <= top or b % 4]
+    if bad:
+        raise CliError(f"--chunk-bytes: {bad[0]} is not a chunk size: give multiples of 4 bytes from 4 to {top} "
+                       f"(a full frame's payload at MTU {cfg.mtu}), e.g. 512 or 256,768,1484")
+    words = tuple(b // 4 for b in prof)
+    return words[0] if len(words) == 1 else words
+
+
+def _chunk_label(chunk_words) -> str:
+    """`` chunk_bytes=256,768,1484`` for a run with ``--chunk-bytes``, else ``""``."""
+    if chunk_words is None:
+        return ""
+    prof = (chunk_words,) if isinstance(chunk_words, int) else chunk_words
+    return " chunk_bytes=" + ",".join(str(4 * w) for w in prof)
 
 
 def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
@@ -333,7 +392,7 @@ def report_schedule(rec, s, cfg, mhz, wall, arrays, results) -> dict:
     print(f"topology={s.topology.name} algorithm={s.algorithm} dtype={arrays[0].dtype} op={op}{codec} "
           f"flows={len(s.flows)} nodes={s.nodes} "
           f"ports={cfg.ports} elements={rec['elements']} bytes={rec['bytes']} chunks={rec['chunks']} "
-          f"width={cfg.width} mtu={cfg.mtu}")
+          f"width={cfg.width} mtu={cfg.mtu}{_chunk_label(rec.get('chunk_words'))}")
     _report_retried(rec)
     print(f"simulated cycles={rec['cycles']} time={us:.3f} us at {mhz:g} MHz algbw={algbw:.3f} Gbit/s")
     print(f"simulation speed={rec['sim_cycles'] / max(rec['wall_s'], 1e-9):,.0f} simulated cycles per "
@@ -410,6 +469,9 @@ def _check_schedule_args(args) -> None:
     if links == "cmac" and cocotb:
         raise CliError("--links cmac runs on the fast engine (Verilator with a C++ frame player and the CMAC's "
                        "AXI4-Stream model): drop --engine cocotb")
+    _check_chunk_bytes_text(args)
+    if getattr(args, "multiring_roots", None) is not None:
+        _build_schedule(args)   # a bad R raises here, before any build
 
 
 def cmd_sim_allreduce(args) -> int:
@@ -922,11 +984,10 @@ def cmd_rank_allreduce(args) -> int:
     if args.algorithm is None:
         raise CliError(f"--topology needs --algorithm ({', '.join(sched.ALGORITHMS)}): the schedule every "
                        f"rank runs")
-    try:
-        schedule = sched.build(topo.name, args.algorithm)
-    except ValueError as e:
-        raise CliError(str(e)) from e
+    _check_chunk_bytes_text(args)
+    schedule = _build_schedule(args)
     config = _serve_engine_config(args, topo, codec=k is not None)
+    chunk_words = _sim_chunk_words(args, config)
     nodes = topo.nodes
     if not 2 <= nodes <= 255 or not 0 <= args.rank < nodes:
         raise CliError(f"--rank must be 0 … N − 1 with 2 ≤ N ≤ 255, not rank {args.rank} of {nodes}")
@@ -937,7 +998,8 @@ def cmd_rank_allreduce(args) -> int:
     from wirereduce.host.engine import EngineSession
 
     try:   # the dtype against the engines' formats, the schedule's flows: before anything is opened
-        EngineSession(args.rank, schedule, config, 1, array, config.slots, op=args.op, compression=k)
+        EngineSession(args.rank, schedule, config, 1, array, config.slots, op=args.op, compression=k,
+                      chunk_words=chunk_words)
     except ValueError as e:
         raise CliError(str(e)) from e
     try:
@@ -956,7 +1018,8 @@ def cmd_rank_allreduce(args) -> int:
         exchange = (FileExchange(Path(args.barrier) / f"exchange-{args.collective}", args.rank, nodes,
                                  timeout=args.timeout * 5) if retries else None)
         driver = EngineRankDriver(transport, args.rank, schedule, config, barrier=barrier,
-                                  first_collective=args.collective, retries=retries, exchange=exchange)
+                                  first_collective=args.collective, retries=retries, exchange=exchange,
+                                  chunk_words=chunk_words)
         run = lambda: driver.allreduce(array, k, op=args.op)  # noqa: E731
     except ValueError as e:
         transport.close()
@@ -1087,6 +1150,19 @@ def _chunk_bytes_arg(text: str):
     return sizes[0] if len(sizes) == 1 else sizes
 
 
+def _add_chunk_args(p, same: str = "") -> None:
+    """``--chunk-bytes`` and ``--multiring-roots`` of ``sim allreduce`` and ``rank allreduce``."""
+    p.add_argument("--chunk-bytes", default=None, metavar="B[,B...]",
+                   help="chunks of at most B payload bytes (a multiple of 4 up to a frame's payload: 1484 at MTU "
+                        "1500, 8984 at 9000), or B,B,... a chunk profile, one size per round of chunks, the last "
+                        "repeated (256,768,1484 took multiring on the 4x4 torus at 32 KiB from 0.590 to 0.527 of "
+                        "the ring's time; docs/architecture.md 'Chunk profiles'); uncompressed only; default: "
+                        f"full frames. The result bits do not depend on it{same}")
+    p.add_argument("--multiring-roots", type=int, default=None, metavar="R",
+                   help="--algorithm multiring: R roots per Hamiltonian ring and direction (a divisor of the "
+                        f"nodes; default: every node){same}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from wirereduce.schedule import ALGORITHMS as sched_algorithms
 
@@ -1178,6 +1254,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "others (10 ms at 10G: 1562500); with --links eth the ports' IEEE 802.3x PAUSE "
                         "frames hold the ring (needs --engine fast; with --topology the engines wait for "
                         "the late host's chunks, and its port's PAUSE frames hold the others with --links eth)")
+    _add_chunk_args(p)
     _add_sim_args(p)
     p.set_defaults(func=cmd_sim_allreduce)
 
@@ -1243,6 +1320,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --topology and --barrier: when results stop coming, the ranks agree on the lost "
                         "chunks through files in the --barrier directory and sum them again, each in its own flow "
                         "(bit-exact), up to N times; the same N at every rank (default 0: report the loss)")
+    _add_chunk_args(p, same=" (the same at every rank)")
     _add_node_args(p)
     p.set_defaults(func=cmd_rank_allreduce)
 

@@ -56,7 +56,7 @@ async def engine_allreduce(dut):
     """Run the allreduce of ``$WIREREDUCE_ENGINE_JOB`` and write the results and the record."""
     spec = json.loads(open(os.environ["WIREREDUCE_ENGINE_JOB"]).read())
     config = EngineConfig(**{**spec["config"], "formats": tuple(spec["config"]["formats"])})
-    schedule = sched.build(spec["topology"], spec["algorithm"])
+    schedule = sched.build(spec["topology"], spec["algorithm"], **spec.get("options", {}))
     nodes = schedule.nodes
     period_ps = round(1e6 / spec["clock_mhz"])
     inputs = np.load(spec["inputs"])
@@ -78,6 +78,7 @@ async def engine_allreduce(dut):
     exchange = _Exchange(nodes)
     drivers = [EngineRankDriver(transport, k, schedule, config, window=spec["window"], barrier=barrier,
                                 first_collective=spec["collective"], retries=retries,
+                                chunk_words=spec.get("chunk_words"),
                                 exchange=exchange.for_rank(k) if retries else None) for k in range(nodes)]
     wall = time.perf_counter()
     k = spec.get("compression")

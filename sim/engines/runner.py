@@ -317,7 +317,7 @@ def _build_locked(setup: EngineSetup, build_dir: Path, text: str, digest: str, o
 def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum", window: int | None = None,
                          collective: int = 1, build_root: str | Path = "build/sim", waves: bool = False,
                          timeout_cycles: int | None = None, compression: int | None = None, retries: int = 0,
-                         corrupt: tuple | None = None) -> dict:
+                         corrupt: tuple | None = None, chunk_words=None) -> dict:
     """One allreduce on a :class:`EngineSetup` network on the cocotb engine (Verilator or Icarus),
     every rank an :class:`~wirereduce.host.rank.EngineRankDriver`
     (:mod:`wirereduce.sim.engines.cocotb_engine_allreduce`): the other simulator of the schedule
@@ -347,6 +347,9 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
         One bit error on one cable, as the fast engine's
         (:meth:`FastEngineSim.allreduce <wirereduce.sim.engines.fastengine.FastEngineSim.allreduce>`):
         ``(node, port, block)`` or ``(node, port, frame, "header")``; needs ``setup.links`` "eth" or "cmac".
+    chunk_words : int or sequence of int, optional
+        Chunks of at most this many 32-bit words, or a chunk profile, one size per round of chunks
+        (:class:`~wirereduce.host.rank.EngineRankDriver` ``chunk_words``). Default: full frames.
 
     Returns
     -------
@@ -376,9 +379,14 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
         raise ValueError(f"the schedule is for {schedule.topology.name}, the network is {setup.topology}")
     from wirereduce import schedule as sched
 
-    if sched.build(schedule.topology.name, schedule.algorithm).flows != schedule.flows:
+    options = dict(schedule.options)
+    if sched.build(schedule.topology.name, schedule.algorithm, **options).flows != schedule.flows:
         raise ValueError(f"the cocotb engine rebuilds the schedule as build({schedule.topology.name!r}, "
-                         f"{schedule.algorithm!r}); this one was built with other options")
+                         f"{schedule.algorithm!r}, **{options!r}); this one differs (built by hand?)")
+    try:
+        json.dumps(options)
+    except TypeError:
+        raise ValueError(f"the schedule's options {options!r} do not go into the simulation's job file") from None
     fmt, arrays = check_typed_inputs(arrays, setup.nodes)
     window = setup.config.slots if window is None else check_engine_window(window, setup.config)
     check_timeout(timeout_cycles)
@@ -389,7 +397,8 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
 
         flip = list(check_engine_corrupt(corrupt, parse_topology(setup.topology), setup.config.ports, setup.links))
     for k, a in enumerate(arrays):   # dtype against the engines' formats, flows, op: before the build
-        EngineSession(k, schedule, setup.config, collective, a, window, op=op, compression=compression)
+        EngineSession(k, schedule, setup.config, collective, a, window, op=op, compression=compression,
+                      chunk_words=chunk_words)
     bf16 = fmt.name == "bf16"
     build_root = Path(build_root).resolve()
     runner, build_dir = _build(setup, build_root, waves)
@@ -408,7 +417,8 @@ def run_engine_allreduce(setup: EngineSetup, arrays, schedule, *, op: str = "sum
         "collective": collective, "clock_mhz": setup.clock, "inputs": str(in_npz), "outputs": str(out_npz),
         "record": str(rec), "bf16": bf16, "compression": compression, "top_inputs": list(setup.top_inputs),
         "timeout_cycles": 200_000 if timeout_cycles is None else timeout_cycles,
-        "retries": retries, "flip": flip,
+        "retries": retries, "flip": flip, "options": options,
+        "chunk_words": list(chunk_words) if isinstance(chunk_words, (tuple, list)) else chunk_words,
     }))
     env = {"WIREREDUCE_ENGINE_JOB": str(spec_file), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
            "COCOTB_LOG_LEVEL": "WARNING"}
