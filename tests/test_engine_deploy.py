@@ -48,6 +48,12 @@ def test_engine_rank_driver_refuses_bad_arguments():
         EngineRankDriver(None, 0, s, CONFIG, window=CONFIG.slots + 1)
     with pytest.raises(ValueError, match="flows"):
         EngineRankDriver(None, 0, sched.build("ring:8", "biring"), EngineConfig(ports=2, max_flows=8))
+    for bad in (0, CONFIG.max_elements + 1, (), (64, 0), "64", 64.0):
+        with pytest.raises(ValueError, match="chunk_words"):
+            EngineRankDriver(None, 0, s, CONFIG, chunk_words=bad)
+    with pytest.raises(ValueError, match="chunk_words is for uncompressed"):
+        EngineRankDriver(None, 0, s, CODEC_CONFIG, chunk_words=(64, 371)).allreduce(np.ones(8, np.float32),
+                                                                                   compression=8)
     d = EngineRankDriver(None, 0, s, CONFIG)
     with pytest.raises(ValueError, match="no codec"):
         d.allreduce(np.ones(8, np.float32), compression=8)
