@@ -229,36 +229,6 @@ def test_engine_one_process_per_rank_cli(server):
 
 
 @pytest.mark.cocotb
-def test_chunk_profile_and_multiring_roots_per_rank_and_on_the_cocotb_engine(server, tmp_path, capsys):
-    """`--chunk-bytes 256,768,1484 --multiring-roots 2` (the 4x4 torus's fastest 32 KiB set-up) reach
-    the served engines both ways: `rank allreduce`, one process per rank (EngineRankDriver
-    ``chunk_words``), and `sim allreduce --engine cocotb` (the job file carries the schedule's options
-    and the profile). 1,501 fp32 elements in 4 flows: chunks of 64, 192 and 119 words. Every rank's
-    result is the golden multiring allreduce with 2 roots bit for bit, which differs from the
-    every-node-a-root schedule's bits, so a lost option would show."""
-    rng = np.random.default_rng(17)
-    arrays = [(rng.standard_normal(1501) * 10.0 ** rng.integers(-3, 3, 1501)).astype(np.float32)
-              for _ in range(NODES)]
-    s2 = sched.build(TOPOLOGY, "multiring", roots=2)
-    want = golden_allreduce(arrays, s2, "sum")
-    other = golden_allreduce(arrays, sched.build(TOPOLOGY, "multiring"), "sum")
-    assert len(s2.flows) == 4 and mismatches(want[0], other[0]).size > 0, "the test could not tell the schedules apart"
-    opts = ("--multiring-roots", "2", "--chunk-bytes", "256,768,1484")
-    outs = _rank_processes(server, arrays, "multiring", "prof", 100, *opts)
-    for k in range(NODES):
-        assert mismatches(np.load(outs[k]), want[k]).size == 0, f"rank {k} differs from the golden allreduce"
-    np.savez(tmp_path / "in.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
-    assert main(["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "multiring", *opts, "--engine", "cocotb",
-                 "--codec", "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"), "--check",
-                 "--build-dir", str(ROOT / "build" / "sim")]) == 0
-    out = capsys.readouterr().out
-    assert "flows=4" in out and "chunks=12" in out and "chunk_bytes=256,768,1484" in out, out
-    got = np.load(tmp_path / "out.npz")
-    for k in range(NODES):
-        assert mismatches(got[f"node{k}"], want[k]).size == 0, f"node {k} differs on the cocotb engine"
-
-
-@pytest.mark.cocotb
 def test_train_bf16_gradients_through_served_engines(server):
     """`wirereduce train --topology ring:4 --algorithm biring --wire-dtype bf16 --backend sim --check
     --unix DIR` (the fixture's `sim serve --topology`): four DDP processes, each bucket's fp32
@@ -594,3 +564,34 @@ def test_sim_allreduce_compressed_on_the_cocotb_engine(server, tmp_path, capsys)
     want = golden_allreduce(arrays, sched.build(TOPOLOGY, "biring"), "sum", compression=8)
     for k in range(NODES):
         assert mismatches(got[f"node{k}"], want[k]).size == 0
+
+
+@pytest.mark.cocotb
+def test_chunk_profile_and_multiring_roots_per_rank_and_on_the_cocotb_engine(server, tmp_path, capsys):
+    """`--chunk-bytes 256,768,1484 --multiring-roots 2` (the 4x4 torus's fastest 32 KiB set-up) reach
+    the served engines both ways: `rank allreduce`, one process per rank (EngineRankDriver
+    ``chunk_words``), and `sim allreduce --engine cocotb` (the job file carries the schedule's options
+    and the profile). 1,501 fp32 elements in 4 flows: chunks of 64, 192 and 119 words. Every rank's
+    result is the golden multiring allreduce with 2 roots bit for bit, which differs from the
+    every-node-a-root schedule's bits, so a lost option would show. Last in the module: its collective
+    id (100) is above every other test's."""
+    rng = np.random.default_rng(17)
+    arrays = [(rng.standard_normal(1501) * 10.0 ** rng.integers(-3, 3, 1501)).astype(np.float32)
+              for _ in range(NODES)]
+    s2 = sched.build(TOPOLOGY, "multiring", roots=2)
+    want = golden_allreduce(arrays, s2, "sum")
+    other = golden_allreduce(arrays, sched.build(TOPOLOGY, "multiring"), "sum")
+    assert len(s2.flows) == 4 and mismatches(want[0], other[0]).size > 0, "the test could not tell the schedules apart"
+    opts = ("--multiring-roots", "2", "--chunk-bytes", "256,768,1484")
+    outs = _rank_processes(server, arrays, "multiring", "prof", 100, *opts)
+    for k in range(NODES):
+        assert mismatches(np.load(outs[k]), want[k]).size == 0, f"rank {k} differs from the golden allreduce"
+    np.savez(tmp_path / "in.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
+    assert main(["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "multiring", *opts, "--engine", "cocotb",
+                 "--codec", "--input", str(tmp_path / "in.npz"), "--output", str(tmp_path / "out.npz"), "--check",
+                 "--build-dir", str(ROOT / "build" / "sim")]) == 0
+    out = capsys.readouterr().out
+    assert "flows=4" in out and "chunks=12" in out and "chunk_bytes=256,768,1484" in out, out
+    got = np.load(tmp_path / "out.npz")
+    for k in range(NODES):
+        assert mismatches(got[f"node{k}"], want[k]).size == 0, f"node {k} differs on the cocotb engine"
