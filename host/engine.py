@@ -43,8 +43,8 @@ from wirereduce.protocol import HEADER_BYTES, Flag, Header, Opcode, frame
 from wirereduce.schedule import Schedule
 from wirereduce.table import ENTRY_BYTES, Chunk, plan, table_frames_payloads
 
-__all__ = ["EngineSession", "EnginePush", "check_window", "check_chunk_words", "RetryPlan", "plan_retry",
-           "EngineAllreduce"]
+__all__ = ["EngineSession", "EnginePush", "check_window", "check_chunk_words", "chunk_words_of_bytes", "RetryPlan",
+           "plan_retry", "EngineAllreduce"]
 
 
 def check_window(window: int, config: EngineConfig) -> int:
@@ -71,6 +71,29 @@ def check_chunk_words(chunk_words, top: int) -> tuple[int, ...]:
         raise ValueError(f"chunk_words must be an int from 1 to {top} (what a frame holds), or a non-empty "
                          f"sequence of such sizes (a chunk profile), not {chunk_words!r}")
     return sizes
+
+
+def chunk_words_of_bytes(chunk_bytes, mtu: int) -> int | tuple[int, ...]:
+    """Chunk sizes in payload bytes (an int, or a chunk profile: a non-empty sequence of ints, one
+    per round of chunks) as :class:`EngineSession`'s ``chunk_words`` (32-bit words; an int stays an
+    int). Every size is a multiple of 4 bytes from 4 to a full frame's payload at ``mtu`` (4 ·
+    :func:`wirereduce.protocol.max_elements`: 1,484 bytes at MTU 1500, 8,984 at 9000).
+
+    Raises ValueError otherwise, naming the first bad size and the range.
+    """
+    from wirereduce.protocol import max_elements
+
+    single = isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool)
+    sizes = (chunk_bytes,) if single else tuple(chunk_bytes) if isinstance(chunk_bytes, (tuple, list)) else None
+    top = 4 * max_elements(mtu)
+    if not sizes:
+        raise ValueError(f"chunk sizes must be an int or a non-empty list of ints (bytes), not {chunk_bytes!r}")
+    bad = [b for b in sizes if not isinstance(b, int) or isinstance(b, bool) or not 4 <= b <= top or b % 4]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a chunk size: give multiples of 4 bytes from 4 to {top} (a full "
+                         f"frame's payload at MTU {mtu})")
+    words = tuple(b // 4 for b in sizes)
+    return words[0] if single else words
 
 
 @dataclass(frozen=True)

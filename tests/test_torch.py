@@ -16,7 +16,7 @@ pytest.importorskip("sklearn", reason="scikit-learn (the digits data set) is not
 import wirereduce.torch as wrt  # noqa: E402
 from wirereduce import cli  # noqa: E402
 from wirereduce.codec import decode, encode  # noqa: E402
-from wirereduce.config import NodeConfig  # noqa: E402
+from wirereduce.config import EngineConfig, NodeConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -293,6 +293,39 @@ def test_backend_from_env_errors():
     with pytest.raises(ValueError, match="≥ 0"):
         wrt.backend_from_env({**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "biring",
                               "WIREREDUCE_RETRIES": "-2"})
+    multiring = {**engine, "WIREREDUCE_TOPOLOGY": "ring:4", "WIREREDUCE_ALGORITHM": "multiring"}
+    for extra, message in (({"WIREREDUCE_ALGORITHM": "biring", "WIREREDUCE_MULTIRING_ROOTS": "2"}, "=multiring"),
+                           ({"WIREREDUCE_MULTIRING_ROOTS": "3"}, "divisor"),
+                           ({"WIREREDUCE_MULTIRING_ROOTS": "two"}, "integer"),
+                           ({"WIREREDUCE_CHUNK_BYTES": "2000"}, "WIREREDUCE_CHUNK_BYTES: 2000 is not a chunk size"),
+                           ({"WIREREDUCE_CHUNK_BYTES": "256,510"}, "multiples of 4"),
+                           ({"WIREREDUCE_CHUNK_BYTES": "256,,768"}, "comma-separated")):
+        with pytest.raises(ValueError, match=message):
+            wrt.backend_from_env({**multiring, **extra})
+
+
+def test_backend_from_env_chunk_profile_and_roots(monkeypatch):
+    """WIREREDUCE_MULTIRING_ROOTS and WIREREDUCE_CHUNK_BYTES reach the rank's EngineRankDriver: the
+    multiring schedule with 2 roots (4 flows on ring:4) and the profile in 32-bit words, checked
+    against the served engines' MTU (a jumbo chunk is refused at MTU 1500)."""
+    from wirereduce.host.transports import packet
+
+    class Dummy:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(packet.PacketTransport, "unix", classmethod(lambda cls, *a, **k: Dummy()))
+    env = {"WIREREDUCE_UNIX": "/nonexistent", "WIREREDUCE_RANK": "1", "WIREREDUCE_TOPOLOGY": "ring:4",
+           "WIREREDUCE_ALGORITHM": "multiring"}
+    d = wrt.backend_from_env(env).driver
+    assert len(d.schedule.flows) == 8 and d.chunk_words is None
+    profile = {"WIREREDUCE_MULTIRING_ROOTS": "2", "WIREREDUCE_CHUNK_BYTES": "256,768,1484"}
+    d = wrt.backend_from_env({**env, **profile}).driver
+    assert len(d.schedule.flows) == 4 and d.chunk_words == (64, 192, 371) and d.rank == 1
+    assert wrt.backend_from_env({**env, "WIREREDUCE_CHUNK_BYTES": "512"}).driver.chunk_words == 128
+    with pytest.raises(ValueError, match="8984"):
+        wrt.backend_from_env({**env, "WIREREDUCE_CHUNK_BYTES": "9000"},
+                             config=EngineConfig(ports=2, mtu=9000))
 
 
 # --------------------------------------------------------------------------------------------------

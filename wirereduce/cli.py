@@ -360,15 +360,12 @@ def _sim_chunk_words(args, cfg):
     text = getattr(args, "chunk_bytes", None)
     if text is None:
         return None
-    sizes = _chunk_bytes_arg(text)
-    prof = (sizes,) if isinstance(sizes, int) else sizes
-    top = 4 * cfg.max_elements
-    bad = [b for b in prof if not 4 <= b <= top or b % 4]
-    if bad:
-        raise CliError(f"--chunk-bytes: {bad[0]} is not a chunk size: give multiples of 4 bytes from 4 to {top} "
-                       f"(a full frame's payload at MTU {cfg.mtu}), e.g. 512 or 256,768,1484")
-    words = tuple(b // 4 for b in prof)
-    return words[0] if len(words) == 1 else words
+    from wirereduce.host.engine import chunk_words_of_bytes
+
+    try:
+        return chunk_words_of_bytes(_chunk_bytes_arg(text), cfg.mtu)
+    except ValueError as e:
+        raise CliError(f"--chunk-bytes: {e}, e.g. 512 or 256,768,1484") from e
 
 
 def _chunk_label(chunk_words) -> str:

@@ -77,6 +77,8 @@ ENV_TIMEOUT = "WIREREDUCE_TIMEOUT"
 ENV_TOPOLOGY = "WIREREDUCE_TOPOLOGY"
 ENV_ALGORITHM = "WIREREDUCE_ALGORITHM"
 ENV_RETRIES = "WIREREDUCE_RETRIES"
+ENV_CHUNK_BYTES = "WIREREDUCE_CHUNK_BYTES"
+ENV_MULTIRING_ROOTS = "WIREREDUCE_MULTIRING_ROOTS"
 
 #: Number formats the hook carries (torch dtype names), and their wirereduce format names.
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -638,7 +640,12 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     (torch.distributed initialised; default 0): a bucket whose results stop coming has its lost chunks summed again,
     up to N times, the ranks agreeing on them with ``all_gather_object`` on a gloo group
     (``EngineRankDriver(retries=N)``; bit-exact); set ``WIREREDUCE_TIMEOUT`` low enough that a
-    stall is noticed in time, and the same N at every rank.
+    stall is noticed in time, and the same N at every rank. ``WIREREDUCE_MULTIRING_ROOTS`` = R (with
+    ``WIREREDUCE_ALGORITHM=multiring``): R roots per Hamiltonian ring and direction;
+    ``WIREREDUCE_CHUNK_BYTES`` = ``B`` or ``B,B,...``: chunks of at most B payload bytes, or a chunk
+    profile, one size per round of chunks (``EngineRankDriver(chunk_words=…)``; uncompressed buckets
+    only: a compressed allreduce then raises ValueError before sending). Both the same at every rank,
+    as ``rank allreduce --multiring-roots/--chunk-bytes`` (docs/architecture.md "Chunk profiles").
 
     Parameters
     ----------
@@ -693,8 +700,14 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     from wirereduce.config import EngineConfig
 
     schedule = None
-    if topology is not None:
-        schedule = sched.build(topology, algorithm)   # ValueError on a bad name
+    roots = env.get(ENV_MULTIRING_ROOTS)
+    if roots is not None:
+        if algorithm != "multiring":
+            raise ValueError(f"{ENV_MULTIRING_ROOTS} sets the multiring schedule's roots: it needs "
+                             f"{ENV_ALGORITHM}=multiring, not {algorithm!r}")
+        roots = number(ENV_MULTIRING_ROOTS, None)
+    if topology is not None:   # ValueError on a bad name or roots
+        schedule = sched.build(topology, algorithm, **({} if roots is None else {"roots": roots}))
     rank = number(ENV_RANK, dist.get_rank() if dist else None)
     default_nodes = schedule.nodes if schedule is not None else (dist.get_world_size() if dist else None)
     nodes = number(ENV_NODES, default_nodes)
@@ -714,6 +727,19 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         timeout = float(env.get(ENV_TIMEOUT, "2"))
     except ValueError:
         raise ValueError(f"{ENV_TIMEOUT} must be seconds, not {env.get(ENV_TIMEOUT)!r}") from None
+    chunk_words = None
+    if (text := env.get(ENV_CHUNK_BYTES)) is not None:
+        from wirereduce.host.engine import chunk_words_of_bytes
+
+        try:
+            sizes = [int(b) for b in text.split(",")]
+        except ValueError:
+            raise ValueError(f"{ENV_CHUNK_BYTES} must be bytes or a comma-separated list of them (e.g. 512 or "
+                             f"256,768,1484), not {text!r}") from None
+        try:
+            chunk_words = chunk_words_of_bytes(sizes[0] if len(sizes) == 1 else sizes, config.mtu)
+        except ValueError as e:
+            raise ValueError(f"{ENV_CHUNK_BYTES}: {e}") from None
     retries = number(ENV_RETRIES, 0)
     if retries < 0:
         raise ValueError(f"{ENV_RETRIES} must be ≥ 0, not {retries}")
@@ -738,7 +764,7 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
                                     mtu=config.mtu, timeout=timeout)
     try:
         driver = EngineRankDriver(transport, rank, schedule, config, barrier=barrier, retries=retries,
-                                  exchange=exchange if retries else None)
+                                  exchange=exchange if retries else None, chunk_words=chunk_words)
     except ValueError:
         transport.close()
         raise
