@@ -44,7 +44,7 @@ from wirereduce.schedule import Schedule
 from wirereduce.table import ENTRY_BYTES, Chunk, plan, table_frames_payloads
 
 __all__ = ["EngineSession", "EnginePush", "check_window", "check_chunk_words", "chunk_words_of_bytes", "RetryPlan",
-           "plan_retry", "EngineAllreduce"]
+           "plan_retry", "EngineAllreduce", "parse_chunk_bytes"]
 
 
 def check_window(window: int, config: EngineConfig) -> int:
@@ -71,6 +71,18 @@ def check_chunk_words(chunk_words, top: int) -> tuple[int, ...]:
         raise ValueError(f"chunk_words must be an int from 1 to {top} (what a frame holds), or a non-empty "
                          f"sequence of such sizes (a chunk profile), not {chunk_words!r}")
     return sizes
+
+
+def parse_chunk_bytes(text: str) -> int | tuple[int, ...]:
+    """``"512"`` → 512, ``"256,768,1484"`` → (256, 768, 1484): chunk sizes in bytes as
+    ``--chunk-bytes`` and ``WIREREDUCE_CHUNK_BYTES`` spell them (checked by
+    :func:`chunk_words_of_bytes`). Raises ValueError on text that is not such a list."""
+    try:
+        sizes = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size in bytes or a comma-separated list of them (e.g. 512 or "
+                         f"256,768,1484)") from None
+    return sizes[0] if len(sizes) == 1 else sizes
 
 
 def chunk_words_of_bytes(chunk_bytes, mtu: int) -> int | tuple[int, ...]:

@@ -1135,16 +1135,16 @@ def _add_sim_args(p):
 
 
 def _chunk_bytes_arg(text: str):
-    """``--chunk-bytes`` value: ``B`` (an int) or ``B,B,...`` (a chunk profile, a tuple); the sizes
-    are checked by :func:`wirereduce.sim.bench.schedules.check_chunk_bytes`.
+    """``--chunk-bytes`` value: ``B`` (an int) or ``B,B,...`` (a chunk profile, a tuple;
+    :func:`wirereduce.host.engine.parse_chunk_bytes`); the sizes are checked by the caller.
 
     Raises CliError on text that is not such a list."""
+    from wirereduce.host.engine import parse_chunk_bytes
+
     try:
-        sizes = tuple(int(t) for t in text.split(","))
-    except ValueError:
-        raise CliError(f"--chunk-bytes: {text!r} is not a size in bytes or a comma-separated list of them "
-                       f"(e.g. 512 or 256,512,512,768)") from None
-    return sizes[0] if len(sizes) == 1 else sizes
+        return parse_chunk_bytes(text)
+    except ValueError as e:
+        raise CliError(f"--chunk-bytes: {e}") from None
 
 
 def _add_chunk_args(p, same: str = "") -> None:

@@ -729,15 +729,10 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         raise ValueError(f"{ENV_TIMEOUT} must be seconds, not {env.get(ENV_TIMEOUT)!r}") from None
     chunk_words = None
     if (text := env.get(ENV_CHUNK_BYTES)) is not None:
-        from wirereduce.host.engine import chunk_words_of_bytes
+        from wirereduce.host.engine import chunk_words_of_bytes, parse_chunk_bytes
 
         try:
-            sizes = [int(b) for b in text.split(",")]
-        except ValueError:
-            raise ValueError(f"{ENV_CHUNK_BYTES} must be bytes or a comma-separated list of them (e.g. 512 or "
-                             f"256,768,1484), not {text!r}") from None
-        try:
-            chunk_words = chunk_words_of_bytes(sizes[0] if len(sizes) == 1 else sizes, config.mtu)
+            chunk_words = chunk_words_of_bytes(parse_chunk_bytes(text), config.mtu)
         except ValueError as e:
             raise ValueError(f"{ENV_CHUNK_BYTES}: {e}") from None
     retries = number(ENV_RETRIES, 0)
