@@ -243,3 +243,82 @@ def test_marked_frames_pass_decoded_without_placeholders(width):
     dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)), placeholders=False)
     drops = _run_marked(dut, inputs, want, width)
     assert drops == 2
+
+
+@pytest.mark.parametrize("width", [64, 512])
+@pytest.mark.parametrize("pressure", [False, True])
+def test_cut_through_codec_in_marks_malformed_frames_bad(width, pressure):
+    """The schedule engine's CodecIn (``cut_through=True``): every compressed frame leaves decoded,
+    as the decompressor emits it, ``count`` values long; one marked ``bad`` on arrival or whose
+    length does not match its tags (truncated, one byte too long, padding not zero) leaves marked
+    ``bad`` on its last beat (the engine discards everything made of it), and each malformed one
+    is counted once in ``dropped``, marked or not; the values of the good ones are ``decode``'s
+    bit for bit and their last beat is not marked."""
+    rng = np.random.default_rng(width + 11 + pressure)
+    k = 9
+    g = [gradients(rng, n, k) for n in (40, 33, 7, MAXN, 1)]
+    enc = [codec.encode(x, k) for x in g]
+    dec = [codec.decode(e, x.size, k) for e, x in zip(enc, g)]
+    h = Header(opcode=Opcode.REDUCE, count=40, seq=0, codec=Codec.INCEPTIONN_V1, eb_k=k)
+    hs = [h.replace(count=x.size, seq=i) for i, x in enumerate(g)]
+    pad = bytearray(enc[2])
+    pad[1] |= 0xC0                       # tag slot 7 of a 7-element payload: padding not zero
+    inputs = [(frame(hs[0], enc[0]), 0),                      # good
+              (frame(hs[1], enc[1]), 1),                      # marked bad on a cable, decodes
+              (frame(hs[2], enc[2] + b"\x55"), 1),            # marked and too long
+              (frame(hs[2], enc[2] + b"\x55"), 0),            # too long
+              (frame(hs[3], enc[3][:-3]), 0),                 # truncated
+              (frame(hs[2], bytes(pad)), 0),                  # padding not zero
+              (frame(hs[2].replace(codec=Codec.NONE, eb_k=0), g[2]), 1),   # raw, marked: unchanged
+              (frame(hs[4], enc[4]), 0),                      # good, one value
+              (frame(hs[3], enc[3]), 0)]                      # good, the largest
+    # (header, values or None when not checked, bad)
+    want = [(hs[0], dec[0], 0), (hs[1], dec[1], 1), (hs[2], dec[2], 1), (hs[2], dec[2], 1),
+            (hs[3], None, 1), (hs[2], None, 1), (None, None, 1), (hs[4], dec[4], 0), (hs[3], dec[3], 0)]
+    dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)), placeholders=False, cut_through=True)
+    vp, rp = (0.7, 0.6) if pressure else (1.0, 1.0)
+    rec, drops = run(dut, None, width, len(want), beats=_marked(inputs, width), valid_prob=vp, ready_prob=rp,
+                     seed=width + 5)
+    assert len(rec.frames) == len(want)
+    for i, (got, bad, (hdr, vals, want_bad)) in enumerate(zip(rec.frames, rec.errors, want)):
+        assert bool(bad) == bool(want_bad), i
+        if hdr is None:
+            assert got == inputs[i][0], i
+            continue
+        assert got[:16] == hdr.pack(), i
+        assert len(got) == 16 + 4 * hdr.count, i
+        if vals is not None:
+            assert u32(np.frombuffer(got[16:], "<f4")).tolist() == u32(vals).tolist(), i
+    assert drops == 4   # too long (marked and not), truncated, padding
+
+
+def test_cut_through_codec_in_needs_no_placeholders():
+    with pytest.raises(ValueError, match="placeholders=False"):
+        CodecIn(64, MAXN, 64, placeholders=True, cut_through=True)
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_cut_through_codec_in_starts_before_the_frame_is_in(width):
+    """Cut-through, not store-and-forward: with the input at one beat every 4 cycles (a slow
+    link), the decoded frame's first beat leaves before the compressed frame's last beat has
+    arrived; the commit-buffer CodecIn emits its first beat only after it."""
+    rng = np.random.default_rng(width)
+    k = 6
+    x = gradients(rng, MAXN, k)
+    f = frame(Header(opcode=Opcode.REDUCE, count=MAXN, seq=0, codec=Codec.INCEPTIONN_V1, eb_k=k),
+              codec.encode(x, k))
+    nin = len(byte_beats(f, width))
+    assert nin >= 4
+    firsts = {}
+    for ct in (False, True):
+        dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)), placeholders=False, cut_through=ct)
+        rec, acc = Received(), []
+        sim = Simulator(dut)
+        sim.add_clock(1e-8)
+        sim.add_testbench(source(dut.i, [byte_beats(f, width)], valid_prob=0.25, seed=3, accepted=acc))
+        sim.add_testbench(sink(dut.o, 1, width, rec, error=dut.o.payload.bad))
+        sim.run()
+        assert rec.frames[0][16:] == codec.decode(codec.encode(x, k), MAXN, k).tobytes()
+        firsts[ct] = (rec.all_cycles[0], acc[-1])
+    assert firsts[True][0] < firsts[True][1], firsts
+    assert firsts[False][0] > firsts[False][1], firsts

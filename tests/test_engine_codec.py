@@ -5,7 +5,8 @@ what leaves (:class:`~wirereduce.hdl.codec.port.CodecIn` / ``CodecOut``, as on t
 each hop of a tree decompresses its children's partial sums, sums them with its local chunk in the
 table's order and recompresses (docs/codec.md "On the schedule engine"). The results must equal
 :func:`wirereduce.sim.golden.schedule.allreduce` with ``compression=k`` bit for bit, whatever the
-back-pressure; a malformed compressed frame is dropped whole before any value of it is summed.
+back-pressure; a malformed compressed frame is marked bad as its last byte arrives (decoded cut-through) and
+nothing made of it reaches a host.
 """
 
 from __future__ import annotations
@@ -123,18 +124,25 @@ GOOD0 = frame(reduce_hdr(0, codec=Codec.INCEPTIONN_V1, eb_k=K), codec.encode(CHI
 
 BAD = {
     # (bytes, counter): a compressed REDUCE for chunk 0 from the child, wrong in one way
-    "truncated": (GOOD0[:-1], "drop_length"),
-    "one_byte_too_long": (GOOD0 + b"\0", "drop_length"),
     "another_bound": (frame(reduce_hdr(0, codec=Codec.INCEPTIONN_V1, eb_k=K + 1), codec.encode(CHILD0, K + 1)),
                       "drop_codec"),
     "uncompressed_in_a_compressed_collective": (frame(reduce_hdr(0), CHILD0), "drop_codec"),
+    "count_zero": (reduce_hdr(0, count=0, codec=Codec.INCEPTIONN_V1, eb_k=K).pack(), "drop_count"),
+}
+# Compressed REDUCEs for chunk 0 whose length does not match their tags: decoded cut-through, so
+# only the last byte tells; marked bad there.
+MALFORMED = {
+    "truncated": GOOD0[:-1],
+    "one_byte_too_long": GOOD0 + b"\0",
+    "padding_not_zero": GOOD0[:16] + bytes([GOOD0[16] | 0xC0]) + GOOD0[17:],
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_compressed_frame_dropped_whole(case):
-    """A malformed or mismatched compressed frame is dropped whole and counted once; the good
-    compressed frame after it is summed exactly and its partial sum leaves compressed."""
+    """A compressed frame of the wrong bound or count, or an uncompressed one in a compressed
+    collective, is dropped whole at the gate and counted once; the good compressed frame after it
+    is summed exactly and its partial sum leaves compressed."""
     data, counter = BAD[case]
     seen = {}
 
@@ -156,6 +164,41 @@ def test_bad_compressed_frame_dropped_whole(case):
     assert seen["quiet_child"]
     drops = {c: v for c, v in seen["stats"].items() if c.startswith("drop_") and v}
     assert drops == {counter: 1}, (case, drops)
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_compressed_frame_spoils_its_chunk_only(case):
+    """A compressed frame whose length does not match its tags is decoded cut-through (the
+    ``CodecIn`` has no commit buffer) and marked ``bad`` on its last beat, counted once in
+    ``drop_length``: the engine sums it, and the partial sum leaves marked bad (stomped FCS on an
+    Ethernet port), as for an uncompressed frame whose length disagrees with its header
+    (docs/protocol.md "Length check"), so no host takes a value of it and the driver sums the chunk
+    again (``retries``). A second frame for the same chunk is a duplicate (``drop_seq``); the next
+    chunk sums exactly."""
+    data = MALFORMED[case]
+    child1 = np.array([-1.25, 7.0, 2.0 ** -20], np.float32)
+    seen = {}
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, data)
+        await send(ctx, dut.net0_in, GOOD0)
+        await send(ctx, dut.net0_in, frame(reduce_hdr(1, codec=Codec.INCEPTIONN_V1, eb_k=K), codec.encode(child1, K)))
+        seen["out0"] = await recv(ctx, dut.net1_out)
+        seen["out1"] = await recv(ctx, dut.net1_out)
+        seen["quiet"] = await no_frame(ctx, dut.net1_out, 200)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb, k=K)
+    (out0, bad0), (out1, bad1) = seen["out0"], seen["out1"]
+    assert bad0 and not bad1
+    assert (Header.unpack(out0).seq, Header.unpack(out1).seq) == (0, 1)
+    q = codec.quantize
+    want = q(np.add(q(child1, K), q(LOCAL_CHUNKS[1], K), dtype=np.float32), K)
+    n1 = Header.unpack(out1).count
+    assert codec.decode(out1[16:], n1, K).view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert seen["quiet"], "the duplicate of chunk 0 left the engine"
+    drops = {c: v for c, v in seen["stats"].items() if c.startswith("drop_") and v}
+    assert drops == {"drop_length": 1, "drop_seq": 1}, (case, drops)
 
 
 ENTRY = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")

@@ -713,7 +713,8 @@ class Decompressor(wiring.Component):
     tag bytes). The tag block is stored first (a ping-pong buffer, one row per input beat). The
     codes that follow enter a ``2*width``-bit byte buffer. A generator walks the output beats of
     each stored tag block and registers, one beat ahead, the tags of the beat's ``width/32``
-    values, their code lengths and running byte offsets; when the buffer holds the beat's bytes,
+    values, their code lengths and running byte offsets (in two registers, P2 then D, so the
+    byte buffer's loop starts from registers); when the buffer holds the beat's bytes,
     each lane's code is taken at its offset into a register while the beat's bytes leave the
     buffer, and the next cycle decodes the codes into the output register. Up to ``width/8``
     code bytes enter and leave the buffer per cycle, so one output beat per cycle is sustained
@@ -732,8 +733,8 @@ class Decompressor(wiring.Component):
 
     * **Latency**: an output beat is taken 5 cycles after the input beat that completes its code
       bytes (input stage, chunk FIFO, byte buffer, code extraction, output register), and a
-      frame's first beat no earlier than 6 cycles after the input beat that ends its tag block
-      (input stage, tag buffer, generator, descriptor, extraction, output register).
+      frame's first beat no earlier than 7 cycles after the input beat that ends its tag block
+      (input stage, tag buffer, generator, two descriptor registers, extraction, output register).
     * **Throughput**: one output beat per cycle once codes are available. Back to back a frame
       costs ``max(input beats, output beats)`` plus at most 2 cycles: at 64 bit frames of 33,
       100 and 371 values leave with no idle output cycle; at 512 bit a frame whose tag block ends
@@ -1039,7 +1040,12 @@ class Decompressor(wiring.Component):
         p1_lanes_m1 = Signal(range(lanes))
         p1_k = Signal(range(K_MAX + 1))
         p1_err = Signal()
-        p1_adv = ~p1_valid | d_free
+        # P2: the descriptor computed from P1's tag row, registered before D takes it (timing: the
+        # tag row's slot select, the code lengths and their sum stay out of ``slack``'s update,
+        # which was the codec engine's 10-level path, tag_rd data → slack).
+        p2_valid = Signal()
+        p2_adv = ~p2_valid | d_free
+        p1_adv = ~p1_valid | p2_adv
         g_issue = Signal()
         m.d.comb += [
             g_issue.eq(b_full[g_bank] & p1_adv),
@@ -1070,11 +1076,22 @@ class Decompressor(wiring.Component):
             o = Signal(range(4 * lane + 1), name=f"next_offset{lane}")
             m.d.comb += o.eq(p_off[-1] + _code_length(p_tags[lane - 1]))
             p_off.append(o)
+        p2_final = Signal()
+        p2_lanes_m1 = Signal(range(lanes))
+        p2_k = Signal(range(K_MAX + 1))
+        p2_err = Signal()
+        p2_tags = [Signal(2, name=f"p2_lane{lane}_tag") for lane in range(lanes)]
+        p2_off = [Const(0, 1)] + [Signal(range(4 * lane + 1), name=f"p2_offset{lane}") for lane in range(1, lanes + 1)]
+        with m.If(p2_adv):
+            m.d.sync += [p2_valid.eq(p1_valid), p2_final.eq(p1_final), p2_lanes_m1.eq(p1_lanes_m1),
+                         p2_k.eq(p1_k), p2_err.eq(p1_err)]
+            m.d.sync += [p2_tags[lane].eq(p_tags[lane]) for lane in range(lanes)]
+            m.d.sync += [p2_off[lane].eq(p_off[lane]) for lane in range(1, lanes + 1)]
         with m.If(d_free):
-            m.d.sync += [d_valid.eq(p1_valid), d_final.eq(p1_final), d_lanes_m1.eq(p1_lanes_m1),
-                         d_k.eq(p1_k), d_err.eq(p1_err)]
-            m.d.sync += [d_tags[lane].eq(p_tags[lane]) for lane in range(lanes)]
-            m.d.sync += [d_off[lane].eq(p_off[lane]) for lane in range(1, lanes + 1)]
+            m.d.sync += [d_valid.eq(p2_valid), d_final.eq(p2_final), d_lanes_m1.eq(p2_lanes_m1),
+                         d_k.eq(p2_k), d_err.eq(p2_err)]
+            m.d.sync += [d_tags[lane].eq(p2_tags[lane]) for lane in range(lanes)]
+            m.d.sync += [d_off[lane].eq(p2_off[lane]) for lane in range(1, lanes + 1)]
 
         # The byte buffer and the beat's bytes.
         ubuf = Signal(2 * w)                 # code bytes of the current frame; bytes ≥ fill are 0
@@ -1151,7 +1168,7 @@ class Decompressor(wiring.Component):
         # fill and slack: every candidate is computed from registers (and the FIFO head, and the
         # next descriptor's byte count); fire and the pushes only select.
         count = head.count
-        p_need = p_off[-1]                   # bytes of the descriptor D takes when it is free
+        p_need = p2_off[-1]                  # bytes of the descriptor D takes when it is free (P2's)
         f_fill = Mux(f_push, Mux(f_empty, count, rem_fire + count), Mux(f_empty, 0, rem_fire))
         n_fill = Mux(n_push, fill + count, fill)
         m.d.sync += fill.eq(Mux(fire, f_fill, n_fill))

@@ -17,16 +17,21 @@ Which frames are transformed:
 * :class:`CodecOut`: ``codec = INCEPTIONN_V1`` and opcode REDUCE, BROADCAST or HOST_RESULT.
 
 A compressed payload whose length does not match its tags (truncated, too long, non-zero tag
-padding; :class:`~wirereduce.hdl.codec.Decompressor`) is dropped whole by :class:`CodecIn`:
-its decoded values are held in a commit buffer until the payload's last byte has been checked,
-so no value of a malformed frame ever reaches the adders (docs/protocol.md "Bad input loses nothing").
-Each drop pulses ``dropped`` (the node counts them in its ``drop_codec`` STATS counter).
+padding; :class:`~wirereduce.hdl.codec.Decompressor`) is caught by :class:`CodecIn` in one of two
+ways. With ``cut_through=True`` (the schedule engine) its values leave as they are decoded and the
+frame's last beat is marked ``bad``: the engine may sum it, but everything made of it leaves marked
+and no host takes a value of it, as for an uncompressed frame whose length disagrees with its
+header (docs/protocol.md "Length check", "Bad input loses nothing"). Without it (the default),
+the decoded values wait in a commit buffer until the payload's last byte has been checked and a
+malformed frame is dropped whole. Either way ``dropped`` pulses once per malformed frame (the
+engine counts it in ``drop_length``).
 
-Latency: a transformed frame is stored once in the decompressor's commit buffer and once in
-the compressor (its tags come first), so a compressing hop is store-and-forward, about two
-frame times of the *uncompressed* payload at the node's width. Uncompressed frames pass each stage
-in about 5 cycles at 64 bit (the :class:`~wirereduce.hdl.stream.frame.FrameGate`'s 2, the registered
-route decision's 1, the bypass FIFO's 2): on a schedule engine a 2-term reduce hop takes 26 cycles
+Latency: a transformed frame is stored whole once in the compressor (its tags come first), and,
+without ``cut_through``, once more in the decompressor's commit buffer: a compressing hop is then
+store-and-forward twice, about two frame times of the *uncompressed* payload at the node's width.
+Uncompressed frames pass each stage in about 5 cycles at 64 bit (the
+:class:`~wirereduce.hdl.stream.frame.FrameGate`'s 2, the registered route decision's 1, the bypass
+FIFO's 2): on a schedule engine a 2-term reduce hop takes 26 cycles
 with the codec stages against 16 without (:func:`~wirereduce.sim.bench.latency.engine_hop_latency`
 with ``codec=True``).
 """
@@ -48,13 +53,15 @@ __all__ = ["hdr_beat_layout", "StripHeader", "InsertHeader", "CodecIn", "CodecOu
 
 
 def hdr_beat_layout(width: int) -> data.StructLayout:
-    """A payload beat with its frame's header alongside: ``data``, ``keep``, ``last``, ``hdr``.
+    """A payload beat with its frame's header alongside: ``data``, ``keep``, ``last``, ``bad``, ``hdr``.
 
     ``hdr`` is the 16-byte wirereduce header (:func:`wirereduce.protocol.header_layout`), the
-    same on every beat of a frame.
+    same on every beat of a frame; ``bad`` is the frame's mark on its last beat, as in
+    :func:`~wirereduce.hdl.stream.frame.beat_layout` (:class:`StripHeader` and
+    :class:`InsertHeader` carry it through).
     """
     check_width(width)
-    return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "hdr": header_layout()})
+    return data.StructLayout({"data": width, "keep": width // 8, "last": 1, "bad": 1, "hdr": header_layout()})
 
 
 class StripHeader(wiring.Component):
@@ -96,8 +103,10 @@ class StripHeader(wiring.Component):
         i, o = self.i.payload, ra.o.payload
         m.d.comb += [
             ra.i.payload.data.eq(i.data), ra.i.payload.keep.eq(i.keep), ra.i.payload.last.eq(i.last),
+            ra.i.payload.bad.eq(i.bad),
             ra.i.payload.side.eq(i.hdr), ra.i.valid.eq(self.i.valid), self.i.ready.eq(ra.i.ready),
             self.o.payload.data.eq(o.data), self.o.payload.keep.eq(o.keep), self.o.payload.last.eq(o.last),
+            self.o.payload.bad.eq(o.bad),
             self.o.payload.hdr.eq(o.side), self.o.valid.eq(ra.o.valid), ra.o.ready.eq(self.o.ready),
         ]
         return m
@@ -133,7 +142,7 @@ class InsertHeader(wiring.Component):
         m.d.comb += [
             ra.head.eq(i.hdr),
             ra.i.payload.data.eq(i.data), ra.i.payload.keep.eq(i.keep), ra.i.payload.last.eq(i.last),
-            ra.i.valid.eq(self.i.valid), self.i.ready.eq(ra.i.ready),
+            ra.i.payload.bad.eq(i.bad), ra.i.valid.eq(self.i.valid), self.i.ready.eq(ra.i.ready),
         ]
         wiring.connect(m, ra.o, wiring.flipped(self.o))
         return m
@@ -292,11 +301,19 @@ class _CodecStage(wiring.Component):
         m.d.sync += [t_end.eq(g.valid & g.ready & route & g.payload.last), t_bad.eq(g.payload.bad)]
         self._t_end = t_end
         self._t_bad = t_bad
-        m.submodules.tbad = tbad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
-        m.d.comb += [tbad.w_en.eq(self._t_end), tbad.w_data.eq(self._t_bad)]
         out = stream.Signature(hdr_beat_layout(w)).create()
+        # A transform that knows a frame's ``bad`` only as its last beat leaves it (the cut-through
+        # CodecIn: the decompressor's verdict) sets ``_bad_inband`` and drives ``bad`` on ``dst``
+        # itself; the others leave it 0 and the merge takes the mark from ``tbad``.
+        self._bad_inband = False
         verdicts = self._transform(m, strip.o, out)
         wiring.connect(m, out, insert.i)
+        if not self._bad_inband:
+            m.submodules.tbad = tbad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
+            m.d.comb += [tbad.w_en.eq(self._t_end), tbad.w_data.eq(self._t_bad)]
+            t_bad = tbad.r_data[0] & insert.o.payload.last
+        else:
+            t_bad = insert.o.payload.bad
 
         # Merge in frame order. ``verdicts`` (when the transform can discard frames) holds one
         # entry per transformed frame, in order: 1 = it comes out of ``insert``, 0 = discarded,
@@ -312,20 +329,22 @@ class _CodecStage(wiring.Component):
         m.d.comb += [
             o.valid.eq(Mux(sel, t_ok & insert.o.valid, routes.r_rdy & bypass.valid)),
             o.payload.eq(Mux(sel, insert.o.payload.as_value(), bypass.payload.as_value())),
-            o.payload.bad.eq(Mux(sel, tbad.r_data[0] & insert.o.payload.last, bypass.payload.bad)),
+            o.payload.bad.eq(Mux(sel, t_bad, bypass.payload.bad)),
             insert.o.ready.eq(t_ok & o.ready),
             bypass.ready.eq(routes.r_rdy & ~sel & o.ready),
             t_done.eq(t_skip | (t_ok & insert.o.valid & o.ready & insert.o.payload.last)),
             routes.r_en.eq(t_skip | (o.valid & o.ready & o.payload.last)),
-            tbad.r_en.eq(t_done),
         ]
         if verdicts is not None:
             m.d.comb += verdicts.r_en.eq(t_done)
+        if not self._bad_inband:
+            m.d.comb += tbad.r_en.eq(t_done)
         return m
 
 
 class CodecIn(_CodecStage):
-    """Decompresses compressed data frames as they enter a node; drops malformed ones whole.
+    """Decompresses compressed data frames as they enter a node; malformed ones are dropped whole
+    (commit buffer) or, cut-through, marked ``bad`` on their last beat.
 
     Parameters
     ----------
@@ -343,6 +362,15 @@ class CodecIn(_CodecStage):
         placeholders) passes its decoded values on, still marked bad on the last beat, as an
         uncompressed frame marked bad would arrive; if its payload does not decode it is dropped
         whole and counted in ``dropped`` like any malformed frame.
+    cut_through : bool
+        False (default): a compressed frame's decoded values wait in a commit buffer (one frame)
+        until the decompressor's verdict on its last byte; a malformed frame is dropped whole.
+        True (the schedule engine; needs ``placeholders=False``): no commit buffer; the values
+        leave as the decompressor emits them (its first output beat once the tag block is in,
+        docs/codec.md "Latency"), every frame comes out ``count`` values long, and a malformed
+        one (or one marked ``bad`` on arrival) leaves with ``bad`` on its last beat. Saves a
+        frame time of the uncompressed payload per compressing hop and the commit buffer's
+        memory.
 
     Attributes
     ----------
@@ -352,18 +380,27 @@ class CodecIn(_CodecStage):
         The same frames in the same order with every compressed payload replaced by its fp32
         values (header unchanged: ``codec``/``eb_k`` still say how the frame is to leave).
     dropped : Out(1)
-        Pulses once per compressed frame dropped as malformed.
+        Pulses once per malformed compressed frame (dropped, or with ``cut_through`` marked bad;
+        there not for a ``count`` of 0 or above ``max_elements``, which the engine's gates drop
+        and count in ``drop_count``).
 
     Raises
     ------
     ValueError
-        On a bad width, ``max_elements`` outside 1 … 65535 or ``max_beats`` < 1.
+        On a bad width, ``max_elements`` outside 1 … 65535, ``max_beats`` < 1, or
+        ``placeholders`` with ``cut_through``.
     """
 
     _opcodes = _DATA_OPS_IN
 
-    def __init__(self, width: int, max_elements: int, max_beats: int, placeholders: bool = True):
+    def __init__(self, width: int, max_elements: int, max_beats: int, placeholders: bool = True,
+                 cut_through: bool = False):
+        with rejecting(self):
+            if placeholders and cut_through:
+                raise ValueError("a cut-through CodecIn has no commit buffer to turn a marked frame into "
+                                 "a placeholder: give placeholders=False with cut_through=True")
         self._placeholders = bool(placeholders)
+        self._cut_through = bool(cut_through)
         super().__init__(width, max_elements, max_beats)
 
     def _transform(self, m, src, dst):
@@ -371,8 +408,7 @@ class CodecIn(_CodecStage):
         # A small FIFO in front of the decompressor (timing, issue 16): its ready, a chain through the
         # decompressor's input stage and the header FIFO, then stops at the FIFO's registered level
         # instead of running on through StripHeader into the gate's ready and the route FIFO (the
-        # 10-level paths of the codec engine with lookahead-3 units). A compressed frame is stored
-        # whole further on (the commit buffer), so the cycle it adds is not seen between frames.
+        # 10-level paths of the codec engine with lookahead-3 units); a cycle or two of latency.
         m.submodules.dec_in = q = fifo.SyncFIFOBuffered(width=len(src.payload.as_value()), depth=4)
         fed = stream.Signature(hdr_beat_layout(w)).create()
         m.d.comb += [
@@ -383,6 +419,8 @@ class CodecIn(_CodecStage):
         m.submodules.dec = dec = Decompressor(w, self._max_elements)
         m.d.comb += dec.n.eq(src.payload.hdr.count)
         hdrq = self._feed(m, src, dec)
+        if self._cut_through:
+            return self._cut_through_out(m, dec, hdrq, dst)
 
         # Commit buffer: the decoded values of a frame wait until its verdict (the
         # decompressor's error flag on the last beat) is known; bad frames are discarded.
@@ -458,6 +496,36 @@ class CodecIn(_CodecStage):
         m.d.comb += self.dropped.eq(ann_now & ~good)
         return skips
 
+    def _cut_through_out(self, m, dec, hdrq, dst):
+        """The decoded values leave as the decompressor emits them; the frame's ``bad`` (marked
+        on arrival, or the decompressor's ``error``: its length does not match its tags) goes on its
+        last beat, in band to the merge. Every transformed frame comes out (no verdicts)."""
+        # The arrival mark, one entry per frame, written as the frame's last beat enters (several
+        # cycles before the decompressor's last output beat, which waits for it anyway).
+        m.submodules.ibad = ibad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
+        m.d.comb += [ibad.w_en.eq(self._t_end), ibad.w_data.eq(self._t_bad)]
+        self._bad_inband = True
+        d = dec.o.payload
+        can = hdrq.r_rdy & (~d.last | ibad.r_rdy)
+        fire_last = Signal()
+        m.d.comb += [
+            dst.payload.data.eq(d.data), dst.payload.keep.eq(d.keep), dst.payload.last.eq(d.last),
+            dst.payload.bad.eq(d.last & (ibad.r_data[0] | dec.error)),
+            dst.payload.hdr.eq(hdrq.r_data),
+            dst.valid.eq(dec.o.valid & can),
+            dec.o.ready.eq(dst.ready & can),
+            fire_last.eq(dec.o.valid & dec.o.ready & d.last),
+            hdrq.r_en.eq(fire_last), ibad.r_en.eq(fire_last),
+        ]
+        # Counted once per malformed frame (``drop_length``), unless its ``count`` is one the engine's
+        # gates drop it for anyway (0 or above ``max_elements``: ``drop_count`` there).
+        hdr = data.View(header_layout(), hdrq.r_data)
+        count_ok = (hdr.count != 0) & (hdr.count <= self._max_elements)
+        dropped = Signal()
+        m.d.sync += dropped.eq(fire_last & dec.error & count_ok)
+        m.d.comb += self.dropped.eq(dropped)
+        return None
+
 
 class CodecOut(_CodecStage):
     """Compresses data frames whose header asks for it (``codec = INCEPTIONN_V1``, ``eb_k``) as
@@ -486,7 +554,7 @@ class CodecOut(_CodecStage):
         ]
 
 
-def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool = True):
+def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool = True, cut_through: bool = False):
     """A component's ports as its logic sees them: straight, or (``config.codec``) through a
     :class:`CodecIn` behind each of ``inputs`` and a :class:`CodecOut` in front of each of
     ``outputs`` (submodules ``codec_{name}``), as the ring node and the schedule engine put them.
@@ -503,6 +571,9 @@ def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool 
     placeholders : bool
         :class:`CodecIn`'s: True for the ring node (a compressed frame marked bad becomes a LOST
         placeholder), False for the schedule engine (it passes decoded, still marked bad).
+    cut_through : bool
+        :class:`CodecIn`'s (needs ``placeholders=False``): True for the schedule engine, whose
+        gates and units take a frame marked ``bad`` on its last beat and discard what it makes.
 
     Returns
     -------
@@ -519,7 +590,8 @@ def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool 
     beat = FrameStream(w)
     ins, outs, dropped = {}, {}, []
     for name in inputs:
-        stage = m.submodules[f"codec_{name}"] = CodecIn(w, config.max_elements, config.max_beats, placeholders)
+        stage = m.submodules[f"codec_{name}"] = CodecIn(w, config.max_elements, config.max_beats, placeholders,
+                                                        cut_through)
         wiring.connect(m, wiring.flipped(getattr(component, name)), stage.i)
         dropped.append(stage.dropped)
         ins[name] = beat.create()

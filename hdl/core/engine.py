@@ -497,12 +497,14 @@ class Engine(wiring.Component):
         # The ports straight, or (``EngineConfig.codec``) through a CodecIn behind every input and a
         # CodecOut in front of every output, as on the ring node: compressed frames are decompressed on
         # arrival and recompressed with their header's ``eb_k`` as they leave, so every hop decompresses,
-        # sums and recompresses (docs/codec.md); a compressed frame whose length does not match its tags
-        # is dropped whole by its CodecIn (``drop_length``); one marked bad (spoilt on a cut-through
-        # cable) passes decoded and still marked, as an uncompressed frame would (no LOST placeholders).
+        # sums and recompresses (docs/codec.md). The CodecIns are cut-through: values leave as they are
+        # decoded, and a compressed frame whose length does not match its tags leaves marked bad on its
+        # last beat (``drop_length``), as an uncompressed frame whose length disagrees with its header
+        # does; one marked bad (spoilt on a cut-through cable) passes decoded and still marked (no LOST
+        # placeholders).
         ports_in, ports_out, dropped = codec_port_stages(m, self, cfg, ["host_rx"] + [f"net{p}_in" for p in range(P)],
                                                          ["host_tx"] + [f"net{p}_out" for p in range(P)],
-                                                         placeholders=False)
+                                                         placeholders=False, cut_through=True)
         for d in dropped:
             m.d.comb += events.flag("drop_length").eq(d)
         host_gate = gate("host")

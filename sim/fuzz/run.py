@@ -95,7 +95,7 @@ def judge(rec: dict, arrays, fresh, compression, schedule) -> Verdict:
                  if (n.startswith("drop_") or n == "control_refused") and after[n] != before[n]}
     expected = EXPECTED[case.kind]
     if expected is not None and compression is not None and case.kind in _CODEC_LENGTH:
-        # a compressed frame whose length does not match its tags is dropped whole by the engine's codec
+        # a compressed frame whose length does not match its tags is marked bad by the engine's codec
         # stage, in front of the gate, and counted in drop_length (docs/protocol.md "Length check")
         expected = expected + ("drop_length",)
     if expected is not None and case.port.startswith("net"):
