@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections import Counter
 from dataclasses import replace
 from fractions import Fraction
@@ -594,3 +595,20 @@ def test_bench_chunk_profiles_bound_and_plot(tmp_path):
             for b in (32768, 131072)]
     sb._plot(tmp_path / "p.png", recs)
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_build_names_an_option_the_algorithm_does_not_take():
+    """``build`` refuses an option of another algorithm with a ValueError naming it and the ones the
+    algorithm takes (a bare TypeError from the builder before), and passes the right ones on."""
+    from wirereduce import schedule as sched
+
+    for alg, opts, needle in (("multitree", {"roots": 2}, "takes the options ports, sort, full_round, "
+                                                          "mesh_distance_fix, not roots (roots is multiring's)"),
+                              ("multitree-balanced", {"roots": 1}, "ports, seed, moves, not roots"),
+                              ("multiring", {"seed": 3}, "takes the options roots, not seed"),
+                              ("ring", {"roots": 2}, "takes no options, got roots"),
+                              ("biring", {"ports": 2}, "takes no options, got ports")):
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            sched.build("torus:4x4" if alg.startswith("multi") else "ring:4", alg, **opts)
+    assert len(sched.build("torus:4x4", "multiring", roots=2).flows) == 8
+    assert sched.build("torus:4x4", "multitree", ports=3).steps > sched.build("torus:4x4", "multitree").steps

@@ -1073,14 +1073,27 @@ def build(topology: Topology | str, algorithm: str = "multitree", **options) -> 
     ``options`` go to :func:`multitree_schedule` (``ports``, ``sort``, ``full_round``,
     ``mesh_distance_fix``), :func:`balanced_schedule` (``ports``, ``seed``, ``moves``) or
     :func:`multiring_schedule` (``roots``); ring and biring take none.
+
+    Raises
+    ------
+    ValueError
+        On an unknown topology or algorithm, or an option the algorithm does not take (named, with
+        the ones it does), before anything is built.
     """
     topo = parse_topology(topology)
-    if algorithm == "multitree":
-        return multitree_schedule(topo, **options)
-    if algorithm == "multitree-balanced":
-        return balanced_schedule(topo, **options)
-    if algorithm == "multiring":
-        return multiring_schedule(topo, **options)
+    builders = {"multitree": multitree_schedule, "multitree-balanced": balanced_schedule,
+                "multiring": multiring_schedule}
+    if algorithm in builders:
+        fn = builders[algorithm]
+        import inspect
+
+        known = [p.name for p in list(inspect.signature(fn).parameters.values())[1:]
+                 if p.kind is inspect.Parameter.KEYWORD_ONLY or p.default is not inspect.Parameter.empty]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ValueError(f"the {algorithm} schedule takes the options {', '.join(known)}, not "
+                             f"{', '.join(unknown)}" + (" (roots is multiring's)" if "roots" in unknown else ""))
+        return fn(topo, **options)
     if algorithm in ("ring", "biring"):
         if options:
             raise ValueError(f"the {algorithm} schedule takes no options, got {', '.join(sorted(options))}")
