@@ -206,7 +206,7 @@ class EngineConfig(NodeConfig):
         the time: in the slot model (``slot_model(..., lookahead=D)``, 32 rounds) D = 3 lifts the
         4x4 torus with ``multitree-balanced`` trees and broadcasts first from 0.94 to 0.98 of its
         busiest link's bound, but on the engine (32 slots, 1 MiB) D = 3 gave 17.05 Gbit/s and
-        D = 2 17.01: the same within 0.2 %. With the codec every hop stores a frame twice, the
+        D = 2 17.01: the same within 0.2 %. With the codec every hop stores a frame (twice until 2026-12-01), the
         children's frames of a unit's oldest chunk come late, and D = 3 pays: ring:4 ``biring``,
         1 MiB, k = 8, 16 slots, 50G hosts took 156,141 cycles against 216,392 with D = 2
         (docs/codec.md "On the schedule engine").

@@ -298,8 +298,9 @@ def run_format_bench(topology: str = "ring:4", algorithm: str = "biring", elemen
 
 #: (topology, algorithms) of the compressed schedule benchmark.
 CODEC_ROWS = (("ring:4", ("ring", "biring")),)
-#: Slots (= the host window) of the compressed rows' engines: a compressing hop stores each frame twice, so a
-#: chunk's round trip is long and 16 slots held the compressed ring back (ring:4, 1 MiB, k = 8: 161,987 cycles
+#: Slots (= the host window) of the compressed rows' engines: a compressing hop stores each frame (twice until
+#: the cut-through CodecIn of 2026-12-01, once since), so a chunk's round trip is long and 16 slots held the
+#: compressed ring back (ring:4, 1 MiB, k = 8: 161,987 cycles
 #: with 32 against 172,462; docs/codec.md "On the schedule engine").
 CODEC_SCHEDULE_SLOTS = 32
 
@@ -344,8 +345,9 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
     ``slots``, ``lookahead`` and ``priority`` are the engines' :class:`~wirereduce.config.EngineConfig`
     fields (buffer slots = the host window, the summation units' lookahead D, None: the codec
     engine's default, :data:`~wirereduce.config.CODEC_LOOKAHEAD`, the allocator's priority); records
-    carry them. A compressing hop stores each frame twice (docs/codec.md
-    "Latency"), so the units wait longer for their oldest chunk than on uncompressed trees, and a
+    carry them. A compressing hop stores each frame (once, in the compressor, since the cut-through
+    ``CodecIn`` of 2026-12-01; twice before; docs/codec.md "Latency"), so the units wait longer for
+    their oldest chunk than on uncompressed trees, and a
     deeper lookahead pays off there (docs/codec.md "On the schedule engine").
     Prints a table; writes ``<name>.json`` in ``out_dir``; returns the records.
 
