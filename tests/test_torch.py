@@ -437,6 +437,14 @@ def test_train_cli_runs():
     (["--topology", "ring:1", "--algorithm", "ring"], "--topology"),
     (["--unix", "/tmp"], "needs --backend sim"),
     (["--unix", "/nonexistent-wr", "--backend", "sim"], "no such directory"),
+    (["--multiring-roots", "2"], "--multiring-roots needs --topology"),
+    (["--topology", "ring:4", "--algorithm", "biring", "--multiring-roots", "2"], "needs --algorithm multiring"),
+    (["--topology", "ring:4", "--algorithm", "multiring", "--multiring-roots", "3"], "divisor"),
+    (["--topology", "ring:4", "--algorithm", "multiring", "--multiring-roots", "0"], "multiring_roots"),
+    (["--chunk-bytes", "256"], "needs --backend sim"),
+    (["--backend", "sim", "--chunk-bytes", "256", "--compress", "10"], "uncompressed buckets"),
+    (["--backend", "sim", "--chunk-bytes", "2000"], "--chunk-bytes: 2000"),
+    (["--backend", "sim", "--chunk-bytes", "256,x"], "--chunk-bytes"),
 ])
 def test_train_bad_arguments_fail_before_any_process(argv, match, monkeypatch, capsys):
     import wirereduce.train
@@ -448,6 +456,32 @@ def test_train_bad_arguments_fail_before_any_process(argv, match, monkeypatch, c
     monkeypatch.setattr(torch.multiprocessing, "spawn", no)
     assert cli.main(["train", *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_train_passes_roots_and_chunk_profile_to_every_rank(monkeypatch):
+    """``train --multiring-roots R --chunk-bytes …`` reach every rank's hook: the environment
+    ``hook_env`` builds gives ``backend_from_env`` the 2-root multiring (4 flows on ring:4) and the
+    profile in words; the loopback backend builds the same schedule (its golden order)."""
+    from wirereduce.host.transports import packet
+
+    from wirereduce.train import TrainConfig, hook_env
+
+    class Dummy:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(packet.PacketTransport, "unix", classmethod(lambda cls, *a, **k: Dummy()))
+    cfg = TrainConfig(nodes=4, backend="sim", topology="ring:4", algorithm="multiring", multiring_roots=2,
+                      chunk_bytes="256, 768,1484").check()
+    env = hook_env(cfg, "/nonexistent")
+    assert env["WIREREDUCE_MULTIRING_ROOTS"] == "2" and env["WIREREDUCE_CHUNK_BYTES"] == "256,768,1484"
+    d = wrt.backend_from_env({**env, "WIREREDUCE_RANK": "3"}).driver
+    assert len(d.schedule.flows) == 4 and d.chunk_words == (64, 192, 371) and d.rank == 3
+    plain = hook_env(TrainConfig(nodes=4, backend="sim").check(), "/nonexistent")
+    assert "WIREREDUCE_MULTIRING_ROOTS" not in plain and "WIREREDUCE_CHUNK_BYTES" not in plain
+    assert (plain["WIREREDUCE_TOPOLOGY"], plain["WIREREDUCE_ALGORITHM"]) == ("ring:4", "ring")
+    loop = TrainConfig(nodes=4, topology="ring:4", algorithm="multiring", multiring_roots=2).check()
+    assert loop.schedule_options() == {"roots": 2}
 
 
 def test_train_bad_choice_is_an_argparse_error():

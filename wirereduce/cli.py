@@ -1053,7 +1053,8 @@ def cmd_train(args) -> int:
                       compress=args.compress, error_feedback=args.error_feedback, batch=args.batch, lr=args.lr,
                       seed=args.seed, steps=args.steps, progress=not args.no_progress,
                       golden_check=args.check, topology=args.topology, algorithm=args.algorithm,
-                      wire_dtype=args.wire_dtype, serve_dir=args.unix)
+                      wire_dtype=args.wire_dtype, serve_dir=args.unix, multiring_roots=args.multiring_roots,
+                      chunk_bytes=args.chunk_bytes)
     try:
         cfg.check()
     except ValueError as e:
@@ -1361,6 +1362,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wire-dtype", default=None, choices=("bf16", "fp16"),
                    help="float32 gradients travel as bf16/fp16 (PyTorch's bf16_compress_hook: rounded to nearest "
                         "even, reduced natively, averaged, widened back)")
+    p.add_argument("--multiring-roots", type=int, default=None, metavar="R",
+                   help="with --algorithm multiring: R roots per Hamiltonian ring and direction (default: every "
+                        "node a root)")
+    p.add_argument("--chunk-bytes", default=None, metavar="B[,B...]",
+                   help="with --backend sim: chunks of at most B payload bytes, or a chunk profile (one size per "
+                        "round of chunks, e.g. 256,768,1484); uncompressed buckets only (default: full frames)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 

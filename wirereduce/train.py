@@ -72,6 +72,17 @@ class TrainConfig:
     #: running (built with its defaults for this --nodes/--topology and --compress), instead of
     #: starting one.
     serve_dir: str | None = None
+    #: With ``algorithm="multiring"``: R roots per Hamiltonian ring and direction (``sim allreduce
+    #: --multiring-roots``; WIREREDUCE_MULTIRING_ROOTS for the hook); None: every node a root.
+    multiring_roots: int | None = None
+    #: With the sim backend: chunk size in payload bytes, or a chunk profile ``"B,B,..."`` (one size
+    #: per round of chunks, ``rank allreduce --chunk-bytes``; WIREREDUCE_CHUNK_BYTES for the hook);
+    #: uncompressed buckets only. None: full frames.
+    chunk_bytes: str | None = None
+
+    def schedule_options(self) -> dict:
+        """The options :func:`wirereduce.schedule.build` takes for this run's schedule."""
+        return {} if self.multiring_roots is None else {"roots": self.multiring_roots}
 
     def check(self) -> TrainConfig:
         """Raises ValueError on any bad option."""
@@ -106,7 +117,12 @@ class TrainConfig:
         if self.topology is not None:
             from wirereduce import schedule as sched
 
-            s = sched.build(self.topology, self.algorithm)   # ValueError on a bad name
+            if self.multiring_roots is not None:
+                integer("multiring_roots", 1)
+                if self.algorithm != "multiring":
+                    raise ValueError(f"--multiring-roots sets the multiring schedule's roots: it needs "
+                                     f"--algorithm multiring, not {self.algorithm}")
+            s = sched.build(self.topology, self.algorithm, **self.schedule_options())   # ValueError: bad name, roots
             if s.nodes != self.nodes:
                 raise ValueError(f"{s.topology.name} has {s.nodes} nodes, not --nodes {self.nodes}")
             if self.backend == "gloo":
@@ -118,6 +134,22 @@ class TrainConfig:
                 raise ValueError(f"wire_dtype must be bf16 or fp16, not {self.wire_dtype!r}")
             if self.backend == "gloo" or self.compress is not None:
                 raise ValueError("--wire-dtype needs the wirereduce hook without --compress")
+        if self.multiring_roots is not None and self.topology is None:
+            raise ValueError("--multiring-roots needs --topology and --algorithm multiring")
+        if self.chunk_bytes is not None:
+            if self.backend != "sim":
+                raise ValueError("--chunk-bytes sizes the simulated boards' frames: it needs --backend sim")
+            if self.compress is not None:
+                raise ValueError("--chunk-bytes is for uncompressed buckets (compressed chunks are sized to the "
+                                 "compressed bound): drop --chunk-bytes or --compress")
+            from wirereduce.host.engine import chunk_words_of_bytes, parse_chunk_bytes
+
+            try:
+                sizes = parse_chunk_bytes(self.chunk_bytes)
+                chunk_words_of_bytes(sizes, _sim_config(self).mtu)
+            except ValueError as e:
+                raise ValueError(f"--chunk-bytes: {e}") from None
+            self.chunk_bytes = ",".join(str(b) for b in ((sizes,) if isinstance(sizes, int) else sizes))
         if self.serve_dir is not None:
             if self.backend != "sim":
                 raise ValueError("--unix names a running `sim serve --unix DIR`: it needs --backend sim")
@@ -172,7 +204,7 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
             if cfg.topology is not None:
                 from wirereduce import schedule as sched
 
-                schedule = sched.build(cfg.topology, cfg.algorithm)
+                schedule = sched.build(cfg.topology, cfg.algorithm, **cfg.schedule_options())
             if cfg.backend == "loopback":
                 backend = wrt.LoopbackBackend(schedule=schedule)
             else:
@@ -257,6 +289,21 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
         dist.destroy_process_group()
 
 
+def hook_env(cfg: TrainConfig, sock_dir: str) -> dict:
+    """The environment every rank's hook reads (``wirereduce.torch.backend_from_env``) with
+    ``--backend sim``: the served boards' socket directory, the nodes, the schedule (topology,
+    algorithm, multiring roots) and the chunk sizes, the same at every rank."""
+    env = {"WIREREDUCE_UNIX": sock_dir, "WIREREDUCE_NODES": str(cfg.nodes),
+           "WIREREDUCE_TIMEOUT": os.environ.get("WIREREDUCE_TIMEOUT", "30")}
+    if cfg.topology is not None:
+        env.update(WIREREDUCE_TOPOLOGY=cfg.topology, WIREREDUCE_ALGORITHM=cfg.algorithm)
+    if cfg.multiring_roots is not None:
+        env["WIREREDUCE_MULTIRING_ROOTS"] = str(cfg.multiring_roots)
+    if cfg.chunk_bytes is not None:
+        env["WIREREDUCE_CHUNK_BYTES"] = cfg.chunk_bytes
+    return env
+
+
 def _sim_config(cfg: TrainConfig):
     """How ``_start_sim``'s ``sim serve`` builds the nodes (its defaults)."""
     from wirereduce.host.rank import served_engine_config
@@ -311,10 +358,7 @@ def train(cfg: TrainConfig, out: str | None = None) -> None:
                 sock_dir = os.path.abspath(cfg.serve_dir)
             else:
                 sim, sock_dir = _start_sim(cfg, workdir)
-            env = {"WIREREDUCE_UNIX": sock_dir, "WIREREDUCE_NODES": str(cfg.nodes),
-                   "WIREREDUCE_TIMEOUT": os.environ.get("WIREREDUCE_TIMEOUT", "30")}
-            if cfg.topology is not None:
-                env.update(WIREREDUCE_TOPOLOGY=cfg.topology, WIREREDUCE_ALGORITHM=cfg.algorithm)
+            env = hook_env(cfg, sock_dir)
         port = _free_port()
         print(f"training {cfg.model} on {cfg.nodes} ranks ({cfg.backend} backend"
               f"{f', INCEPTIONN k={cfg.compress}' if cfg.compress else ''}"
