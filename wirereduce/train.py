@@ -293,14 +293,16 @@ def hook_env(cfg: TrainConfig, sock_dir: str) -> dict:
     """The environment every rank's hook reads (``wirereduce.torch.backend_from_env``) with
     ``--backend sim``: the served boards' socket directory, the nodes, the schedule (topology,
     algorithm, multiring roots) and the chunk sizes, the same at every rank."""
-    env = {"WIREREDUCE_UNIX": sock_dir, "WIREREDUCE_NODES": str(cfg.nodes),
-           "WIREREDUCE_TIMEOUT": os.environ.get("WIREREDUCE_TIMEOUT", "30")}
+    from wirereduce import torch as wrt  # the names the hook reads (no PyTorch needed for them)
+
+    env = {wrt.ENV_UNIX: sock_dir, wrt.ENV_NODES: str(cfg.nodes),
+           wrt.ENV_TIMEOUT: os.environ.get(wrt.ENV_TIMEOUT, "30")}
     if cfg.topology is not None:
-        env.update(WIREREDUCE_TOPOLOGY=cfg.topology, WIREREDUCE_ALGORITHM=cfg.algorithm)
+        env.update({wrt.ENV_TOPOLOGY: cfg.topology, wrt.ENV_ALGORITHM: cfg.algorithm})
     if cfg.multiring_roots is not None:
-        env["WIREREDUCE_MULTIRING_ROOTS"] = str(cfg.multiring_roots)
+        env[wrt.ENV_MULTIRING_ROOTS] = str(cfg.multiring_roots)
     if cfg.chunk_bytes is not None:
-        env["WIREREDUCE_CHUNK_BYTES"] = cfg.chunk_bytes
+        env[wrt.ENV_CHUNK_BYTES] = cfg.chunk_bytes
     return env
 
 

@@ -184,6 +184,10 @@ class _CodecStage(wiring.Component):
     """
 
     _opcodes: tuple = ()
+    #: The transform drives ``bad`` on its output's last beat itself (the cut-through CodecIn: the
+    #: decompressor's verdict is known only then); otherwise the merge takes each frame's arrival
+    #: mark from a FIFO round the transform (``tbad``).
+    _bad_inband: bool = False
 
     def __init__(self, width: int, max_elements: int, max_beats: int):
         with rejecting(self):
@@ -196,6 +200,14 @@ class _CodecStage(wiring.Component):
         self._max_beats = max_beats
         beat = FrameStream(width)
         super().__init__({"i": In(beat), "o": Out(beat), "dropped": Out(1)})
+
+    def _arrival_marks(self, m, name):
+        """A FIFO (submodule ``name``) of each transformed frame's arrival mark (``bad`` on its last
+        beat), one bit per frame in order, written a cycle after the frame's last beat enters the
+        transform (``_t_end`` / ``_t_bad``); the caller reads it."""
+        q = m.submodules[name] = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
+        m.d.comb += [q.w_en.eq(self._t_end), q.w_data.eq(self._t_bad)]
+        return q
 
     def _transform(self, m, src, dst):
         """Connect the payload transform from ``src`` (hdr beats) to ``dst`` (hdr beats).
@@ -302,15 +314,10 @@ class _CodecStage(wiring.Component):
         self._t_end = t_end
         self._t_bad = t_bad
         out = stream.Signature(hdr_beat_layout(w)).create()
-        # A transform that knows a frame's ``bad`` only as its last beat leaves it (the cut-through
-        # CodecIn: the decompressor's verdict) sets ``_bad_inband`` and drives ``bad`` on ``dst``
-        # itself; the others leave it 0 and the merge takes the mark from ``tbad``.
-        self._bad_inband = False
         verdicts = self._transform(m, strip.o, out)
         wiring.connect(m, out, insert.i)
         if not self._bad_inband:
-            m.submodules.tbad = tbad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
-            m.d.comb += [tbad.w_en.eq(self._t_end), tbad.w_data.eq(self._t_bad)]
+            tbad = self._arrival_marks(m, "tbad")
             t_bad = tbad.r_data[0] & insert.o.payload.last
         else:
             t_bad = insert.o.payload.bad
@@ -401,6 +408,7 @@ class CodecIn(_CodecStage):
                                  "a placeholder: give placeholders=False with cut_through=True")
         self._placeholders = bool(placeholders)
         self._cut_through = bool(cut_through)
+        self._bad_inband = self._cut_through
         super().__init__(width, max_elements, max_beats)
 
     def _transform(self, m, src, dst):
@@ -429,8 +437,7 @@ class CodecIn(_CodecStage):
         m.submodules.beats = beats = fifo.SyncFIFOBuffered(width=blay.size, depth=depth)
         m.submodules.verdicts = verdicts = fifo.SyncFIFOBuffered(width=2 + len(hdrq.r_data), depth=FRAME_FIFO_DEPTH)
         # The frame's ``bad`` (a cut-through port upstream found it spoilt), in frame order.
-        m.submodules.ibad = ibad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
-        m.d.comb += [ibad.w_en.eq(self._t_end), ibad.w_data.eq(self._t_bad)]
+        ibad = self._arrival_marks(m, "ibad")
         d = dec.o.payload
         last = d.last
         m.d.comb += [
@@ -502,9 +509,7 @@ class CodecIn(_CodecStage):
         last beat, in band to the merge. Every transformed frame comes out (no verdicts)."""
         # The arrival mark, one entry per frame, written as the frame's last beat enters (several
         # cycles before the decompressor's last output beat, which waits for it anyway).
-        m.submodules.ibad = ibad = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
-        m.d.comb += [ibad.w_en.eq(self._t_end), ibad.w_data.eq(self._t_bad)]
-        self._bad_inband = True
+        ibad = self._arrival_marks(m, "ibad")
         d = dec.o.payload
         can = hdrq.r_rdy & (~d.last | ibad.r_rdy)
         fire_last = Signal()
