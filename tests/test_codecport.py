@@ -19,7 +19,7 @@ from wirereduce.hdl.codec.port import CodecIn, CodecOut, InsertHeader, StripHead
 from wirereduce.hdl.stream.frame import FrameGate
 
 from wirereduce import codec
-from wirereduce.protocol import Codec, Flag, Header, Opcode, frame
+from wirereduce.protocol import CODEC_FORWARDED, Codec, Flag, Header, Opcode, frame
 
 WIDTHS = [64, 256, 512]
 MAXN = 120
@@ -322,3 +322,107 @@ def test_cut_through_codec_in_starts_before_the_frame_is_in(width):
         firsts[ct] = (rec.all_cycles[0], acc[-1])
     assert firsts[True][0] < firsts[True][1], firsts
     assert firsts[False][0] > firsts[False][1], firsts
+
+
+def _forwarded(f: bytes) -> bytes:
+    """``f`` with its header's ``codec`` byte set to CODEC_FORWARDED, as a forwarding CodecIn passes it."""
+    return f[:3] + bytes([CODEC_FORWARDED]) + f[4:]
+
+
+@pytest.mark.parametrize("width", [64, 512])
+@pytest.mark.parametrize("pressure", [False, True])
+def test_forwarding_codec_in_passes_compressed_broadcasts_unchanged(width, pressure):
+    """The engine's network CodecIn (``forward=True``): a compressed BROADCAST leaves byte for byte as
+    it arrived, only its ``codec`` marked CODEC_FORWARDED; one whose length does not match its tags
+    (truncated, too long, padding not zero) leaves the same way with ``bad`` on its last beat and is
+    counted once, one marked ``bad`` on arrival keeps its mark and is not counted; a BROADCAST that
+    arrives marked CODEC_FORWARDED is checked like any; REDUCE and HOST_PUSH are decoded as before,
+    a REDUCE marked CODEC_FORWARDED passes as it is (the gate drops it), raw frames pass."""
+    rng = np.random.default_rng(width + 21 + pressure)
+    k = 10
+    g = [gradients(rng, n, k) for n in (40, 33, 7, MAXN, 1)]
+    enc = [codec.encode(x, k) for x in g]
+    dec = [codec.decode(e, x.size, k) for e, x in zip(enc, g)]
+    b = Header(opcode=Opcode.BROADCAST, count=40, seq=0, codec=Codec.INCEPTIONN_V1, eb_k=k)
+    bs = [b.replace(count=x.size, seq=i) for i, x in enumerate(g)]
+    pad = bytearray(enc[2])
+    pad[1] |= 0xC0                       # tag slot 7 of a 7-element payload: padding not zero
+    red = bs[1].replace(opcode=Opcode.REDUCE)
+    push = bs[2].replace(opcode=Opcode.HOST_PUSH)
+    fwd_in = frame(bs[4], enc[4])
+    fwd_in = fwd_in[:3] + bytes([CODEC_FORWARDED]) + fwd_in[4:]
+    red_fwd = frame(red, enc[1])
+    red_fwd = red_fwd[:3] + bytes([CODEC_FORWARDED]) + red_fwd[4:]
+    raw = frame(bs[2].replace(codec=Codec.NONE, eb_k=0), g[2])
+    inputs = [(frame(bs[0], enc[0]), 0),                      # good
+              (frame(red, enc[1]), 0),                        # REDUCE: decoded
+              (frame(bs[1], enc[1]), 1),                      # marked on a cable: forwarded, still marked
+              (frame(bs[2], enc[2] + b"\x55"), 0),            # too long
+              (frame(bs[3], enc[3][:-3]), 0),                 # truncated
+              (frame(bs[2], bytes(pad)), 0),                  # padding not zero
+              (frame(push, enc[2]), 0),                       # HOST_PUSH: decoded
+              (raw, 0),                                       # raw: unchanged
+              (fwd_in, 0),                                    # arrives marked forwarded: checked, passes
+              (red_fwd, 0),                                   # a REDUCE marked forwarded: unchanged
+              (frame(bs[2].replace(count=0), b""), 0),        # count 0: marked, left to the gate's count
+              (frame(bs[3], enc[3]), 0)]                      # good, the largest
+    want = [(_forwarded(inputs[0][0]), 0), (frame(red, dec[1]), 0), (_forwarded(inputs[2][0]), 1),
+            (_forwarded(inputs[3][0]), 1), (_forwarded(inputs[4][0]), 1), (_forwarded(inputs[5][0]), 1),
+            (frame(push, dec[2]), 0), (raw, 0), (fwd_in, 0), (red_fwd, 0), (_forwarded(inputs[10][0]), 1),
+            (_forwarded(inputs[11][0]), 0)]
+    dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)), placeholders=False, cut_through=True,
+                  forward=True)
+    vp, rp = (0.7, 0.6) if pressure else (1.0, 1.0)
+    rec, drops = run(dut, None, width, len(want), beats=_marked(inputs, width), valid_prob=vp, ready_prob=rp,
+                     seed=width + 7)
+    assert len(rec.frames) == len(want)
+    for i, (got, bad, (exp, want_bad)) in enumerate(zip(rec.frames, rec.errors, want)):
+        assert got == exp, i
+        assert bool(bad) == bool(want_bad), i
+    assert drops == 3   # too long, truncated, padding (not the marked one, not count 0)
+
+
+def test_forwarding_codec_in_needs_cut_through():
+    with pytest.raises(ValueError, match="cut_through=True"):
+        CodecIn(64, MAXN, 64, placeholders=False, forward=True)
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_forwarded_broadcast_is_cut_through(width):
+    """A forwarded BROADCAST's first beat leaves long before its last beat arrives (input at one beat
+    every 4 cycles), and its last beat within a few cycles of arriving (the length check's latency)."""
+    rng = np.random.default_rng(width + 3)
+    k = 6
+    x = gradients(rng, MAXN, k)
+    f = frame(Header(opcode=Opcode.BROADCAST, count=MAXN, seq=0, codec=Codec.INCEPTIONN_V1, eb_k=k),
+              codec.encode(x, k))
+    assert len(byte_beats(f, width)) >= 4
+    dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)), placeholders=False, cut_through=True,
+                  forward=True)
+    rec, acc = Received(), []
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source(dut.i, [byte_beats(f, width)], valid_prob=0.25, seed=3, accepted=acc))
+    sim.add_testbench(sink(dut.o, 1, width, rec, error=dut.o.payload.bad))
+    sim.run()
+    assert rec.frames[0] == _forwarded(f)
+    assert rec.errors == [0]
+    assert rec.all_cycles[0] < acc[0] + 12, (rec.all_cycles[0], acc)
+    assert rec.all_cycles[-1] <= acc[-1] + 16, (rec.all_cycles[-1], acc[-1])
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_codec_out_sends_forwarded_broadcasts_as_they_arrived(width):
+    """CodecIn(forward) then CodecOut: a compressed BROADCAST comes out byte for byte as it went in
+    (``codec`` INCEPTIONN_V1 again, not compressed twice), with its mark; a raw BROADCAST that asks for
+    compression is still compressed."""
+    rng = np.random.default_rng(width + 5)
+    k = 8
+    g = [gradients(rng, n, k) for n in (40, 7)]
+    b = Header(opcode=Opcode.BROADCAST, count=40, seq=0, codec=Codec.INCEPTIONN_V1, eb_k=k)
+    f0 = frame(b, codec.encode(g[0], k))
+    f1 = frame(b.replace(count=7, seq=1), codec.encode(g[1], k))
+    raw = frame(b.replace(count=7, seq=2), g[1])
+    inputs = [(_forwarded(f0), 0), (_forwarded(f1), 1), (raw, 0)]
+    want = [(f0, 0), (f1, 1), (frame(b.replace(count=7, seq=2), codec.encode(g[1], k)), 0)]
+    _run_marked(CodecOut(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8))), inputs, want, width)

@@ -201,6 +201,56 @@ def test_malformed_compressed_frame_spoils_its_chunk_only(case):
     assert drops == {"drop_length": 1, "drop_seq": 1}, (case, drops)
 
 
+def test_compressed_broadcast_forwarded_as_it_arrived():
+    """A compressed BROADCAST is forwarded to the child and delivered to the host byte for byte as it
+    arrived (``CodecIn(forward=True)``), not decoded and compressed again: its payload here holds a
+    tag-1 code of -0.0 (sign set, q = 0), which ``decode`` reads as -0.0 and ``encode`` would write
+    as tag 0 with no code, so only a forwarded frame keeps it. A BROADCAST whose length does not
+    match its tags leaves towards the child marked ``bad`` (counted once in ``drop_length``) and never
+    reaches the host."""
+    seen = {}
+    res0 = np.array([9.0, -0.0, 0.5], np.float32)
+    enc = bytearray(codec.encode(res0, K))
+    assert enc[0] & 0x0C == 0                    # element 1 (-0.0) has tag 0: no code
+    canonical = bytes(enc)
+    enc[0] |= 0x04                               # tag 1 for element 1 ...
+    payload = bytes(enc[:8 + 4]) + b"\x80" + bytes(enc[8 + 4:])   # ... its code s = 1, q = 0 after 9.0's raw 4 bytes
+    assert codec.decode(payload, 3, K).view(np.uint32).tolist() == [0x41100000, 0x80000000, 0x3F000000]
+    assert codec.encode(codec.decode(payload, 3, K), K) == canonical   # tag 0 again
+    bc = Header(opcode=Opcode.BROADCAST, collective=COLL, seq=0, count=3, src=3, hop=0, codec=Codec.INCEPTIONN_V1,
+                eb_k=K)
+    good = frame(bc, payload)
+    child1 = np.array([-1.25, 7.0, 2.0 ** -20], np.float32)
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, GOOD0)
+        seen["partial0"] = await recv(ctx, dut.net1_out)
+        await send(ctx, dut.net1_in, good)
+        seen["child0"] = await recv(ctx, dut.net0_out)
+        seen["host0"] = await recv(ctx, dut.host_tx)
+        await send(ctx, dut.net0_in, frame(reduce_hdr(1, codec=Codec.INCEPTIONN_V1, eb_k=K), codec.encode(child1, K)))
+        seen["partial1"] = await recv(ctx, dut.net1_out)
+        await send(ctx, dut.net1_in, frame(bc.replace(seq=1), payload)[:-1])          # truncated
+        seen["child1"] = await recv(ctx, dut.net0_out)
+        seen["host1"] = await no_frame(ctx, dut.host_tx, 200)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb, k=K)
+    assert not seen["partial0"][1] and not seen["partial1"][1]
+    child0, bad = seen["child0"]
+    assert not bad and child0 == frame(bc.replace(src=RANK), payload)   # the engine's outputs set src
+    host0, bad = seen["host0"]
+    h = Header.unpack(host0)
+    assert not bad and (h.opcode, h.seq, h.count, h.codec, h.eb_k) == (Opcode.HOST_RESULT, 0, 3, Codec.INCEPTIONN_V1, K)
+    assert host0[16:] == payload
+    child1_out, bad = seen["child1"]
+    assert bad and child1_out[16:] == payload[:-1]
+    assert seen["host1"], "a malformed result reached the host"
+    drops = {c: v for c, v in seen["stats"].items() if c.startswith("drop_") and v}
+    assert drops == {"drop_length": 1}, drops
+    assert seen["stats"]["broadcast_frames"] == 2, seen["stats"]
+
+
 ENTRY = encode_entry(EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)).to_bytes(8, "little")
 
 

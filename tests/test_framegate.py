@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from amaranth import Module
+from amaranth import Module, Mux
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
@@ -31,9 +31,10 @@ class _Gate(wiring.Component):
     bytes, and drops runts. ``raw_ok``: ``head_raw``/``head_raw_short`` are ``head``/``head_short``
     and ``head_raw_valid`` is high (or ``head_valid`` is low), and ``head_read`` only with ``head_valid``."""
 
-    def __init__(self, width, decoded=False):
+    def __init__(self, width, decoded=False, open_hop=None):
         self._w = width
         self._decoded = decoded
+        self._open_hop = open_hop   # frames with this ``hop`` are given the MTU as an open bound
         super().__init__({"i": In(FrameStream(width)), "o": Out(FrameStream(width)),
                           "length_error": Out(1), "oversize": Out(1), "raw_ok": Out(1)})
 
@@ -44,6 +45,10 @@ class _Gate(wiring.Component):
                                              expect_decoded=self._decoded)
         wiring.connect(m, wiring.flipped(self.i), gate.i)
         eb = HEADER_BYTES + 4 * gate.head.count
+        if self._open_hop is not None:
+            is_open = gate.head.hop == self._open_hop
+            eb = Mux(is_open, MTU, eb)
+            m.d.comb += gate.expect_open.eq(is_open)
         m.d.comb += [
             gate.accept.eq(gate.head_valid & ~gate.head_short),
             gate.drop.eq(gate.head_valid & gate.head_short),
@@ -220,3 +225,64 @@ def test_length_check_keep_not_contiguous(width, decoded):
     sim.run()
     assert bads == [bad for _, (_, bad, _) in todo]
     assert len(pulses) == sum(1 for _, (_, _, p) in todo if p)
+
+
+def model_open(beats, nb: int):
+    """What leaves the gate for a frame given the MTU as an open bound (``expect_open``): the frame
+    unchanged and unmarked if it is at most the MTU with no partial beat before its last, else cut
+    as with an exact expectation of the MTU."""
+    total = sum(bin(b["keep"]).count("1") for b in beats)
+    partial = any(b["keep"] != (1 << nb) - 1 for b in beats[:-1])
+    if not partial and total <= MTU:
+        return b"".join(b["data"].to_bytes(nb, "little")[:bin(b["keep"]).count("1")] for b in beats), 0, None
+    return model(beats, MTU, nb)
+
+
+@pytest.mark.parametrize("width", [64, 128, 512])
+@pytest.mark.parametrize("pressure", [False, True])
+def test_length_check_open_bound(width, pressure):
+    """``expect_open`` (the engine's forwarded compressed BROADCASTs): a frame of any length up to the
+    MTU leaves unchanged and unmarked; a longer one is cut at the MTU and counted ``oversize``; one
+    with a partial beat before its last is cut there; frames without it are checked exactly as before."""
+    rng = np.random.default_rng(3 * width + pressure)
+    nb = width // 8
+    todo = []
+    lengths = sorted({16, 17, 16 + nb, 15 + 2 * nb, 100, MTU - nb, MTU - nb + 1, MTU - 1, MTU, MTU + 1,
+                      MTU + nb - 1, MTU + nb, MTU + 3 * nb})
+    for i, n in enumerate(lengths):
+        hdr = Header(opcode=Opcode.BROADCAST, count=5, seq=i, hop=7).pack()
+        data = hdr + rng.bytes(n - HEADER_BYTES)
+        beats = beats_of(data, nb)
+        todo.append((beats, model_open(beats, nb)))
+        if len(beats) > 3:
+            beats = beats_of(data, nb, short_beat=2)
+            todo.append((beats, model_open(beats, nb)))
+        exact = Header(opcode=Opcode.REDUCE, count=(n - 16) // 4, seq=i).pack()   # not open: exact check
+        data = exact + rng.bytes(n - HEADER_BYTES)
+        beats = beats_of(data, nb)
+        todo.append((beats, model(beats, HEADER_BYTES + 4 * ((n - 16) // 4), nb)))
+    rng.shuffle(todo)
+    good = beats_of(Header(opcode=Opcode.REDUCE, count=1, seq=99).pack() + bytes(4), nb)
+    todo.append((good, model(good, HEADER_BYTES + 4, nb)))
+    want = [w for _, w in todo]
+    dut = _Gate(width, True, open_hop=7)
+    rec = Received()
+    pulses = []
+
+    async def count(ctx):
+        async for _, _, le, ov in ctx.tick().sample(dut.length_error, dut.oversize):
+            if le or ov:
+                pulses.append("length_error" if le else "oversize")
+
+    vp, rp = (0.7, 0.6) if pressure else (1.0, 1.0)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source(dut.i, [b for b, _ in todo], valid_prob=vp, seed=width))
+    sim.add_testbench(sink(dut.o, len(want), width, rec, error=dut.o.payload.bad, ready_prob=rp, seed=width + 1))
+    sim.add_process(count)
+    sim.run()
+    assert len(rec.frames) == len(want)
+    for k, (got, bad, (exp, exp_bad, _)) in enumerate(zip(rec.frames, rec.errors, want)):
+        assert got == exp, f"frame {k}: {len(got)} bytes out, want {len(exp)}"
+        assert bad == exp_bad, f"frame {k}: bad {bad}, want {exp_bad}"
+    assert pulses == [p for _, _, p in want if p]

@@ -24,7 +24,7 @@ import numpy as np
 
 __all__ = [
     "ETHERTYPE", "VERSION", "HEADER_BYTES", "ETH_HEADER_BYTES", "ETH_OVERHEAD_BYTES",
-    "ETH_MIN_PAYLOAD_BYTES", "STATS_COUNTERS", "Opcode", "DType", "Codec", "Flag", "Header",
+    "ETH_MIN_PAYLOAD_BYTES", "STATS_COUNTERS", "Opcode", "DType", "Codec", "CODEC_FORWARDED", "Flag", "Header",
     "HEADER_FIELDS", "header_layout", "max_elements", "wire_bytes", "ProtocolError", "NODE_COUNTERS",
     "engine_ports", "engine_port_counters", "engine_stats_counters", "stats_counters",
 ]
@@ -93,6 +93,14 @@ class Codec(enum.IntEnum):
 
     NONE = 0
     INCEPTIONN_V1 = 1
+
+
+#: ``codec`` of a compressed BROADCAST inside a codec engine that its ``CodecIn`` passed on as it
+#: arrived (its length checked against its tags) instead of decompressing it; the engine's
+#: ``CodecOut`` sets it back to ``INCEPTIONN_V1`` as the frame leaves, so it is never on a wire, and
+#: a frame that arrives with it is taken as ``INCEPTIONN_V1`` (a BROADCAST) or dropped (any other
+#: opcode: ``drop_codec``). docs/codec.md "Forwarded broadcasts".
+CODEC_FORWARDED = 0x81
 
 
 class Flag(enum.IntFlag):

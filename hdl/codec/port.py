@@ -26,6 +26,13 @@ the decoded values wait in a commit buffer until the payload's last byte has bee
 malformed frame is dropped whole. Either way ``dropped`` pulses once per malformed frame (the
 engine counts it in ``drop_length``).
 
+A forwarding :class:`CodecIn` (``forward=True``, the schedule engine's network inputs) does not
+decode a compressed BROADCAST: it passes it on as it arrives, ``codec`` set to
+:data:`~wirereduce.protocol.CODEC_FORWARDED`, its length checked beside it by a
+:class:`~wirereduce.hdl.codec.lencheck.CompressedLengthCheck`, and :class:`CodecOut` sends such a
+frame on unchanged (``codec`` INCEPTIONN_V1 again) instead of compressing it: a broadcast hop
+then costs a few cycles instead of a compressed frame time (docs/codec.md "Forwarded broadcasts").
+
 Latency: a transformed frame is stored whole once in the compressor (its tags come first), and,
 without ``cut_through``, once more in the decompressor's commit buffer: a compressing hop is then
 store-and-forward twice, about two frame times of the *uncompressed* payload at the node's width.
@@ -42,12 +49,13 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.codec.compressor import Compressor, Decompressor
+from wirereduce.hdl.codec.lencheck import CompressedLengthCheck
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameGate, FrameStream, beat_layout, gated_layout
 from wirereduce.hdl.stream.realign import Realigner
 
 from wirereduce.config import check_width
-from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode, header_layout
+from wirereduce.protocol import CODEC_FORWARDED, HEADER_BYTES, VERSION, Codec, Flag, Opcode, header_layout
 
 __all__ = ["hdr_beat_layout", "StripHeader", "InsertHeader", "CodecIn", "CodecOut", "codec_port_stages"]
 
@@ -175,6 +183,26 @@ def _is_compressed(head, short, opcodes):
             & ((head.flags & Flag.LOST) == 0))
 
 
+def _is_forwarded(head, short):
+    """A compressed BROADCAST that a forwarding :class:`CodecIn` passes on unchanged: complete header,
+    version 1, ``codec`` INCEPTIONN_V1 (or :data:`~wirereduce.protocol.CODEC_FORWARDED`, taken as
+    the same), not a LOST placeholder."""
+    return (~short & (head.version == VERSION) & (head.opcode == Opcode.BROADCAST)
+            & ((head.codec == Codec.INCEPTIONN_V1) | (head.codec == CODEC_FORWARDED))
+            & ((head.flags & Flag.LOST) == 0))
+
+
+#: Bit offset of the header's ``codec`` field in a frame's first beat (byte 3).
+_CODEC_BIT = 24
+#: Beats a forwarding :class:`CodecIn`'s straight path for compressed BROADCASTs holds.
+FORWARD_FIFO_DEPTH = 16
+
+
+def _with_codec(data, value):
+    """``data`` (a frame's first beat) with the header's ``codec`` byte replaced by ``value``."""
+    return Cat(data[:_CODEC_BIT], Const(value, 8), data[_CODEC_BIT + 8:])
+
+
 class _CodecStage(wiring.Component):
     """Shared frame routing of :class:`CodecIn` and :class:`CodecOut`.
 
@@ -188,6 +216,12 @@ class _CodecStage(wiring.Component):
     #: decompressor's verdict is known only then); otherwise the merge takes each frame's arrival
     #: mark from a FIFO round the transform (``tbad``).
     _bad_inband: bool = False
+    #: Compressed BROADCASTs take a third path, straight on with ``codec`` set to
+    #: :data:`~wirereduce.protocol.CODEC_FORWARDED`, their length checked beside it (``CodecIn``).
+    _forward: bool = False
+    #: A frame on the straight path whose ``codec`` is CODEC_FORWARDED leaves with INCEPTIONN_V1
+    #: (``CodecOut``: a forwarded BROADCAST leaves as it arrived).
+    _restore_forwarded: bool = False
 
     def __init__(self, width: int, max_elements: int, max_beats: int):
         with rejecting(self):
@@ -247,7 +281,8 @@ class _CodecStage(wiring.Component):
         wiring.connect(m, wiring.flipped(self.i), gate.i)
         index_bits = len(gate.o.payload.index)
 
-        m.submodules.routes = routes = fifo.SyncFIFOBuffered(width=1, depth=FRAME_FIFO_DEPTH)
+        # one entry per frame: bit 0 the transform, bit 1 (forwarding CodecIn) the forward path
+        m.submodules.routes = routes = fifo.SyncFIFOBuffered(width=2 if self._forward else 1, depth=FRAME_FIFO_DEPTH)
         # The route of the frame at the gate's head is decided into a register from the header
         # FIFO's head in every state (``head_raw``), and the frame is offered once that register
         # holds its header's (``seen``: the header was at the head the cycle before and was not read
@@ -258,14 +293,19 @@ class _CodecStage(wiring.Component):
         # (at 512 bit) waits one cycle.
         g = gate.o
         decision = Signal()
+        fdecision = Signal()
         seen = Signal()
         m.d.sync += [
             decision.eq(_is_compressed(gate.head_raw, gate.head_raw_short, self._opcodes)),
             seen.eq(gate.head_raw_valid & ~gate.head_read),
         ]
+        if self._forward:
+            m.d.sync += fdecision.eq(_is_forwarded(gate.head_raw, gate.head_raw_short))
         m.d.comb += gate.accept.eq(seen & routes.w_rdy)
         route = Signal()
         route_reg = Signal()
+        froute = Signal()
+        froute_reg = Signal()
         # The gate only passes frames here (no drop, no length check: START and PASS alone), so its
         # output's first beat is the one after a last beat: a register of our own, not a decode of
         # the gate's state, in front of the route and the gate's ready (timing, issue 16).
@@ -274,9 +314,11 @@ class _CodecStage(wiring.Component):
         with m.If(g.valid & g.ready):
             m.d.sync += g_mid.eq(~g.payload.last)
         m.d.comb += route.eq(Mux(g_first, decision, route_reg))
+        if self._forward:
+            m.d.comb += froute.eq(Mux(g_first, fdecision, froute_reg))
         with m.If(g.valid & g.ready & g_first):
-            m.d.sync += route_reg.eq(decision)
-            m.d.comb += [routes.w_en.eq(1), routes.w_data.eq(decision)]
+            m.d.sync += [route_reg.eq(decision), froute_reg.eq(fdecision)]
+            m.d.comb += [routes.w_en.eq(1), routes.w_data.eq(Cat(decision, fdecision))]
 
         # Transform path.
         m.submodules.strip = strip = StripHeader(w, index_bits)
@@ -286,15 +328,39 @@ class _CodecStage(wiring.Component):
         blay = beat_layout(w)
         m.submodules.bypass = bq = fifo.SyncFIFOBuffered(width=blay.size, depth=4)
         g_beat = Signal(blay)
+        g_data = g.payload.data
+        if self._restore_forwarded:
+            # a forwarded BROADCAST leaves with the codec it arrived with
+            fwd_hdr = g.payload.first & (g.payload.data[_CODEC_BIT:_CODEC_BIT + 8] == CODEC_FORWARDED)
+            g_data = Mux(fwd_hdr, _with_codec(g.payload.data, Codec.INCEPTIONN_V1), g.payload.data)
         m.d.comb += [
-            g_beat.data.eq(g.payload.data), g_beat.keep.eq(g.payload.keep), g_beat.last.eq(g.payload.last),
+            g_beat.data.eq(g_data), g_beat.keep.eq(g.payload.keep), g_beat.last.eq(g.payload.last),
             g_beat.bad.eq(g.payload.bad),
             strip.i.payload.eq(g.payload),
-            strip.i.valid.eq(g.valid & route),
-            bq.w_data.eq(g_beat),
-            bq.w_en.eq(g.valid & ~route),
-            g.ready.eq(Mux(route, strip.i.ready, bq.w_rdy)),
         ]
+        if self._forward:
+            # Forward path: the frame's beats go straight on (``codec`` marked CODEC_FORWARDED) through
+            # ``fq`` and, at the same time, through the StripHeader to the length check
+            # (``_transform``), whose verdict marks the last beat.
+            m.submodules.fwd = fq = fifo.SyncFIFOBuffered(width=blay.size, depth=FORWARD_FIFO_DEPTH)
+            f_beat = Signal(blay)
+            m.d.comb += [
+                f_beat.data.eq(Mux(g.payload.first, _with_codec(g.payload.data, CODEC_FORWARDED), g.payload.data)),
+                f_beat.keep.eq(g.payload.keep), f_beat.last.eq(g.payload.last), f_beat.bad.eq(g.payload.bad),
+                fq.w_data.eq(f_beat),
+                fq.w_en.eq(g.valid & froute & strip.i.ready),
+                strip.i.valid.eq(g.valid & (route | (froute & fq.w_rdy))),
+                bq.w_data.eq(g_beat),
+                bq.w_en.eq(g.valid & ~route & ~froute),
+                g.ready.eq(Mux(froute, strip.i.ready & fq.w_rdy, Mux(route, strip.i.ready, bq.w_rdy))),
+            ]
+        else:
+            m.d.comb += [
+                strip.i.valid.eq(g.valid & route),
+                bq.w_data.eq(g_beat),
+                bq.w_en.eq(g.valid & ~route),
+                g.ready.eq(Mux(route, strip.i.ready, bq.w_rdy)),
+            ]
         bypass = FrameStream(w).create()
         m.d.comb += [
             bypass.payload.eq(bq.r_data),
@@ -333,12 +399,33 @@ class _CodecStage(wiring.Component):
             t_ok = routes.r_rdy & sel & verdicts.r_rdy & verdicts.r_data[0]
             t_skip = routes.r_rdy & sel & verdicts.r_rdy & ~verdicts.r_data[0]
         t_done = Signal()
+        t_valid = Mux(sel, t_ok & insert.o.valid, routes.r_rdy & bypass.valid)
+        t_payload = Mux(sel, insert.o.payload.as_value(), bypass.payload.as_value())
+        t_bad_o = Mux(sel, t_bad, bypass.payload.bad)
+        if self._forward:
+            # a forwarded frame's last beat waits for its length verdict (``self._fverd``, in order)
+            fsel = routes.r_data[1]
+            fv = self._fverd
+            fb = data.View(blay, fq.r_data)
+            f_ok = routes.r_rdy & fsel & fq.r_rdy & (~fb.last | fv.r_rdy)
+            m.d.comb += [
+                o.valid.eq(Mux(fsel, f_ok, t_valid)),
+                o.payload.eq(Mux(fsel, fq.r_data, t_payload)),
+                o.payload.bad.eq(Mux(fsel, fb.bad | (fb.last & fv.r_data[0]), t_bad_o)),
+                fq.r_en.eq(f_ok & o.ready),
+                fv.r_en.eq(f_ok & o.ready & fb.last),
+                insert.o.ready.eq(t_ok & o.ready),
+                bypass.ready.eq(routes.r_rdy & ~sel & ~fsel & o.ready),
+            ]
+        else:
+            m.d.comb += [
+                o.valid.eq(t_valid),
+                o.payload.eq(t_payload),
+                o.payload.bad.eq(t_bad_o),
+                insert.o.ready.eq(t_ok & o.ready),
+                bypass.ready.eq(routes.r_rdy & ~sel & o.ready),
+            ]
         m.d.comb += [
-            o.valid.eq(Mux(sel, t_ok & insert.o.valid, routes.r_rdy & bypass.valid)),
-            o.payload.eq(Mux(sel, insert.o.payload.as_value(), bypass.payload.as_value())),
-            o.payload.bad.eq(Mux(sel, t_bad, bypass.payload.bad)),
-            insert.o.ready.eq(t_ok & o.ready),
-            bypass.ready.eq(routes.r_rdy & ~sel & o.ready),
             t_done.eq(t_skip | (t_ok & insert.o.valid & o.ready & insert.o.payload.last)),
             routes.r_en.eq(t_skip | (o.valid & o.ready & o.payload.last)),
         ]
@@ -378,6 +465,17 @@ class CodecIn(_CodecStage):
         one (or one marked ``bad`` on arrival) leaves with ``bad`` on its last beat. Saves a
         frame time of the uncompressed payload per compressing hop and the commit buffer's
         memory.
+    forward : bool
+        False (default): every compressed data frame is decompressed. True (the schedule engine's
+        network inputs; needs ``cut_through``): a compressed BROADCAST is passed on as it arrives,
+        its header's ``codec`` set to :data:`~wirereduce.protocol.CODEC_FORWARDED` (so the engine's
+        gates check its length against the MTU only, and its ``CodecOut`` sends it on unchanged
+        instead of compressing it again), while a :class:`CompressedLengthCheck` checks its length
+        against its tags beside it; its last beat waits for that verdict (a few cycles,
+        ``CompressedLengthCheck.latency``) and leaves marked ``bad`` if it is malformed, counted in
+        ``dropped``. A broadcast hop then costs a few cycles instead of a compressed frame time:
+        ``quantize`` is idempotent, so the bytes are those a decode and re-encode would give
+        (docs/codec.md "Forwarded broadcasts").
 
     Attributes
     ----------
@@ -394,21 +492,27 @@ class CodecIn(_CodecStage):
     Raises
     ------
     ValueError
-        On a bad width, ``max_elements`` outside 1 … 65535, ``max_beats`` < 1, or
-        ``placeholders`` with ``cut_through``.
+        On a bad width, ``max_elements`` outside 1 … 65535, ``max_beats`` < 1,
+        ``placeholders`` with ``cut_through``, or ``forward`` without ``cut_through``.
     """
 
     _opcodes = _DATA_OPS_IN
 
     def __init__(self, width: int, max_elements: int, max_beats: int, placeholders: bool = True,
-                 cut_through: bool = False):
+                 cut_through: bool = False, forward: bool = False):
         with rejecting(self):
             if placeholders and cut_through:
                 raise ValueError("a cut-through CodecIn has no commit buffer to turn a marked frame into "
                                  "a placeholder: give placeholders=False with cut_through=True")
+            if forward and not cut_through:
+                raise ValueError("forward=True marks a malformed forwarded frame bad on its last beat, as "
+                                 "the cut-through CodecIn does: give cut_through=True with it")
         self._placeholders = bool(placeholders)
         self._cut_through = bool(cut_through)
         self._bad_inband = self._cut_through
+        self._forward = bool(forward)
+        if self._forward:
+            self._opcodes = tuple(op for op in _DATA_OPS_IN if op != Opcode.BROADCAST)
         super().__init__(width, max_elements, max_beats)
 
     def _transform(self, m, src, dst):
@@ -420,9 +524,34 @@ class CodecIn(_CodecStage):
         m.submodules.dec_in = q = fifo.SyncFIFOBuffered(width=len(src.payload.as_value()), depth=4)
         fed = stream.Signature(hdr_beat_layout(w)).create()
         m.d.comb += [
-            q.w_data.eq(src.payload.as_value()), q.w_en.eq(src.valid), src.ready.eq(q.w_rdy),
+            q.w_data.eq(src.payload.as_value()), src.ready.eq(q.w_rdy),
             fed.payload.eq(q.r_data), fed.valid.eq(q.r_rdy), q.r_en.eq(fed.ready),
         ]
+        if self._forward:
+            # Forwarded BROADCASTs (the only BROADCASTs here) go to the length check, not the
+            # decompressor; they wait for room in ``dec_in`` like the others (``src.ready`` the same
+            # for both), so the check sees them in frame order behind the decoded frames.
+            is_fwd = src.payload.hdr.opcode == Opcode.BROADCAST
+            m.submodules.lencheck = chk = CompressedLengthCheck(w, self._max_elements)
+            m.submodules.fverd = fverd = fifo.SyncFIFOBuffered(width=1, depth=FORWARD_FIFO_DEPTH + 1)
+            self._fverd = fverd
+            m.d.comb += [
+                q.w_en.eq(src.valid & ~is_fwd),
+                chk.beat.eq(src.payload), chk.strobe.eq(src.valid & q.w_rdy & is_fwd),
+                fverd.w_en.eq(chk.done), fverd.w_data.eq(chk.error),
+            ]
+            # Counted in ``drop_length`` like a frame that does not decode, unless its ``count`` is one the
+            # engine's gates drop it for (0 or above ``max_elements``): that of its last beat, delayed to
+            # the verdict.
+            hdr = src.payload.hdr
+            ok_now = chk.strobe & src.payload.last & (hdr.count != 0) & (hdr.count <= self._max_elements)
+            ok_line = [Signal(name=f"fwd_count_ok{j}") for j in range(chk.latency)]
+            m.d.sync += ok_line[0].eq(ok_now)
+            for j in range(1, chk.latency):
+                m.d.sync += ok_line[j].eq(ok_line[j - 1])
+            self._fwd_dropped = chk.done & chk.error & ok_line[-1]
+        else:
+            m.d.comb += q.w_en.eq(src.valid)
         src = fed
         m.submodules.dec = dec = Decompressor(w, self._max_elements)
         m.d.comb += dec.n.eq(src.payload.hdr.count)
@@ -528,7 +657,14 @@ class CodecIn(_CodecStage):
         count_ok = (hdr.count != 0) & (hdr.count <= self._max_elements)
         dropped = Signal()
         m.d.sync += dropped.eq(fire_last & dec.error & count_ok)
-        m.d.comb += self.dropped.eq(dropped)
+        if self._forward:
+            # both paths may find a malformed frame in the same cycle: one pulse now, the other owed
+            owe = Signal(2)
+            total = dropped + self._fwd_dropped + owe
+            m.d.comb += self.dropped.eq(total != 0)
+            m.d.sync += owe.eq(total - (total != 0))
+        else:
+            m.d.comb += self.dropped.eq(dropped)
         return None
 
 
@@ -539,10 +675,13 @@ class CodecOut(_CodecStage):
     Parameters and attributes as :class:`CodecIn`, except that ``o`` carries each such frame's
     payload compressed with its header's ``eb_k`` (exactly
     :func:`wirereduce.sim.codec.encode`), and ``dropped`` never pulses (the node only sends
-    well-formed frames).
+    well-formed frames). A frame whose ``codec`` is :data:`~wirereduce.protocol.CODEC_FORWARDED`
+    (a compressed BROADCAST a forwarding :class:`CodecIn` passed on) leaves as it is, its ``codec``
+    set back to INCEPTIONN_V1.
     """
 
     _opcodes = _DATA_OPS_OUT
+    _restore_forwarded = True
 
     def _transform(self, m, src, dst):
         w = self._width
@@ -559,7 +698,8 @@ class CodecOut(_CodecStage):
         ]
 
 
-def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool = True, cut_through: bool = False):
+def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool = True, cut_through: bool = False,
+                      forward=()):
     """A component's ports as its logic sees them: straight, or (``config.codec``) through a
     :class:`CodecIn` behind each of ``inputs`` and a :class:`CodecOut` in front of each of
     ``outputs`` (submodules ``codec_{name}``), as the ring node and the schedule engine put them.
@@ -579,6 +719,9 @@ def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool 
     cut_through : bool
         :class:`CodecIn`'s (needs ``placeholders=False``): True for the schedule engine, whose
         gates and units take a frame marked ``bad`` on its last beat and discard what it makes.
+    forward : collection of str
+        The inputs whose :class:`CodecIn` forwards compressed BROADCASTs unchanged (``forward=True``;
+        the schedule engine's network inputs, with ``cut_through``).
 
     Returns
     -------
@@ -596,7 +739,7 @@ def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool 
     ins, outs, dropped = {}, {}, []
     for name in inputs:
         stage = m.submodules[f"codec_{name}"] = CodecIn(w, config.max_elements, config.max_beats, placeholders,
-                                                        cut_through)
+                                                        cut_through, forward=name in forward)
         wiring.connect(m, wiring.flipped(getattr(component, name)), stage.i)
         dropped.append(stage.dropped)
         ins[name] = beat.create()

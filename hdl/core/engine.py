@@ -504,7 +504,8 @@ class Engine(wiring.Component):
         # placeholders).
         ports_in, ports_out, dropped = codec_port_stages(m, self, cfg, ["host_rx"] + [f"net{p}_in" for p in range(P)],
                                                          ["host_tx"] + [f"net{p}_out" for p in range(P)],
-                                                         placeholders=False, cut_through=True)
+                                                         placeholders=False, cut_through=True,
+                                                         forward=[f"net{p}_in" for p in range(P)])
         for d in dropped:
             m.d.comb += events.flag("drop_length").eq(d)
         host_gate = gate("host")
@@ -716,7 +717,7 @@ class Engine(wiring.Component):
                          h.seq, count_bad, ~looked | slot_wait | ctl_hold, opcode=Opcode.REDUCE, flags_allowed=0,
                          codec_built=cfg.codec, lost_ok=0, lost_wait=0,
                          apply=looked, late_count_bad=unit_bad, late_opcode=port_bad, late_seq=seq_bad,
-                         also_drop=looked & abort_drop & ctl_hold)
+                         also_drop=looked & abort_drop & ctl_hold, forwarded=cfg.codec)
             m.d.comb += events.flag("drop_collective").eq(g.drop & ~g.drop_track)
 
         # --- broadcast sources: look up the flow, then forward ------------------------------

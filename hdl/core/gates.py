@@ -12,6 +12,7 @@ from __future__ import annotations
 from amaranth import Cat, Const, Module, Mux, Signal
 from wirereduce.hdl.stream.frame import decode_expect
 
+from wirereduce.protocol import CODEC_FORWARDED as FORWARDED
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode
 
 __all__ = ["check_header"]
@@ -20,7 +21,7 @@ __all__ = ["check_header"]
 def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad, wait, *,
                  opcode: Opcode, flags_allowed: int, codec_built: bool, lost_ok, lost_wait,
                  apply=None, late_count_bad=None, late_opcode=None, late_seq=None, raw_head=False,
-                 also_drop=None, also_accept=None):
+                 also_drop=None, also_accept=None, forwarded: bool = False):
     """The checks every input makes of the header waiting in ``gate``, in order (docs/protocol.md
     "Drop rules"): runt, version, ``opcode_ok``, collective (``run``), ``flags``
     (``flags_allowed``), ``dtype`` (the collective's), ``codec``/``eb_k`` (the collective's, and
@@ -55,7 +56,13 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     verdict on a head these checks do not judge (the engine's host commands; ``apply`` low then), OR-ed
     into the gate's ``drop``/``accept`` (timing: one flat OR, not a select between two sets of drivers);
     ``gate.expect_bytes``/``expect`` and ``mark_bad`` stay the checks' registered ones, which the caller's
-    accepted frames must share."""
+    accepted frames must share.
+
+    ``forwarded`` (the engine's network gates on a codec engine): a BROADCAST whose ``codec`` is
+    :data:`~wirereduce.protocol.CODEC_FORWARDED` (a compressed BROADCAST its ``CodecIn`` passed on
+    unchanged, its length already checked against its tags, docs/codec.md "Forwarded broadcasts")
+    passes the codec check of a compressed collective (INCEPTIONN_V1, the same ``eb_k``), and its
+    length is checked only against the MTU (``gate.expect_open``)."""
     if raw_head and apply is None:
         raise ValueError("raw_head needs apply")
     if apply is None and (also_drop is not None or also_accept is not None):
@@ -64,19 +71,27 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
     head_short = gate.head_raw_short if raw_head else gate.head_short
     lost = (h.flags & Flag.LOST) != 0
     expect_bytes = Mux(lost, HEADER_BYTES, HEADER_BYTES + 4 * h.count)
+    if forwarded:
+        fwd_any = h.codec == FORWARDED
+        fwd_ok = fwd_any & (h.opcode == Opcode.BROADCAST) & (run.codec == Codec.INCEPTIONN_V1)
+        expect_bytes = Mux(fwd_any, gate.max_bytes, expect_bytes)
+    else:
+        fwd_any = fwd_ok = Const(0, 1)
     decoded = hasattr(gate, "expect")   # FrameGate(expect_decoded=True)
     if decoded:
         expect_bytes = decode_expect(m, expect_bytes, len(gate.i.payload.data))
     if apply is not None:   # registered, as the verdict below: the header has not changed when applied
         eb_q = Signal(expect_bytes.shape() if decoded else 16, name=f"{gate.__class__.__name__.lower()}_expect")
         lost_q = Signal()
-        m.d.sync += [eb_q.eq(expect_bytes), lost_q.eq(lost)]
-        expect_bytes, lost_mark = eb_q, lost_q
+        open_q = Signal(name=f"{gate.__class__.__name__.lower()}_open")
+        m.d.sync += [eb_q.eq(expect_bytes), lost_q.eq(lost), open_q.eq(fwd_any)]
+        expect_bytes, lost_mark, open_mark = eb_q, lost_q, open_q
     else:
-        lost_mark = lost
+        lost_mark, open_mark = lost, fwd_any
     m.d.comb += [
         (gate.expect if decoded else gate.expect_bytes).eq(expect_bytes),
         gate.mark_bad.eq(lost_mark),
+        gate.expect_open.eq(open_mark),
         gate.lost_hdr.version.eq(VERSION), gate.lost_hdr.opcode.eq(opcode),
         gate.lost_hdr.dtype.eq(run.dtype), gate.lost_hdr.codec.eq(run.codec), gate.lost_hdr.eb_k.eq(run.eb_k),
         gate.lost_hdr.src.eq(run.rank), gate.lost_hdr.flags.eq(Flag.LOST),
@@ -86,7 +101,7 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         events.flag("drop_length").eq(gate.length_error),
         events.flag("drop_oversize").eq(gate.oversize),
     ]
-    codec_bad = (h.codec != run.codec) | (h.eb_k != run.eb_k)
+    codec_bad = ((h.codec != run.codec) & ~fwd_ok) | (h.eb_k != run.eb_k)
     if not codec_built:
         codec_bad = codec_bad | (h.codec != Codec.NONE)
     # The checks in order (docs/protocol.md "Drop rules"): the first that fails names the counter.

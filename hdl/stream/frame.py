@@ -278,6 +278,10 @@ class FrameGate(wiring.Component):
         With ``accept``: the frame's length by its header, and whether to mark it bad anyway.
     expect : In(expect_layout(width))
         Instead of ``expect_bytes`` with ``expect_decoded``: the same length, decoded.
+    expect_open : In(1)
+        With ``accept``: the expected length is only a bound (the schedule engine's forwarded
+        compressed BROADCAST, whose length its ``CodecIn`` has checked against its tags): a frame
+        that ends before it is not a length error; one that runs past it is cut off as any other.
     length_error, oversize : Out(1)
         One-cycle pulses, at most one per frame (the parent counts them).
     drop_track : In(1)
@@ -302,6 +306,8 @@ class FrameGate(wiring.Component):
         self._placeholders = bool(placeholders)
         self._expect_decoded = bool(expect_decoded)
         self._max_bytes = max_bytes if max_bytes is not None else max_beats * (width // 8)
+        #: The longest frame in bytes (``max_bytes``).
+        self.max_bytes = self._max_bytes
         super().__init__({
             "i": In(FrameStream(width)),
             "o": Out(stream.Signature(gated_layout(width, self._index_bits))),
@@ -316,6 +322,7 @@ class FrameGate(wiring.Component):
             "drop": In(1),
             **({"expect": In(expect_layout(width))} if expect_decoded else {"expect_bytes": In(16)}),
             "mark_bad": In(1),
+            "expect_open": In(1),
             "length_error": Out(1),
             "oversize": Out(1),
             "drop_track": In(1),
@@ -403,8 +410,10 @@ class FrameGate(wiring.Component):
         # exp_prev: the index of the beat before the expected last one; at_end_q: the beat now
         # leaving (in PASS) is the expected last one, decided as the beat before it left.
         exp_prev, exp_keep, exp_tail, exp_mark = Signal(16), Signal(nb), Signal(range(nb + 1)), Signal()
+        exp_open = Signal()
         at_end_q = Signal()
         cur_at_end, cur_keep, cur_tail = Signal(), Signal(nb), Signal(range(nb + 1))
+        cur_open = Signal()
         exp = self.expect if self._expect_decoded else decode_expect(m, self.expect_bytes, w, name="accept_expect")
         accept_last, accept_keep = exp.last, exp.keep
         # The first beat is the expected last one only if one beat holds the whole header
@@ -426,7 +435,9 @@ class FrameGate(wiring.Component):
             # keep == cur_keep (a thermometer code of cur_tail lanes), from the summary stored with the beat
             last_ok = at_end & o_thermo & (o_count == cur_tail)
             cut = ~out_beat.last & (at_end | ~o_full)
-            err = out_beat.last & ~last_ok
+            # ``expect_open``: the expected length is only a bound, a frame ending before it is no error
+            # (one ending in the bound's beat with bytes past it is: those bytes are cut, ``o.keep``)
+            err = out_beat.last & Mux(cur_open, at_end & (o_count > cur_tail), ~last_ok)
             return cut, err   # (and never a byte past the expected length: ``o.keep`` below)
 
         # The state in one-hot registers, the only state register (timing: the FIFO reads below hang off
@@ -445,6 +456,7 @@ class FrameGate(wiring.Component):
             cur_at_end.eq(Mux(st_start, first_at_end, at_end_q)),
             cur_keep.eq(Mux(st_start, accept_keep, exp_keep)),
             cur_tail.eq(Mux(st_start, exp.tail, exp_tail)),
+            cur_open.eq(Mux(st_start, self.expect_open, exp_open)),
         ]
         chk = beat_check()   # (without the length check nothing is cut or marked: constant 0)
         cut, err = chk if chk is not None else (Const(0, 1), Const(0, 1))
@@ -478,7 +490,8 @@ class FrameGate(wiring.Component):
             with m.If(s_take):
                 m.d.sync += [cur_hdr.eq(head), out_idx.eq(1), exp_prev.eq(accept_last - 1),
                              at_end_q.eq(exp.two),
-                             exp_keep.eq(accept_keep), exp_tail.eq(exp.tail), exp_mark.eq(self.mark_bad)]
+                             exp_keep.eq(accept_keep), exp_tail.eq(exp.tail), exp_mark.eq(self.mark_bad),
+                             exp_open.eq(self.expect_open)]
                 with m.If(cut):
                     m.d.sync += trunc_beats.eq(1)
                 with m.If(err):
