@@ -175,7 +175,7 @@ def test_logic_levels_errors():
 
 def test_select_blocks():
     assert [b.name for b, _ in resources.select_blocks(family="xcup")] == [
-        "fp32_adder_deep", "lanes512", "engine_p2_512"]
+        "fp32_adder_deep", "lanes512", "lencheck512", "engine_p2_512"]
     # blocks outside the default set are synthesised only when asked for
     assert "engine_p4_64_s32" not in [b.name for b, _ in resources.select_blocks()]
     assert [b.name for b, _ in resources.select_blocks(["engine_p4_64_s32"])] == ["engine_p4_64_s32"]

@@ -1539,8 +1539,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", nargs="+", metavar="BLOCK", help=f"blocks to run: {', '.join(BLOCKS)} "
                    "(default: all but mac_rx, which yosys takes about 5 min on, and "
                    f"{', '.join(n for n, b in BLOCKS.items() if not b.default and n != 'mac_rx')})")
-    p.add_argument("--quick", action="store_true", help="only the small blocks (fp32 lane, frame gate, PCS; "
-                   "about a minute)")
+    p.add_argument("--quick", action="store_true", help="only the small blocks (fp32 lane, frame gate, PCS, "
+                   "length checks; about a minute)")
     p.add_argument("-o", "--output", default="bench/results/resources.json",
                    help="JSON output (default: bench/results/resources.json)")
     p.add_argument("--build-dir", default="build/resources", help="yosys work directories (default: "

