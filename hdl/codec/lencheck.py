@@ -82,8 +82,8 @@ class CompressedLengthCheck(wiring.Component):
     Timing: :attr:`latency` is 4 cycles at 64 bit, 5 at 128 … 512 bit (6 at 1024): one input
     stage, ``ceil(log2(width/8) / 3)`` adder stages, two compare stages (6-bit groups, then their
     AND). The inputs reach the first registers through the compare of ``n`` with the beat
-    counter, the nibble look-ups and one add, and the counter's increment. By the yosys estimate of ``wirereduce resources`` (synthesised
-    alone, ``wirereduce resources --blocks lencheck64 lencheck512``): 5 LUT levels at 512 bit on
+    counter, the nibble look-ups and one add, and the counter's increment. By the yosys estimate
+    (synthesised alone, ``wirereduce resources --blocks lencheck64 lencheck512``): 5 LUT levels at 512 bit on
     xcup (its budget; the deepest are the input-side padding slots, which ABC maps deeper than their
     3-4 levels since they have slack against the tree's carry chains; the final compare, 6 levels in
     one stage, is split in two), 1,740 LUT and 941 FF; 6 levels at 64 bit on xc7 (budget 9), 313 LUT
