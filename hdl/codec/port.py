@@ -299,13 +299,18 @@ class _CodecStage(wiring.Component):
             decision.eq(_is_compressed(gate.head_raw, gate.head_raw_short, self._opcodes)),
             seen.eq(gate.head_raw_valid & ~gate.head_read),
         ]
+        sdecision = Signal()   # either (a register of its own, timing: no OR behind the two)
         if self._forward:
-            m.d.sync += fdecision.eq(_is_forwarded(gate.head_raw, gate.head_raw_short))
+            fwd_now = _is_forwarded(gate.head_raw, gate.head_raw_short)
+            m.d.sync += [fdecision.eq(fwd_now),
+                         sdecision.eq(_is_compressed(gate.head_raw, gate.head_raw_short, self._opcodes) | fwd_now)]
         m.d.comb += gate.accept.eq(seen & routes.w_rdy)
         route = Signal()
         route_reg = Signal()
         froute = Signal()
         froute_reg = Signal()
+        into = Signal()        # into the StripHeader: decoded or forwarded
+        into_reg = Signal()
         # The gate only passes frames here (no drop, no length check: START and PASS alone), so its
         # output's first beat is the one after a last beat: a register of our own, not a decode of
         # the gate's state, in front of the route and the gate's ready (timing, issue 16).
@@ -315,9 +320,9 @@ class _CodecStage(wiring.Component):
             m.d.sync += g_mid.eq(~g.payload.last)
         m.d.comb += route.eq(Mux(g_first, decision, route_reg))
         if self._forward:
-            m.d.comb += froute.eq(Mux(g_first, fdecision, froute_reg))
+            m.d.comb += [froute.eq(Mux(g_first, fdecision, froute_reg)), into.eq(Mux(g_first, sdecision, into_reg))]
         with m.If(g.valid & g.ready & g_first):
-            m.d.sync += [route_reg.eq(decision), froute_reg.eq(fdecision)]
+            m.d.sync += [route_reg.eq(decision), froute_reg.eq(fdecision), into_reg.eq(sdecision)]
             m.d.comb += [routes.w_en.eq(1), routes.w_data.eq(Cat(decision, fdecision))]
 
         # Transform path.
@@ -343,16 +348,22 @@ class _CodecStage(wiring.Component):
             # ``fq`` and, at the same time, through the StripHeader to the length check
             # (``_transform``), whose verdict marks the last beat.
             m.submodules.fwd = fq = fifo.SyncFIFOBuffered(width=blay.size, depth=FORWARD_FIFO_DEPTH)
+            # Room for a beat, registered (timing: the gate's ready, which the route FIFO's write and the
+            # gate's own FIFO read hang off, through no FIFO level; 10 levels with ``fq.w_rdy`` there): at
+            # least three entries free at the edge before. Every frame into the StripHeader waits for it,
+            # decoded ones too (one AND less; ``fq`` only ever waits for the merge, which frames in order).
+            fq_room = Signal(init=1)
+            m.d.sync += fq_room.eq(fq.level <= FORWARD_FIFO_DEPTH - 3)
             f_beat = Signal(blay)
             m.d.comb += [
                 f_beat.data.eq(Mux(g.payload.first, _with_codec(g.payload.data, CODEC_FORWARDED), g.payload.data)),
                 f_beat.keep.eq(g.payload.keep), f_beat.last.eq(g.payload.last), f_beat.bad.eq(g.payload.bad),
                 fq.w_data.eq(f_beat),
-                fq.w_en.eq(g.valid & froute & strip.i.ready),
-                strip.i.valid.eq(g.valid & (route | (froute & fq.w_rdy))),
+                fq.w_en.eq(g.valid & froute & strip.i.ready & fq_room),
+                strip.i.valid.eq(g.valid & into & fq_room),
                 bq.w_data.eq(g_beat),
-                bq.w_en.eq(g.valid & ~route & ~froute),
-                g.ready.eq(Mux(froute, strip.i.ready & fq.w_rdy, Mux(route, strip.i.ready, bq.w_rdy))),
+                bq.w_en.eq(g.valid & ~into),
+                g.ready.eq(Mux(into, strip.i.ready & fq_room, bq.w_rdy)),
             ]
         else:
             m.d.comb += [
