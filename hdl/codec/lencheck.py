@@ -120,6 +120,12 @@ class CompressedLengthCheck(wiring.Component):
         If ``width`` is not a valid datapath width or ``max_elements`` is not in 1 … 65535.
     """
 
+    @staticmethod
+    def latency_of(width: int) -> int:
+        """:attr:`latency` of a check of ``width`` bits (cycles), without building one: one input
+        stage, the adder stages, two compare stages."""
+        return 3 + -(-_log2(check_width(width) // 8) // _ADDS_PER_STAGE)
+
     def __init__(self, width: int, max_elements: int):
         with rejecting(self):
             check_width(width)
@@ -133,7 +139,7 @@ class CompressedLengthCheck(wiring.Component):
         self.width = width
         self.max_elements = max_elements
         self._adds = _log2(width // 8)      # adder levels of a beat's sum (one leaf per byte)
-        self.latency = 3 + -(-self._adds // _ADDS_PER_STAGE)
+        self.latency = self.latency_of(width)
         super().__init__({
             "beat": In(hdr_beat_layout(width)),
             "strobe": In(1),
