@@ -126,18 +126,11 @@ def cases(width, rng):
     return out
 
 
-@pytest.mark.parametrize("width", [64, 128, 512])
-@pytest.mark.parametrize("pressure", [False, True])
-@pytest.mark.parametrize("decoded", [False, True], ids=["expect_bytes", "expect_decoded"])
-def test_length_check_every_case(width, pressure, decoded):
-    rng = np.random.default_rng(width + pressure)
-    todo = cases(width, rng)
-    rng.shuffle(todo)
-    # End on a good frame, so the last cut-off frame's pulse (at its end) is seen.
-    good = beats_of(Header(opcode=Opcode.REDUCE, count=1, seq=99).pack() + bytes(4), width // 8)
-    todo.append((good, model(good, HEADER_BYTES + 4, width // 8)))
+def _run_and_check(dut, todo, width, pressure):
+    """Run ``dut`` (a :class:`_Gate`) on ``todo`` ((beats, expected output or None for a runt) pairs),
+    with back-pressure on both sides if ``pressure``; check every frame that leaves, its mark and the
+    order of the ``length_error``/``oversize`` pulses against the expected outputs."""
     want = [w for _, w in todo if w is not None]
-    dut = _Gate(width, decoded)
     rec = Received()
     pulses = []
 
@@ -160,6 +153,19 @@ def test_length_check_every_case(width, pressure, decoded):
         assert got == exp, f"frame {k}: {len(got)} bytes out, want {len(exp)}"
         assert bad == exp_bad, f"frame {k}: bad {bad}, want {exp_bad}"
     assert pulses == [p for _, _, p in want if p]
+
+
+@pytest.mark.parametrize("width", [64, 128, 512])
+@pytest.mark.parametrize("pressure", [False, True])
+@pytest.mark.parametrize("decoded", [False, True], ids=["expect_bytes", "expect_decoded"])
+def test_length_check_every_case(width, pressure, decoded):
+    rng = np.random.default_rng(width + pressure)
+    todo = cases(width, rng)
+    rng.shuffle(todo)
+    # End on a good frame, so the last cut-off frame's pulse (at its end) is seen.
+    good = beats_of(Header(opcode=Opcode.REDUCE, count=1, seq=99).pack() + bytes(4), width // 8)
+    todo.append((good, model(good, HEADER_BYTES + 4, width // 8)))
+    _run_and_check(_Gate(width, decoded), todo, width, pressure)
 
 
 def _holed(data: bytes, nb: int, rng, where: str):
@@ -264,25 +270,4 @@ def test_length_check_open_bound(width, pressure):
     rng.shuffle(todo)
     good = beats_of(Header(opcode=Opcode.REDUCE, count=1, seq=99).pack() + bytes(4), nb)
     todo.append((good, model(good, HEADER_BYTES + 4, nb)))
-    want = [w for _, w in todo]
-    dut = _Gate(width, True, open_hop=7)
-    rec = Received()
-    pulses = []
-
-    async def count(ctx):
-        async for _, _, le, ov in ctx.tick().sample(dut.length_error, dut.oversize):
-            if le or ov:
-                pulses.append("length_error" if le else "oversize")
-
-    vp, rp = (0.7, 0.6) if pressure else (1.0, 1.0)
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(source(dut.i, [b for b, _ in todo], valid_prob=vp, seed=width))
-    sim.add_testbench(sink(dut.o, len(want), width, rec, error=dut.o.payload.bad, ready_prob=rp, seed=width + 1))
-    sim.add_process(count)
-    sim.run()
-    assert len(rec.frames) == len(want)
-    for k, (got, bad, (exp, exp_bad, _)) in enumerate(zip(rec.frames, rec.errors, want)):
-        assert got == exp, f"frame {k}: {len(got)} bytes out, want {len(exp)}"
-        assert bad == exp_bad, f"frame {k}: bad {bad}, want {exp_bad}"
-    assert pulses == [p for _, _, p in want if p]
+    _run_and_check(_Gate(width, True, open_hop=7), todo, width, pressure)
