@@ -173,23 +173,23 @@ _DATA_OPS_IN = (Opcode.REDUCE, Opcode.BROADCAST, Opcode.HOST_PUSH)
 _DATA_OPS_OUT = (Opcode.REDUCE, Opcode.BROADCAST, Opcode.HOST_RESULT)
 
 
-def _is_compressed(head, short, opcodes):
-    """The frame is transformed: complete header, version 1, ``codec = INCEPTIONN_V1``, one of
-    ``opcodes``, and not a ``flags & LOST`` placeholder (header only: it passes as it is)."""
+def _is_compressed(head, short, opcodes, codecs=(Codec.INCEPTIONN_V1,)):
+    """The frame is transformed: complete header, version 1, ``codec`` one of ``codecs``
+    (INCEPTIONN_V1), one of ``opcodes``, and not a ``flags & LOST`` placeholder (header only: it
+    passes as it is)."""
     op_ok = 0
     for op in opcodes:
         op_ok = op_ok | (head.opcode == op)
-    return (~short & (head.version == VERSION) & (head.codec == Codec.INCEPTIONN_V1) & op_ok
-            & ((head.flags & Flag.LOST) == 0))
+    codec_ok = 0
+    for c in codecs:
+        codec_ok = codec_ok | (head.codec == c)
+    return ~short & (head.version == VERSION) & codec_ok & op_ok & ((head.flags & Flag.LOST) == 0)
 
 
 def _is_forwarded(head, short):
-    """A compressed BROADCAST that a forwarding :class:`CodecIn` passes on unchanged: complete header,
-    version 1, ``codec`` INCEPTIONN_V1 (or :data:`~wirereduce.protocol.CODEC_FORWARDED`, taken as
-    the same), not a LOST placeholder."""
-    return (~short & (head.version == VERSION) & (head.opcode == Opcode.BROADCAST)
-            & ((head.codec == Codec.INCEPTIONN_V1) | (head.codec == CODEC_FORWARDED))
-            & ((head.flags & Flag.LOST) == 0))
+    """A compressed BROADCAST that a forwarding :class:`CodecIn` passes on unchanged: as
+    :func:`_is_compressed`, with :data:`~wirereduce.protocol.CODEC_FORWARDED` taken as INCEPTIONN_V1."""
+    return _is_compressed(head, short, (Opcode.BROADCAST,), (Codec.INCEPTIONN_V1, CODEC_FORWARDED))
 
 
 #: Bit offset of the header's ``codec`` field in a frame's first beat (byte 3).
