@@ -54,11 +54,12 @@ def check_window(window: int, config: EngineConfig) -> int:
     return window
 
 
-def check_chunk_words(chunk_words, top: int) -> tuple[int, ...]:
+def check_chunk_words(chunk_words, top: int, what: str = "what a frame holds") -> tuple[int, ...]:
     """``chunk_words`` (an int, or a chunk profile: a non-empty sequence of ints, one per round of
-    chunks, :func:`wirereduce.table.plan`), checked: every size 1 … ``top`` words (what a frame
-    holds). Returns the sizes as a profile (an int as a one-size profile, which :func:`plan`
-    cuts as that size).
+    chunks, :func:`wirereduce.table.plan`), checked: every size 1 … ``top`` words (``what``: what a
+    frame holds, or for a compressed collective what a compressed frame holds whatever the values).
+    Returns the sizes as a profile (an int as a one-size profile, which :func:`plan` cuts as that
+    size).
 
     Raises ValueError otherwise.
     """
@@ -68,7 +69,7 @@ def check_chunk_words(chunk_words, top: int) -> tuple[int, ...]:
     except TypeError:
         sizes = None
     if not sizes or any(not isinstance(w, int) or isinstance(w, bool) or not 1 <= w <= top for w in sizes):
-        raise ValueError(f"chunk_words must be an int from 1 to {top} (what a frame holds), or a non-empty "
+        raise ValueError(f"chunk_words must be an int from 1 to {top} ({what}), or a non-empty "
                          f"sequence of such sizes (a chunk profile), not {chunk_words!r}")
     return sizes
 
@@ -85,25 +86,30 @@ def parse_chunk_bytes(text: str) -> int | tuple[int, ...]:
     return sizes[0] if len(sizes) == 1 else sizes
 
 
-def chunk_words_of_bytes(chunk_bytes, mtu: int) -> int | tuple[int, ...]:
+def chunk_words_of_bytes(chunk_bytes, mtu: int, compressed: bool = False) -> int | tuple[int, ...]:
     """Chunk sizes in payload bytes (an int, or a chunk profile: a non-empty sequence of ints, one
     per round of chunks) as :class:`EngineSession`'s ``chunk_words`` (32-bit words; an int stays an
     int). Every size is a multiple of 4 bytes from 4 to a full frame's payload at ``mtu`` (4 ·
-    :func:`wirereduce.protocol.max_elements`: 1,484 bytes at MTU 1500, 8,984 at 9000).
+    :func:`wirereduce.protocol.max_elements`: 1,484 bytes at MTU 1500, 8,984 at 9000), or with
+    ``compressed`` to the fp32 bytes a compressed frame holds whatever the values (4 ·
+    :func:`wirereduce.codec.max_elements_compressed`: 1,396 bytes at MTU 1500, 8,448 at 9000).
 
     Raises ValueError otherwise, naming the first bad size and the range.
     """
+    from wirereduce.codec import max_elements_compressed
     from wirereduce.protocol import max_elements
 
     single = isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool)
     sizes = (chunk_bytes,) if single else tuple(chunk_bytes) if isinstance(chunk_bytes, (tuple, list)) else None
-    top = 4 * max_elements(mtu)
+    top = 4 * (max_elements_compressed(mtu) if compressed else max_elements(mtu))
     if not sizes:
         raise ValueError(f"chunk sizes must be an int or a non-empty list of ints (bytes), not {chunk_bytes!r}")
     bad = [b for b in sizes if not isinstance(b, int) or isinstance(b, bool) or not 4 <= b <= top or b % 4]
     if bad:
-        raise ValueError(f"{bad[0]!r} is not a chunk size: give multiples of 4 bytes from 4 to {top} (a full "
-                         f"frame's payload at MTU {mtu})")
+        whose = ("the fp32 bytes a compressed frame holds whatever the values" if compressed
+                 else "a full frame's payload")
+        raise ValueError(f"{bad[0]!r} is not a chunk size: give multiples of 4 bytes from 4 to {top} ({whose} at "
+                         f"MTU {mtu})")
     words = tuple(b // 4 for b in sizes)
     return words[0] if single else words
 
@@ -156,9 +162,9 @@ class EngineSession(CodecFields):
         flow), the last one repeated (:func:`wirereduce.table.plan`): a small first chunk gets
         chain schedules (``multiring``) going sooner; on the 4x4 torus at 32 KiB, 256, 768, 1,484
         bytes took 0.89 of full frames' time (docs/architecture.md "Chunk profiles"; it slowed
-        the balanced trees). ``None`` (default): as many as a frame holds. The result bits do
-        not depend on it (each element's sum order is its flow's).
-        Uncompressed collectives only.
+        the balanced trees). With ``compression``, 1 … the compressed bound. ``None`` (default):
+        as many as a frame holds. The result bits do not depend on it (each element's sum order
+        is its flow's, and the codec works element by element).
 
     Raises
     ------
@@ -167,7 +173,8 @@ class EngineSession(CodecFields):
         format the engines are not built with (``config.formats``: they would refuse the CONTROL),
         a schedule with more flows than the engine holds; ``compression`` out of range, on
         another format than fp32, or for engines built without the codec; ``chunk_words`` (or a
-        size of the profile) not an int from 1 to what a frame holds, or given with ``compression``.
+        size of the profile) not an int from 1 to what a frame holds (with ``compression``, the
+        compressed bound).
     """
 
     rank: int
@@ -209,10 +216,8 @@ class EngineSession(CodecFields):
                 raise ValueError(f"compression is fp32-only (docs/codec.md); the array is {self.format.name}")
             per_chunk = max_elements_compressed(self.config.mtu)
         if self.chunk_words is not None:
-            if self.compression is not None:
-                raise ValueError("chunk_words is for uncompressed collectives: compressed chunks are sized to "
-                                 "the compressed bound (the golden model's chunking)")
-            per_chunk = check_chunk_words(self.chunk_words, per_chunk)
+            per_chunk = check_chunk_words(self.chunk_words, per_chunk, "what a frame holds" if self.compression is None
+                                          else "what a compressed frame holds whatever the values")
         self.words = to_words(self.array, self.format)
         self.chunks = plan(self.words.size, self.schedule, per_chunk)
         if len(self.schedule.flows) > self.config.max_flows:

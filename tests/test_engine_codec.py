@@ -62,6 +62,27 @@ def test_compressed_allreduce_bitexact(net, alg, k, rx, tx):
 
 
 @pytest.mark.verilator
+@pytest.mark.parametrize("alg,chunk_words", [("multitree", (1, 7, 64, 349)), ("biring", 100)])
+def test_compressed_allreduce_with_chunk_profile(net, alg, chunk_words):
+    """Compressed chunks shorter than the compressed bound (``chunk_words``: a one-value first
+    chunk, odd sizes, a full one), under back-pressure: bit-exact, as the codec works element by
+    element and each element's sum order is its flow's; the plan really cuts those sizes."""
+    s = sched.build(TOPOLOGY, alg)
+    rng = np.random.default_rng(41)
+    n = 3 * 349 + 5
+    arrays = [(rng.standard_normal(n) * 10.0 ** rng.uniform(-4, -1, n)).astype(np.float32) for _ in range(3)]
+    sizes = {c.count for c in EngineSession(0, s, CFG, 1, arrays[0], 8, compression=9,
+                                            chunk_words=chunk_words).chunks}
+    prof = (chunk_words,) if isinstance(chunk_words, int) else chunk_words
+    assert max(sizes) <= max(prof) and (1 in sizes) == (1 in prof), sizes
+    res = net.allreduce(arrays, s, compression=9, chunk_words=chunk_words, rx_valid_prob=0.8, tx_ready_prob=0.7,
+                        seed=3, final_stats=True)
+    check(arrays, s, res, 9)
+    for st in res.final_stats:
+        assert not {c: v for c, v in st.items() if c.startswith("drop_") and v}, st
+
+
+@pytest.mark.verilator
 @pytest.mark.parametrize("k", [4, 24])
 def test_edge_values(net, k):
     """Every tag, the tag boundaries, ±0, subnormals, ±Inf, NaN payloads and values ≥ 1."""
@@ -112,6 +133,11 @@ def test_session_compression_checks():
         golden_allreduce([np.ones(8, np.int32)] * 3, s, compression=8)
     sess = EngineSession(0, s, CFG, 1, a, 4, compression=8)
     assert max(c.count for c in sess.chunks) <= codec.max_elements_compressed(1500) == 349
+    # Shorter chunks are allowed up to that bound, not to the raw frame's 371.
+    assert max(c.count for c in EngineSession(0, s, CFG, 1, a, 4, compression=8, chunk_words=100).chunks) == 100
+    for bad in (350, (64, 371), 0):
+        with pytest.raises(ValueError, match="chunk_words must be an int from 1 to 349"):
+            EngineSession(0, s, CFG, 1, a, 4, compression=8, chunk_words=bad)
     h = Header.unpack(sess.control_frame())
     assert (h.codec, h.eb_k) == (Codec.INCEPTIONN_V1, 8)
 

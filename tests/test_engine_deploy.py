@@ -51,7 +51,7 @@ def test_engine_rank_driver_refuses_bad_arguments():
     for bad in (0, CONFIG.max_elements + 1, (), (64, 0), "64", 64.0):
         with pytest.raises(ValueError, match="chunk_words"):
             EngineRankDriver(None, 0, s, CONFIG, chunk_words=bad)
-    with pytest.raises(ValueError, match="chunk_words is for uncompressed"):
+    with pytest.raises(ValueError, match="from 1 to 349 .what a compressed frame holds"):
         EngineRankDriver(None, 0, s, CODEC_CONFIG, chunk_words=(64, 371)).allreduce(np.ones(8, np.float32),
                                                                                    compression=8)
     d = EngineRankDriver(None, 0, s, CONFIG)
@@ -86,8 +86,8 @@ def test_engine_rank_driver_refuses_bad_arguments():
     (["sim", "serve", "--unix", "x"], "--nodes N"),
     (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "multiring", "--chunk-bytes", "2000", "--rank", "0",
       "--unix", "x"], "1484"),
-    (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "multiring", "--chunk-bytes", "512", "--compress",
-      "8", "--rank", "0", "--unix", "x"], "--chunk-bytes is for uncompressed"),
+    (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "multiring", "--chunk-bytes", "1484", "--compress",
+      "8", "--rank", "0", "--unix", "x"], "1396 (the fp32 bytes a compressed frame holds"),
     (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "biring", "--multiring-roots", "2", "--rank", "0",
       "--unix", "x"], "--algorithm multiring"),
     (["rank", "allreduce", "--topology", TOPOLOGY, "--algorithm", "multiring", "--multiring-roots", "3", "--rank",

@@ -341,13 +341,10 @@ def _build_schedule(args):
 
 
 def _check_chunk_bytes_text(args) -> None:
-    """``--chunk-bytes`` parses, and is not combined with ``--compress`` (CliError otherwise); the
-    sizes are checked against the MTU by :func:`_sim_chunk_words`."""
+    """``--chunk-bytes`` parses (CliError otherwise); the sizes are checked against the MTU (with
+    ``--compress``, the compressed bound) by :func:`_sim_chunk_words`."""
     if getattr(args, "chunk_bytes", None) is None:
         return
-    if getattr(args, "compress", None) is not None:
-        raise CliError("--chunk-bytes is for uncompressed collectives (compressed chunks are sized to the "
-                       "compressed bound): drop --chunk-bytes or --compress")
     _chunk_bytes_arg(args.chunk_bytes)
 
 
@@ -356,14 +353,16 @@ def _sim_chunk_words(args, cfg):
     (32-bit payload words: an int, or a chunk profile, a tuple, one size per round of chunks,
     :func:`wirereduce.table.plan`), or None (full frames). Each size is a multiple of 4 bytes from 4
     to a full frame's payload at the engines' MTU (4 · ``cfg.max_elements`` bytes: 1,484 at MTU
-    1500, 8,984 at 9000). CliError otherwise, before anything is built."""
+    1500, 8,984 at 9000; with ``--compress``, to the fp32 bytes a compressed frame holds whatever the
+    values: 1,396 and 8,448). CliError otherwise, before anything is built."""
     text = getattr(args, "chunk_bytes", None)
     if text is None:
         return None
     from wirereduce.host.engine import chunk_words_of_bytes
 
     try:
-        return chunk_words_of_bytes(_chunk_bytes_arg(text), cfg.mtu)
+        return chunk_words_of_bytes(_chunk_bytes_arg(text), cfg.mtu,
+                                    compressed=getattr(args, "compress", None) is not None)
     except ValueError as e:
         raise CliError(f"--chunk-bytes: {e}, e.g. 512 or 256,768,1484") from e
 
@@ -1154,7 +1153,9 @@ def _add_chunk_args(p, same: str = "") -> None:
                    help="chunks of at most B payload bytes (a multiple of 4 up to a frame's payload: 1484 at MTU "
                         "1500, 8984 at 9000), or B,B,... a chunk profile, one size per round of chunks, the last "
                         "repeated (256,768,1484 took multiring on the 4x4 torus at 32 KiB from 0.590 to 0.527 of "
-                        "the ring's time; docs/architecture.md 'Chunk profiles'); uncompressed only; default: "
+                        "the ring's time; docs/architecture.md 'Chunk profiles'); with --compress up to the fp32 "
+                        "bytes a compressed frame holds whatever the values (1396 at MTU 1500, 8448 at 9000); "
+                        "default: "
                         f"full frames. The result bits do not depend on it{same}")
     p.add_argument("--multiring-roots", type=int, default=None, metavar="R",
                    help="--algorithm multiring: R roots per Hamiltonian ring and direction (a divisor of the "
@@ -1367,7 +1368,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "node a root)")
     p.add_argument("--chunk-bytes", default=None, metavar="B[,B...]",
                    help="with --backend sim: chunks of at most B payload bytes, or a chunk profile (one size per "
-                        "round of chunks, e.g. 256,768,1484); uncompressed buckets only (default: full frames)")
+                        "round of chunks, e.g. 256,768,1484); with --compress up to the compressed bound (1396 "
+                        "bytes at MTU 1500) (default: full frames)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_train)
 

@@ -139,14 +139,11 @@ class TrainConfig:
         if self.chunk_bytes is not None:
             if self.backend != "sim":
                 raise ValueError("--chunk-bytes sizes the simulated boards' frames: it needs --backend sim")
-            if self.compress is not None:
-                raise ValueError("--chunk-bytes is for uncompressed buckets (compressed chunks are sized to the "
-                                 "compressed bound): drop --chunk-bytes or --compress")
             from wirereduce.host.engine import chunk_words_of_bytes, parse_chunk_bytes
 
             try:
                 sizes = parse_chunk_bytes(self.chunk_bytes)
-                chunk_words_of_bytes(sizes, _sim_config(self).mtu)
+                chunk_words_of_bytes(sizes, _sim_config(self).mtu, compressed=self.compress is not None)
             except ValueError as e:
                 raise ValueError(f"--chunk-bytes: {e}") from None
             self.chunk_bytes = ",".join(str(b) for b in ((sizes,) if isinstance(sizes, int) else sizes))
