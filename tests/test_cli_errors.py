@@ -380,6 +380,7 @@ def test_bench_formats_bad_arguments(work, capsys, argv, needle):
     (["--chunk-bytes", "256,510"], ["--chunk-bytes", "multiples of 4"]),
     (["--chunk-bytes", "256,2000"], ["--chunk-bytes", "1484"]),
     (["--chunk-bytes", "256,,512"], ["--chunk-bytes", "comma-separated"]),
+    (["--width", "512"], ["--width", "compressed rows"]),
 ])
 def test_bench_schedules_bad_arguments(work, capsys, argv, needles):
     """Nothing is built: every argument is checked before the first engine."""

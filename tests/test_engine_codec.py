@@ -339,6 +339,50 @@ def test_schedule_payloads_of_the_ring_are_the_rings():
         assert np.array_equal(codec.quantize(x, 10).view(np.uint32), codec.quantize(y, 10).view(np.uint32))
 
 
+def test_schedule_link_bound_of_the_ring_is_the_rings():
+    """The schedule benchmark's link bound on the ``ring`` schedule equals the ring benchmark's
+    (``codec_link_bound``, written apart: per hop from ``ring_payloads``), on real gradients where
+    the busiest link is a broadcast hop carrying the final sum, at both MTUs."""
+    from wirereduce.sim.bench.algbw import codec_link_bound
+    from wirereduce.sim.bench.schedules import schedule_link_bound
+    from wirereduce.sim.workloads.gradients import gradient_stream
+
+    arrays = gradient_stream(4, 30_000, seed=2)
+    for k, mtu in ((8, 9000), (12, 1500)):
+        assert schedule_link_bound(arrays, sched.build("ring:4", "ring"), k, mtu) == pytest.approx(
+            codec_link_bound(arrays, k, mtu, host_compressed=True), rel=1e-12)
+
+
+@pytest.mark.parametrize("value, code_bytes", [(0.0, 0), (3.0, 4)])
+def test_schedule_link_bound_by_hand(value, code_bytes):
+    """Every value tag 0 (zeros) or tag 3 (raw codes; the sums stay ≥ 1): every payload compresses
+    alike, so the bound is the busiest directed link's frames, raw over compressed. biring splits
+    1,000 values into 8 flows of 125, one frame each raw and compressed at MTU 1500; the frames a
+    directed link carries are counted here from the trees' edges (a partial sum up, the result
+    down)."""
+    from collections import Counter
+
+    from wirereduce.protocol import wire_bytes
+    from wirereduce.sim.bench.schedules import schedule_link_bound
+
+    s = sched.build("ring:4", "biring")
+    arrays = [np.full(1000, value, np.float32)] * 4
+    uses = Counter()
+    for f in s.flows:
+        for e in f.edges:
+            uses[e.child, e.parent] += 1
+            uses[e.parent, e.child] += 1
+    frames = max(uses.values())       # one chunk (125 values) per flow and edge direction
+    raw = frames * wire_bytes(16 + 4 * 125)
+    comp = frames * wire_bytes(16 + _tag_block(125) + code_bytes * 125)
+    assert schedule_link_bound(arrays, s, 8, 1500) == pytest.approx(raw / comp)
+
+
+def _tag_block(m: int) -> int:
+    """Bytes of the 2-bit tag block of m values, padded to 8 bytes (docs/codec.md)."""
+    return 8 * -(-m // 32)
+
+
 def test_bench_schedules_compress_refuses_bad_k(tmp_path, capsys):
     from wirereduce.cli import main
 

@@ -640,6 +640,9 @@ def cmd_bench_schedules(args) -> int:
                     raise CliError(f"--multiring-roots: {e}") from e
     if args.compress and args.chunk_bytes:
         raise CliError("--chunk-bytes is for uncompressed rows; leave it out with --compress")
+    if args.width != 64 and not args.compress:
+        raise CliError("--width is for the compressed rows (--compress K ...); the uncompressed rows run 64-bit "
+                       "engines")
     if args.compress:
         from wirereduce.codec import check_k
 
@@ -654,7 +657,8 @@ def cmd_bench_schedules(args) -> int:
         recs = schedules.run_codec_schedule_bench(crows, csizes, ks, args.host_link_gbps[0], out_dir=args.out_dir,
                                                   name=cname, build_root=args.build_dir, slots=cslots,
                                                   threads=args.sim_threads, progress=not args.no_progress,
-                                                  lookahead=args.lookahead, priority=args.priority)
+                                                  lookahead=args.lookahead, priority=args.priority,
+                                                  width=args.width)
         print(f"# wrote {Path(args.out_dir) / (cname + '.json')}")
         return 0 if all(r["bitexact"] for r in recs) else 1
     recs = schedules.run_schedule_bench(rows, sizes, args.host_link_gbps, out_dir=args.out_dir, name=name,
@@ -1426,6 +1430,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cores each simulated network runs on (Verilator --threads; default 1). 2 threads ran "
                         "4 engines 1.4x faster on 2 cores; results and cycle counts do not depend on it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar per run")
+    p.add_argument("--width", type=int, choices=(64, 512), default=64,
+                   help="with --compress: the codec engines' datapath, 64 (MTU 1500, default) or 512 (MTU 9000: a core "
+                        "of 64 bytes a cycle behind the same 10G links, as the ring's compressed rows of `bench "
+                        "--codec-only`, so the links and not the codec stages set the pace)")
     p.add_argument("--compress", nargs="+", type=int, default=None, metavar="K",
                    help="instead: compressed collectives on codec engines (EngineConfig(codec=True)) with these "
                         "error bounds 2^-K, next to the uncompressed one on the same engines, real gradients of the "

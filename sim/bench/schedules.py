@@ -305,12 +305,10 @@ CODEC_ROWS = (("ring:4", ("ring", "biring")),)
 CODEC_SCHEDULE_SLOTS = 32
 
 
-def schedule_payloads(arrays, schedule, k: int) -> list[np.ndarray]:
-    """Every payload a compressed collective of ``schedule`` sends on a network link, as fp32 values
-    before compression (encoding a value or its quantized form gives the same bytes): each non-root
-    node's partial sum of each flow (to its parent), and each flow's result once per tree edge (the
-    gather). The hosts push ``quantize(x, k)``, as :func:`wirereduce.sim.golden.schedule.allreduce`
-    with ``compression=k`` says."""
+def _flow_sums(arrays, schedule, k: int) -> list[tuple[dict, np.ndarray]]:
+    """Per flow of a compressed collective of ``schedule``: (every non-root node's partial sum, the
+    result), uint32 words, as :func:`wirereduce.sim.golden.schedule.flow_result` with
+    ``compression=k`` gives them (the hosts push ``quantize(x, k)``)."""
     from wirereduce.sim.golden.schedule import flow_result
 
     words = [np.asarray(a, np.float32).view(np.uint32) for a in arrays]
@@ -318,10 +316,63 @@ def schedule_payloads(arrays, schedule, k: int) -> list[np.ndarray]:
     for f in range(len(schedule.flows)):
         partials: dict[int, np.ndarray] = {}
         result = flow_result(words, schedule, f, compression=k, partials=partials)
-        root = next(u for u, t in enumerate(schedule.tables) if t.entries[f].parent is None)
-        out += [partials[u].view(np.float32) for u in range(schedule.nodes) if u != root]
+        root = schedule.flows[f].root
+        out.append(({u: p for u, p in partials.items() if u != root}, result))
+    return out
+
+
+def schedule_payloads(arrays, schedule, k: int, sums=None) -> list[np.ndarray]:
+    """Every payload a compressed collective of ``schedule`` sends on a network link, as fp32 values
+    before compression (encoding a value or its quantized form gives the same bytes): each non-root
+    node's partial sum of each flow (to its parent), and each flow's result once per tree edge (the
+    gather). The hosts push ``quantize(x, k)``, as :func:`wirereduce.sim.golden.schedule.allreduce`
+    with ``compression=k`` says. ``sums``: :func:`_flow_sums` when the caller has them."""
+    out = []
+    for partials, result in sums if sums is not None else _flow_sums(arrays, schedule, k):
+        out += [partials[u].view(np.float32) for u in sorted(partials)]
         out += [result.view(np.float32)] * (schedule.nodes - 1)
     return out
+
+
+def schedule_link_bound(arrays, schedule, k: int, mtu: int, sums=None) -> float:
+    """The speed-up over the same schedule uncompressed that the network links alone allow a
+    compressed collective (its framing bound): the busiest directed link's wire bytes uncompressed ÷
+    compressed, the schedule's counterpart of :func:`wirereduce.sim.bench.algbw.codec_link_bound`.
+
+    Every chunk is one frame, planned as the driver plans it (:func:`wirereduce.table.plan` with
+    ``max_elements(mtu)`` raw and ``max_elements_compressed(mtu)`` compressed fp32 values a chunk);
+    each tree edge carries the child's partial sum of the chunk up and the flow's result down, and
+    :func:`~wirereduce.protocol.wire_bytes` adds the header, Ethernet header, FCS, preamble and gap.
+    Host links are left out (they carry every host's pushes and results whatever the schedule).
+    Divided by the compression ratio it is the highest ``speedup_ratio`` any engine could reach on
+    these gradients. ``sums``: :func:`_flow_sums` when the caller has them.
+
+    Raises ValueError on a bad ``k`` or ``mtu`` (the codec's and protocol's checks).
+    """
+    from wirereduce import codec
+    from wirereduce.protocol import HEADER_BYTES, max_elements, wire_bytes
+    from wirereduce.table import plan
+
+    sums = sums if sums is not None else _flow_sums(arrays, schedule, k)
+    n = np.asarray(arrays[0]).size
+    base = [sl.start or 0 for sl in schedule.split(n)]   # a flow's sums are its share of the message
+    busiest = []
+    for per, compressed in ((max_elements(mtu), False), (codec.max_elements_compressed(mtu), True)):
+        load: dict[tuple[int, int], int] = {}
+        for c in plan(n, schedule, per):
+            partials, result = sums[c.flow]
+            part = slice(c.start - base[c.flow], c.start - base[c.flow] + c.count)
+
+            def frame(v, part=part, count=c.count, compressed=compressed):
+                body = codec.encoded_size(v[part].view(np.float32), k) if compressed else 4 * count
+                return wire_bytes(HEADER_BYTES + body)
+
+            down = frame(result)
+            for e in schedule.flows[c.flow].edges:
+                load[e.child, e.parent] = load.get((e.child, e.parent), 0) + frame(partials[e.child])
+                load[e.parent, e.child] = load.get((e.parent, e.child), 0) + down
+        busiest.append(max(load.values()))
+    return busiest[0] / busiest[1]
 
 
 def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] = (1 << 20,),
@@ -330,7 +381,7 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
                              build_root: str | Path = "build/fastengine", seed: int = 0,
                              slots: int = CODEC_SCHEDULE_SLOTS,
                              threads: int = 1, progress: bool = False, lookahead: int | None = None,
-                             priority: str = "auto") -> list[dict]:
+                             priority: str = "auto", width: int = 64) -> list[dict]:
     """Compressed collectives on codec schedule engines (``EngineConfig(codec=True)``), next to the
     uncompressed one on the same engines and gradients.
 
@@ -341,14 +392,18 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
     (with ``compression=k``). Records ``speedup`` = uncompressed time ÷ compressed time, ``ratio``
     = raw ÷ compressed bytes of every payload the links carry (:func:`schedule_payloads`) and
     ``speedup_ratio`` = speedup ÷ ratio (the ring node's target is ≥ 0.9, docs/codec.md
-    "Performance"). algbw counts uncompressed bytes. Network links 10G, host link ``host_gbps``.
+    "Performance"); ``link_bound_speedup`` = :func:`schedule_link_bound` and ``link_ratio`` = it ÷
+    ``ratio``, the highest ``speedup_ratio`` the links allow. algbw counts uncompressed bytes.
+    Network links 10G, host link ``host_gbps``.
     ``slots``, ``lookahead`` and ``priority`` are the engines' :class:`~wirereduce.config.EngineConfig`
     fields (buffer slots = the host window, the summation units' lookahead D, None: the codec
     engine's default, :data:`~wirereduce.config.CODEC_LOOKAHEAD`, the allocator's priority); records
-    carry them. A compressing hop stores each frame (once, in the compressor, since the cut-through
-    ``CodecIn`` of 2026-12-01; twice before; docs/codec.md "Latency"), so the units wait longer for
-    their oldest chunk than on uncompressed trees, and a
-    deeper lookahead pays off there (docs/codec.md "On the schedule engine").
+    carry them. ``width``: the engines' datapath, 64 (MTU 1500) or 512 (MTU 9000, a core of 64 bytes a
+    cycle behind the same 10G links, so the links and not the codec stages' one beat a cycle set the
+    pace, as in the ring's compressed rows, :data:`wirereduce.sim.bench.algbw.CODEC_CONFIG`). A
+    compressing hop stores each frame (once, in the compressor, since the cut-through ``CodecIn`` of
+    2026-12-01; twice before; docs/codec.md "Latency"), so the units wait longer for their oldest
+    chunk than on uncompressed trees, and a deeper lookahead pays off there (docs/codec.md "On the schedule engine").
     Prints a table; writes ``<name>.json`` in ``out_dir``; returns the records.
 
     Raises
@@ -366,17 +421,20 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
     sizes = sorted({int(x) for x in sizes})
     if any(x < 4 or x % 4 for x in sizes):
         raise ValueError(f"sizes must be positive multiples of 4 bytes, not {sizes}")
-    EngineConfig(64, 1500, slots=slots, ports=2, lookahead=lookahead, priority=priority)   # raises before any build
+    if width not in (64, 512):
+        raise ValueError(f"width must be 64 (MTU 1500) or 512 (MTU 9000), not {width!r}")
+    mtu = 1500 if width == 64 else 9000
+    EngineConfig(width, mtu, slots=slots, ports=2, lookahead=lookahead, priority=priority)   # raises before any build
     link_gbps = 10.0
-    mhz, link_rate, host_rate = engine_rates(64, host_gbps, link_gbps)
+    mhz, link_rate, host_rate = engine_rates(width, host_gbps, link_gbps)
     records: list[dict] = []
     print(f"{'topology':>10} {'algorithm':>9} {'size':>8} {'k':>4} {'cycles':>10} {'algbw':>8} {'ratio':>6} "
-          f"{'speedup':>7} {'sp/ratio':>8} {'exact':>5}", flush=True)
+          f"{'speedup':>7} {'sp/ratio':>8} {'link/ratio':>10} {'exact':>5}", flush=True)
     for topo, algs in rows:
         for alg in algs:
             s = sched.build(topo, alg)
             flows = len(s.flows)
-            cfg = EngineConfig(64, 1500, slots=slots, ports=s.topology.degree, max_flows=flows_room(flows),
+            cfg = EngineConfig(width, mtu, slots=slots, ports=s.topology.degree, max_flows=flows_room(flows),
                                formats=("fp32",), codec=True, lookahead=lookahead, priority=priority)
             sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
                                 threads=threads)
@@ -390,7 +448,7 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
                     us = r.cycles / mhz
                     rec = {
                         "kind": "schedule-codec", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
-                        "ports": cfg.ports, "slots": cfg.slots, "lookahead": cfg.lookahead,
+                        "ports": cfg.ports, "width": width, "mtu": mtu, "slots": cfg.slots, "lookahead": cfg.lookahead,
                         "priority": cfg.priority, "flows": flows, "bytes": size, "elements": elements,
                         "chunks": r.chunks, "compression": k, "host_link_gbps": host_gbps, "link_gbps": link_gbps,
                         "clock_mhz": mhz, "cycles": r.cycles, "us": us, "algbw_gbps": size * 8 / (us * 1e3),
@@ -400,14 +458,18 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
                         base = r.cycles
                         rec.update(ratio=1.0, speedup=1.0, speedup_ratio=1.0)
                     else:
-                        ratio = compression_ratio(np.concatenate(schedule_payloads(arrays, s, k)), k)
-                        rec.update(ratio=ratio, speedup=base / r.cycles, speedup_ratio=base / r.cycles / ratio)
+                        sums = _flow_sums(arrays, s, k)
+                        ratio = compression_ratio(np.concatenate(schedule_payloads(arrays, s, k, sums)), k)
+                        bound = schedule_link_bound(arrays, s, k, mtu, sums)
+                        rec.update(ratio=ratio, speedup=base / r.cycles, speedup_ratio=base / r.cycles / ratio,
+                                   link_bound_speedup=bound, link_ratio=bound / ratio)
                     records.append(rec)
                     _write(out_dir, name, records)
                     kk = "none" if k is None else str(k)
                     print(f"{s.topology.name:>10} {alg:>9} {size >> 10:>7}K {kk:>4} {r.cycles:>10,} "
                           f"{rec['algbw_gbps']:>8.2f} {rec['ratio']:>6.2f} {rec['speedup']:>7.2f} "
-                          f"{rec['speedup_ratio']:>8.3f} {'yes' if rec['bitexact'] else 'NO':>5}", flush=True)
+                          f"{rec['speedup_ratio']:>8.3f} {rec.get('link_ratio', 1.0):>10.3f} "
+                          f"{'yes' if rec['bitexact'] else 'NO':>5}", flush=True)
     return records
 
 
