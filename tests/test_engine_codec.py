@@ -362,8 +362,9 @@ def test_schedule_link_bound_by_hand(value, code_bytes):
     down)."""
     from collections import Counter
 
-    from wirereduce.protocol import wire_bytes
     from wirereduce.sim.bench.schedules import schedule_link_bound
+
+    from wirereduce.protocol import wire_bytes
 
     s = sched.build("ring:4", "biring")
     arrays = [np.full(1000, value, np.float32)] * 4
