@@ -61,9 +61,11 @@ def test_short_chunks_same_bits(ring4):
     for bad in (0, CFG2.max_elements + 1, 2.0, (), (16, 0), (16, CFG2.max_elements + 1), (16, 2.0), "16"):
         with pytest.raises(ValueError, match="chunk_words"):
             ring4.allreduce(arrays, s, chunk_words=bad)
-    with pytest.raises(ValueError, match="chunk_words"):
-        EngineSession(0, s, EngineConfig(64, 1500, ports=2, codec=True), 1, arrays[0], 8, compression=10,
-                      chunk_words=16)
+    # Compressed: up to what a compressed frame holds whatever the values (349 at MTU 1500), not 371.
+    codec_cfg = EngineConfig(64, 1500, ports=2, codec=True)
+    assert EngineSession(0, s, codec_cfg, 1, arrays[0], 8, compression=10, chunk_words=16).chunks[0].count == 16
+    with pytest.raises(ValueError, match="chunk_words must be an int from 1 to 349"):
+        EngineSession(0, s, codec_cfg, 1, arrays[0], 8, compression=10, chunk_words=(16, 350))
 
 
 def test_same_bits_any_timing(ring4):

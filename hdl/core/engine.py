@@ -298,8 +298,8 @@ def _waited_window(m: Module, unit, qbits: int, name: str):
     keeps every chunk in flight below C0 + 2S, 2S = 2**``qbits`` (docs/architecture.md "Why the
     engine cannot deadlock"). Within [C0, C0 + 2S) each residue r mod 2S is one chunk, so the set is
     a mask ``mask[r]`` with the window's base: ``lo`` = C0 mod 2S, ``hi0``/``hi1`` = C0 // 2S and one
-    more (registered with the mask, so both are of the same C0). Two register stages (the
-    candidates' offsets from C0, then the mask): a few cycles behind
+    more (registered with the mask, so both are of the same C0). Three register stages (the
+    candidates' differences from C0, their offsets within the window, then the mask): a few cycles behind
     the unit, which only ever means a chunk the unit has just taken still reads as waited for (the
     gates hold a freed slot taken for as long); a legitimate frame cannot be ahead of the window by
     then, since chunk C0 + 2S needs a result of a chunk after C0 first.
@@ -307,8 +307,14 @@ def _waited_window(m: Module, unit, qbits: int, name: str):
     Returns ``(mask, lo, hi0, hi1)``."""
     D = len(unit.cand_known)
     Q = 1 << qbits
-    known = unit.cand_known
-    c0 = unit.cand_chunk[0]
+    # stage 0: each candidate's difference from C0, with C0 and the known flags of the same cycle
+    # (timing: the 32-bit subtraction and the test of its high bits behind it, in one stage, were the
+    # 64-bit engines' deepest paths, 9 levels, ABC mapping the zero test as a chain behind the carries)
+    known = Signal(D, name=f"{name}_known0")
+    c0 = Signal(32, name=f"{name}_c0")
+    diffs = [Signal(32, name=f"{name}_diff{k}") for k in range(D)]
+    m.d.sync += [known.eq(unit.cand_known), c0.eq(unit.cand_chunk[0])]
+    m.d.sync += [diffs[k].eq((unit.cand_chunk[k] - unit.cand_chunk[0])[:32]) for k in range(D)]
     # stage 1: each known candidate's offset from C0, or Q (beyond the window); the base of the window
     offs = [Signal(range(Q + 1), name=f"{name}_off{k}") for k in range(D)]
     known_q = Signal(D, name=f"{name}_known")
@@ -316,7 +322,7 @@ def _waited_window(m: Module, unit, qbits: int, name: str):
         Signal(32 - qbits, name=f"{name}_hi1")
     m.d.sync += [known_q.eq(known), lo.eq(c0[:qbits]), hi0.eq(c0[qbits:]), hi1.eq(c0[qbits:] + 1)]
     for k in range(D):
-        dk = (unit.cand_chunk[k] - c0)[:32]
+        dk = diffs[k]
         m.d.sync += offs[k].eq(Mux(dk[qbits:] == 0, dk[:qbits], Q))
     # stage 2: the mask by residue (offset of residue r from the base: (r - lo) mod Q)
     mask = Signal(Q, name=f"{name}_mask")
@@ -554,14 +560,14 @@ class Engine(wiring.Component):
 
         # what each unit still waits for, for the gates' replay check (``_waited_window``)
         windows = [_waited_window(m, unit, qbits, f"unit{u}_win") for u, unit in enumerate(units)]
-        # The windows show a new collective's first chunks five cycles after CONTROL (the units reset a
-        # cycle late, then the window's two stages and the gate's register): the network gates start
-        # no look-up until seven cycles after it (``settling``), so no frame is judged on the last
+        # The windows show a new collective's first chunks six cycles after CONTROL (the units reset a
+        # cycle late, then the window's three stages and the gate's register): the network gates start
+        # no look-up until eight cycles after it (``settling``), so no frame is judged on the last
         # collective's window.
-        settle = Signal(range(8))
+        settle = Signal(range(9))
         settling = Signal()
         with m.If(start):
-            m.d.sync += settle.eq(7)
+            m.d.sync += settle.eq(8)
         with m.Elif(settle != 0):
             m.d.sync += settle.eq(settle - 1)
         m.d.sync += settling.eq(start | (settle > 1))
@@ -633,7 +639,7 @@ class Engine(wiring.Component):
                              route.eq(Cat(~red, *to_unit))]
             with m.Elif(looked):
                 # While the head waits, its unit may take the chunk (its first copy, in the slot the head
-                # waits for): the check is made again every cycle, and the slot reads taken for four
+                # waits for): the check is made again every cycle, and the slot reads taken for five
                 # cycles after it is freed (``slot_taken`` below), so a replay is dropped before then.
                 stale = (route[1:] & ~inwin[1:]).any()
                 with m.If(stale):
@@ -671,10 +677,12 @@ class Engine(wiring.Component):
                 rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB, checked=True))
                 targets.append((rq, sel[1 + u]))
                 wiring.connect(m, ub, rq.r)
-                # a slot reads taken until four cycles after it is freed (the replay check above)
-                v1, v2, v3 = (Signal(2 * S, name=f"rq{p}_{u}_valid{k}") for k in (1, 2, 3))
-                m.d.sync += [v1.eq(rq.r.valid), v2.eq(v1), v3.eq(v2)]
-                m.d.sync += slot_taken[1 + u].eq(((rq.r.valid | v1 | v2 | v3) >> h.seq[:qbits])[0])
+                # a slot reads taken until five cycles after it is freed (the replay check above: the
+                # window's three stages and the gate's register behind the unit's take, and one more)
+                vs = [Signal(2 * S, name=f"rq{p}_{u}_valid{k}") for k in (1, 2, 3, 4)]
+                m.d.sync += [vs[0].eq(rq.r.valid)] + [vs[k].eq(vs[k - 1]) for k in range(1, 4)]
+                held = rq.r.valid | vs[0] | vs[1] | vs[2] | vs[3]
+                m.d.sync += slot_taken[1 + u].eq((held >> h.seq[:qbits])[0])
                 # from the header FIFO's head in every state (timing: no select by the gate's state in
                 # front of the compares); read only at ``reading`` and while ``looked``, when the gate
                 # showed this head in START the cycle before, so ``head_raw`` was ``head``
