@@ -204,7 +204,7 @@ class EngineSession(CodecFields):
                              f"{', '.join(self.config.formats)} only (EngineConfig.formats); they would refuse "
                              f"the CONTROL")
         self.dtype = dtype_byte(self.format, self.op)
-        per_chunk = self.config.max_elements
+        per_chunk, holds = self.config.max_elements, "what a frame holds"
         if self.compression is not None:
             from wirereduce.codec import check_k, max_elements_compressed
 
@@ -215,9 +215,9 @@ class EngineSession(CodecFields):
             if self.format.name != "fp32":
                 raise ValueError(f"compression is fp32-only (docs/codec.md); the array is {self.format.name}")
             per_chunk = max_elements_compressed(self.config.mtu)
+            holds = "what a compressed frame holds whatever the values"
         if self.chunk_words is not None:
-            per_chunk = check_chunk_words(self.chunk_words, per_chunk, "what a frame holds" if self.compression is None
-                                          else "what a compressed frame holds whatever the values")
+            per_chunk = check_chunk_words(self.chunk_words, per_chunk, holds)
         self.words = to_words(self.array, self.format)
         self.chunks = plan(self.words.size, self.schedule, per_chunk)
         if len(self.schedule.flows) > self.config.max_flows:

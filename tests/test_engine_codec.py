@@ -16,6 +16,7 @@ import pytest
 from amaranth_harness import simulate
 from conftest import shared_tmp
 from helpers import no_frame, recv, send, stats
+from test_bench import _tag_block
 from test_codec_hdl import gradients
 from test_engine_hostile import COLL, LOCAL_CHUNKS, RANK, reduce_hdr, run_engine
 from wirereduce.hdl.core.engine import Engine
@@ -377,11 +378,6 @@ def test_schedule_link_bound_by_hand(value, code_bytes):
     raw = frames * wire_bytes(16 + 4 * 125)
     comp = frames * wire_bytes(16 + _tag_block(125) + code_bytes * 125)
     assert schedule_link_bound(arrays, s, 8, 1500) == pytest.approx(raw / comp)
-
-
-def _tag_block(m: int) -> int:
-    """Bytes of the 2-bit tag block of m values, padded to 8 bytes (docs/codec.md)."""
-    return 8 * -(-m // 32)
 
 
 def test_bench_schedules_compress_refuses_bad_k(tmp_path, capsys):

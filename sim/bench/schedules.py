@@ -43,7 +43,8 @@ from wirereduce.protocol import wire_bytes
 from wirereduce.table import plan
 
 __all__ = ["ROWS", "QUICK_ROWS", "SIZES", "QUICK_SIZES", "run_schedule_bench", "lower_bound_gbps",
-           "FORMAT_WIDTHS", "run_format_bench", "CODEC_ROWS", "schedule_payloads", "run_codec_schedule_bench"]
+           "FORMAT_WIDTHS", "run_format_bench", "CODEC_ROWS", "schedule_payloads", "schedule_link_bound",
+           "run_codec_schedule_bench"]
 
 #: (topology, algorithms) the full benchmark runs.
 ROWS = (("ring:4", ("ring", "biring")), ("ring:8", ("ring", "biring")), ("torus:4x4", ("ring", "multitree")),
@@ -244,6 +245,12 @@ def format_arrays(fmt: str, nodes: int, elements: int, seed: int = 1) -> list[np
             for _ in range(nodes)]
 
 
+def _mtu_of(width: int) -> int:
+    """The MTU the benchmarks build engines of ``width`` bits with: 1500 at 64 bit (10G), 9000
+    (jumbo) at 512 bit (100G)."""
+    return 1500 if width == 64 else 9000
+
+
 def run_format_bench(topology: str = "ring:4", algorithm: str = "biring", elements: int = 1 << 20,
                      formats=("fp32", "bf16", "fp16", "int32"), widths=FORMAT_WIDTHS, op: str = "sum", *,
                      out_dir: str | Path = "bench/results", name: str = "bench-formats",
@@ -268,7 +275,7 @@ def run_format_bench(topology: str = "ring:4", algorithm: str = "biring", elemen
           f"{'cycles':>10} {'algbw':>8} {'Melem/s':>9} {'vs fp32':>7} {'exact':>5}", flush=True)
     for width, link_gbps, host_gbps in widths:
         mhz, link_rate, host_rate = engine_rates(width, host_gbps, link_gbps)
-        cfg = EngineConfig(width, 1500 if width == 64 else 9000, slots=16, ports=s.topology.degree,
+        cfg = EngineConfig(width, _mtu_of(width), slots=16, ports=s.topology.degree,
                            max_flows=flows_room(flows))
         sim = FastEngineSim(topology, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root)
         fp32_rate = None
@@ -356,20 +363,21 @@ def schedule_link_bound(arrays, schedule, k: int, mtu: int, sums=None) -> float:
     sums = sums if sums is not None else _flow_sums(arrays, schedule, k)
     n = np.asarray(arrays[0]).size
     base = [sl.start or 0 for sl in schedule.split(n)]   # a flow's sums are its share of the message
+
+    def frame(v, part: slice, compressed: bool) -> int:
+        """Wire bytes of the frame that carries ``v[part]`` (uint32 words), compressed or raw."""
+        body = codec.encoded_size(v[part].view(np.float32), k) if compressed else 4 * (part.stop - part.start)
+        return wire_bytes(HEADER_BYTES + body)
+
     busiest = []
     for per, compressed in ((max_elements(mtu), False), (codec.max_elements_compressed(mtu), True)):
         load: dict[tuple[int, int], int] = {}
         for c in plan(n, schedule, per):
             partials, result = sums[c.flow]
             part = slice(c.start - base[c.flow], c.start - base[c.flow] + c.count)
-
-            def frame(v, part=part, count=c.count, compressed=compressed):
-                body = codec.encoded_size(v[part].view(np.float32), k) if compressed else 4 * count
-                return wire_bytes(HEADER_BYTES + body)
-
-            down = frame(result)
+            down = frame(result, part, compressed)
             for e in schedule.flows[c.flow].edges:
-                load[e.child, e.parent] = load.get((e.child, e.parent), 0) + frame(partials[e.child])
+                load[e.child, e.parent] = load.get((e.child, e.parent), 0) + frame(partials[e.child], part, compressed)
                 load[e.parent, e.child] = load.get((e.parent, e.child), 0) + down
         busiest.append(max(load.values()))
     return busiest[0] / busiest[1]
@@ -423,7 +431,7 @@ def run_codec_schedule_bench(rows: Iterable = CODEC_ROWS, sizes: Iterable[int] =
         raise ValueError(f"sizes must be positive multiples of 4 bytes, not {sizes}")
     if width not in (64, 512):
         raise ValueError(f"width must be 64 (MTU 1500) or 512 (MTU 9000), not {width!r}")
-    mtu = 1500 if width == 64 else 9000
+    mtu = _mtu_of(width)
     EngineConfig(width, mtu, slots=slots, ports=2, lookahead=lookahead, priority=priority)   # raises before any build
     link_gbps = 10.0
     mhz, link_rate, host_rate = engine_rates(width, host_gbps, link_gbps)
