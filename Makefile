@@ -51,8 +51,8 @@ resources: $(STAMP)  ## LUT/FF/BRAM/DSP and logic levels per block (yosys: pyosy
 
 BOARD ?= vc709
 
-bitstream: $(STAMP)  ## Vivado build tree of BOARD (default vc709) in build/BOARD/ (OUT=dir); runs Vivado only if on PATH; MTU=9000 for jumbo; HOST=pcie: VC709 engine top, host over PCIe
-	$(WR) bitstream --board $(BOARD) --out $(or $(OUT),build/$(BOARD)) $(if $(MTU),--mtu $(MTU),) $(if $(HOST),--host $(HOST),)
+bitstream: $(STAMP)  ## Vivado build tree of BOARD (default vc709) in build/BOARD/ (OUT=dir); runs Vivado only if on PATH; MTU=9000 for jumbo; HOST=pcie: VC709 engine top, host over PCIe (WIDTH=64|128|256: its engine's width, default 256)
+	$(WR) bitstream --board $(BOARD) --out $(or $(OUT),build/$(BOARD)) $(if $(MTU),--mtu $(MTU),) $(if $(HOST),--host $(HOST),) $(if $(WIDTH),--width $(WIDTH),)
 
 flash: $(STAMP)  ## load build/BOARD/wirereduce_BOARD.bit into the FPGA over JTAG (openFPGALoader, else Vivado); BIT=file.bit
 	$(WR) flash --board $(BOARD) $(if $(BIT),--bitstream $(BIT),)

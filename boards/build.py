@@ -62,6 +62,13 @@ def write_tree(board: str, out: str | Path, **top_options) -> tuple[Path, object
     return out, plan
 
 
+def _engine_width(args) -> int:
+    """The PCIe top's engine width the build used: ``--width`` or the top's default."""
+    from wirereduce.boards.vc709_engine_top import WIDTH
+
+    return args.width or WIDTH
+
+
 def cmd_bitstream(args) -> int:
     """``wirereduce bitstream``: write the build tree; run Vivado when it is on PATH."""
     from wirereduce.errors import CliError
@@ -70,6 +77,8 @@ def cmd_bitstream(args) -> int:
     options = {} if args.mtu is None else {"mtu": args.mtu}
     if args.host is not None:
         options["host"] = args.host
+    if args.width is not None:
+        options["width"] = args.width
     try:
         tree, plan = write_tree(args.board, out, **options)
     except (TypeError, ValueError) as e:
@@ -78,6 +87,7 @@ def cmd_bitstream(args) -> int:
     files = sorted(p.name for p in tree.iterdir() if p.is_file())
     mtu = "board default" if args.mtu is None else args.mtu
     host = "" if args.host is None else f", host link {args.host}"
+    host += f", engine {_engine_width(args)} bit" if args.host == "pcie" else ""
     print(f"wrote the Vivado build tree for {args.board} (MTU {mtu}{host}) to {tree}/: {', '.join(files)}")
     if shutil.which("vivado") is None:
         print(f"vivado is not on PATH: stopped after writing the build tree (no bitstream). To make "
@@ -178,6 +188,10 @@ def add_subcommands(sub) -> None:
                    help="host link (vc709 only): sfp (default; the schedule engine with 2 ring ports on cages "
                         "1-2, host on SFP+ cage 0) or pcie (the schedule engine with 4 network ports on cages 0-3, "
                         "host over PCIe Gen3 x8 with XDMA)")
+    p.add_argument("--width", type=int, default=None, choices=(64, 128, 256, 512),
+                   help="engine datapath width in bits: with --host pcie 256 (default: a 40 Gbit/s host port at "
+                        "156.25 MHz, the cages' 64-bit ports converted at the engine's edge), 128 or 64 (the host "
+                        "capped at a cage's 10 Gbit/s); the u55c takes 512 only; the vc709 SFP top is 64 bit")
     p.set_defaults(func=cmd_bitstream)
 
     p = sub.add_parser(

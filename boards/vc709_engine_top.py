@@ -9,11 +9,23 @@ topology's port map.
 ====  ========================  ========================================
 cage  engine port               Ethernet port
 ====  ========================  ========================================
-0-3   ``net{p}_in`` ← rx,       ``EthPort10GCdc(cut_through=True)``, no
-      tx ← ``net{p}_out``       role (fixed addresses, no source filter)
+0-3   ``net{p}_in`` ← upsizer   ``EthPort10GCdc(cut_through=True)``, no
+      ← rx, tx ← downsizer ←    role (fixed addresses, no source filter),
+      ``net{p}_out``            64 bit
 PCIe  ``host_rx`` ← H2C,        :class:`~wirereduce.hdl.xilinx.pcie.XdmaHostGlue` on the XDMA
-      C2H ← ``host_tx``         (:class:`~wirereduce.hdl.xilinx.pcie.Xdma`, ``xdma_0``)
+      C2H ← ``host_tx``         (:class:`~wirereduce.hdl.xilinx.pcie.Xdma`, ``xdma_0``), 256 bit
 ====  ========================  ========================================
+
+**The host link is faster than a network port.** The engine's datapath is 256 bit wide at
+156.25 MHz (``width``, default 256): 40 Gbit/s through its host port, four cages' worth, where a
+64-bit engine would cap the host at a cage's 10 Gbit/s and with it every schedule at the NTT
+ring's time (docs/architecture.md "Host link"). The XDMA's streams are 256 bit, so the host glue is
+a plain clock crossing; each cage's 64-bit Ethernet port reaches the engine through a
+:class:`~wirereduce.hdl.stream.widthconv.StreamUpsizer` (rx: four beats into one, cut-through, a
+cycle of register) and a :class:`~wirereduce.hdl.stream.widthconv.StreamDownsizer` (tx: one beat
+into four; the port's transmit crossing is store and forward, so the MAC never underruns).
+A network frame then fills a quarter of the engine's beats, as in the simulated networks at
+``width=256`` (:func:`wirereduce.sim.cluster.network.clock_mhz`).
 
 Clock domains: those of :func:`wirereduce.boards.vc709_top.board_infrastructure` (``init`` 200 MHz,
 ``sync`` 156.25 MHz: the engine and the core side of the Ethernet ports, ``gt{n}_tx``/``gt{n}_rx``
@@ -41,15 +53,18 @@ from wirereduce.boards.vc709_top import CORE_HZ, board_infrastructure
 from wirereduce.boards.xdma_ip import xdma_ip_tcl
 from wirereduce.hdl.core.engine import Engine
 from wirereduce.hdl.params import rejecting
-from wirereduce.hdl.xilinx.pcie import Xdma, XdmaHostGlue
+from wirereduce.hdl.stream.widthconv import StreamDownsizer, StreamUpsizer
+from wirereduce.hdl.xilinx.pcie import XDMA_WIDTH, Xdma, XdmaHostGlue
 
 from wirereduce.config import EngineConfig
 from wirereduce.protocol import engine_ports
 
-__all__ = ["VC709EngineTop", "PORTS", "XDMA_IP", "CONSTRAINTS_FILE"]
+__all__ = ["VC709EngineTop", "PORTS", "WIDTH", "XDMA_IP", "CONSTRAINTS_FILE"]
 
 #: Network ports of the engine: one per SFP+ cage.
 PORTS = 4
+#: The engine's datapath width in bits: a 40 Gbit/s host port at 156.25 MHz (the XDMA's stream width).
+WIDTH = 256
 #: Module name of the XDMA IP.
 XDMA_IP = "xdma_0"
 #: The extra XDC file the top adds to the build.
@@ -63,6 +78,9 @@ class VC709EngineTop(Elaboratable):
     ----------
     mtu : int
         Largest wirereduce frame in bytes (default 1500): the engine's and the Ethernet ports' MTU.
+    width : int
+        The engine's datapath width in bits: 256 (default; a 40 Gbit/s host port at 156.25 MHz),
+        128 (20 Gbit/s) or 64 (10 Gbit/s, the host capped at a cage's rate; no converters).
     slots : int
         Buffer slots of the engine (power of two, default 8).
     refclk : str
@@ -72,7 +90,7 @@ class VC709EngineTop(Elaboratable):
     Attributes
     ----------
     engine : Engine
-        ``Engine(EngineConfig(64, mtu, slots, ports=4))``.
+        ``Engine(EngineConfig(width, mtu, slots, ports=4))``.
     constraints : str
         What :data:`CONSTRAINTS_FILE` holds.
     ip_tcl : dict of str to str
@@ -81,14 +99,17 @@ class VC709EngineTop(Elaboratable):
     Raises
     ------
     ValueError
-        On a bad ``mtu``/``slots`` (from :class:`~wirereduce.config.EngineConfig`) or ``refclk``.
+        On a bad ``mtu``/``slots`` (from :class:`~wirereduce.config.EngineConfig`), ``width`` or ``refclk``.
     """
 
-    def __init__(self, mtu: int = 1500, slots: int = 8, refclk: str = "si5324"):
+    def __init__(self, mtu: int = 1500, slots: int = 8, refclk: str = "si5324", width: int = WIDTH):
         with rejecting(self):
             if refclk not in ("si5324", "sma"):
                 raise ValueError(f"refclk must be 'si5324' (on-board, programmed over I2C) or 'sma', not {refclk!r}")
-            self.config = EngineConfig(64, mtu, slots, ports=PORTS)
+            if width not in (64, 128, 256):
+                raise ValueError(f"width must be 64, 128 or 256 bits (the cages' 64-bit ports up to the XDMA's "
+                                 f"{XDMA_WIDTH}-bit streams), not {width!r}")
+            self.config = EngineConfig(width, mtu, slots, ports=PORTS)
         self.mtu = mtu
         self.refclk = refclk
         self.engine = Engine(self.config)
@@ -130,8 +151,14 @@ class VC709EngineTop(Elaboratable):
             m.submodules[f"eth{n}"] = DomainRenamer({"gt_tx": f"gt{n}_tx", "gt_rx": f"gt{n}_rx"})(port)
             ch = quad.channels[n]
             m.d.comb += [ch.tx_data.eq(port.gt_tx_data), port.gt_rx_data.eq(ch.rx_data)]
-            wiring.connect(m, port.rx, getattr(engine, f"net{n}_in"))
-            wiring.connect(m, getattr(engine, f"net{n}_out"), port.tx)
+            # the 64-bit port to the engine's width: four beats into one on the way in, one into four
+            # on the way out (wires at width 64)
+            up = m.submodules[f"net{n}_up"] = StreamUpsizer(self.config.width, 64)
+            down = m.submodules[f"net{n}_down"] = StreamDownsizer(self.config.width, 64)
+            wiring.connect(m, port.rx, up.i)
+            wiring.connect(m, up.o, getattr(engine, f"net{n}_in"))
+            wiring.connect(m, getattr(engine, f"net{n}_out"), down.i)
+            wiring.connect(m, down.o, port.tx)
             m.d.comb += sfp[n].tx_disable.o.eq(0)
         # the ports' MAC counters into the engine's STATS (link_drop_net{p}, net{p}_rx_fcs_errors, …)
         m.d.comb += engine.port_counters.eq(port_counters({f"net{n}": port.stats for n, port in ports.items()},

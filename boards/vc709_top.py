@@ -267,17 +267,22 @@ def top(**options):
     with four network ports on cages 0-3 and the host over PCIe Gen3 x8).
 
     Options: ``host`` (``"sfp"`` or ``"pcie"``), ``mtu`` (bytes, default 1500), ``slots`` (default 8),
-    ``refclk`` (``"si5324"``, default, or ``"sma"``).
+    ``refclk`` (``"si5324"``, default, or ``"sma"``); with ``host="pcie"`` also ``width`` (the engine's
+    datapath: 256 bits, the default, for a 40 Gbit/s host port; 128; or 64).
 
     Raises
     ------
     TypeError
         On an option this board does not know (the message lists the known ones).
     ValueError
-        On a bad ``host``, ``mtu`` / ``slots`` (from ``NodeConfig`` / ``EngineConfig``) or ``refclk``.
+        On a bad ``host``, ``mtu`` / ``slots`` (from ``NodeConfig`` / ``EngineConfig``), ``refclk`` or
+        ``width`` (or ``width`` without ``host="pcie"``: the SFP top's engine is 64 bit, its host on a cage).
     """
-    check_options("vc709", options, {"mtu", "slots", "refclk", "host"})
+    check_options("vc709", options, {"mtu", "slots", "refclk", "host", "width"})
     host = options.pop("host", "sfp")
+    if "width" in options and host != "pcie":
+        raise ValueError("width is the PCIe top's engine width (host='pcie'); the SFP top's engine is 64 bit, "
+                         "as fast as its host link on cage 0")
     if host == "pcie":
         from wirereduce.boards.vc709_engine_top import VC709EngineTop
 

@@ -85,7 +85,9 @@ def test_board_registry():
         board.top(mtu=10)
     with pytest.raises(ValueError, match="refclk"):
         board.top(refclk="pll")
-    with pytest.raises(TypeError, match="does not take option.*it takes: host, mtu, refclk, slots"):
+    with pytest.raises(TypeError, match="does not take option.*it takes: host, mtu, refclk, slots, width"):
+        board.top(lanes=4)
+    with pytest.raises(ValueError, match="width is the PCIe top's engine width"):
         board.top(width=64)
     with pytest.raises(ValueError, match="unknown board 'kc705'; choose one of: u55c, vc709"):
         load("kc705")

@@ -381,12 +381,32 @@ def test_bench_formats_bad_arguments(work, capsys, argv, needle):
     (["--chunk-bytes", "256,2000"], ["--chunk-bytes", "1484"]),
     (["--chunk-bytes", "256,,512"], ["--chunk-bytes", "comma-separated"]),
     (["--width", "512"], ["--width", "compressed rows"]),
+    (["--width", "256", "--compress", "8"], ["--width 256", "uncompressed rows"]),
 ])
 def test_bench_schedules_bad_arguments(work, capsys, argv, needles):
     """Nothing is built: every argument is checked before the first engine."""
     code = main(["bench-schedules", "--out-dir", str(work / "r"), "--build-dir", str(work / "b"), *argv])
     _assert_user_error(code, capsys, work, *needles)
     assert not (work / "b").exists() and not (work / "r").exists()
+
+
+def test_bench_schedules_width_256_builds_the_pcie_tops_engines(work, monkeypatch):
+    """--width 256: the VC709 PCIe top's engines (256 bit, MTU 1500) at 156.25 MHz behind 10G links
+    (8 bytes a cycle) with the 40G host link at the engine's full width (32 bytes a cycle)."""
+    from wirereduce.sim.engines import fastengine
+
+    seen = []
+
+    class Fake:
+        def __init__(self, topo, cfg, *a, link_rate=None, host_rate=None, **k):
+            seen.append((str(topo), cfg.width, cfg.mtu, link_rate, host_rate))
+            raise RuntimeError("stop")
+
+    monkeypatch.setattr(fastengine, "FastEngineSim", Fake)
+    with pytest.raises(RuntimeError, match="stop"):
+        main(["bench-schedules", "--topologies", "ring:4/ring,biring", "--sizes", "64K", "--width", "256",
+              "--host-link-gbps", "40", "--out-dir", str(work / "r"), "--build-dir", str(work / "b")])
+    assert seen == [("ring:4", 256, 1500, 8, 32)]
 
 
 def test_bench_schedules_compress_builds_the_engines_asked_for(work, monkeypatch):

@@ -25,7 +25,8 @@ from amaranth.back import rtlil
 from amaranth.sim import Simulator
 from wirereduce.boards.xdma_ip import xdma_ip_tcl
 from wirereduce.hdl.params import silence_unused
-from wirereduce.hdl.xilinx.pcie import AxisSignature, StreamDownsizer, StreamUpsizer, Xdma, XdmaHostGlue
+from wirereduce.hdl.stream.widthconv import StreamDownsizer, StreamUpsizer
+from wirereduce.hdl.xilinx.pcie import AxisSignature, Xdma, XdmaHostGlue
 
 AXIS = 256
 
@@ -396,8 +397,10 @@ def test_engine_top_verilog_wires_four_cages_and_the_xdma(pcie_tree):
 
 
 def test_engine_top_elaborates_with_four_ports():
-    """The engine of the top has P = 4 network ports and a 64-bit host port (its logic lands later:
-    the top only wires ports, so this checks the interface it wires)."""
+    """The engine of the top has P = 4 network ports and is 256 bit wide (a 40 Gbit/s host port at
+    156.25 MHz, the XDMA's stream width); ``width=64`` gives the 64-bit engine with no converters;
+    bad widths, and a width for the SFP top, raise before elaboration."""
+    from wirereduce.boards import load
     from wirereduce.boards.vc709_engine_top import VC709EngineTop
 
     from wirereduce.config import EngineConfig
@@ -405,11 +408,32 @@ def test_engine_top_elaborates_with_four_ports():
     top = VC709EngineTop()
     silence_unused(top)
     silence_unused(top.engine)
-    assert top.config == EngineConfig(64, 1500, 8, ports=4)
+    assert top.config == EngineConfig(256, 1500, 8, ports=4)
     members = top.engine.signature.members
     assert {f"net{p}_{d}" for p in range(4) for d in ("in", "out")} <= set(members)
     assert "net4_in" not in members
-    assert members["host_rx"].signature.width == 64
+    assert members["host_rx"].signature.width == 256 and members["net0_in"].signature.width == 256
+    narrow = load("vc709").top(host="pcie", width=64)
+    silence_unused(narrow)
+    silence_unused(narrow.engine)
+    assert narrow.config == EngineConfig(64, 1500, 8, ports=4)
+    for bad in (512, 32, "256"):
+        with pytest.raises(ValueError, match="width must be 64, 128 or 256"):
+            VC709EngineTop(width=bad)
+    with pytest.raises(ValueError, match="PCIe top's engine width"):
+        load("vc709").top(width=256)
+
+
+def test_cage_ports_reach_the_256_bit_engine_through_converters(pcie_tree):
+    """Each cage's 64-bit Ethernet port meets the 256-bit engine through an upsizer (rx) and a
+    downsizer (tx); the host glue has no converter left (256 = the XDMA's width)."""
+    out, stdout = pcie_tree
+    assert "engine 256 bit" in stdout
+    v = (out / "wirereduce_vc709.v").read_text()
+    for p in range(4):
+        assert re.search(rf"^module \\wirereduce_vc709\.net{p}_up ", v, re.M), p
+        assert re.search(rf"^module \\wirereduce_vc709\.net{p}_down ", v, re.M), p
+    assert not re.search(r"^module \\wirereduce_vc709\.host\.h2c_down ", v, re.M)
 
 
 def test_engine_top_places_the_pcie_pins(pcie_tree):

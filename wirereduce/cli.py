@@ -18,7 +18,8 @@ __all__ = ["main"]
 
 def _add_node_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--width", type=int, default=64, help="datapath width in bits: 64 (10G) or 512 (100G) "
-                   "(default: 64)")
+                   "(default: 64); on schedule engines also 256 (the VC709 PCIe top's: 10G network links, a "
+                   "host port of up to 40 Gbit/s at 156.25 MHz)")
     p.add_argument("--mtu", type=int, default=1500, help="largest frame in bytes, header + payload "
                    "(default: 1500; 9000 for jumbo frames)")
     p.add_argument("--slots", type=int, default=None, help="chunks the local buffer holds, a power of two "
@@ -640,9 +641,12 @@ def cmd_bench_schedules(args) -> int:
                     raise CliError(f"--multiring-roots: {e}") from e
     if args.compress and args.chunk_bytes:
         raise CliError("--chunk-bytes is for uncompressed rows; leave it out with --compress")
-    if args.width != 64 and not args.compress:
-        raise CliError("--width is for the compressed rows (--compress K ...); the uncompressed rows run 64-bit "
-                       "engines")
+    if args.width == 512 and not args.compress:
+        raise CliError("--width 512 is for the compressed rows (--compress K ...); the uncompressed rows run "
+                       "64-bit or 256-bit engines (--width 256: the VC709 PCIe top's)")
+    if args.width == 256 and args.compress:
+        raise CliError("--width 256 is for the uncompressed rows (the VC709 PCIe top's engine); the compressed "
+                       "rows run 64 or 512")
     if args.compress:
         from wirereduce.codec import check_k
 
@@ -665,7 +669,7 @@ def cmd_bench_schedules(args) -> int:
                                         build_root=args.build_dir, lookahead=args.lookahead, priority=args.priority,
                                         slots=args.schedule_slots, threads=args.sim_threads,
                                         progress=not args.no_progress, chunk_bytes=chunk_bytes,
-                                        multiring_roots=args.multiring_roots)
+                                        multiring_roots=args.multiring_roots, width=args.width)
     print(f"# wrote {Path(args.out_dir) / (name + '.json')} and {name}.png")
     return 0 if all(r["bitexact"] for r in recs) else 1
 
@@ -1430,10 +1434,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cores each simulated network runs on (Verilator --threads; default 1). 2 threads ran "
                         "4 engines 1.4x faster on 2 cores; results and cycle counts do not depend on it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar per run")
-    p.add_argument("--width", type=int, choices=(64, 512), default=64,
-                   help="with --compress: the codec engines' datapath, 64 (MTU 1500, default) or 512 (MTU 9000: a core "
-                        "of 64 bytes a cycle behind the same 10G links, as the ring's compressed rows of `bench "
-                        "--codec-only`, so the links and not the codec stages set the pace)")
+    p.add_argument("--width", type=int, choices=(64, 256, 512), default=64,
+                   help="the engines' datapath: 64 (default, MTU 1500); 256 (uncompressed rows: the VC709 PCIe "
+                        "top's engine, 10G ports and a host port of up to 40 Gbit/s at 156.25 MHz); with "
+                        "--compress 512 (MTU 9000: a core of 64 bytes a cycle behind the same 10G links, as the "
+                        "ring's compressed rows of `bench --codec-only`, so the links and not the codec stages set "
+                        "the pace)")
     p.add_argument("--compress", nargs="+", type=int, default=None, metavar="K",
                    help="instead: compressed collectives on codec engines (EngineConfig(codec=True)) with these "
                         "error bounds 2^-K, next to the uncompressed one on the same engines, real gradients of the "

@@ -11,15 +11,13 @@ Blocks
 ------
 :class:`AxisSignature`
     One XDMA AXI4-Stream channel (``tdata``/``tkeep``/``tlast``/``tvalid``/``tready``).
-:class:`StreamDownsizer` / :class:`StreamUpsizer`
-    Frame-stream width converters by an integer ratio, one clock domain, full rate: a wide beat
-    becomes up to ``ratio`` narrow beats (those with valid bytes), and narrow beats are packed into
-    wide ones, a frame's last wide beat carrying only the bytes it has (``keep``). Amaranth 0.5's
-    ``amaranth.lib.stream`` has no width converter, so they are written here.
 :class:`XdmaHostGlue`
-    H2C: ``h2c`` (AXI4-Stream, ``pcie`` domain) → :class:`~amaranth.lib.fifo.AsyncFIFO` → downsizer
-    → ``host_rx`` (``FrameStream(width)``, ``sync``). C2H: ``host_tx`` (``sync``) → upsizer →
-    ``AsyncFIFO`` → ``c2h`` (``pcie``).
+    H2C: ``h2c`` (AXI4-Stream, ``pcie`` domain) → :class:`~amaranth.lib.fifo.AsyncFIFO` →
+    :class:`~wirereduce.hdl.stream.widthconv.StreamDownsizer` → ``host_rx``
+    (``FrameStream(width)``, ``sync``). C2H: ``host_tx`` (``sync``) →
+    :class:`~wirereduce.hdl.stream.widthconv.StreamUpsizer` → ``AsyncFIFO`` → ``c2h`` (``pcie``).
+    Both reduce to wires where the engine's host port is as wide as the DMA streams (256 bit,
+    the VC709 PCIe top), leaving only the clock crossing.
 :class:`Xdma`
     Black-box :class:`~amaranth.hdl.Instance` of the generated ``xdma`` core (the port names of
     its instantiation template for this configuration).
@@ -31,17 +29,17 @@ ARM IHI 0051 (AMBA AXI4-Stream: ``tkeep``, ``tlast``, the handshake).
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Instance, Module, Signal
+from amaranth import Const, Instance, Module, Signal
 from amaranth.hdl import IOPort, ResetInserter
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameStream, beat_layout
+from wirereduce.hdl.stream.widthconv import StreamDownsizer, StreamUpsizer, check_ratio
 
 from wirereduce.config import check_width
 
-__all__ = ["XDMA_WIDTH", "XDMA_LANES", "AXI_ACLK_HZ", "AxisSignature", "StreamDownsizer", "StreamUpsizer",
-           "XdmaHostGlue", "Xdma"]
+__all__ = ["XDMA_WIDTH", "XDMA_LANES", "AXI_ACLK_HZ", "AxisSignature", "XdmaHostGlue", "Xdma"]
 
 #: Width of the XDMA's AXI4-Stream data buses in bits for Gen3 x8 (PG195: 256 bit at 250 MHz).
 XDMA_WIDTH = 256
@@ -87,146 +85,6 @@ class AxisSignature(wiring.Signature):
         return f"AxisSignature({self.width})"
 
 
-def _check_ratio(wide: int, narrow: int) -> int:
-    check_width(wide)
-    check_width(narrow)
-    if wide < narrow:
-        raise ValueError(f"the wide side ({wide} bit) must be at least as wide as the narrow side ({narrow} bit)")
-    return wide // narrow
-
-
-class StreamDownsizer(wiring.Component):
-    """Splits each ``wide``-bit beat into ``wide // narrow`` sub-beats, first the low bytes.
-
-    Sub-beat ``k`` of a beat carries bytes ``k*n … k*n + n - 1`` (``n = narrow // 8``) with their
-    ``keep``. A sub-beat leaves if it is the first one or some of its bytes are valid; the one
-    after which no later sub-beat of the beat has a valid byte is the beat's final one, and it is
-    ``last`` if the beat was. So a frame of ``L`` bytes (contiguous ``keep``) leaves as
-    ``ceil(L / n)`` beats whatever its wide beats, and ``bad`` goes to its last sub-beat. One sub-beat
-    a cycle; ``i.ready`` is high in the cycle the final sub-beat is taken. The output is
-    combinational from the input beat (no added latency).
-
-    Parameters
-    ----------
-    wide, narrow : int
-        Widths in bits (:func:`wirereduce.config.check_width`), ``wide >= narrow``.
-
-    Attributes
-    ----------
-    i : In(FrameStream(wide))
-    o : Out(FrameStream(narrow))
-
-    Raises
-    ------
-    TypeError, ValueError
-        On a bad width, or ``wide < narrow``.
-    """
-
-    def __init__(self, wide: int, narrow: int):
-        with rejecting(self):
-            self.ratio = _check_ratio(wide, narrow)
-        self.wide, self.narrow = wide, narrow
-        super().__init__({"i": In(FrameStream(wide)), "o": Out(FrameStream(narrow))})
-
-    def elaborate(self, platform):
-        m = Module()
-        r, w, nb = self.ratio, self.narrow, self.narrow // 8
-        i, o = self.i.payload, self.o.payload
-        if r == 1:
-            wiring.connect(m, wiring.flipped(self.i), wiring.flipped(self.o))
-            return m
-        k = Signal(range(r))
-        sub_keep = [i.keep[j * nb:(j + 1) * nb] for j in range(r)]
-        # more[j]: some sub-beat after j has a valid byte
-        more = [Cat(*sub_keep[j + 1:]).any() if j < r - 1 else Const(0, 1) for j in range(r)]
-        final = Signal()
-        with m.Switch(k):
-            for j in range(r):
-                with m.Case(j):
-                    m.d.comb += [o.data.eq(i.data[j * w:(j + 1) * w]), o.keep.eq(sub_keep[j]), final.eq(~more[j])]
-        m.d.comb += [
-            o.last.eq(i.last & final),
-            o.bad.eq(i.bad & final),
-            self.o.valid.eq(self.i.valid),
-            self.i.ready.eq(self.o.ready & final),
-        ]
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += k.eq(0)
-            with m.If(~final):
-                m.d.sync += k.eq(k + 1)
-        return m
-
-
-class StreamUpsizer(wiring.Component):
-    """Packs ``wide // narrow`` beats of ``narrow`` bits into one ``wide`` beat, the first in the low bytes.
-
-    A wide beat leaves when it is full or the frame's last narrow beat arrived; the positions a
-    short last beat does not fill have ``keep`` 0, so the bytes and ``keep`` of a frame are kept
-    exactly (contiguous ``keep`` in, contiguous out). ``bad`` on the last narrow beat goes to the
-    last wide beat. Full rate: ``i.ready`` is ``o.ready`` or the beat is not the one completing a
-    wide beat; the output is registered (one cycle after the completing narrow beat).
-
-    Parameters
-    ----------
-    wide, narrow : int
-        Widths in bits (:func:`wirereduce.config.check_width`), ``wide >= narrow``.
-
-    Attributes
-    ----------
-    i : In(FrameStream(narrow))
-    o : Out(FrameStream(wide))
-
-    Raises
-    ------
-    TypeError, ValueError
-        On a bad width, or ``wide < narrow``.
-    """
-
-    def __init__(self, wide: int, narrow: int):
-        with rejecting(self):
-            self.ratio = _check_ratio(wide, narrow)
-        self.wide, self.narrow = wide, narrow
-        super().__init__({"i": In(FrameStream(narrow)), "o": Out(FrameStream(wide))})
-
-    def elaborate(self, platform):
-        m = Module()
-        r, w, nb = self.ratio, self.narrow, self.narrow // 8
-        i = self.i.payload
-        if r == 1:
-            wiring.connect(m, wiring.flipped(self.i), wiring.flipped(self.o))
-            return m
-        k = Signal(range(r))
-        acc_data = Signal(self.wide)
-        acc_keep = Signal(self.wide // 8)
-        out = Signal(beat_layout(self.wide))
-        out_valid = Signal()
-        completes = Signal()
-        m.d.comb += [
-            completes.eq(i.last | (k == r - 1)),
-            self.i.ready.eq(~completes | ~out_valid | self.o.ready),
-            self.o.valid.eq(out_valid),
-            self.o.payload.eq(out),
-        ]
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += out_valid.eq(0)
-        # the wide beat with this narrow beat put in at position k
-        new_data = Signal(self.wide)
-        new_keep = Signal(self.wide // 8)
-        m.d.comb += [new_data.eq(acc_data), new_keep.eq(acc_keep)]
-        with m.Switch(k):
-            for j in range(r):
-                with m.Case(j):
-                    m.d.comb += [new_data[j * w:(j + 1) * w].eq(i.data), new_keep[j * nb:(j + 1) * nb].eq(i.keep)]
-        with m.If(self.i.valid & self.i.ready):
-            with m.If(completes):
-                m.d.sync += [out.data.eq(new_data), out.keep.eq(new_keep), out.last.eq(i.last),
-                             out.bad.eq(i.bad & i.last), out_valid.eq(1),
-                             k.eq(0), acc_data.eq(0), acc_keep.eq(0)]
-            with m.Else():
-                m.d.sync += [acc_data.eq(new_data), acc_keep.eq(new_keep), k.eq(k + 1)]
-        return m
-
-
 class XdmaHostGlue(wiring.Component):
     """The XDMA's two AXI4-Stream channels (``pcie`` domain) to an engine's host port (``sync``).
 
@@ -255,7 +113,7 @@ class XdmaHostGlue(wiring.Component):
     Parameters
     ----------
     width : int
-        The engine's host port width in bits (64 on the VC709), ≤ ``axis_width``.
+        The engine's host port width in bits (256 on the VC709 PCIe top: a plain crossing), ≤ ``axis_width``.
     axis_width : int
         The XDMA stream width in bits (:data:`XDMA_WIDTH`, 256).
     fifo_depth : int
@@ -284,7 +142,7 @@ class XdmaHostGlue(wiring.Component):
 
     def __init__(self, width: int = 64, axis_width: int = XDMA_WIDTH, fifo_depth: int = 64):
         with rejecting(self):
-            _check_ratio(axis_width, width)
+            check_ratio(axis_width, width)
             if (not isinstance(fifo_depth, int) or isinstance(fifo_depth, bool) or fifo_depth < 4
                     or fifo_depth & (fifo_depth - 1)):
                 raise ValueError(f"fifo_depth must be a power of two ≥ 4, not {fifo_depth!r}")

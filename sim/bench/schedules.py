@@ -121,8 +121,13 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                        build_root: str | Path = "build/fastengine", seed: int = 1, plot: bool = True,
                        lookahead: int | None = None, priority: str = "auto", slots: int | None = None, threads: int = 1,
                        progress: bool = False, chunk_bytes: Iterable[int | None] = (None,),
-                       multiring_roots: int | None = None) -> list[dict]:
+                       multiring_roots: int | None = None, width: int = 64) -> list[dict]:
     """Run the benchmark; print a table; write ``<name>.json`` (and ``<name>.png``) in ``out_dir``.
+
+    ``width``: the engines' datapath, 64 (default; 156.25 MHz, a host link above 10 Gbit/s simulated
+    by a faster clock, docs/architecture.md "Host link") or 256 (the VC709 PCIe top's engine: 10G
+    network ports at 156.25 MHz, a frame filling a quarter of the beats, and a host port of up to
+    40 Gbit/s at that clock); MTU 1500 at both. Records carry ``width`` and ``mtu``.
 
     ``lookahead``, ``priority`` and ``slots`` are the engines' :class:`~wirereduce.config.EngineConfig`
     fields (summation units' lookahead D, allocator priority, buffer slots = the host window); every
@@ -143,9 +148,13 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
     Raises
     ------
     ValueError
-        A bad ``lookahead``, ``priority``, ``slots`` or ``chunk_bytes`` (before anything is built).
+        A bad ``lookahead``, ``priority``, ``slots``, ``chunk_bytes`` or ``width`` (before anything
+        is built).
     """
-    EngineConfig(64, 1500, slots=16 if slots is None else slots, ports=2, lookahead=lookahead,
+    if width not in (64, 256):
+        raise ValueError(f"width must be 64 or 256 (engines with 10G network ports), not {width!r}")
+    mtu = _mtu_of(width)
+    EngineConfig(width, mtu, slots=16 if slots is None else slots, ports=2, lookahead=lookahead,
                  priority=priority)   # raises before any build
     chunk_bytes = check_chunk_bytes(chunk_bytes)
     from wirereduce.sim.cluster.schednet import engine_rates
@@ -169,7 +178,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
         # engines): table room for the schedule with the most flows.
         topo_flows = flows_room(most_flows)
         for host in host_gbps:
-            mhz, link_rate, host_rate = engine_rates(64, host, link_gbps)
+            mhz, link_rate, host_rate = engine_rates(width, host, link_gbps)
             ring_time: dict[int, int] = {}
             for alg in algs:
                 s = built[alg]
@@ -177,7 +186,7 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     print(f"{topo:>12} {alg:>9} skipped: {s}", flush=True)
                     continue
                 flows = len(s.flows)
-                cfg = EngineConfig(64, 1500, slots=topo_slots, ports=s.topology.degree,
+                cfg = EngineConfig(width, mtu, slots=topo_slots, ports=s.topology.degree,
                                    max_flows=topo_flows, lookahead=lookahead,
                                    priority=priority, formats=("fp32",))
                 sim = FastEngineSim(topo, cfg, 4, link_rate=link_rate, host_rate=host_rate, build_root=build_root,
@@ -201,7 +210,8 @@ def run_schedule_bench(rows: Iterable = ROWS, sizes: Iterable[int] = SIZES, host
                     one_port_us = 2 * (s.nodes - 1) / s.nodes * wire * 8 / (link_gbps * 1e3)
                     rec = {
                         "kind": "schedule", "topology": s.topology.name, "algorithm": alg, "nodes": s.nodes,
-                        "ports": cfg.ports, "lookahead": cfg.lookahead, "priority": cfg.priority, "slots": cfg.slots,
+                        "width": width, "mtu": mtu, "ports": cfg.ports, "lookahead": cfg.lookahead,
+                        "priority": cfg.priority, "slots": cfg.slots,
                         "formats": list(cfg.formats), "flows": flows, "options": dict(s.options), "bytes": size,
                         "chunk_bytes": 4 * min(max(words or (cfg.max_elements,)), cfg.max_elements),
                         "chunk_profile": list(cb) if isinstance(cb, tuple) else None,
@@ -246,9 +256,9 @@ def format_arrays(fmt: str, nodes: int, elements: int, seed: int = 1) -> list[np
 
 
 def _mtu_of(width: int) -> int:
-    """The MTU the benchmarks build engines of ``width`` bits with: 1500 at 64 bit (10G), 9000
-    (jumbo) at 512 bit (100G)."""
-    return 1500 if width == 64 else 9000
+    """The MTU the benchmarks build engines of ``width`` bits with: 1500 at 64 bit and at 256 bit
+    (10G network ports), 9000 (jumbo) at 512 bit (100G)."""
+    return 1500 if width in (64, 256) else 9000
 
 
 def run_format_bench(topology: str = "ring:4", algorithm: str = "biring", elements: int = 1 << 20,

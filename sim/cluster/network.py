@@ -24,23 +24,32 @@ from wirereduce.config import check_width
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETH_OVERHEAD_BYTES
 
 __all__ = ["LinkModel", "CmacCable", "host_wires", "line_rate_gbps", "clock_mhz", "bytes_per_cycle",
-           "line_bytes_per_cycle", "LINE_RATE_GBPS", "LINKS", "check_links", "eth_mac", "eth_port", "delayed"]
+           "line_bytes_per_cycle", "LINE_RATE_GBPS", "CLOCK_MHZ", "LINKS", "check_links", "eth_mac", "eth_port",
+           "delayed"]
 
 # Link timing, defined here once for the network, the engines and the benchmark.
 
 
+#: Design clock, MHz, of each board datapath width: 156.25 at 64 bit (the 10G MAC/PCS clock) and at
+#: 256 bit (the VC709 PCIe top's engine, on the same clock as its 10G ports), 322.265625 at 512 bit
+#: (the UltraScale+ CMAC's 100G user clock).
+CLOCK_MHZ = {64: 156.25, 256: 156.25, 512: 322.265625}
+
+
 def clock_mhz(width: int) -> float:
-    """Design clock for a datapath width: 156.25 MHz at 64 bit (10G MAC/PCS clock), 322.265625 MHz
-    at 512 bit (the UltraScale+ CMAC's 100G user clock), scaled by width otherwise."""
-    return {64: 156.25, 512: 322.265625}.get(width, 156.25 * width / 64)
+    """Design clock for a datapath width (:data:`CLOCK_MHZ`), scaled by width from 156.25 MHz at
+    64 bit otherwise."""
+    return CLOCK_MHZ.get(width, 156.25 * width / 64)
 
 
-#: Ethernet line rate, Gbit/s, of the link each standard datapath width serves: 10GbE, 100GbE.
-LINE_RATE_GBPS = {64: 10.0, 512: 100.0}
+#: Ethernet line rate, Gbit/s, of the link each board datapath width serves: 10GbE at 64 bit and at
+#: 256 bit (the VC709 PCIe top: its engine is 256 bit so that the host port carries 40 Gbit/s, its
+#: network ports are the 10G cages, a frame filling a quarter of the engine's beats), 100GbE at 512 bit.
+LINE_RATE_GBPS = {64: 10.0, 256: 10.0, 512: 100.0}
 
 
 def line_rate_gbps(width: int) -> float:
-    """Ethernet line rate a datapath width serves: 10 Gbit/s at 64 bit, 100 Gbit/s at 512 bit
+    """Ethernet line rate a datapath width serves: 10 Gbit/s at 64 and 256 bit, 100 Gbit/s at 512 bit
     (:data:`LINE_RATE_GBPS`), otherwise the width's raw beat rate at :func:`clock_mhz`."""
     return LINE_RATE_GBPS.get(width, width * clock_mhz(width) / 1000)
 
@@ -56,7 +65,8 @@ def line_bytes_per_cycle(width: int) -> Fraction:
 
     64 bit: 10 Gbit/s / 156.25 MHz = 8 bytes a cycle (every beat full); 512 bit:
     100 Gbit/s / 322.265625 MHz = 1280/33 ≈ 38.79 bytes a cycle, so a 64-byte beat stream is
-    paced to about 61 % of the cycles.
+    paced to about 61 % of the cycles; 256 bit: 10 Gbit/s / 156.25 MHz = 8 bytes a cycle, a quarter
+    of a 32-byte beat.
     """
     return bytes_per_cycle(line_rate_gbps(width), clock_mhz(width))
 
