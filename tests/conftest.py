@@ -140,7 +140,7 @@ def served_engines(tmp_path_factory, name: str, args: list[str], *needles: str):
     with sim_serve([*args, "--unix", str(socks)]) as (_, lines):
         assert all(n in lines[-1] for n in ("schedule engines", *needles)), lines[-1]
         yield {"socks": socks, "tmp": tmp}
-    assert not list(socks.glob("*.sock"))
+    assert not list(socks.glob("*.sock")) and not list(socks.glob("*.dma"))
 
 
 def sim_allreduce_checked(tmp_path, capsys, arrays, topology: str, algorithm: str, *extra: str, op: str = "sum"):

@@ -229,6 +229,38 @@ def test_engine_one_process_per_rank_cli(server):
 
 
 @pytest.mark.cocotb
+def test_ranks_over_the_pcie_tops_dma_streams(server):
+    """The host side of the VC709 PCIe top (XdmaTransport): four ranks reach the served engines
+    through their DMA sockets (raw frames, no Ethernet header, as the XDMA's streams carry them):
+    EngineRankDriver in threads, fp32 edge values with biring, then `rank allreduce --dma`, one
+    process per rank, bf16 with the ring; every result bit-exact against the golden model."""
+    from wirereduce.host.transports.xdma import XdmaTransport
+
+    assert all((server["socks"] / f"node{k}.dma").exists() for k in range(NODES))
+    rng = np.random.default_rng(23)
+    arrays = [_hard_fp32(rng, 1203) for _ in range(NODES)]
+    biring = sched.build(TOPOLOGY, "biring")
+
+    def rank(k):
+        with XdmaTransport.unix(server["socks"], k, NODES, timeout=RECEIVE_TIMEOUT) as tr:
+            bar = FileBarrier(server["tmp"] / "bar-dma", k, NODES)
+            return [EngineRankDriver(tr, k, biring, CONFIG, barrier=bar, first_collective=95).allreduce(arrays[k])]
+
+    out = per_rank(NODES, rank)
+    want = golden_allreduce(arrays, biring, "sum")
+    for k in range(NODES):
+        assert isinstance(out.get(k), list), f"rank {k}: {out.get(k)!r}"
+        assert mismatches(out[k][0], want[k]).size == 0, f"rank {k} differs over the DMA socket"
+    bf = [(rng.standard_normal(900) * 1e-2).astype(ml_dtypes.bfloat16) for _ in range(NODES)]
+    outs = _rank_processes(server, bf, "ring", "dma", 96, "--dma")
+    want = golden_allreduce(bf, sched.build(TOPOLOGY, "ring"), "sum")
+    for k in range(NODES):
+        got = np.load(outs[k], allow_pickle=False)
+        got = got.view(ml_dtypes.bfloat16) if got.dtype.kind == "V" else got
+        assert mismatches(got, want[k]).size == 0, f"rank {k} differs (rank allreduce --dma)"
+
+
+@pytest.mark.cocotb
 def test_train_bf16_gradients_through_served_engines(server):
     """`wirereduce train --topology ring:4 --algorithm biring --wire-dtype bf16 --backend sim --check
     --unix DIR` (the fixture's `sim serve --topology`): four DDP processes, each bucket's fp32

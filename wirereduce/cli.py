@@ -952,8 +952,10 @@ def cmd_sim_serve(args) -> int:
             f"--topology {topo.name} --algorithm …` and the same --width/--mtu/--slots/--ports/--max-flows")
 
     def ready(info):
+        dma = info.get("dma") or []
         for k, (port, mac) in enumerate(zip(info["ports"], info["macs"])):
-            print(f"node {k}: {port}  MAC {mac}", flush=True)
+            also = f"  (raw frames, as the PCIe top's DMA: {dma[k]})" if k < len(dma) else ""
+            print(f"node {k}: {port}  MAC {mac}{also}", flush=True)
         print(f"serving {what} (simulator pid {info['pid']}); Ctrl-C to stop", flush=True)
 
     try:
@@ -974,9 +976,14 @@ def cmd_rank_allreduce(args) -> int:
     from wirereduce.host.driver import ChunksLost, DriverError
     from wirereduce.host.rank import EngineRankDriver, FileBarrier, FileExchange
     from wirereduce.host.transports.packet import PacketTransport
+    from wirereduce.host.transports.xdma import XdmaTransport
 
-    if (args.interface is None) == (args.unix is None):
-        raise CliError("give --interface IF (raw Ethernet) or --unix DIR (wirereduce sim serve --unix)")
+    if sum(x is not None for x in (args.interface, args.unix, args.xdma)) != 1:
+        raise CliError("give one of --interface IF (raw Ethernet), --xdma DEVICE (the VC709 PCIe top through "
+                       "Xilinx's xdma driver, e.g. /dev/xdma0) or --unix DIR (wirereduce sim serve --unix)")
+    if args.dma and args.unix is None:
+        raise CliError("--dma reaches a `sim serve --unix DIR` node's DMA socket: add --unix DIR (or --xdma "
+                       "DEVICE for a board)")
     k = _compress_arg(args)
     _nodes_as_ring(args)
     if args.topology is None:
@@ -1007,8 +1014,12 @@ def cmd_rank_allreduce(args) -> int:
     except ValueError as e:
         raise CliError(str(e)) from e
     try:
-        if args.unix is not None:
+        if args.unix is not None and args.dma:
+            transport = XdmaTransport.unix(args.unix, args.rank, nodes, timeout=args.timeout)
+        elif args.unix is not None:
             transport = PacketTransport.unix(args.unix, args.rank, nodes, timeout=args.timeout)
+        elif args.xdma is not None:
+            transport = XdmaTransport(args.xdma, args.rank, nodes, timeout=args.timeout)
         else:
             transport = PacketTransport(args.interface, args.rank, nodes, node=args.node_mac, mtu=config.mtu,
                                         timeout=args.timeout)
@@ -1301,7 +1312,8 @@ def build_parser() -> argparse.ArgumentParser:
     rsub = p.add_subparsers(dest="rank_command", required=True)
     p = rsub.add_parser("allreduce", help="allreduce this rank's array through its node, one process per rank",
                         description="Sends array node<RANK> of --input to this rank's node over a raw Ethernet "
-                                    "interface (AF_PACKET: root or CAP_NET_RAW) or a `sim serve --unix` socket "
+                                    "interface (AF_PACKET: root or CAP_NET_RAW), the XDMA devices of a VC709 "
+                                    "running the PCIe top (--xdma) or a `sim serve --unix` socket "
                                     "and writes the sum over every rank to --output (.npy). Every rank runs "
                                     "the same command with its own --rank.")
     p.add_argument("--nodes", type=int, default=None,
@@ -1310,6 +1322,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, required=True, help="this host's rank, 0 … N−1")
     p.add_argument("--interface", metavar="IF", default=None, help="network interface cabled to the node")
     p.add_argument("--unix", metavar="DIR", default=None, help="socket directory of `wirereduce sim serve --unix`")
+    p.add_argument("--xdma", metavar="DEVICE", default=None,
+                   help="the node is a VC709 running the PCIe top: its XDMA device prefix (Xilinx's xdma driver), "
+                        "e.g. /dev/xdma0 (frames go to DEVICE_h2c_0 and come from DEVICE_c2h_0, one per DMA "
+                        "packet, no Ethernet header)")
+    p.add_argument("--dma", action="store_true",
+                   help="with --unix: talk to the simulated node as the PCIe top's DMA streams do (raw frames on "
+                        "DIR/node<k>.dma) instead of raw Ethernet")
     p.add_argument("--node-mac", default=None, help="the node's MAC (default 02:77:72:00:RR:02, the simulated one)")
     p.add_argument("--input", required=True, help=".npz with arrays node0 … node{N-1} of equal length: float32; "
                    "with --topology also bfloat16 (ml_dtypes), float16 or int32 (this rank sends node<RANK>)")

@@ -334,9 +334,14 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
     Block("engine_p2_64", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2),
           "schedule engine, P = 2, 64 bit, MTU 1500, 8 slots, 64 flows (the VC709 SFP top)"),
     Block("engine_p4_64", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 4),
-          "schedule engine, P = 4 (torus), 64 bit, MTU 1500, 8 slots, 64 flows (the VC709 PCIe top)"),
+          "schedule engine, P = 4 (torus), 64 bit, MTU 1500, 8 slots, 64 flows (the VC709 PCIe top with WIDTH=64)"),
     Block("engine_p2_512", "xcup", CLOCK_100G_MHZ, _engine(512, 9000, 2),
           "schedule engine, P = 2, 512 bit, MTU 9000, 8 slots, 64 flows (the U55C top)"),
+    # Not in the default set (yosys takes over an hour on it here): the VC709 PCIe top's engine, 256 bit at
+    # 156.25 MHz so that its host port carries 40 Gbit/s (docs/boards.md "PCIe host link").
+    Block("engine_p4_256", "xc7", CLOCK_10G_MHZ, _engine(256, 1500, 4),
+          "schedule engine, P = 4 (torus), 256 bit, MTU 1500, 8 slots, 64 flows (the VC709 PCIe top: a 40 Gbit/s "
+          "host port)", default=False),
     # Not in the default set (a codec engine is the plain one plus a CodecIn and a CodecOut per port).
     Block("engine_p2_64_codec", "xc7", CLOCK_10G_MHZ, _engine(64, 1500, 2, codec=True),
           "schedule engine with the codec at every port (EngineConfig(codec=True): lookahead 3), P = 2, 64 bit, "

@@ -10,6 +10,11 @@ discovery, are counted in :attr:`HostPort.ignored`), cuts genuine padding
 (:func:`~wirereduce.host.transports.packet.strip_padding`) and hands the wirereduce frame to the
 node's host link; frames from the node go out with the node's MAC as source to the last host MAC
 heard (or broadcast before that).
+
+With UNIX sockets each node also has a :class:`DmaPort`, ``DIR/node<k>.dma``: its host port as the
+VC709 PCIe top's DMA streams carry it, raw wirereduce frames with no Ethernet header, one per
+datagram (:class:`wirereduce.host.transports.xdma.XdmaTransport.unix`). A node answers on the port
+its host last sent a frame on.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from wirereduce.host.transports.packet import (
     strip_padding,
 )
 
-__all__ = ["HostPort", "TapPort", "UnixPort", "open_ports"]
+__all__ = ["HostPort", "TapPort", "UnixPort", "DmaPort", "open_ports"]
 
 TUNSETIFF = 0x400454CA
 IFF_TAP = 0x0002
@@ -133,9 +138,12 @@ class UnixPort(HostPort):
     """Node ``rank``'s host port as a UNIX datagram socket ``directory/node<rank>.sock`` (no root):
     :meth:`PacketTransport.unix <wirereduce.host.transports.packet.PacketTransport.unix>` talks to it."""
 
+    #: File name suffix of the socket.
+    SUFFIX = "sock"
+
     def __init__(self, rank: int, directory: str):
         super().__init__(rank)
-        self.path = os.path.join(directory, f"node{rank}.sock")
+        self.path = os.path.join(directory, f"node{rank}.{self.SUFFIX}")
         if os.path.exists(self.path):
             os.unlink(self.path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -185,8 +193,33 @@ class UnixPort(HostPort):
             pass
 
 
+class DmaPort(UnixPort):
+    """Node ``rank``'s host port as the PCIe top's DMA streams: the UNIX datagram socket
+    ``directory/node<rank>.dma`` carrying raw wirereduce frames (no Ethernet header), one per
+    datagram, as one XDMA packet carries one frame (docs/boards.md "PCIe host link").
+    :meth:`XdmaTransport.unix <wirereduce.host.transports.xdma.XdmaTransport.unix>` talks to it."""
+
+    SUFFIX = "dma"
+
+    def read(self) -> bytes | None:
+        data = self._read()
+        if data is None:
+            return None
+        if not data:          # an empty datagram carries no frame
+            self.ignored += 1
+            return None
+        self.frames_in += 1
+        return data
+
+    def write(self, payload: bytes) -> None:
+        self.frames_out += 1
+        self._write(payload)
+
+
 def open_ports(nodes: int, taps: list[str] | None, unix: str | None, mtu: int) -> list[HostPort]:
-    """One :class:`HostPort` per node: TAP interfaces ``taps`` (one name per node) or UNIX sockets in ``unix``.
+    """One :class:`HostPort` per node: TAP interfaces ``taps`` (one name per node) or UNIX sockets in
+    ``unix``, where each node has a :class:`DmaPort` too (listed after the :class:`UnixPort`\\ s:
+    ``ports[k]`` and ``ports[nodes + k]`` are node k's).
 
     Raises ValueError if neither or both are given or ``taps`` has the wrong length."""
     if (taps is None) == (unix is None):
@@ -204,4 +237,4 @@ def open_ports(nodes: int, taps: list[str] | None, unix: str | None, mtu: int) -
             raise
         return ports
     os.makedirs(unix, exist_ok=True)
-    return [UnixPort(k, unix) for k in range(nodes)]
+    return [UnixPort(k, unix) for k in range(nodes)] + [DmaPort(k, unix) for k in range(nodes)]

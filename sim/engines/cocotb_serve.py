@@ -40,8 +40,12 @@ async def serve(dut):
 
     transport = CocotbTransport(dut, nodes)
     ports = open_ports(nodes, spec["taps"], spec["unix"], spec["mtu"])
-    ready = {"ports": [getattr(p, "name", None) or p.path for p in ports],
-             "macs": [format_mac(p.mac) for p in ports], "pid": os.getpid()}
+    # Node k answers on the port its host last sent on (its Ethernet socket or, with UNIX sockets, its
+    # DMA socket); the Ethernet one until then.
+    answer = {k: ports[k] for k in range(nodes)}
+    ready = {"ports": [getattr(p, "name", None) or p.path for p in ports[:nodes]],
+             "dma": [p.path for p in ports[nodes:]],
+             "macs": [format_mac(p.mac) for p in ports[:nodes]], "pid": os.getpid()}
     tmp = spec["ready"] + ".tmp"
     with open(tmp, "w") as f:
         json.dump(ready, f)
@@ -63,7 +67,7 @@ async def serve(dut):
                     if any(u for u in user if u):   # marked bad (a stomped FCS on a real link): a NIC drops it
                         stomped[k] += 1
                         continue
-                    ports[k].write(bytes(f.tdata))
+                    answer[k].write(bytes(f.tdata))
             queued = any(not s.idle() for s in transport.sources)
             busy = moved or queued or quiet < idle_cycles
             readable, _, _ = select.select(ports, [], [], 0 if busy else 0.5)
@@ -73,6 +77,7 @@ async def serve(dut):
                     if payload is None:
                         break
                     transport.sources[p.rank].send_nowait(AxiStreamFrame(payload))
+                    answer[p.rank] = p
                     moved = True
             if moved:
                 quiet = 0
@@ -85,10 +90,9 @@ async def serve(dut):
             if quiet - POLL_CYCLES < idle_cycles <= quiet:  # just went idle
                 with open(status, "w") as f:  # what a user (or a test) can look at
                     json.dump({"cycles": round(get_sim_time("ps") / period_ps),
-                               "frames_in": [p.frames_in for p in ports],
-                               "frames_out": [p.frames_out for p in ports],
-                               "ignored": [p.ignored for p in ports], "stomped": stomped,
-                               "dropped": [p.dropped for p in ports]}, f)
+                               **{key: [sum(getattr(p, key) for p in ports if p.rank == k) for k in range(nodes)]
+                                  for key in ("frames_in", "frames_out", "ignored", "dropped")},
+                               "stomped": stomped}, f)
     finally:
         for p in ports:
             p.close()
