@@ -270,6 +270,18 @@ def test_import_wirereduce_needs_no_torch():
 def test_backend_from_env_errors():
     with pytest.raises(ValueError, match="exactly one"):
         wrt.backend_from_env({})
+    with pytest.raises(ValueError, match="exactly one.*WIREREDUCE_XDMA"):
+        wrt.backend_from_env({"WIREREDUCE_UNIX": "/x", "WIREREDUCE_XDMA": "/dev/xdma0"})
+    with pytest.raises(ValueError, match="WIREREDUCE_DMA=1 reaches"):
+        wrt.backend_from_env({"WIREREDUCE_XDMA": "/dev/xdma0", "WIREREDUCE_DMA": "1"})
+    with pytest.raises(ValueError, match="WIREREDUCE_DMA must be 0 or 1"):
+        wrt.backend_from_env({"WIREREDUCE_UNIX": "/x", "WIREREDUCE_DMA": "yes"})
+    xdma = {"WIREREDUCE_XDMA": "/nonexistent/xdma9", "WIREREDUCE_RANK": "0", "WIREREDUCE_NODES": "2"}
+    with pytest.raises(FileNotFoundError, match="no XDMA device /nonexistent/xdma9_h2c_0: load Xilinx's xdma"):
+        wrt.backend_from_env(xdma)
+    with pytest.raises(FileNotFoundError, match="no simulated DMA port"):
+        wrt.backend_from_env({"WIREREDUCE_UNIX": "/nonexistent", "WIREREDUCE_DMA": "1", "WIREREDUCE_RANK": "0",
+                              "WIREREDUCE_NODES": "2"})
     with pytest.raises(ValueError, match="WIREREDUCE_RANK"):
         wrt.backend_from_env({"WIREREDUCE_UNIX": "/nonexistent", "WIREREDUCE_RANK": "x", "WIREREDUCE_NODES": "2"})
     with pytest.raises(FileNotFoundError, match="sim serve"):

@@ -34,8 +34,10 @@ default, :class:`wirereduce.config.EngineConfig`).
   gateware's own sums, in any format, for single-process tests of the hook.
 - :class:`RankBackend` drives the rank's engine with :class:`wirereduce.host.rank.EngineRankDriver` over
   a raw-Ethernet :class:`~wirereduce.host.transports.packet.PacketTransport` (a real board, or a
-  TAP of ``wirereduce sim serve``) or ``sim serve --unix``; :func:`backend_from_env` builds one
-  from ``WIREREDUCE_IFACE`` / ``WIREREDUCE_UNIX``, ``WIREREDUCE_RANK``, ``WIREREDUCE_NODES``.
+  TAP of ``wirereduce sim serve``), the PCIe top's XDMA devices
+  (:class:`~wirereduce.host.transports.xdma.XdmaTransport`) or ``sim serve --unix``;
+  :func:`backend_from_env` builds one from ``WIREREDUCE_IFACE`` / ``WIREREDUCE_XDMA`` /
+  ``WIREREDUCE_UNIX``, ``WIREREDUCE_RANK``, ``WIREREDUCE_NODES``.
 
 Averaging: the hook returns ``sum / N`` (one division of the node's sum, rounded once to the
 bucket's format: bf16 and fp16 quotients are computed in fp32 and rounded to the format, which is
@@ -65,11 +67,14 @@ from wirereduce.codec import check_k, quantize
 
 __all__ = ["State", "allreduce_hook", "LoopbackBackend", "EngineGroup", "RankBackend", "CheckedBackend",
            "backend_from_env", "SUPPORTED_DTYPES", "average", "golden_sum",
-           "require_torch", "ENV_IFACE", "ENV_UNIX", "ENV_RANK", "ENV_NODES", "ENV_NODE_MAC", "ENV_TIMEOUT"]
+           "require_torch", "ENV_IFACE", "ENV_UNIX", "ENV_XDMA", "ENV_DMA", "ENV_RANK", "ENV_NODES", "ENV_NODE_MAC",
+           "ENV_TIMEOUT"]
 
 #: Environment of :func:`backend_from_env` (what ``wirereduce train --backend sim`` sets per rank).
 ENV_IFACE = "WIREREDUCE_IFACE"
 ENV_UNIX = "WIREREDUCE_UNIX"
+ENV_XDMA = "WIREREDUCE_XDMA"
+ENV_DMA = "WIREREDUCE_DMA"
 ENV_RANK = "WIREREDUCE_RANK"
 ENV_NODES = "WIREREDUCE_NODES"
 ENV_NODE_MAC = "WIREREDUCE_NODE_MAC"
@@ -631,8 +636,11 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
 
     ``WIREREDUCE_RANK``, ``WIREREDUCE_NODES`` (default: torch.distributed's rank and world size when
     initialised) and one of ``WIREREDUCE_IFACE`` (raw Ethernet on that interface: root or
-    CAP_NET_RAW; ``WIREREDUCE_NODE_MAC`` optional) or ``WIREREDUCE_UNIX`` (the socket directory of
-    ``wirereduce sim serve --unix``); ``WIREREDUCE_TIMEOUT`` seconds per receive (default 2).
+    CAP_NET_RAW; ``WIREREDUCE_NODE_MAC`` optional), ``WIREREDUCE_XDMA`` (the XDMA device prefix of
+    a VC709 running the PCIe top, e.g. ``/dev/xdma0``: Xilinx's ``xdma`` driver) or
+    ``WIREREDUCE_UNIX`` (the socket directory of ``wirereduce sim serve --unix``; with
+    ``WIREREDUCE_DMA=1`` its nodes' DMA sockets, raw frames as over PCIe); ``WIREREDUCE_TIMEOUT``
+    seconds per receive (default 2).
     The driver is an :class:`~wirereduce.host.rank.EngineRankDriver` running ``WIREREDUCE_TOPOLOGY``'s
     ``WIREREDUCE_ALGORITHM`` (``sim serve --topology``; ``WIREREDUCE_NODES`` then defaults to the
     topology's nodes), or without them the NTT ring schedule on a ring of ``WIREREDUCE_NODES``
@@ -669,10 +677,15 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         from wirereduce.host.transports.packet import PacketTransport
     except ImportError as e:  # pragma: no cover - before the per-rank driver existed
         raise RuntimeError("this wirereduce has no per-rank driver (wirereduce.host.rank)") from e
-    iface, unix = env.get(ENV_IFACE), env.get(ENV_UNIX)
-    if (iface is None) == (unix is None):
-        raise ValueError(f"set exactly one of {ENV_IFACE} (raw Ethernet interface) or {ENV_UNIX} "
-                         f"(wirereduce sim serve --unix DIR)")
+    iface, unix, xdma = env.get(ENV_IFACE), env.get(ENV_UNIX), env.get(ENV_XDMA)
+    if sum(v is not None for v in (iface, unix, xdma)) != 1:
+        raise ValueError(f"set exactly one of {ENV_IFACE} (raw Ethernet interface), {ENV_XDMA} (the PCIe top's "
+                         f"XDMA devices, e.g. /dev/xdma0) or {ENV_UNIX} (wirereduce sim serve --unix DIR)")
+    dma = env.get(ENV_DMA, "0")
+    if dma not in ("0", "1"):
+        raise ValueError(f"{ENV_DMA} must be 0 or 1, not {dma!r}")
+    if dma == "1" and unix is None:
+        raise ValueError(f"{ENV_DMA}=1 reaches the DMA sockets of `sim serve --unix DIR`: set {ENV_UNIX} too")
     dist = None
     try:
         import torch.distributed as dist
@@ -752,8 +765,14 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         out = [None] * nodes
         dist.all_gather_object(out, value, group=group)
         return out
-    if unix is not None:
+    from wirereduce.host.transports.xdma import XdmaTransport
+
+    if unix is not None and dma == "1":
+        transport = XdmaTransport.unix(unix, rank, nodes, timeout=timeout)
+    elif unix is not None:
         transport = PacketTransport.unix(unix, rank, nodes, timeout=timeout)
+    elif xdma is not None:
+        transport = XdmaTransport(xdma, rank, nodes, timeout=timeout)
     else:
         transport = PacketTransport(iface, rank, nodes, node=env.get(ENV_NODE_MAC),
                                     mtu=config.mtu, timeout=timeout)
