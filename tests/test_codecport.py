@@ -16,6 +16,7 @@ from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from test_codec_hdl import Received, byte_beats, gradients, sink, source, u32
 from wirereduce.hdl.codec.port import CodecIn, CodecOut, InsertHeader, StripHeader
+from wirereduce.hdl.params import silence_unused
 from wirereduce.hdl.stream.frame import FrameGate
 
 from wirereduce import codec
@@ -327,6 +328,48 @@ def test_cut_through_codec_in_starts_before_the_frame_is_in(width):
 def _forwarded(f: bytes) -> bytes:
     """``f`` with its header's ``codec`` byte set to CODEC_FORWARDED, as a forwarding CodecIn passes it."""
     return f[:3] + bytes([CODEC_FORWARDED]) + f[4:]
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_compressed_frame_above_max_compressed_is_malformed(width):
+    """``max_compressed`` (the engine's: ``max_elements_compressed(mtu)``, 349 at MTU 1500): a
+    compressed frame of more values, up to ``max_elements``, is well-formed to ``decode`` but could
+    compress to more than the MTU on the next hop, so it is marked ``bad`` and counted once
+    (``drop_length`` at the engine), decoded (REDUCE) or forwarded (BROADCAST); one of exactly
+    ``max_compressed`` values passes. Zeros compress to the tag block alone, so the frames are small."""
+    k, top = 10, MAXN - 20
+    zeros = np.zeros(top + 1, np.float32)
+    h = Header(opcode=Opcode.REDUCE, seq=0, codec=Codec.INCEPTIONN_V1, eb_k=k)
+    b = h.replace(opcode=Opcode.BROADCAST)
+    inputs = [(frame(h.replace(count=top), codec.encode(zeros[:top], k)), 0),
+              (frame(h.replace(count=top + 1, seq=1), codec.encode(zeros, k)), 0),
+              (frame(b.replace(count=top + 1, seq=2), codec.encode(zeros, k)), 0),
+              (frame(b.replace(count=top, seq=3), codec.encode(zeros[:top], k)), 0)]
+    dut = CodecIn(width, MAXN, -(-(16 + 4 * MAXN + 60) // (width // 8)), placeholders=False, cut_through=True,
+                  forward=True, max_compressed=top)
+    rec, drops = run(dut, None, width, len(inputs), beats=_marked(inputs, width))
+    assert [bool(e) for e in rec.errors] == [False, True, True, False]
+    assert rec.frames[0][16:] == bytes(4 * top)                  # decoded
+    assert rec.frames[3] == _forwarded(inputs[3][0])             # forwarded as it arrived
+    assert drops == 2
+    with pytest.raises(ValueError, match="max_compressed must be 1 … max_elements"):
+        CodecIn(width, MAXN, 64, placeholders=False, cut_through=True, max_compressed=MAXN + 1)
+
+
+def test_engine_codec_stages_bound_compressed_frames_by_the_mtu():
+    """The schedule engine builds its CodecIns with the compressed bound of its MTU, not the raw
+    frame's (349 and 371 at MTU 1500)."""
+    from wirereduce.hdl.core.engine import Engine
+
+    from wirereduce.config import EngineConfig
+
+    cfg = EngineConfig(64, 1500, 4, ports=2, max_flows=8, codec=True)
+    m = Engine(cfg).elaborate(None)
+    silence_unused(m)
+    subs = m._named_submodules.items()   # name -> (elaboratable, source location)
+    stages = [s[0] for name, s in subs if name.startswith("codec_") and isinstance(s[0], CodecIn)]
+    assert len(stages) == 3 and {s._max_compressed for s in stages} == {codec.max_elements_compressed(1500)} == {349}
+    assert {s._max_elements for s in stages} == {cfg.max_elements} == {371}
 
 
 @pytest.mark.parametrize("width", [64, 512])

@@ -54,6 +54,7 @@ from wirereduce.hdl.params import rejecting
 from wirereduce.hdl.stream.frame import FrameGate, FrameStream, beat_layout, gated_layout
 from wirereduce.hdl.stream.realign import Realigner
 
+from wirereduce.codec import max_elements_compressed
 from wirereduce.config import check_width
 from wirereduce.protocol import CODEC_FORWARDED, HEADER_BYTES, VERSION, Codec, Flag, Opcode, header_layout
 
@@ -504,6 +505,13 @@ class CodecIn(_CodecStage):
         frame is malformed and counted in ``dropped``. A broadcast hop then costs a few cycles
         instead of a compressed frame time: ``quantize`` is idempotent, so the bytes are those a
         decode and re-encode would give (docs/codec.md "Forwarded broadcasts").
+    max_compressed : int, optional
+        Most values a compressed frame may carry (default ``max_elements``); the schedule engine
+        gives :func:`wirereduce.codec.max_elements_compressed` of its MTU (349 at 1500, 2112 at
+        9000), what the driver's chunks hold, so that whatever the values, the frame a node
+        compresses from such a chunk fits the MTU. A compressed frame with more (and at most
+        ``max_elements``) is malformed: marked ``bad`` / dropped and counted in ``dropped``, as
+        one whose length does not match its tags (``drop_length`` at the engine).
 
     Attributes
     ----------
@@ -527,8 +535,11 @@ class CodecIn(_CodecStage):
     _opcodes = _DATA_OPS_IN
 
     def __init__(self, width: int, max_elements: int, max_beats: int, placeholders: bool = True,
-                 cut_through: bool = False, forward: bool = False):
+                 cut_through: bool = False, forward: bool = False, max_compressed: int | None = None):
         with rejecting(self):
+            if max_compressed is not None and (not isinstance(max_compressed, int) or isinstance(max_compressed, bool)
+                                               or not 1 <= max_compressed <= max_elements):
+                raise ValueError(f"max_compressed must be 1 … max_elements ({max_elements}), not {max_compressed!r}")
             if placeholders and cut_through:
                 raise ValueError("a cut-through CodecIn has no commit buffer to turn a marked frame into "
                                  "a placeholder: give placeholders=False with cut_through=True")
@@ -542,6 +553,7 @@ class CodecIn(_CodecStage):
         if self._forward:
             self._opcodes = tuple(op for op in _DATA_OPS_IN if op != Opcode.BROADCAST)
         super().__init__(width, max_elements, max_beats)
+        self._max_compressed = max_elements if max_compressed is None else max_compressed
         if self._forward:
             # the delay line of the forward path: the check's latency, the StripHeader's cycle and the
             # verdict FIFO's two (docs/codec.md "Forwarded broadcasts")
@@ -564,7 +576,7 @@ class CodecIn(_CodecStage):
             # decompressor; they wait for room in ``dec_in`` like the others (``src.ready`` the same
             # for both), so the check sees them in frame order behind the decoded frames.
             is_fwd = src.payload.hdr.opcode == Opcode.BROADCAST
-            m.submodules.lencheck = chk = CompressedLengthCheck(w, self._max_elements)
+            m.submodules.lencheck = chk = CompressedLengthCheck(w, self._max_compressed)
             m.submodules.fverd = fverd = fifo.SyncFIFOBuffered(width=1,
                                                                depth=FORWARD_FIFO_DEPTH + self._forward_lag + 1)
             self._fverd = fverd
@@ -586,7 +598,7 @@ class CodecIn(_CodecStage):
         else:
             m.d.comb += q.w_en.eq(src.valid)
         src = fed
-        m.submodules.dec = dec = Decompressor(w, self._max_elements)
+        m.submodules.dec = dec = Decompressor(w, self._max_compressed)
         m.d.comb += dec.n.eq(src.payload.hdr.count)
         hdrq = self._feed(m, src, dec)
         if self._cut_through:
@@ -773,7 +785,8 @@ def codec_port_stages(m, component, config, inputs, outputs, placeholders: bool 
     ins, outs, dropped = {}, {}, []
     for name in inputs:
         stage = m.submodules[f"codec_{name}"] = CodecIn(w, config.max_elements, config.max_beats, placeholders,
-                                                        cut_through, forward=name in forward)
+                                                        cut_through, forward=name in forward,
+                                                        max_compressed=max_elements_compressed(config.mtu))
         wiring.connect(m, wiring.flipped(getattr(component, name)), stage.i)
         dropped.append(stage.dropped)
         ins[name] = beat.create()

@@ -38,7 +38,17 @@ def check_ratio(wide: int, narrow: int) -> int:
     return wide // narrow
 
 
-class StreamDownsizer(wiring.Component):
+class _WidthConverter(wiring.Component):
+    """``i`` of ``i_width`` bits, ``o`` of ``o_width``; ``ratio`` = ``wide // narrow``."""
+
+    def __init__(self, wide: int, narrow: int, i_width: int, o_width: int):
+        with rejecting(self):
+            self.ratio = check_ratio(wide, narrow)
+        self.wide, self.narrow = wide, narrow
+        super().__init__({"i": In(FrameStream(i_width)), "o": Out(FrameStream(o_width))})
+
+
+class StreamDownsizer(_WidthConverter):
     """Splits each ``wide``-bit beat into ``wide // narrow`` sub-beats, first the low bytes.
 
     Sub-beat ``k`` of a beat carries bytes ``k*n … k*n + n - 1`` (``n = narrow // 8``) with their
@@ -66,10 +76,7 @@ class StreamDownsizer(wiring.Component):
     """
 
     def __init__(self, wide: int, narrow: int):
-        with rejecting(self):
-            self.ratio = check_ratio(wide, narrow)
-        self.wide, self.narrow = wide, narrow
-        super().__init__({"i": In(FrameStream(wide)), "o": Out(FrameStream(narrow))})
+        super().__init__(wide, narrow, wide, narrow)
 
     def elaborate(self, platform):
         m = Module()
@@ -100,7 +107,7 @@ class StreamDownsizer(wiring.Component):
         return m
 
 
-class StreamUpsizer(wiring.Component):
+class StreamUpsizer(_WidthConverter):
     """Packs ``wide // narrow`` beats of ``narrow`` bits into one ``wide`` beat, the first in the low bytes.
 
     A wide beat leaves when it is full or the frame's last narrow beat arrived; the positions a
@@ -126,10 +133,7 @@ class StreamUpsizer(wiring.Component):
     """
 
     def __init__(self, wide: int, narrow: int):
-        with rejecting(self):
-            self.ratio = check_ratio(wide, narrow)
-        self.wide, self.narrow = wide, narrow
-        super().__init__({"i": In(FrameStream(narrow)), "o": Out(FrameStream(wide))})
+        super().__init__(wide, narrow, narrow, wide)
 
     def elaborate(self, platform):
         m = Module()

@@ -33,8 +33,9 @@ import os
 import socket
 import struct
 import tempfile
-from collections.abc import Awaitable, Sequence
 from pathlib import Path
+
+from wirereduce.host.transports.base import RankTransport
 
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETHERTYPE, HEADER_BYTES, Codec, Header, Opcode
 
@@ -173,7 +174,7 @@ def _open_packet_socket(interface: str) -> socket.socket:
     return sock
 
 
-class PacketTransport:
+class PacketTransport(RankTransport):
     """Rank ``rank``'s host port, reached over a Linux interface with raw Ethernet frames.
 
     Parameters
@@ -258,15 +259,6 @@ class PacketTransport:
             except OSError:
                 pass
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _check(self, node: int) -> None:
-        if node != self.rank:
-            raise ValueError(f"this transport reaches node {self.rank} only, not node {node}")
 
     async def send(self, node: int, data: bytes) -> None:
         """Send one wirereduce frame to the node (padded to the Ethernet minimum)."""
@@ -306,25 +298,8 @@ class PacketTransport:
             if payload is None:
                 self.ignored += 1
                 continue
-            self._event().set()
+            self._arrived()
             return payload
         where = f"interface {self.interface}" if self.interface else f"socket {self._peer}"
         raise TimeoutError(f"node {self.rank} ({format_mac(self.node_mac)}) sent its host nothing on {where} "
                            f"for {self.timeout:g} s: a frame was lost, a rank stopped, or the node is not there")
-
-    def _event(self) -> asyncio.Event:
-        if self._got is None:
-            self._got = asyncio.Event()
-        return self._got
-
-    async def gather(self, coros: Sequence[Awaitable]) -> list:
-        return list(await asyncio.gather(*coros))
-
-    async def idle(self, cycles: int = 1) -> None:
-        """Wait until the next frame arrives (a result frees the window), or 10 ms."""
-        ev = self._event()
-        ev.clear()
-        try:
-            await asyncio.wait_for(ev.wait(), 0.01)
-        except asyncio.TimeoutError:
-            pass

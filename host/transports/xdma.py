@@ -25,7 +25,8 @@ import queue
 import socket
 import tempfile
 import threading
-from collections.abc import Awaitable, Sequence
+
+from wirereduce.host.transports.base import RankTransport
 
 __all__ = ["XdmaTransport", "MAX_READ", "XDMA_DRIVER_HELP"]
 
@@ -45,7 +46,7 @@ def _check_rank(rank: int, nodes: int) -> None:
         raise ValueError(f"rank must be 0 … {nodes - 1}, not {rank!r}")
 
 
-class XdmaTransport:
+class XdmaTransport(RankTransport):
     """Rank ``rank``'s host port over the XDMA character devices of its board.
 
     Parameters
@@ -140,15 +141,6 @@ class XdmaTransport:
             except OSError:
                 pass
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _check(self, node: int) -> None:
-        if node != self.rank:
-            raise ValueError(f"this transport reaches node {self.rank} only, not node {node}")
 
     async def send(self, node: int, data: bytes) -> None:
         """Send one wirereduce frame to the node: one write, one DMA packet.
@@ -216,24 +208,7 @@ class XdmaTransport:
                 break
             if not data:     # an empty packet carries no frame
                 continue
-            self._event().set()
+            self._arrived()
             return data
         raise TimeoutError(f"node {self.rank} sent its host nothing on {self.where} for {self.timeout:g} s: a "
                            f"frame was lost, a rank stopped, or the board is not running the PCIe top")
-
-    def _event(self) -> asyncio.Event:
-        if self._got is None:
-            self._got = asyncio.Event()
-        return self._got
-
-    async def gather(self, coros: Sequence[Awaitable]) -> list:
-        return list(await asyncio.gather(*coros))
-
-    async def idle(self, cycles: int = 1) -> None:
-        """Wait until the next frame arrives (a result frees the window), or 10 ms."""
-        ev = self._event()
-        ev.clear()
-        try:
-            await asyncio.wait_for(ev.wait(), 0.01)
-        except asyncio.TimeoutError:
-            pass
