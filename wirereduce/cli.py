@@ -1289,7 +1289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=None, help="ring size N (2 … 255): --topology ring:N")
     _add_engine_serve_args(p, rank=False)
     p.add_argument("--tap", nargs="+", metavar="IF", default=None, help="TAP interface names, one per node")
-    p.add_argument("--unix", metavar="DIR", default=None, help="UNIX datagram sockets DIR/node<k>.sock instead of TAPs")
+    p.add_argument("--unix", metavar="DIR", default=None,
+                   help="UNIX datagram sockets DIR/node<k>.sock (Ethernet frames, as a NIC) instead of TAPs, and "
+                        "DIR/node<k>.dma (raw frames, as the VC709 PCIe top's DMA streams: `rank allreduce --dma`)")
     _add_host_links_arg(p)
     p.add_argument("--links", choices=("model", "eth"), default="model",
                    help="model: link models at line rate (default); eth: 10G Ethernet (MAC + 10GBASE-R PCS) on "
