@@ -112,8 +112,8 @@ def per_rank(nodes: int, fn, join_timeout: float = 600) -> dict:
 HEAVY_FIRST = (
     "test_engine.py", "test_engine_deploy.py", "test_engine_eth.py", "test_engine_cmac.py",
     "test_torch.py", "test_engine_system.py", "test_engine_serve_eth.py", "test_pause.py", "test_pcie.py",
-    "test_lanes_exhaustive.py", "test_ethport.py", "test_deploy.py", "test_fuzz.py", "test_mac.py", "test_latency.py",
-    "test_boards.py",
+    "test_engine_256.py", "test_lanes_exhaustive.py", "test_ethport.py", "test_deploy.py", "test_fuzz.py",
+    "test_mac.py", "test_latency.py", "test_boards.py",
 )
 
 

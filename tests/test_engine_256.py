@@ -68,7 +68,7 @@ def test_host_link_faster_than_a_network_port(ring4_256):
     same engines beats 10 Gbit/s of algbw (B·N/(N − 1) = 13.3 Gbit/s is its bound), which no schedule
     can behind a 10G host port (every host pushes and receives the whole message); the NTT ring
     stays at one link's rate. Simulated cycles, deterministic."""
-    elements = 1 << 17   # 512 KiB a node
+    elements = 1 << 16   # 256 KiB a node
     rng = np.random.default_rng(11)
     arrays = [rng.standard_normal(elements).astype(np.float32) for _ in range(4)]
     us = {}
