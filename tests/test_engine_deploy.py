@@ -263,17 +263,18 @@ def test_ranks_over_the_pcie_tops_dma_streams(server):
 @pytest.mark.cocotb
 def test_train_bf16_gradients_through_served_engines(server):
     """`wirereduce train --topology ring:4 --algorithm biring --wire-dtype bf16 --backend sim --check
-    --unix DIR` (the fixture's `sim serve --topology`): four DDP processes, each bucket's fp32
-    gradients sent as bf16 through its own engine (EngineRankDriver), every bucket's bf16 sum
-    compared bit for bit at rank 0 with the golden model in biring's order (CheckedBackend)."""
+    --unix DIR --dma` (the fixture's `sim serve --topology`): four DDP processes, each bucket's fp32
+    gradients sent as bf16 through its own engine (EngineRankDriver) over the engine's DMA socket
+    (XdmaTransport, as over the VC709 PCIe top's host link), every bucket's bf16 sum compared bit
+    for bit at rank 0 with the golden model in biring's order (CheckedBackend)."""
     pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'wirereduce[torch]')")
     pytest.importorskip("sklearn", reason="scikit-learn (the digits data set) is not installed")
     r = subprocess.run([sys.executable, "-m", "wirereduce.cli", "train", "--topology", TOPOLOGY, "--algorithm",
                         "biring", "--wire-dtype", "bf16", "--backend", "sim", "--unix", str(server["socks"]),
-                        "--steps", "2", "--check", "--no-progress"],
+                        "--dma", "--steps", "2", "--check", "--no-progress"],
                        cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "bfloat16 gradients on the wire" in r.stdout
+    assert "bfloat16 gradients on the wire" in r.stdout and "hosts on the boards' DMA sockets" in r.stdout
     assert "every bucket's sum bit-identical to the golden model (2 checked at rank 0)" in r.stdout
 
 

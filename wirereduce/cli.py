@@ -1072,7 +1072,7 @@ def cmd_train(args) -> int:
                       seed=args.seed, steps=args.steps, progress=not args.no_progress,
                       golden_check=args.check, topology=args.topology, algorithm=args.algorithm,
                       wire_dtype=args.wire_dtype, serve_dir=args.unix, multiring_roots=args.multiring_roots,
-                      chunk_bytes=args.chunk_bytes)
+                      chunk_bytes=args.chunk_bytes, dma=args.dma)
     try:
         cfg.check()
     except ValueError as e:
@@ -1389,6 +1389,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unix", default=None, metavar="DIR",
                    help="with --backend sim: use the `wirereduce sim serve --unix DIR` already running (built with "
                         "its defaults for these nodes) instead of starting one")
+    p.add_argument("--dma", action="store_true",
+                   help="with --backend sim: every rank reaches its simulated board through the board's DMA "
+                        "socket (raw frames, as over the VC709 PCIe top's XDMA streams) instead of raw Ethernet")
     p.add_argument("--wire-dtype", default=None, choices=("bf16", "fp16"),
                    help="float32 gradients travel as bf16/fp16 (PyTorch's bf16_compress_hook: rounded to nearest "
                         "even, reduced natively, averaged, widened back)")

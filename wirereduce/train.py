@@ -79,6 +79,10 @@ class TrainConfig:
     #: per round of chunks, ``rank allreduce --chunk-bytes``; WIREREDUCE_CHUNK_BYTES for the hook);
     #: uncompressed buckets only. None: full frames.
     chunk_bytes: str | None = None
+    #: With the sim backend: each rank reaches its node through the node's DMA socket (raw frames,
+    #: as over the VC709 PCIe top's XDMA streams; WIREREDUCE_DMA=1 for the hook) instead of raw
+    #: Ethernet.
+    dma: bool = False
 
     def schedule_options(self) -> dict:
         """The options :func:`wirereduce.schedule.build` takes for this run's schedule."""
@@ -147,6 +151,8 @@ class TrainConfig:
             except ValueError as e:
                 raise ValueError(f"--chunk-bytes: {e}") from None
             self.chunk_bytes = ",".join(str(b) for b in ((sizes,) if isinstance(sizes, int) else sizes))
+        if self.dma and self.backend != "sim":
+            raise ValueError("--dma reaches the simulated boards' DMA sockets: it needs --backend sim")
         if self.serve_dir is not None:
             if self.backend != "sim":
                 raise ValueError("--unix names a running `sim serve --unix DIR`: it needs --backend sim")
@@ -286,10 +292,15 @@ def _worker(rank: int, cfg: dict, port: int, env: dict, out: str | None) -> None
         dist.destroy_process_group()
 
 
+#: What the run's first line says with ``dma``.
+DMA_NOTE = ", hosts on the boards' DMA sockets"
+
+
 def hook_env(cfg: TrainConfig, sock_dir: str) -> dict:
     """The environment every rank's hook reads (``wirereduce.torch.backend_from_env``) with
-    ``--backend sim``: the served boards' socket directory, the nodes, the schedule (topology,
-    algorithm, multiring roots) and the chunk sizes, the same at every rank."""
+    ``--backend sim``: the served boards' socket directory (and with ``dma`` their DMA sockets),
+    the nodes, the schedule (topology, algorithm, multiring roots) and the chunk sizes, the same at
+    every rank."""
     from wirereduce import torch as wrt  # the names the hook reads (no PyTorch needed for them)
 
     env = {wrt.ENV_UNIX: sock_dir, wrt.ENV_NODES: str(cfg.nodes),
@@ -300,6 +311,8 @@ def hook_env(cfg: TrainConfig, sock_dir: str) -> dict:
         env[wrt.ENV_MULTIRING_ROOTS] = str(cfg.multiring_roots)
     if cfg.chunk_bytes is not None:
         env[wrt.ENV_CHUNK_BYTES] = cfg.chunk_bytes
+    if cfg.dma:
+        env[wrt.ENV_DMA] = "1"
     return env
 
 
@@ -363,7 +376,8 @@ def train(cfg: TrainConfig, out: str | None = None) -> None:
               f"{f', INCEPTIONN k={cfg.compress}' if cfg.compress else ''}"
               f"{', error feedback' if cfg.error_feedback else ''}"
               f"{f', {cfg.algorithm} on {cfg.topology}' if cfg.topology else ''}"
-              f"{f', {cfg.wire_dtype} gradients on the wire' if cfg.wire_dtype else ''}), {cfg.epochs} epoch(s)",
+              f"{f', {cfg.wire_dtype} gradients on the wire' if cfg.wire_dtype else ''}"
+              f"{DMA_NOTE if cfg.dma else ''}), {cfg.epochs} epoch(s)",
               flush=True)
         torch.multiprocessing.spawn(_worker, args=(asdict(cfg), port, env, out), nprocs=cfg.nodes, join=True)
     finally:
