@@ -454,6 +454,7 @@ def test_train_cli_runs():
     (["--topology", "ring:4", "--algorithm", "multiring", "--multiring-roots", "3"], "divisor"),
     (["--topology", "ring:4", "--algorithm", "multiring", "--multiring-roots", "0"], "multiring_roots"),
     (["--chunk-bytes", "256"], "needs --backend sim"),
+    (["--dma"], "--dma reaches the simulated boards' DMA sockets: it needs --backend sim"),
     (["--backend", "sim", "--chunk-bytes", "1400", "--compress", "10"], "1396 (the fp32 bytes a compressed frame"),
     (["--backend", "sim", "--chunk-bytes", "2000"], "--chunk-bytes: 2000"),
     (["--backend", "sim", "--chunk-bytes", "256,x"], "--chunk-bytes"),
