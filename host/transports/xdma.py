@@ -85,6 +85,7 @@ class XdmaTransport(RankTransport):
         self._frames: queue.SimpleQueue | None = None
         self._reader: threading.Thread | None = None
         self._closed = False
+        self._wlock = threading.Lock()
         self.h2c = self.c2h = None
         if _sock is not None:
             self.where = f"socket {_peer}"
@@ -151,9 +152,15 @@ class XdmaTransport(RankTransport):
         if self.sock is not None:
             await loop.sock_sendto(self.sock, data, self._peer)
             return
-        n = await loop.run_in_executor(None, os.write, self.h2c_fd, data)
+        n = await loop.run_in_executor(None, self._write, data)
         if n != len(data):
             raise OSError(f"{self.h2c} took {n} of a {len(data)}-byte frame: the DMA packet was cut")
+
+    def _write(self, data: bytes) -> int:
+        """One write (one DMA packet), one at a time: sends the event loop runs together reach the
+        device in turn, never as interleaved writes."""
+        with self._wlock:
+            return os.write(self.h2c_fd, data)
 
     def _read_loop(self, frames: queue.SimpleQueue) -> None:
         """The device's reader thread: one blocking read per packet, queued, until closed (an
