@@ -17,10 +17,13 @@ from wirereduce.sim.engines.fastengine import FastEngineSim, golden_check
 from wirereduce import schedule as sched
 from wirereduce.config import EngineConfig
 
-#: The PCIe top's engine as the ring:4 benchmarks build it (P = 2), with the fp32 and bf16 lanes.
-CFG = EngineConfig(256, 1500, slots=16, ports=2, max_flows=16, formats=("fp32", "bf16"))
+#: The PCIe top's engine on a ring (P = 2), with the fp32 and bf16 lanes: the engines `sim allreduce
+#: --topology ring:4 --algorithm biring --width 256 --formats fp32 bf16` builds (one build for both).
+CFG = EngineConfig(256, 1500, slots=16, ports=2, max_flows=8, formats=("fp32", "bf16"))
 #: 40 Gbit/s: the host port's rate at 256 bit and 156.25 MHz.
 HOST_GBPS = 40.0
+#: Where the fixture and the CLI test build (the same model).
+BUILD = "build/fastengine"
 
 
 def test_256_bit_rates_are_the_pcie_tops():
@@ -37,7 +40,7 @@ def test_256_bit_rates_are_the_pcie_tops():
 def ring4_256():
     """One build: four 256-bit engines in a ring, 10G links (8 bytes a cycle), 40G hosts."""
     mhz, link, host = engine_rates(256, HOST_GBPS)
-    return FastEngineSim("ring:4", CFG, 4, link_rate=link, host_rate=host, jitter=3, seed=5)
+    return FastEngineSim("ring:4", CFG, 4, link_rate=link, host_rate=host, build_root=BUILD)
 
 
 @pytest.mark.verilator
@@ -80,3 +83,23 @@ def test_host_link_faster_than_a_network_port(ring4_256):
     gbps = {alg: elements * 4 * 8 / (t * 1e3) for alg, t in us.items()}
     assert gbps["ring"] < 10.0 < 11.0 < gbps["biring"], gbps
     assert us["ring"] / us["biring"] > 1.15, us
+
+
+@pytest.mark.verilator
+def test_cli_sim_allreduce_width_256(ring4_256, tmp_path, capsys):
+    """`wirereduce sim allreduce --topology ring:4 --algorithm biring --width 256 --host-link-gbps 40`:
+    the fixture's engines (the same build), the .npz result bit-exact, the figures at 156.25 MHz."""
+    from wirereduce.cli import main
+
+    arrays = edge_arrays(4, 1001, seed=41)
+    inp, out = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(inp, **{f"node{k}": a for k, a in enumerate(arrays)})
+    code = main(["sim", "allreduce", "--topology", "ring:4", "--algorithm", "biring", "--width", "256",
+                 "--host-link-gbps", "40", "--formats", "fp32", "bf16", "--slots", "16", "--input", str(inp),
+                 "--output", str(out), "--check", "--build-dir", BUILD])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    with np.load(out) as got:
+        results = [got[f"node{k}"] for k in range(4)]
+    assert golden_check(arrays, sched.build("ring:4", "biring"), results) == [0, 0, 0, 0]
+    assert "node3: bit-exact" in text and "156.25 MHz" in text, text
