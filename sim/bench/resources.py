@@ -317,6 +317,9 @@ BLOCKS: dict[str, Block] = {b.name: b for b in [
           "one fp32 adder lane (FP32Adder deep, 7 stages: the 512-bit datapath's)", quick=True),
     Block("lanes64", "xc7", CLOCK_10G_MHZ, _lanes(2),
           "ReduceLanes 64 bit: every format and op, 6 stages (the engine's summation units)"),
+    # Not in the default set: the VC709 PCIe top's engine's lanes (256 bit at 156.25 MHz).
+    Block("lanes256", "xc7", CLOCK_10G_MHZ, _lanes(8),
+          "ReduceLanes 256 bit: every format and op, 6 stages (the VC709 PCIe top's 256-bit engine)", default=False),
     Block("lanes512", "xcup", CLOCK_100G_MHZ, _lanes(16),
           "ReduceLanes 512 bit: every format and op, deep (7 stages; the 512-bit engine's summation units)"),
     Block("frame_gate64", "xc7", CLOCK_10G_MHZ, _gate64, "FrameGate 64 bit, MTU 1500", quick=True),
