@@ -975,8 +975,7 @@ def cmd_rank_allreduce(args) -> int:
     """``wirereduce rank allreduce``: one rank's host allreduces its own array through its own node."""
     from wirereduce.host.driver import ChunksLost, DriverError
     from wirereduce.host.rank import EngineRankDriver, FileBarrier, FileExchange
-    from wirereduce.host.transports.packet import PacketTransport
-    from wirereduce.host.transports.xdma import XdmaTransport
+    from wirereduce.host.transports.base import open_transport
 
     if sum(x is not None for x in (args.interface, args.unix, args.xdma)) != 1:
         raise CliError("give one of --interface IF (raw Ethernet), --xdma DEVICE (the VC709 PCIe top through "
@@ -1014,15 +1013,8 @@ def cmd_rank_allreduce(args) -> int:
     except ValueError as e:
         raise CliError(str(e)) from e
     try:
-        if args.unix is not None and args.dma:
-            transport = XdmaTransport.unix(args.unix, args.rank, nodes, timeout=args.timeout)
-        elif args.unix is not None:
-            transport = PacketTransport.unix(args.unix, args.rank, nodes, timeout=args.timeout)
-        elif args.xdma is not None:
-            transport = XdmaTransport(args.xdma, args.rank, nodes, timeout=args.timeout)
-        else:
-            transport = PacketTransport(args.interface, args.rank, nodes, node=args.node_mac, mtu=config.mtu,
-                                        timeout=args.timeout)
+        transport = open_transport(args.rank, nodes, interface=args.interface, unix=args.unix, xdma=args.xdma,
+                                   dma=args.dma, node_mac=args.node_mac, mtu=config.mtu, timeout=args.timeout)
     except (ValueError, FileNotFoundError) as e:
         raise CliError(str(e)) from e
     except PermissionError as e:

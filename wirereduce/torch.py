@@ -674,7 +674,7 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
     env = os.environ if env is None else env
     try:
         from wirereduce.host.rank import EngineRankDriver
-        from wirereduce.host.transports.packet import PacketTransport
+        from wirereduce.host.transports.base import open_transport
     except ImportError as e:  # pragma: no cover - before the per-rank driver existed
         raise RuntimeError("this wirereduce has no per-rank driver (wirereduce.host.rank)") from e
     iface, unix, xdma = env.get(ENV_IFACE), env.get(ENV_UNIX), env.get(ENV_XDMA)
@@ -765,17 +765,8 @@ def backend_from_env(env=None, *, barrier=None, config=None) -> RankBackend:
         out = [None] * nodes
         dist.all_gather_object(out, value, group=group)
         return out
-    from wirereduce.host.transports.xdma import XdmaTransport
-
-    if unix is not None and dma == "1":
-        transport = XdmaTransport.unix(unix, rank, nodes, timeout=timeout)
-    elif unix is not None:
-        transport = PacketTransport.unix(unix, rank, nodes, timeout=timeout)
-    elif xdma is not None:
-        transport = XdmaTransport(xdma, rank, nodes, timeout=timeout)
-    else:
-        transport = PacketTransport(iface, rank, nodes, node=env.get(ENV_NODE_MAC),
-                                    mtu=config.mtu, timeout=timeout)
+    transport = open_transport(rank, nodes, interface=iface, unix=unix, xdma=xdma, dma=dma == "1",
+                               node_mac=env.get(ENV_NODE_MAC), mtu=config.mtu, timeout=timeout)
     try:
         driver = EngineRankDriver(transport, rank, schedule, config, barrier=barrier, retries=retries,
                                   exchange=exchange if retries else None, chunk_words=chunk_words)

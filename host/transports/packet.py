@@ -32,10 +32,9 @@ import asyncio
 import os
 import socket
 import struct
-import tempfile
 from pathlib import Path
 
-from wirereduce.host.transports.base import RankTransport
+from wirereduce.host.transports.base import RankTransport, check_rank, close_host_socket, host_socket
 
 from wirereduce.protocol import ETH_HEADER_BYTES, ETH_MIN_PAYLOAD_BYTES, ETHERTYPE, HEADER_BYTES, Codec, Header, Opcode
 
@@ -204,12 +203,7 @@ class PacketTransport(RankTransport):
     def __init__(self, interface: str | None, rank: int, nodes: int, node: str | bytes | int | None = None,
                  mtu: int | None = None, timeout: float = 2.0, *, _sock: socket.socket | None = None,
                  _src: bytes | None = None, _peer=None):
-        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-            raise ValueError(f"nodes must be an int ≥ 1, not {nodes!r}")
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < nodes:
-            raise ValueError(f"rank must be 0 … {nodes - 1}, not {rank!r}")
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        check_rank(rank, nodes, timeout)
         self.rank = rank
         self.nodes = nodes
         self.timeout = float(timeout)
@@ -230,7 +224,6 @@ class PacketTransport(RankTransport):
             self.src_mac = _src
         self.sock = _sock
         self.sock.setblocking(False)
-        self._got: asyncio.Event | None = None  # made inside the running loop
         #: Frames received and set aside: not EtherType 0x88B5 from the node to us.
         self.ignored = 0
 
@@ -243,22 +236,12 @@ class PacketTransport(RankTransport):
         peer = os.path.join(os.fspath(directory), f"node{rank}.sock")
         if not os.path.exists(peer):
             raise FileNotFoundError(f"no simulated node at {peer}: start `wirereduce sim serve --unix {directory}`")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        mine = os.path.join(tempfile.mkdtemp(prefix="wr-rank"), "host.sock")
-        sock.bind(mine)
+        sock = host_socket("wr-rank")
         src = bytes([0x02, 0x77, 0x72, 0x00, rank, 0x03])  # the host NIC of eth_mac(rank, 3)
         return cls(None, rank, nodes, timeout=timeout, _sock=sock, _src=src, _peer=peer)
 
     def close(self) -> None:
-        name = self.sock.getsockname() if self.sock.family == socket.AF_UNIX else None
-        self.sock.close()
-        if name:
-            try:
-                os.unlink(name)
-                os.rmdir(os.path.dirname(name))
-            except OSError:
-                pass
-
+        close_host_socket(self.sock)
 
     async def send(self, node: int, data: bytes) -> None:
         """Send one wirereduce frame to the node (padded to the Ethernet minimum)."""

@@ -23,10 +23,9 @@ import asyncio
 import os
 import queue
 import socket
-import tempfile
 import threading
 
-from wirereduce.host.transports.base import RankTransport
+from wirereduce.host.transports.base import RankTransport, check_rank, close_host_socket, host_socket
 
 __all__ = ["XdmaTransport", "MAX_READ", "XDMA_DRIVER_HELP"]
 
@@ -37,13 +36,6 @@ MAX_READ = 1 << 16
 XDMA_DRIVER_HELP = ("load Xilinx's xdma driver (github.com/Xilinx/dma_ip_drivers, XDMA/linux-kernel: "
                     "`make install && modprobe xdma`), check the board enumerated (`lspci -d 10ee:`) and that "
                     "the bitstream is the PCIe top (`make bitstream BOARD=vc709 HOST=pcie`)")
-
-
-def _check_rank(rank: int, nodes: int) -> None:
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise ValueError(f"nodes must be an int ≥ 1, not {nodes!r}")
-    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < nodes:
-        raise ValueError(f"rank must be 0 … {nodes - 1}, not {rank!r}")
 
 
 class XdmaTransport(RankTransport):
@@ -73,15 +65,12 @@ class XdmaTransport(RankTransport):
 
     def __init__(self, device: str | os.PathLike | None, rank: int, nodes: int, channel: int = 0,
                  timeout: float = 2.0, *, _sock: socket.socket | None = None, _peer: str | None = None):
-        _check_rank(rank, nodes)
+        check_rank(rank, nodes, timeout)
         if not isinstance(channel, int) or isinstance(channel, bool) or not 0 <= channel <= 3:
             raise ValueError(f"channel must be 0 … 3 (the XDMA has up to 4 per direction), not {channel!r}")
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.rank, self.nodes, self.timeout = rank, nodes, float(timeout)
         self.sock = _sock
         self._peer = _peer
-        self._got: asyncio.Event | None = None
         self._frames: queue.SimpleQueue | None = None
         self._reader: threading.Thread | None = None
         self._closed = False
@@ -114,13 +103,11 @@ class XdmaTransport(RankTransport):
         streams as the datagram socket ``DIR/node<rank>.dma`` (raw frames, one per datagram).
 
         Raises FileNotFoundError if the server's socket is not there."""
-        _check_rank(rank, nodes)
+        check_rank(rank, nodes, timeout)
         peer = os.path.join(os.fspath(directory), f"node{rank}.dma")
         if not os.path.exists(peer):
             raise FileNotFoundError(f"no simulated DMA port at {peer}: start `wirereduce sim serve --unix {directory}`")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(os.path.join(tempfile.mkdtemp(prefix="wr-dma"), "host.sock"))
-        return cls(None, rank, nodes, timeout=timeout, _sock=sock, _peer=peer)
+        return cls(None, rank, nodes, timeout=timeout, _sock=host_socket("wr-dma"), _peer=peer)
 
     def close(self) -> None:
         """Close the devices (or the socket). A read the reader thread has pending ends with them."""
@@ -128,20 +115,13 @@ class XdmaTransport(RankTransport):
             return
         self._closed = True
         if self.sock is not None:
-            name = self.sock.getsockname()
-            self.sock.close()
-            try:
-                os.unlink(name)
-                os.rmdir(os.path.dirname(name))
-            except OSError:
-                pass
+            close_host_socket(self.sock)
             return
         for fd in (self.h2c_fd, self.c2h_fd):
             try:
                 os.close(fd)
             except OSError:
                 pass
-
 
     async def send(self, node: int, data: bytes) -> None:
         """Send one wirereduce frame to the node: one write, one DMA packet.

@@ -587,9 +587,11 @@ def serve(setup: EngineSetup, *, taps: list[str] | None = None, unix: str | None
         done.set()
         signal.signal(signal.SIGTERM, old)
         if unix is not None:  # the simulator may have been killed before it removed them
+            from wirereduce.sim.engines.bridge import DmaPort, UnixPort
+
             for k in range(setup.nodes):
-                Path(unix, f"node{k}.sock").unlink(missing_ok=True)
-                Path(unix, f"node{k}.dma").unlink(missing_ok=True)
+                for suffix in (UnixPort.SUFFIX, DmaPort.SUFFIX):
+                    Path(unix, f"node{k}.{suffix}").unlink(missing_ok=True)
     log = run_dir / "sim.log"
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else ""
     raise SimulationError(f"the simulated cluster stopped; log {log}:\n{tail}")
