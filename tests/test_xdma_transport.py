@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 from wirereduce.host.transports.xdma import XdmaTransport
@@ -42,8 +43,6 @@ def _read_exactly(fd: int, n: int) -> bytes:
             pass
         if len(out) == n:
             return out
-        import time
-
         time.sleep(0.001)
     raise AssertionError(f"got {len(out)} of {n} bytes")
 
