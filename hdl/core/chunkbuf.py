@@ -14,7 +14,7 @@ the window rule makes that impossible, so a pulse would be a bug, never lost dat
 
 from __future__ import annotations
 
-from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.stream.frame import tagged_layout
@@ -75,6 +75,15 @@ class ChunkBuffer(wiring.Component):
         waits until a registered ``r.valid`` of its slot reads free, so the gate's ``ready`` does
         not go through this slot select): ``i.ready`` is then always high, and ``collisions`` still
         pulses if a first beat ever found its slot taken.
+    early_seq : bool
+        The writer shows a frame's ``i_seq`` at least one cycle before it offers the frame's first
+        beat, unchanged until then (the schedule engine's network gates: a head frame waits in
+        the gate's START state through the flow look-up, two cycles, its header at ``i_seq``). The
+        first beat's slot (one-hot) and address are then taken from registers loaded every cycle
+        from ``i_seq``, not decoded from it in front of the slot flags' enables and the block RAMs'
+        write address (timing: the 512-bit engine's deepest paths ran from the gate's header FIFO
+        through that decode). A first beat written otherwise is a protocol error of the writer:
+        ``collisions`` pulses with it. Needs ``checked``.
 
     Attributes
     ----------
@@ -86,11 +95,14 @@ class ChunkBuffer(wiring.Component):
         Pulses when a first beat finds its slot taken (it waits).
     """
 
-    def __init__(self, width: int, slots: int, max_beats: int, checked: bool = False):
+    def __init__(self, width: int, slots: int, max_beats: int, checked: bool = False, early_seq: bool = False):
         if slots < 1 or slots & (slots - 1):
             raise ValueError(f"slots must be a power of two, not {slots}")
+        if early_seq and not checked:
+            raise ValueError("early_seq needs checked=True (the writer checks the slot before offering a first beat)")
         self._w, self._q, self._mb = width, slots, max_beats
         self._checked = bool(checked)
+        self._early = bool(early_seq)
         super().__init__({
             "i": In(stream.Signature(tagged_layout(width))), "i_seq": In(32), "i_flow": In(8), "i_count": In(16),
             "r": In(reader_signature(width, slots, max_beats)), "collisions": Out(1),
@@ -125,40 +137,64 @@ class ChunkBuffer(wiring.Component):
         m.d.comb += [self.r.valid.eq(valid), self.r.done.eq(done), self.r.bad.eq(bad), self.r.seq.eq(seqs),
                      self.r.count.eq(counts), self.r.filled.eq(filled)]
 
-        new_slot = self.i_seq[:bits] if bits else 0
-        wslot = Signal(max(bits, 1))      # the slot of the frame being written
-        slot = Signal(max(bits, 1))
-        with m.If(self.i.payload.first):
-            m.d.comb += slot.eq(new_slot)
-        with m.Else():
-            m.d.comb += slot.eq(wslot)
-        taken = (valid >> new_slot)[0]   # only a first beat can find its slot taken
+        write = self.i.valid & self.i.ready
+        first = self.i.payload.first
+        if self._early:
+            # The first beat's slot, one-hot, its number and its address, each loaded every cycle from
+            # ``i_seq`` (unchanged since the cycle before a first beat is offered: ``early_seq``); the
+            # slot being written, one-hot, and the next beat's address, loaded at each write.
+            seq_slot = self.i_seq[:bits] if bits else Const(0, 1)
+            new_slot = Signal(max(bits, 1), name="pre_slot")
+            new_1h = Signal(Q, name="pre_onehot")
+            new_addr = Signal(range(depth), name="pre_addr")
+            m.d.sync += [new_slot.eq(seq_slot), new_1h.eq(1 << seq_slot), new_addr.eq(seq_slot * MB)]
+            w_1h = Signal(Q, name="wslot_onehot")
+            waddr = Signal(range(depth + 1), name="waddr")
+            m.d.comb += wp.addr.eq(Mux(first, new_addr, waddr))
+            with m.If(write):
+                m.d.sync += waddr.eq(wp.addr + 1)
+                with m.If(first):
+                    m.d.sync += w_1h.eq(new_1h)
+            first_at = [new_1h[k] for k in range(Q)]
+            here_at = [Mux(first, new_1h[k], w_1h[k]) for k in range(Q)]
+            taken = (valid & new_1h).any()
+            early_error = seq_slot != new_slot   # i_seq not shown the cycle before
+        else:
+            new_slot = self.i_seq[:bits] if bits else 0
+            wslot = Signal(max(bits, 1))      # the slot of the frame being written
+            slot = Signal(max(bits, 1))
+            with m.If(first):
+                m.d.comb += slot.eq(new_slot)
+            with m.Else():
+                m.d.comb += slot.eq(wslot)
+            with m.If(write & first):
+                m.d.sync += wslot.eq(new_slot)
+            fill_arr = Array(filled[k] for k in range(Q))
+            m.d.comb += wp.addr.eq(slot * MB + fill_arr[slot] if bits else fill_arr[slot])
+            # A first beat writes slot new_slot, the others wslot: decoded apart (timing: the header's
+            # slot is not muxed with wslot in front of the first-beat enables).
+            first_at = [new_slot == k for k in range(Q)]
+            here_at = [(first & (new_slot == k)) | (~first & (wslot == k)) for k in range(Q)]
+            taken = (valid >> new_slot)[0]   # only a first beat can find its slot taken
+            early_error = Const(0, 1)
         if self._checked:
             # The writer offers a first beat only once it has seen the slot free (``r.valid``, a cycle
             # before: only its own first beats fill a slot): ready never depends on the slot (timing).
             m.d.comb += self.i.ready.eq(1)
         else:
-            m.d.comb += self.i.ready.eq(~self.i.payload.first | ~taken)
-        m.d.comb += self.collisions.eq(self.i.valid & self.i.payload.first & taken)
-        fill_arr = Array(filled[k] for k in range(Q))
-        beat = fill_arr[slot]
-        m.d.comb += [
-            wp.addr.eq(slot * MB + beat if bits else beat), wp.data.eq(self.i.payload.data),
-            wp.en.eq(self.i.valid & self.i.ready),
-        ]
-        # A first beat writes slot new_slot, the others wslot: decoded apart (timing: the header's
-        # slot is not muxed with wslot in front of the first-beat enables).
-        write = self.i.valid & self.i.ready
+            m.d.comb += self.i.ready.eq(~first | ~taken)
+        m.d.comb += self.collisions.eq(self.i.valid & first & (taken | early_error))
+        m.d.comb += [wp.data.eq(self.i.payload.data), wp.en.eq(write)]
         for k in range(Q):
-            first_here = self.i.payload.first & (new_slot == k)
-            here = first_here | (~self.i.payload.first & (wslot == k))
+            first_here = first & first_at[k]
+            here = here_at[k]
             with m.If(self.r.free & (self.r.free_slot == k)):
                 m.d.sync += [valid[k].eq(0), done[k].eq(0), bad[k].eq(0), filled[k].eq(0)]
             with m.Elif(write & here):
-                m.d.sync += filled[k].eq(Mux(self.i.payload.first, 1, filled[k] + 1))
+                m.d.sync += filled[k].eq(Mux(first, 1, filled[k] + 1))
                 with m.If(self.i.payload.last):
                     m.d.sync += [done[k].eq(1), bad[k].eq(self.i.payload.bad)]
-                with m.Elif(self.i.payload.first):
+                with m.Elif(first):
                     # A slot is free here (done low) unless a frame's tail was ever written without its
                     # first beat; the new frame starts clean either way.
                     m.d.sync += [done[k].eq(0), bad[k].eq(0)]
@@ -166,8 +202,6 @@ class ChunkBuffer(wiring.Component):
                 m.d.sync += [seqs[k].eq(self.i_seq), counts[k].eq(self.i_count)]
                 with m.If(~(self.r.free & (self.r.free_slot == k))):
                     m.d.sync += valid[k].eq(1)
-        with m.If(self.i.valid & self.i.ready & self.i.payload.first):
-            m.d.sync += wslot.eq(new_slot)
         # The frame whose first beat was written at the last edge (the slot it made valid): its seq, count.
         new, new_seq, new_count = Signal(name="new"), Signal(32, name="new_seq"), Signal(16, name="new_count")
         m.d.sync += new.eq(write & self.i.payload.first & ~(self.r.free & (self.r.free_slot == new_slot)))

@@ -496,8 +496,11 @@ class Engine(wiring.Component):
             # placeholders: the engine's gates never send one (``lost_ok`` 0: a frame dropped at an engine
             # gate is not replaced, docs/architecture.md), and the INJECT state's select on the output's
             # header put the buffers' slot decode a level deeper (timing)
+            # (``verdict_holds_head``: every gate's verdict is registered and applied only on a head it saw
+            # the cycle before: ``looked`` on a network gate, ``host_seen`` on the host gate)
             g = m.submodules[f"{name}_gate"] = FrameGate(w, MB, check_length=True, max_bytes=cfg.mtu,
-                                                         expect_decoded=True, placeholders=False)
+                                                         expect_decoded=True, placeholders=False,
+                                                         verdict_holds_head=True)
             return g
 
         # The ports straight, or (``EngineConfig.codec``) through a CodecIn behind every input and a
@@ -674,7 +677,8 @@ class Engine(wiring.Component):
                 if u == p:   # a unit never sums what arrives on its own parent port
                     m.d.comb += [ub.valid.eq(0), ub.done.eq(0)]
                     continue
-                rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(ChunkBuffer(w, 2 * S, MB, checked=True))
+                rq = m.submodules[f"rq{p}_{u}"] = ResetInserter(flush)(
+                    ChunkBuffer(w, 2 * S, MB, checked=True, early_seq=True))
                 targets.append((rq, sel[1 + u]))
                 wiring.connect(m, ub, rq.r)
                 # a slot reads taken until five cycles after it is freed (the replay check above: the

@@ -255,6 +255,13 @@ class FrameGate(wiring.Component):
         :func:`decode_expect`, typically into a register) instead of ``expect_bytes``: no
         subtraction, shift or thermometer decode between the parent's register and the check
         (timing; the schedule engine's network gates, docs/architecture.md "Timing budgets").
+    verdict_holds_head : bool
+        The parent raises ``accept`` and ``drop`` only while a header waits in START and it saw that
+        header the cycle before (a registered verdict: the schedule engine's gates, whose ``apply``
+        implies ``head_valid`` a cycle earlier, and the head leaves only through ``accept`` or ``drop``):
+        the header FIFO's ``r_rdy`` is then left out of ``o.valid``, the FIFO reads and the state's next
+        values, which the verdict already implies (timing: the 512-bit engine's reduce buffers' slot
+        flags hung off it). Default ``False``: the gate checks ``r_rdy`` itself.
 
     Attributes
     ----------
@@ -294,7 +301,7 @@ class FrameGate(wiring.Component):
     """
 
     def __init__(self, width: int, max_beats: int, check_length: bool = False, max_bytes: int | None = None,
-                 placeholders: bool = True, expect_decoded: bool = False):
+                 placeholders: bool = True, expect_decoded: bool = False, verdict_holds_head: bool = False):
         with rejecting(self):
             self._width = check_width(width)
             if not isinstance(max_beats, int) or max_beats < header_beats(width):
@@ -305,6 +312,7 @@ class FrameGate(wiring.Component):
         self._check_length = bool(check_length)
         self._placeholders = bool(placeholders)
         self._expect_decoded = bool(expect_decoded)
+        self._verdict_holds_head = bool(verdict_holds_head)
         self._max_bytes = max_bytes if max_bytes is not None else max_beats * (width // 8)
         #: The longest frame in bytes (``max_bytes``).
         self.max_bytes = self._max_bytes
@@ -470,8 +478,10 @@ class FrameGate(wiring.Component):
 
         # The handshakes each state acts on, flat on its register (with the states one-hot, the same as
         # ``o.valid & o.ready`` in that state).
-        s_take = st_start & hdrs.r_rdy & self.accept & self.o.ready    # the head frame's first beat leaves
-        s_drop = st_start & hdrs.r_rdy & self.drop & ~(self.accept & self.o.ready)   # the head frame is dropped
+        # (``verdict_holds_head``: the parent's ``accept`` and ``drop`` imply a header waits)
+        head_in = Const(1, 1) if self._verdict_holds_head else hdrs.r_rdy
+        s_take = st_start & head_in & self.accept & self.o.ready    # the head frame's first beat leaves
+        s_drop = st_start & head_in & self.drop & ~(self.accept & self.o.ready)   # the head frame is dropped
         p_take = st_pass & beats.r_rdy & self.o.ready                  # a later beat leaves
         t_end = st_trunc & beats.r_rdy & out_beat.last                 # a cut-off frame's rest is read out
         d_end = st_drop & beats.r_rdy & out_beat.last                  # a dropped frame is read out
@@ -566,7 +576,7 @@ class FrameGate(wiring.Component):
         # ``o.valid`` likewise (timing: the engine's buffers' write enables hang off it, and a select by
         # the state register put it levels deep): in START the head frame's first beat once accepted,
         # in PASS a beat there is, in INJECT a placeholder beat (``inj_valid``).
-        m.d.comb += self.o.valid.eq((st_start & hdrs.r_rdy & self.accept) | (st_pass & beats.r_rdy)
+        m.d.comb += self.o.valid.eq((st_start & head_in & self.accept) | (st_pass & beats.r_rdy)
                                     | (st_inject & inj_valid))
         # ``last`` and ``bad`` likewise: a frame cut at the expected length ends there marked bad, one
         # that fails the check or was marked (``mark_bad``) has its last beat marked; a placeholder's last
@@ -601,7 +611,7 @@ class FrameGate(wiring.Component):
         m.d.comb += [o.data.eq(o_data), o.keep.eq(o_keep), o.first.eq(o_first), o.index.eq(o_index), o.hdr.eq(o_hdr)]
         head_read = Signal()
         m.d.comb += [
-            head_read.eq(in_start & hdrs.r_rdy & ((self.accept & self.o.ready) | self.drop)),
+            head_read.eq(in_start & head_in & ((self.accept & self.o.ready) | self.drop)),
             hdrs.r_en.eq(head_read), self.head_read.eq(head_read),
             beats.r_en.eq(head_read | (beats.r_rdy & ((in_pass & self.o.ready) | in_flush))),
         ]
