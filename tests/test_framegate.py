@@ -271,3 +271,32 @@ def test_length_check_open_bound(width, pressure):
     good = beats_of(Header(opcode=Opcode.REDUCE, count=1, seq=99).pack() + bytes(4), nb)
     todo.append((good, model(good, HEADER_BYTES + 4, nb)))
     _run_and_check(_Gate(width, True, open_hop=7), todo, width, pressure)
+
+
+@pytest.mark.parametrize("width", [64, 128, 256, 512])
+def test_decode_expect_count_matches_decode_expect(width):
+    """``decode_expect_count(count)`` (the engine's header checks and summation units: one incrementer)
+    gives the bits ``decode_expect(16 + 4·count)`` gives, for every count a frame of MTU 9000 can have
+    and the 16-bit field's top values; ``decode_expect_const`` the same for constants."""
+    from amaranth import Module, Signal
+    from amaranth.sim import Simulator
+    from wirereduce.hdl.stream.frame import decode_expect, decode_expect_const, decode_expect_count
+
+    m = Module()
+    count = Signal(16)
+    ref = decode_expect(m, 16 + 4 * count, width, name="ref")
+    fast = decode_expect_count(m, count, width, name="fast")
+    counts = [*range(2300), 16383, 16384, 40000, 65534, 65535]
+    bad = []
+
+    async def tb(ctx):
+        for c in counts:
+            ctx.set(count, c)
+            want = ctx.get(ref.as_value())
+            if ctx.get(fast.as_value()) != want or decode_expect_const(width, 16 + 4 * c) != want:
+                bad.append(c)
+
+    sim = Simulator(m)
+    sim.add_testbench(tb)
+    sim.run()
+    assert bad == []

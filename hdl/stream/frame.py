@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 from functools import reduce
 
-from amaranth import Cat, Const, Elaboratable, Module, Mux, Signal
+from amaranth import Cat, Const, Elaboratable, Module, Mux, Signal, Value
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from wirereduce.hdl.params import reject, rejecting
@@ -52,6 +52,51 @@ def decode_expect(m: Module, expect_bytes, width: int, name: str = "expect"):
     if header_beats(width) == 1:
         m.d.comb += out.one.eq(out.last == 0)
     return out
+
+
+def decode_expect_count(m: Module, count, width: int, name: str = "expect"):
+    """The expected length of a frame of ``count`` 4-byte elements after the 16-byte header
+    (``16 + 4·count`` bytes, the length every data frame's header implies: docs/protocol.md) decoded
+    into a new signal of :func:`expect_layout`, by combinational logic added to ``m``; returned. The same
+    values as :func:`decode_expect` of ``16 + 4·count``, worked out from ``count`` directly (timing:
+    one incrementer, ``last = (count + 3) >> (s − 2)`` with ``2^s`` bytes a beat, and the last beat's
+    byte count and ``keep`` from ``count``'s low ``s − 2`` bits, instead of an adder, a subtracter and
+    a compare in a row; the engine's header checks and summation units).
+
+    Derivation: the last byte is byte ``4·count + 15``; its beat is ``(4·count + 15) >> s``, which is
+    ``(count + 3) >> (s − 2)`` because the dropped ``3/4`` never carries into the next whole number;
+    and the last beat holds ``((4·count + 15) mod 2^s) + 1`` bytes, which depends on ``count mod
+    2^(s − 2)`` only.
+    """
+    nb = check_width(width) // 8
+    s = (nb - 1).bit_length()
+    lb = s - 2                              # count's bits that fix the last beat's byte count
+    out = Signal(expect_layout(width), name=name)
+    count = Value.cast(count)
+    m.d.comb += out.last.eq((count + 3) >> lb)
+    low = count[:lb]
+    with m.Switch(low):
+        for v in range(1 << lb):
+            tail = (4 * v + 15) % nb + 1
+            with m.Case(v):
+                m.d.comb += [out.tail.eq(tail), out.keep.eq((1 << tail) - 1)]
+    # last = 0 while count + 3 < 2^lb; last = 1 while 2^lb ≤ count + 3 < 2^(lb + 1)
+    one_below, two_below = (1 << lb) - 3, (1 << (lb + 1)) - 3
+    m.d.comb += out.two.eq((count >= max(one_below, 0)) & (count < two_below))
+    if header_beats(width) == 1:
+        m.d.comb += out.one.eq(count < one_below if one_below > 0 else 0)
+    return out
+
+
+def decode_expect_const(width: int, expect_bytes: int) -> int:
+    """:func:`decode_expect` of a constant length, as the bits of an :func:`expect_layout` value."""
+    nb = check_width(width) // 8
+    shift = (nb - 1).bit_length()
+    last = (expect_bytes - 1) >> shift
+    tail = expect_bytes - (last << shift)
+    return expect_layout(width).const({
+        "last": last, "tail": tail, "keep": (1 << tail) - 1, "two": int(last == 1),
+        "one": int(last == 0 and header_beats(width) == 1)}).as_value().value
 
 
 def header_beats(width: int) -> int:
