@@ -75,11 +75,12 @@ def decode_expect_count(m: Module, count, width: int, name: str = "expect"):
     count = Value.cast(count)
     m.d.comb += out.last.eq((count + 3) >> lb)
     low = count[:lb]
-    with m.Switch(low):
-        for v in range(1 << lb):
-            tail = (4 * v + 15) % nb + 1
-            with m.Case(v):
-                m.d.comb += [out.tail.eq(tail), out.keep.eq((1 << tail) - 1)]
+    tails = [(4 * v + 15) % nb + 1 for v in range(1 << lb)]
+    # (flat expressions of ``low``, no ``Switch``: a process whose other assignments are constants
+    # never runs in an event-driven simulator such as Icarus, whose ``always @*`` waits for a change)
+    m.d.comb += out.tail.eq((Cat(Const(0, 2), low) + 15)[:s] + 1)
+    m.d.comb += out.keep.eq(Cat(*(Cat(*(low == v for v in range(1 << lb) if tails[v] > k)).any()
+                                  for k in range(nb))))
     # last = 0 while count + 3 < 2^lb; last = 1 while 2^lb ≤ count + 3 < 2^(lb + 1)
     one_below, two_below = (1 << lb) - 3, (1 << (lb + 1)) - 3
     m.d.comb += out.two.eq((count >= max(one_below, 0)) & (count < two_below))
