@@ -8,16 +8,21 @@ from wirereduce.hdl.core.chunkbuf import ChunkBuffer
 W, Q, MB = 64, 4, 6
 
 
+def _offer(ctx, b, k, words, bad):
+    """Offer beat ``k`` of a frame of ``words`` (valid, data, first, last, bad on the last, all lanes kept)."""
+    ctx.set(b.i.valid, 1)
+    ctx.set(b.i.payload.data, words[k])
+    ctx.set(b.i.payload.first, k == 0)
+    ctx.set(b.i.payload.last, k == len(words) - 1)
+    ctx.set(b.i.payload.bad, bad and k == len(words) - 1)
+    ctx.set(b.i.payload.keep, 0xFF)
+
+
 async def _write(ctx, b, seq, words, bad=False):
     """One frame of chunk ``seq``: ``words`` beats; returns the cycles it waited on its first beat."""
     waited = 0
-    for k, word in enumerate(words):
-        ctx.set(b.i.valid, 1)
-        ctx.set(b.i.payload.data, word)
-        ctx.set(b.i.payload.first, k == 0)
-        ctx.set(b.i.payload.last, k == len(words) - 1)
-        ctx.set(b.i.payload.bad, bad and k == len(words) - 1)
-        ctx.set(b.i.payload.keep, 0xFF)
+    for k in range(len(words)):
+        _offer(ctx, b, k, words, bad)
         ctx.set(b.i_seq, seq)
         ctx.set(b.i_count, 10 + seq)
         while not ctx.get(b.i.ready):
@@ -152,13 +157,8 @@ async def _write_early(ctx, b, seq, words, bad=False, show=1):
     for _ in range(show):
         await ctx.tick()
     hits = 0
-    for k, word in enumerate(words):
-        ctx.set(b.i.valid, 1)
-        ctx.set(b.i.payload.data, word)
-        ctx.set(b.i.payload.first, k == 0)
-        ctx.set(b.i.payload.last, k == len(words) - 1)
-        ctx.set(b.i.payload.bad, bad and k == len(words) - 1)
-        ctx.set(b.i.payload.keep, 0xFF)
+    for k in range(len(words)):
+        _offer(ctx, b, k, words, bad)
         hits += ctx.get(b.collisions)
         await ctx.tick()
         if k == 1:      # a gap between beats: the slot and the next address are held
