@@ -91,6 +91,12 @@ class VC709EngineTop(Elaboratable):
     ----------
     engine : Engine
         ``Engine(EngineConfig(width, mtu, slots, ports=4))``.
+    net_upsizers, net_downsizers : list of StreamUpsizer, list of StreamDownsizer
+        Cage ``p``'s 64-bit Ethernet port to the engine's ``width`` (``net{p}_up``: four beats into
+        one at 256 bit, received frames) and back (``net{p}_down``: frames sent); the top's
+        submodules.
+    host_glue : XdmaHostGlue
+        The XDMA's AXI4-Stream channels to the engine's host port (``width`` bits both sides).
     constraints : str
         What :data:`CONSTRAINTS_FILE` holds.
     ip_tcl : dict of str to str
@@ -113,6 +119,9 @@ class VC709EngineTop(Elaboratable):
         self.mtu = mtu
         self.refclk = refclk
         self.engine = Engine(self.config)
+        self.net_upsizers = [StreamUpsizer(width, 64) for _ in range(PORTS)]
+        self.net_downsizers = [StreamDownsizer(width, 64) for _ in range(PORTS)]
+        self.host_glue = XdmaHostGlue(width=width)
 
     @property
     def constraints(self) -> str:
@@ -153,8 +162,8 @@ class VC709EngineTop(Elaboratable):
             m.d.comb += [ch.tx_data.eq(port.gt_tx_data), port.gt_rx_data.eq(ch.rx_data)]
             # the 64-bit port to the engine's width: four beats into one on the way in, one into four
             # on the way out (wires at width 64)
-            up = m.submodules[f"net{n}_up"] = StreamUpsizer(self.config.width, 64)
-            down = m.submodules[f"net{n}_down"] = StreamDownsizer(self.config.width, 64)
+            up = m.submodules[f"net{n}_up"] = self.net_upsizers[n]
+            down = m.submodules[f"net{n}_down"] = self.net_downsizers[n]
             wiring.connect(m, port.rx, up.i)
             wiring.connect(m, up.o, getattr(engine, f"net{n}_in"))
             wiring.connect(m, getattr(engine, f"net{n}_out"), down.i)
@@ -177,7 +186,7 @@ class VC709EngineTop(Elaboratable):
         m.d.comb += [xdma.sys_clk.eq(sys_clk), xdma.sys_rst_n.eq(perst.i), pcie_aclk.eq(xdma.aclk),
                      ClockSignal("pcie").eq(pcie_aclk)]
         m.submodules.pcie_rst = ResetSynchronizer(~xdma.aresetn, domain="pcie")
-        m.submodules.host = glue = XdmaHostGlue(width=self.config.width)
+        m.submodules.host = glue = self.host_glue
         wiring.connect(m, xdma.h2c, glue.h2c)
         wiring.connect(m, glue.c2h, xdma.c2h)
         wiring.connect(m, glue.host_rx, engine.host_rx)

@@ -433,16 +433,13 @@ def test_cage_ports_reach_the_256_bit_engine_through_converters(pcie_tree):
     downsizer (tx); the host glue has no converter left (256 = the XDMA's width). At ``WIDTH=64``
     (the build tree) the cages meet the engine directly."""
     from wirereduce.boards import load
-    from wirereduce.boards.vc709 import VC709Platform
 
     top = load("vc709").top(host="pcie", width=256)
-    m = top.elaborate(VC709Platform())      # the top's own module: its submodules, not elaborated
-    subs = {name: sub for name, (sub, *_) in m._named_submodules.items()}     # name -> (elaboratable, src_loc)
     for p in range(4):
-        up, down = subs[f"net{p}_up"], subs[f"net{p}_down"]
+        up, down = top.net_upsizers[p], top.net_downsizers[p]
         assert isinstance(up, StreamUpsizer) and isinstance(down, StreamDownsizer), p
         assert (up.wide, up.narrow) == (down.wide, down.narrow) == (256, 64), p
-    host = subs["host"]
+    host = top.host_glue
     assert isinstance(host, XdmaHostGlue) and host.width == host.axis_width == 256
 
     out, stdout = pcie_tree

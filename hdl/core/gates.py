@@ -10,7 +10,7 @@ it wait.
 from __future__ import annotations
 
 from amaranth import Cat, Const, Module, Mux, Signal
-from wirereduce.hdl.stream.frame import decode_expect_const, decode_expect_count
+from wirereduce.hdl.stream.frame import decode_expect, decode_expect_count
 
 from wirereduce.protocol import CODEC_FORWARDED as FORWARDED
 from wirereduce.protocol import HEADER_BYTES, VERSION, Codec, Flag, Opcode
@@ -79,12 +79,15 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         fwd_any = fwd_ok = Const(0, 1)
     decoded = hasattr(gate, "expect")   # FrameGate(expect_decoded=True)
     if decoded:
-        # decoded from the count (a LOST placeholder's 16 bytes: count 0), and the MTU's decoding a
-        # constant (timing: decode_expect_count, no adder and subtracters in a row behind the header)
+        # decoded from the count (a LOST placeholder's 16 bytes: count 0), and the MTU's decoding of a
+        # constant, which Yosys folds (timing: decode_expect_count, no adder and subtracters in a row
+        # behind the header; decode_expect's flat assignments, no process for an event-driven simulator
+        # to skip)
         w = len(gate.i.payload.data)
         expect_bytes = decode_expect_count(m, Mux(lost, 0, h.count), w).as_value()
         if forwarded:
-            expect_bytes = Mux(fwd_any, decode_expect_const(w, gate.max_bytes), expect_bytes)
+            expect_bytes = Mux(fwd_any, decode_expect(m, Const(gate.max_bytes, 16), w, name="expect_mtu").as_value(),
+                                   expect_bytes)
     if apply is not None:   # registered, as the verdict below: the header has not changed when applied
         eb_q = Signal(expect_bytes.shape() if decoded else 16, name=f"{gate.__class__.__name__.lower()}_expect")
         lost_q = Signal()

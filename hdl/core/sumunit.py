@@ -43,7 +43,7 @@ from wirereduce.hdl.arith.fp32 import latency as lanes_latency
 from wirereduce.hdl.arith.lanes import ReduceLanes
 from wirereduce.hdl.core.chunkbuf import reader_signature
 from wirereduce.hdl.params import rejecting
-from wirereduce.hdl.stream.frame import decode_expect_count, tagged_layout
+from wirereduce.hdl.stream.frame import count_beats, decode_expect_count, tagged_layout
 
 from wirereduce.config import MAX_LOOKAHEAD, deep_lanes
 from wirereduce.formats import FORMATS
@@ -326,17 +326,16 @@ class SumUnit(wiring.Component):
             # count and flag are then fixed.
             # (the frame's length decoded as a FrameGate's length check decodes it: last beat's index, its
             # keep, one beat only where a beat holds more than the header)
-            # (from the count directly, ``decode_expect_count``: timing; its beats ``last + 1`` in one adder,
-            # (count + 3 + 2^lb) >> lb with lb = log2(bytes a beat) − 2)
+            # (from the count directly, ``decode_expect_count``: timing; its beats ``last + 1`` in one
+            # adder, ``count_beats``)
             exp = decode_expect_count(m, count, w, name=f"{name}_expect")
-            lb = (bpb - 1).bit_length() - 2
             pre_nbeats = Signal(16, name=f"{name}_nbeats")
             pre_keep = Signal(bpb, name=f"{name}_last_keep")
             pre_last = Signal(name=f"{name}_one_beat")
             pre_bad = Signal(name=f"{name}_slot_bad")
             pre_qoh = Signal(Q, name=f"{name}_qslot_onehot")   # its port buffers' slot, one-hot
             m.d.sync += [
-                pre_nbeats.eq((count + (3 + (1 << lb))) >> lb), pre_keep.eq(exp.keep), pre_last.eq(exp.one),
+                pre_nbeats.eq(count_beats(count, w)), pre_keep.eq(exp.keep), pre_last.eq(exp.one),
                 pre_bad.eq((self.slot_bad >> slot)[0]),
             ]
             if self._one_beat:   # only read where a term's frame can be one beat (below)

@@ -24,7 +24,7 @@ from wirereduce.config import check_width
 from wirereduce.protocol import HEADER_BYTES, header_layout
 
 __all__ = ["beat_layout", "tagged_layout", "gated_layout", "check_width", "header_beats", "expect_layout",
-           "decode_expect",
+           "decode_expect", "decode_expect_count", "count_beats",
            "FrameStream", "FrameInterface", "FrameGate", "Fork", "FrameArbiter"]
 
 
@@ -70,7 +70,7 @@ def decode_expect_count(m: Module, count, width: int, name: str = "expect"):
     """
     nb = check_width(width) // 8
     s = (nb - 1).bit_length()
-    lb = s - 2                              # count's bits that fix the last beat's byte count
+    lb = _count_shift(width)                # count's bits that fix the last beat's byte count
     out = Signal(expect_layout(width), name=name)
     count = Value.cast(count)
     m.d.comb += out.last.eq((count + 3) >> lb)
@@ -89,15 +89,17 @@ def decode_expect_count(m: Module, count, width: int, name: str = "expect"):
     return out
 
 
-def decode_expect_const(width: int, expect_bytes: int) -> int:
-    """:func:`decode_expect` of a constant length, as the bits of an :func:`expect_layout` value."""
-    nb = check_width(width) // 8
-    shift = (nb - 1).bit_length()
-    last = (expect_bytes - 1) >> shift
-    tail = expect_bytes - (last << shift)
-    return expect_layout(width).const({
-        "last": last, "tail": tail, "keep": (1 << tail) - 1, "two": int(last == 1),
-        "one": int(last == 0 and header_beats(width) == 1)}).as_value().value
+def _count_shift(width: int) -> int:
+    """``s − 2`` for ``2^s`` bytes a beat: a count's low bits that fix a data frame's last beat."""
+    return (check_width(width) // 8 - 1).bit_length() - 2
+
+
+def count_beats(count, width: int) -> Value:
+    """The beats of a data frame of ``count`` elements (``16 + 4·count`` bytes) on a ``width``-bit
+    stream, as a value: ``(count + 3 + 2^(s − 2)) >> (s − 2)`` with ``2^s`` bytes a beat, one adder
+    (:func:`decode_expect_count`'s ``last`` + 1, derived there)."""
+    lb = _count_shift(width)
+    return (Value.cast(count) + (3 + (1 << lb))) >> lb
 
 
 def header_beats(width: int) -> int:
