@@ -1,5 +1,5 @@
 """Helpers shared by the test modules: edge-value gradients and one-frame stream drivers for
-block tests of an engine in amaranth.sim (64-bit ports)."""
+block tests of an engine in amaranth.sim (64-bit ports unless a driver says otherwise)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,10 @@ def edge_arrays(nodes: int, n: int, seed: int) -> list[np.ndarray]:
 
 
 async def send(ctx, port, data: bytes, bad: bool = False, keeps: dict | None = None):
-    """One frame on stream ``port``; ``bad`` on its last beat; ``keeps`` overrides beat keeps."""
+    """One frame on stream ``port`` (of any width); ``bad`` on its last beat; ``keeps`` overrides beat
+    keeps."""
     p = port.payload
+    B = len(p.data) // 8
     beats = [data[o:o + B] for o in range(0, len(data), B)] or [b""]
     for j, chunk in enumerate(beats):
         lst = j == len(beats) - 1
@@ -51,8 +53,9 @@ async def send(ctx, port, data: bytes, bad: bool = False, keeps: dict | None = N
 
 
 async def recv(ctx, port, max_cycles=3000) -> tuple[bytes, bool]:
-    """One frame from stream ``port``: its bytes and its ``bad`` flag."""
+    """One frame from stream ``port`` (of any width): its bytes and its ``bad`` flag."""
     p = port.payload
+    B = len(p.data) // 8
     out = b""
     ctx.set(port.ready, 1)
     for _ in range(max_cycles):

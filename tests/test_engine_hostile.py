@@ -30,14 +30,16 @@ def bcast_hdr(seq=0, **kw):
     return Header(opcode=Opcode.BROADCAST, collective=COLL, seq=seq, count=3, src=3, hop=0).replace(**kw)
 
 
-def run_engine(testbench, chunks=2, local=LOCAL_CHUNKS, k=None, entries=None):
+def run_engine(testbench, chunks=2, local=LOCAL_CHUNKS, k=None, entries=None, width=64):
     """One engine at rank RANK of one flow: its unit sums the child's frame (port 0) then the local
     chunk and sends the partial sum to the parent on port 1; the result comes back on port 1 and is
     forwarded on port 0 and delivered to the host. The host pushes ``local`` first (None: the
     testbench pushes). ``k``: an engine built with the codec runs a collective compressed with
     error bound 2^-k (the pushes compressed). ``entries``: another table (EngineEntry list, one per
-    flow)."""
-    dut = Engine(EngineConfig(64, 1500, slots=4, ports=2, max_flows=8, codec=k is not None))
+    flow). ``width``: the engine's datapath width (64, or 512 with fp32 lanes only: there a frame of
+    three elements is one beat)."""
+    formats = {} if width == 64 else {"formats": ("fp32",)}
+    dut = Engine(EngineConfig(width, 1500, slots=4, ports=2, max_flows=8, codec=k is not None, **formats))
     entries = entries or [EngineEntry(1, (0, LOCAL), 0, 1, 0b01, True)]
     entry = b"".join(encode_entry(e).to_bytes(8, "little") for e in entries)
     codec = {} if k is None else {"codec": Codec.INCEPTIONN_V1, "eb_k": k}
@@ -440,6 +442,32 @@ def test_compressed_frame_marked_bad_is_summed_and_its_sum_marked():
         assert (h.opcode, h.seq, h.count, h.codec, h.eb_k) == (Opcode.REDUCE, g, 3, Codec.INCEPTIONN_V1, k), h
         terms = [decode(encode(np.asarray(x, np.float32), k), 3, k) for x in (CHILD[g], LOCAL_CHUNKS[g])]
         assert data[16:] == encode((terms[0] + terms[1]).astype(np.float32), k), g   # the table's order
+    st = seen["stats"]
+    assert not any(v for n, v in st.items() if n.startswith("drop_")), st
+    assert st["reduce_frames"] == 2, st
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_frame_marked_bad_is_summed_and_its_sum_marked(width):
+    """A partial sum that arrives marked ``bad`` on its last beat (a cut-through port found its FCS
+    wrong after the engine started on it) is summed, and the partial sum it turns into leaves marked
+    bad, with no drop counted (its link counted it); the next chunk's good frame sums exactly and
+    leaves unmarked. At 512 bit each frame is one beat, so its first beat is its last: the unit's
+    chunk-start path (a one-beat frame's flags picked at the take) decides both."""
+    seen = {}
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, frame(reduce_hdr(0), CHILD[0]), bad=True)
+        seen["partial0"] = await recv(ctx, dut.net1_out)
+        await send(ctx, dut.net0_in, frame(reduce_hdr(1), CHILD[1]))
+        seen["partial1"] = await recv(ctx, dut.net1_out)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb, width=width)
+    for g, marked in ((0, True), (1, False)):
+        data, bad = seen[f"partial{g}"]
+        assert bad == marked, g
+        check_partial(data, g)
     st = seen["stats"]
     assert not any(v for n, v in st.items() if n.startswith("drop_")), st
     assert st["reduce_frames"] == 2, st

@@ -356,10 +356,17 @@ class SumUnit(wiring.Component):
         beat = Signal(16)
         cur_slot = Signal(max(1, slot_bits))
         cur_qslot = Signal(max(1, qbits))
-        # The same slot one-hot (timing: the chunk's first cycle reads its slot's one-beat-frame and bad
-        # flags through an AND-OR of registers, where the shift by ``cur_qslot`` mapped as a chain of
-        # LUT5s: the P = 4 engine's two 10-level pairs, ``single`` → ``bad_acc`` / stage 1's ``bad``).
-        cur_qoh = Signal(Q, name="cur_qoh")
+        # Each port's one-beat-frame flag per slot (``single``, a cycle behind the buffer's flags) and,
+        # for the chunk's first cycle, its slot's ``single`` and ``bad`` picked at the take through the
+        # candidate's slot one-hot (timing: a shift by ``cur_qslot`` there mapped as a chain of LUT5s,
+        # the P = 4 engine's two 10-level pairs ``single`` → ``bad_acc`` / stage 1's ``bad``; then an
+        # AND-OR behind a registered one-hot, 8 levels in engine_p2_512; now registers).
+        # Exact: the unit takes a chunk at least two cycles after a term's first beat was written
+        # (``here`` is registered from the buffer's ``new``), so a one-beat frame's ``done``, ``bad`` and
+        # ``single`` already show at the take, and nothing writes the slot until the unit frees it.
+        single = [Signal(Q, name=f"single{p}") for p in range(P)]
+        start_end = Signal(P, name="start_single")
+        start_bad = Signal(P, name="start_bad")
         cur_bad = Signal()
         cur_req = Signal(P + 1)
         bad_acc = Signal()
@@ -407,12 +414,15 @@ class SumUnit(wiring.Component):
             m.d.sync += [
                 streaming.eq(1), beat.eq(0), bad_acc.eq(0),
                 nbeats.eq(pre_nbeats), last_keep.eq(pre_keep),
-                cur_slot.eq(slot), cur_qslot.eq(qslot), cur_qoh.eq(pre_qoh), cur_bad.eq(pre_bad),
+                cur_slot.eq(slot), cur_qslot.eq(qslot), cur_bad.eq(pre_bad),
                 cur_req.eq(fwd_req if self._req is None else self._req), depth.eq(new_depth),
                 started.eq(1),
                 used.eq(need),
                 is_last.eq(pre_last),
             ] + [cur[i].eq(codes[i]) for i in range(T)]
+            if self._one_beat:
+                m.d.sync += [start_end.eq(Cat(*((single[p] & pre_qoh).any() for p in range(P)))),
+                             start_bad.eq(Cat(*((b.bad & pre_qoh).any() for b in bufs)))]
 
         def move_down(t):
             """Ct was taken: C(j) ← C(j+1) for j ≥ t, and the last candidate moves on to the chunk after
@@ -485,11 +495,9 @@ class SumUnit(wiring.Component):
             eqm1 = Mux(fired_q, eq1_q, eq0_q)   # beat == filled - 1
             gone.append(~started & done_q[p] & ~gt)                 # ended before this beat: pad
             if self._one_beat:
-                single = Signal(Q, name=f"single{p}")
-                m.d.sync += single.eq(Cat(*(b.done[k] & (b.filled[k] == 1) for k in range(Q))))
-                bad = (b.bad & cur_qoh).any()
-                end_here.append(Mux(started, (single & cur_qoh).any(), done_q[p] & eqm1))   # ends at this beat
-                bad_now.append(Mux(started, bad, bad_q))
+                m.d.sync += single[p].eq(Cat(*(b.done[k] & (b.filled[k] == 1) for k in range(Q))))
+                end_here.append(Mux(started, start_end[p], done_q[p] & eqm1))   # ends at this beat
+                bad_now.append(Mux(started, start_bad[p], bad_q))
             else:
                 end_here.append(~started & done_q[p] & eqm1)
                 bad_now.append(bad_q)
