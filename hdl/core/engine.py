@@ -1034,13 +1034,20 @@ class Engine(wiring.Component):
         # while not running (to accept).
         running_q = Signal()
         may_q, sched_go_q = Signal(name="host_cmd_may"), Signal(name="host_sched_go")
+        # ``quiet`` itself through a register first (timing: the OR over every gate, unit, writer, port
+        # and output queue in front of ``may_q``, 8 levels from a unit's ``busy_q`` in engine_p2_512).
+        # Quiet at the edge before with ``ctl_hold`` up then and now (``ctl_hold_q``, ``ctl_hold``), no
+        # gate, unit or source started anything since, so the engine is still quiet: a CONTROL or
+        # SCHEDULE goes a cycle later than before, a data frame's hop is unchanged.
+        quiet_q, ctl_hold_q = Signal(name="quiet_q"), Signal(name="ctl_hold_q")
+        m.d.sync += [quiet_q.eq(quiet), ctl_hold_q.eq(ctl_hold)]
         # A CONTROL or SCHEDULE that comes while a collective runs, without ABORT, is refused at once:
         # it needs no quiet engine, and waiting for one could wait for ever (while it waits the ports
         # are held, so a frame in an output queue or at a unit's tap never leaves, and the held gates
         # back up into the neighbours, which stop too; the fuzz suite's ``control_mid``,
         # docs/protocol.md "When the answer comes").
         refuse_now_d = (is_ctl_d | is_sched_d) & run.running & ((hr.flags & int(Flag.ABORT)) == 0)
-        m.d.sync += [running_q.eq(run.running), may_q.eq(is_stats_d | refuse_now_d | (quiet & ctl_hold)),
+        m.d.sync += [running_q.eq(run.running), may_q.eq(is_stats_d | refuse_now_d | (quiet_q & ctl_hold_q & ctl_hold)),
                      sched_go_q.eq(is_sched_d & ~run.running & ~sched_bad_d)]
         refuse = (running_q & ~abort) | refuse_hdr | ~table_ok
         # The push's slot check, registered (timing) and applied with the verdict (``host_seen``: the
