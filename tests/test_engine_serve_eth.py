@@ -85,7 +85,7 @@ def test_cocotb_engine_retries_a_chunk_lost_on_a_cable(server, tmp_path, capsys)
     from wirereduce.cli import main
 
     rng = np.random.default_rng(11)
-    arrays = [_hard_fp32(rng, 2001) for _ in range(NODES)]
+    arrays = [_hard_fp32(rng, 801) for _ in range(NODES)]
     np.savez(tmp_path / "in.npz", **{f"node{k}": a for k, a in enumerate(arrays)})
     argv = ["sim", "allreduce", "--topology", TOPOLOGY, "--algorithm", "biring", "--links", "eth", "--host-links",
             "eth", "--engine", "cocotb", "--corrupt", "0", "40", "--corrupt-port", "1", "--timeout", "20000",
