@@ -414,6 +414,23 @@ def test_next_control_waits_for_the_forwards_of_a_finished_collective():
     assert seen["answer"]["control_refused"] == 0 and seen["answer"]["collective"] == COLL + 1, seen["answer"]
 
 
+def marked_then_good(frames, **engine):
+    """The child's frames of chunks 0 and 1 (``frames``) on port 0 of :func:`run_engine` (``engine``:
+    its keyword arguments), the first marked ``bad`` on its last beat; returns the partial sums sent
+    to the parent (``partial0``, ``partial1``: bytes and ``bad`` flag) and the STATS (``stats``)."""
+    seen = {}
+
+    async def tb(ctx, dut):
+        await send(ctx, dut.net0_in, frames[0], bad=True)
+        seen["partial0"] = await recv(ctx, dut.net1_out)
+        await send(ctx, dut.net0_in, frames[1])
+        seen["partial1"] = await recv(ctx, dut.net1_out)
+        seen["stats"] = await stats(ctx, dut)
+
+    run_engine(tb, **engine)
+    return seen
+
+
 def test_compressed_frame_marked_bad_is_summed_and_its_sum_marked():
     """On an engine built with the codec, a compressed partial sum that arrives marked ``bad`` (its
     FCS found wrong by a cut-through port after the engine started on it) is taken as an
@@ -422,19 +439,10 @@ def test_compressed_frame_marked_bad_is_summed_and_its_sum_marked():
     the codec stage made it a LOST placeholder, which the engine's gates drop (``drop_flags``), and
     the unit then waited for that chunk until the host gave up. The next chunk sums exactly."""
     k = 10
-    seen = {}
-
     def compressed(g):
         return frame(reduce_hdr(g, codec=Codec.INCEPTIONN_V1, eb_k=k), encode(CHILD[g], k))
 
-    async def tb(ctx, dut):
-        await send(ctx, dut.net0_in, compressed(0), bad=True)
-        seen["partial0"] = await recv(ctx, dut.net1_out)
-        await send(ctx, dut.net0_in, compressed(1))
-        seen["partial1"] = await recv(ctx, dut.net1_out)
-        seen["stats"] = await stats(ctx, dut)
-
-    run_engine(tb, k=k)
+    seen = marked_then_good([compressed(0), compressed(1)], k=k)
     for g, marked in ((0, True), (1, False)):
         data, bad = seen[f"partial{g}"]
         assert bad == marked, g
@@ -454,16 +462,7 @@ def test_frame_marked_bad_is_summed_and_its_sum_marked(width):
     bad, with no drop counted (its link counted it); the next chunk's good frame sums exactly and
     leaves unmarked. At 512 bit each frame is one beat, so its first beat is its last: the unit's
     chunk-start path (a one-beat frame's flags picked at the take) decides both."""
-    seen = {}
-
-    async def tb(ctx, dut):
-        await send(ctx, dut.net0_in, frame(reduce_hdr(0), CHILD[0]), bad=True)
-        seen["partial0"] = await recv(ctx, dut.net1_out)
-        await send(ctx, dut.net0_in, frame(reduce_hdr(1), CHILD[1]))
-        seen["partial1"] = await recv(ctx, dut.net1_out)
-        seen["stats"] = await stats(ctx, dut)
-
-    run_engine(tb, width=width)
+    seen = marked_then_good([frame(reduce_hdr(g), CHILD[g]) for g in range(2)], width=width)
     for g, marked in ((0, True), (1, False)):
         data, bad = seen[f"partial{g}"]
         assert bad == marked, g
