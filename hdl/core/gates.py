@@ -86,8 +86,8 @@ def check_header(m: Module, gate, run, events, opcode_ok, expect_seq, count_bad,
         w = len(gate.i.payload.data)
         expect_bytes = decode_expect_count(m, Mux(lost, 0, h.count), w).as_value()
         if forwarded:
-            expect_bytes = Mux(fwd_any, decode_expect(m, Const(gate.max_bytes, 16), w, name="expect_mtu").as_value(),
-                                   expect_bytes)
+            mtu = decode_expect(m, Const(gate.max_bytes, 16), w, name="expect_mtu").as_value()
+            expect_bytes = Mux(fwd_any, mtu, expect_bytes)
     if apply is not None:   # registered, as the verdict below: the header has not changed when applied
         eb_q = Signal(expect_bytes.shape() if decoded else 16, name=f"{gate.__class__.__name__.lower()}_expect")
         lost_q = Signal()
